@@ -1,0 +1,54 @@
+"""What a board is: model, cores, memory, accelerator. Read once at start, published retained."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import socket
+from pathlib import Path
+
+import psutil
+
+from protocol import __version__
+from protocol.messages import BoardCaps
+
+
+def read_board_model(sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc")) -> str:
+    """``Raspberry Pi 5 Model B Rev 1.0`` from the device tree, a DMI product name, or the CPU type."""
+    candidates = [proc_root / "device-tree" / "model", sysfs_root / "firmware" / "devicetree" / "base" / "model",
+                  sysfs_root / "class" / "dmi" / "id" / "product_name"]
+    for path in candidates:
+        try:
+            text = path.read_bytes().rstrip(b"\0\n ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def detect_accelerator(etc_root: Path = Path("/etc")) -> str:
+    """``jetson-igpu`` on a Jetson (its L4T release file), else empty."""
+    return "jetson-igpu" if (etc_root / "nv_tegra_release").exists() else ""
+
+
+def training_available() -> bool:
+    """True if torch and Lightning are installed (found, not imported: the idle agent stays light)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "pytorch_lightning"))
+
+
+def read_caps(board_id: str, power_source: str, sysfs_root: Path) -> BoardCaps:
+    return BoardCaps(
+        board_id=board_id,
+        hostname=socket.gethostname(),
+        model=read_board_model(sysfs_root),
+        machine=platform.machine(),
+        cores=os.cpu_count() or 1,
+        ram_bytes=int(psutil.virtual_memory().total),
+        accelerator=detect_accelerator(),
+        power_source=power_source,
+        agent_version=__version__,
+        python_version=platform.python_version(),
+        training_available=training_available(),
+    )

@@ -1,0 +1,107 @@
+"""The agent's configuration: one TOML file, then ``$EDGEFLEET_BROKER``, then command-line flags.
+
+Every key, its default and its meaning are listed in the README's configuration reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.address import HostPort, broker_from_env
+from protocol.errors import ConfigError
+from protocol.settings import BrokerSettings, build_section, check_tls_files, read_toml, resolve_password
+from protocol.topics import valid_board_id
+
+POWER_KINDS = ("auto", "jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TelemetrySettings:
+    """The ``[telemetry]`` section."""
+
+    interval_s: float = 1.0              # seconds between samples
+    net_interfaces: tuple[str, ...] = ()  # interfaces summed for net_*; empty = all but loopback
+    sysfs_root: str = "/sys"             # where hwmon, thermal and powercap live (tests use a copy)
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval_s <= 3600:
+            raise ValueError(f"interval_s = {self.interval_s} is outside 0.05-3600 seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PowerSettings:
+    """The ``[power]`` section."""
+
+    source: str = "auto"   # auto, jtop, ina3221, rpi5-pmic, hwmon, rapl, estimated, none
+    idle_w: float = 2.7    # estimated model: watts at 0% CPU (Raspberry Pi 4 B measured at the wall)
+    max_w: float = 6.4     # estimated model: watts at 100% CPU
+
+    def __post_init__(self) -> None:
+        if self.source not in POWER_KINDS:
+            raise ValueError(f"source = {self.source!r} is not one of {', '.join(POWER_KINDS)}")
+        if not 0 <= self.idle_w <= self.max_w:
+            raise ValueError(f"idle_w = {self.idle_w} and max_w = {self.max_w} must satisfy 0 <= idle_w <= max_w")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """Everything the agent daemon needs, loaded once."""
+
+    board_id: str
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    power: PowerSettings = field(default_factory=PowerSettings)
+    source: str = "defaults"   # where it came from, for messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TopLevel:
+    board_id: str = ""
+
+
+def default_board_id() -> str:
+    """The host name, reduced to what a topic level allows."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname().split(".")[0]) or "board"
+    return name if valid_board_id(name) else "board"
+
+
+def load_agent_config(path: Path | None, *, board_id: str | None = None, broker: HostPort | None = None,
+                      interval_s: float | None = None) -> AgentConfig:
+    """Load the config file (if any), then apply ``$EDGEFLEET_BROKER`` and the command-line overrides.
+
+    Raises:
+        ConfigError: naming the key, the file and the fix.
+    """
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
+    source = str(path) if path is not None else "command line"
+    sections = {"broker": BrokerSettings, "telemetry": TelemetrySettings, "power": PowerSettings}
+    top = build_section(_TopLevel, {k: v for k, v in data.items() if k not in sections}, section="", source=source)
+    env_broker = broker_from_env()
+    address = broker or env_broker
+    broker_over = {"host": address.host, "port": address.port} if address else {}
+    broker_cfg = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=broker_over)
+    broker_cfg = resolve_password(broker_cfg, source=source)
+    check_tls_files(broker_cfg, source=source)
+    telemetry = build_section(TelemetrySettings, data.get("telemetry", {}), section="telemetry", source=source,
+                              overrides={"interval_s": interval_s})
+    power = build_section(PowerSettings, data.get("power", {}), section="power", source=source)
+    final_id = board_id or top.board_id or default_board_id()
+    if not valid_board_id(final_id):
+        where = "--id" if board_id else f"{source}: board_id"
+        raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, source=source)
+
+
+def describe(cfg: AgentConfig) -> str:
+    """A human summary for ``--check-config`` (the password is never shown)."""
+    broker = dataclasses.replace(cfg.broker, password="***" if cfg.broker.password else "")
+    lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}"]
+    for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power)):
+        lines.append(f"[{name}]")
+        lines += [f"  {f.name} = {getattr(section, f.name)!r}" for f in dataclasses.fields(section)]
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""The agent's main loop: sample, publish, notify systemd, stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from agent.caps import read_caps
+from agent.config import AgentConfig
+from agent.sdnotify import sd_notify
+from agent.sensors import Sampler
+from protocol import __version__
+from protocol.messages import BoardStatus
+from protocol.mqtt_link import MqttLink, Will
+from protocol.topics import caps_topic, cmd_topic, status_topic, telemetry_topic
+
+log = logging.getLogger(__name__)
+
+
+class ExitCode(enum.IntEnum):
+    """How ``edge-agent`` exits; systemd's unit does not restart on CONFIG."""
+
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    CONFIG = 78  # EX_CONFIG: fix the file, restarting will not help
+
+
+class Agent:
+    """One board's connection, sampler and loop."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        prefix = cfg.broker.topic_prefix
+        self.status_topic = status_topic(prefix, cfg.board_id)
+        self.telemetry_topic = telemetry_topic(prefix, cfg.board_id)
+        self.sampler = Sampler(
+            board_id=cfg.board_id, interval_s=cfg.telemetry.interval_s, sysfs_root=Path(cfg.telemetry.sysfs_root),
+            net_interfaces=cfg.telemetry.net_interfaces, power_kind=cfg.power.source,
+            idle_w=cfg.power.idle_w, max_w=cfg.power.max_w)
+        first = self.sampler.read()  # primes the CPU and network deltas, and names the power source
+        self.caps = read_caps(cfg.board_id, first.power_source, Path(cfg.telemetry.sysfs_root))
+        will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())
+        self.link = MqttLink(cfg.broker, client_id=f"edge-agent-{cfg.board_id}", will=will,
+                             on_connect=self._announce, on_message=self._on_command)
+
+    def _status(self, state: str, reason: str = "") -> bytes:
+        return BoardStatus(state=state, ts=round(time.time(), 3), reason=reason, agent_version=__version__,
+                           interval_s=self.cfg.telemetry.interval_s, keepalive_s=self.cfg.broker.keepalive_s).to_json()
+
+    def _announce(self, link: MqttLink) -> None:
+        # Runs after every (re)connect, so the retained status and the subscription are renewed.
+        prefix = self.cfg.broker.topic_prefix
+        link.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
+        link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
+
+    def _on_command(self, topic: str, payload: bytes, retained: bool) -> None:
+        log.warning("ignored a %d-byte command on %s: this agent version runs no jobs yet", len(payload), topic)
+
+    def run(self, stop: threading.Event) -> int:
+        interval = self.cfg.telemetry.interval_s
+        log.info("board %s: publishing every %.3g s to %s (prefix %s)", self.cfg.board_id, interval,
+                 self.cfg.broker.address(), self.cfg.broker.topic_prefix)
+        self.link.start()
+        # Ready once sampling works, broker or not: a board whose broker is down stays up and retries.
+        sd_notify("READY=1", f"STATUS=board {self.cfg.board_id}, broker {self.cfg.broker.address()}")
+        next_t = time.monotonic()
+        try:
+            while not stop.is_set():
+                sample = self.sampler.read()
+                if self.link.connected.is_set():
+                    self.link.publish(self.telemetry_topic, sample.to_json(), qos=0)
+                sd_notify("WATCHDOG=1")
+                next_t += interval
+                now = time.monotonic()
+                if next_t < now:  # fell behind (suspend, a slow sensor): skip, don't burst
+                    next_t = now + interval
+                stop.wait(next_t - now)
+        finally:
+            sd_notify("STOPPING=1")
+            self.link.close(final=[(self.status_topic, self._status("offline", "stopped"))], timeout_s=1.0)
+            self.sampler.close()
+            log.info("board %s: stopped", self.cfg.board_id)
+        return ExitCode.OK
+
+
+def run(cfg: AgentConfig) -> int:
+    """Run until SIGTERM or SIGINT; returns the exit code."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return Agent(cfg).run(stop)

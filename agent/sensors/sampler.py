@@ -1,0 +1,60 @@
+"""Reads every available source into one ``TelemetrySample``.
+
+A source that fails is logged once (then at DEBUG) and its fields are left out of the sample;
+one broken sensor never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.sensors.base import PowerSource, TelemetrySource
+from agent.sensors.cpu import CpuSource
+from agent.sensors.memory import MemorySource
+from agent.sensors.network import NetworkSource
+from agent.sensors.power import select_power_source
+from agent.sensors.thermal import ThermalSource
+from protocol.messages import TelemetrySample
+
+log = logging.getLogger(__name__)
+
+
+class Sampler:
+    """All telemetry sources of one board."""
+
+    def __init__(self, *, board_id: str, interval_s: float, sysfs_root: Path, net_interfaces: tuple[str, ...],
+                 power_kind: str, idle_w: float, max_w: float) -> None:
+        self.board_id = board_id
+        self.interval_s = interval_s
+        self.cpu = CpuSource()
+        self.power: PowerSource = select_power_source(
+            power_kind, sysfs_root=sysfs_root, idle_w=idle_w, max_w=max_w, cpu_percent=self.cpu.cpu_percent)
+        candidates: list[TelemetrySource] = [
+            self.cpu, MemorySource(), NetworkSource(net_interfaces), ThermalSource(sysfs_root), self.power]
+        # CPU comes first: the estimated power model reads the utilisation it just measured.
+        self.sources = [s for s in candidates if s.available()]
+        self._failed: set[str] = set()
+        self._seq = 0
+        log.info("telemetry sources: %s; power from %s", ", ".join(s.name for s in self.sources), self.power.name)
+
+    def read(self) -> TelemetrySample:
+        fields: dict[str, Any] = {}
+        for source in self.sources:
+            try:
+                fields.update(source.read())
+            except (OSError, ValueError, RuntimeError) as exc:
+                level = logging.DEBUG if source.name in self._failed else logging.WARNING
+                log.log(level, "telemetry source %s failed: %s (its fields are left out)", source.name, exc)
+                self._failed.add(source.name)
+        self._seq += 1
+        return TelemetrySample(board_id=self.board_id, ts=round(time.time(), 3), seq=self._seq,
+                               interval_s=self.interval_s, **fields)
+
+    def close(self) -> None:
+        """Release what a source holds open (jtop keeps a client connected to its service)."""
+        close = getattr(self.power, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,139 @@
+"""``edge-coordinator``: see the fleet, and (later) profile, plan and train on it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from protocol.address import BROKER_ENV, parse_host_port
+from protocol.errors import EdgeTrainError
+
+log = logging.getLogger("coordinator")
+
+EPILOG = f"""\
+examples:
+  edge-coordinator demo                       a local fleet of 3 agents on an embedded broker, shown live
+  edge-coordinator status                     one table of every board (broker from ${BROKER_ENV} or localhost)
+  edge-coordinator status --watch             the same, live, until Ctrl-C
+  edge-coordinator --broker 10.0.0.2:1883 status --json     for scripts
+
+the broker: --broker HOST:PORT, else ${BROKER_ENV}=HOST:PORT, else the [broker] section of --config,
+else localhost:1883.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from protocol import __version__
+
+    parser = argparse.ArgumentParser(prog="edge-coordinator", description="Show, profile and train a fleet of edge boards.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--broker", metavar="HOST:PORT", help=f"MQTT broker (default: ${BROKER_ENV}, the config file, localhost:1883)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with a [broker] section (credentials, TLS, topic prefix)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"edge-coordinator {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    status = sub.add_parser("status", help="show every board: state, CPU, memory, network, temperature, power",
+                            description="Show every board that reported on the broker. A board whose last sample is older "
+                                        "than 3 of its intervals is shown as stale; one that stopped or lost its connection "
+                                        "as offline.")
+    mode = status.add_mutually_exclusive_group()
+    mode.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
+    mode.add_argument("--json", action="store_true", help="print a JSON list of boards for scripts")
+    status.add_argument("--wait", type=float, default=3.0, metavar="SECONDS",
+                        help="how long a snapshot waits for online boards' first samples (default 3)")
+
+    demo = sub.add_parser("demo", help="run a local fleet of agents on an embedded broker and show it live",
+                          description="Start Mosquitto on a free loopback port, spawn local agents and show the fleet "
+                                      "live. Nothing listens beyond 127.0.0.1; everything stops on Ctrl-C or after --seconds.")
+    demo.add_argument("--boards", type=int, default=3, metavar="N", help="how many local agents (default 3)")
+    demo.add_argument("--seconds", type=float, default=20.0, metavar="S", help="how long to show the fleet (default 20; 0 = until Ctrl-C)")
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("paho").setLevel(logging.WARNING)
+
+
+def _require_rich() -> None:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install 'edgefleet[coordinator]'") from None
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from coordinator.config import load_coordinator_config
+    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+
+    broker = parse_host_port(args.broker, what="--broker") if args.broker else None
+    cfg = load_coordinator_config(args.config, broker=broker)
+    if not args.json:
+        _require_rich()
+    with monitor_fleet(cfg.broker) as view:
+        if args.watch:
+            _watch(view, title=f"edgefleet @ {cfg.broker.address()}")
+            return 0
+        wait_for_snapshot(view, timeout_s=args.wait)
+        rows = view.rows()
+    if args.json:
+        json.dump([r.to_dict() for r in rows], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        from coordinator.render import fleet_table
+
+        Console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}"))
+    return 0
+
+
+def _watch(view: object, *, title: str, seconds: float = 0.0) -> None:
+    from rich.live import Live
+
+    from coordinator.fleet import FleetView
+    from coordinator.render import fleet_table
+
+    assert isinstance(view, FleetView)
+    deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
+    with Live(fleet_table(view.rows(), title=title), refresh_per_second=4) as live:
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                live.update(fleet_table(view.rows(), title=title))
+        except KeyboardInterrupt:
+            pass
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from coordinator.demo import run_demo
+
+    _require_rich()
+    return run_demo(boards=args.boards, seconds=args.seconds, watch=_watch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    commands = {"status": _cmd_status, "demo": _cmd_demo}
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return commands[args.command](args)
+    except EdgeTrainError as exc:
+        print(f"edge-coordinator: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The coordinator's configuration: an optional TOML file with a ``[broker]`` section, then
+``$EDGEFLEET_BROKER``, then ``--broker``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.address import HostPort, broker_from_env
+from protocol.errors import ConfigError
+from protocol.settings import BrokerSettings, build_section, check_tls_files, read_toml, resolve_password
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorConfig:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    source: str = "defaults"
+
+
+def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None) -> CoordinatorConfig:
+    """Raises ConfigError naming the key, the file and the fix."""
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
+    source = str(path) if path is not None else "command line"
+    unknown = sorted(set(data) - {"broker"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key or section {unknown[0]!r}; the coordinator's file has a [broker] section only")
+    address = broker or broker_from_env()
+    overrides = {"host": address.host, "port": address.port} if address else {}
+    settings = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=overrides)
+    settings = resolve_password(settings, source=source)
+    check_tls_files(settings, source=source)
+    return CoordinatorConfig(broker=settings, source=source)

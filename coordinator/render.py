@@ -1,0 +1,53 @@
+"""Rich tables of the fleet view."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from coordinator.fleet import BoardRow
+
+_HEALTH_STYLE = {"ok": "green", "stale": "yellow", "no-data": "yellow", "bad-data": "red", "offline": "dim red"}
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return "-"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet") -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name, justify in (("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"),
+                          ("memory", "right"), ("net rx/tx per s", "right"), ("temp", "right"),
+                          ("power", "right"), ("source", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        s = row.sample
+        state = row.state if row.health in ("ok", "offline") else f"{row.state} ({row.health})"
+        if row.health == "offline" and row.offline_reason:
+            state = f"offline ({row.offline_reason})"
+        if row.bad_messages:
+            state += f" [{row.bad_messages} bad]"
+        memory = "-" if s is None or s.mem_used_bytes is None else f"{_bytes(s.mem_used_bytes)} / {_bytes(s.mem_total_bytes)}"
+        net = "-" if s is None else f"{_bytes(s.net_rx_bytes_per_s)} / {_bytes(s.net_tx_bytes_per_s)}"
+        source = "-" if s is None else (s.power_source + (" (est.)" if s.power_source == "estimated" else ""))
+        table.add_row(
+            row.board_id, Text(state, style=_HEALTH_STYLE.get(row.health, "")),
+            "-" if row.age_s is None else f"{row.age_s:.1f} s",
+            "-" if s is None else _num(s.cpu_percent, ".0f") + " %",
+            memory, net,
+            "-" if s is None or s.temp_c is None else f"{s.temp_c:.1f} °C",
+            "-" if s is None or s.power_w is None else f"{s.power_w:.2f} W",
+            source)
+    if not rows:
+        table.caption = "no boards have reported on this broker and topic prefix yet"
+    return table

@@ -1,0 +1,119 @@
+"""JSON messages of the control plane: board status, capabilities and telemetry samples.
+
+They are JSON (not msgpack) so that mosquitto_sub, Telegraf, Node-RED or Home Assistant can read
+them with no code. Units are in the field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol._validate import message_from_json, message_to_json
+
+SCHEMA_VERSION = 1
+STATES = ("online", "offline", "busy")
+
+# Where a power reading came from. "hwmon:<chip>" names the chip, e.g. "hwmon:ina219".
+POWER_SOURCES = ("jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
+
+
+def is_measured(power_source: str) -> bool:
+    """True for a sensor reading, False for an estimate or no reading at all."""
+    return power_source not in ("estimated", "none", "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoardStatus:
+    """Retained on ``…/status``. The broker publishes the offline form as the last will."""
+
+    state: str                      # "online", "offline" or "busy"
+    ts: float | None = None         # unix seconds when the board said it; None in the last will
+    reason: str = ""                # why offline: "stopped", "connection lost", …
+    agent_version: str = ""
+    interval_s: float | None = None  # telemetry period, so viewers know when a sample is stale
+    keepalive_s: float | None = None  # MQTT keepalive: an unplugged board is offline after 1.5x this
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"state {self.state!r} is not one of {STATES}")
+
+    def to_json(self) -> bytes:
+        return message_to_json(self)
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> BoardStatus:
+        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoardCaps:
+    """Retained on ``…/caps``: what the board is and what it can do."""
+
+    board_id: str
+    hostname: str
+    model: str                      # "Raspberry Pi 5 Model B Rev 1.0", "NVIDIA Jetson Orin Nano", DMI name…
+    machine: str                    # platform.machine(): "aarch64", "x86_64"
+    cores: int
+    ram_bytes: int
+    accelerator: str = ""           # "jetson-igpu", "" for none
+    power_source: str = "none"      # see POWER_SOURCES
+    agent_version: str = ""
+    python_version: str = ""
+    training_available: bool = False  # torch and Lightning importable on the board
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        return message_to_json(self)
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> BoardCaps:
+        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TelemetrySample:
+    """One reading of a board, published on ``…/telemetry`` every ``interval_s``."""
+
+    board_id: str
+    ts: float                       # unix seconds when the sample was taken
+    seq: int                        # increases by one per sample since the agent started
+    interval_s: float
+    cpu_percent: float | None = None          # all cores, 0-100
+    cpu_percent_per_core: list[float] = field(default_factory=list)
+    cpu_freq_mhz: float | None = None
+    load_avg_1m: float | None = None
+    load_avg_5m: float | None = None
+    load_avg_15m: float | None = None
+    mem_total_bytes: int | None = None
+    mem_used_bytes: int | None = None         # total - available
+    mem_available_bytes: int | None = None
+    mem_percent: float | None = None
+    swap_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    net_rx_bytes_per_s: float | None = None   # summed over interfaces, loopback excluded
+    net_tx_bytes_per_s: float | None = None
+    temp_c: float | None = None               # hottest sensor
+    temps_c: dict[str, float] = field(default_factory=dict)
+    power_w: float | None = None
+    power_source: str = "none"                # see POWER_SOURCES; "estimated" is never a measurement
+    power_rails_w: dict[str, float] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        return message_to_json(self)
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> TelemetrySample:
+        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+
+
+__all__ = [
+    "POWER_SOURCES",
+    "SCHEMA_VERSION",
+    "STATES",
+    "BoardCaps",
+    "BoardStatus",
+    "TelemetrySample",
+    "is_measured",
+]

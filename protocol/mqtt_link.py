@@ -1,0 +1,198 @@
+"""A paho-mqtt 2.x client with edgefleet's connection policy, used by both sides.
+
+It speaks MQTT 3.1.1 unless told otherwise, reconnects with backoff, renews subscriptions on every
+reconnect (they are made in ``on_connect``), sets the last will, and turns paho's reason codes into
+one clear log line per attempt window instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from protocol.errors import BrokerError
+from protocol.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+RECONNECT_MIN_S = 1
+RECONNECT_MAX_S = 30
+LOG_WINDOW_S = 60.0  # a failure that repeats is logged again at most this often
+
+_AUTH_HINTS = {
+    "Not authorized": "check broker.username and broker.password (or password_file), and the broker's ACL",
+    "Bad user name or password": "check broker.username and broker.password (or password_file)",
+    "Client identifier not valid": "the board id is refused by the broker; choose another id",
+    "Unsupported protocol version": 'the broker does not speak this MQTT version; set broker.protocol = "3.1.1"',
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+
+
+MessageHandler = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
+
+
+class _FailureLog:
+    """Logs a repeated connection failure once per window, with a count."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.last_text = ""
+        self.last_logged = 0.0
+        self.suppressed = 0
+
+    def failed(self, text: str) -> None:
+        now = time.monotonic()
+        if text != self.last_text or now - self.last_logged >= LOG_WINDOW_S:
+            extra = f" ({self.suppressed} more attempts since the last report)" if self.suppressed else ""
+            log.warning("broker %s: %s. Retrying with backoff (at most %d s apart)%s", self.address, text, RECONNECT_MAX_S, extra)
+            self.last_text, self.last_logged, self.suppressed = text, now, 0
+        else:
+            self.suppressed += 1
+
+    def connected(self) -> None:
+        if self.last_text:
+            log.info("broker %s: connected after earlier failures", self.address)
+        self.last_text, self.suppressed = "", 0
+
+
+def _probe(host: str, port: int) -> str:
+    """Why a TCP connection to the broker fails, in words (called only when logging)."""
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return "TCP connects but the MQTT handshake failed; check broker.tls_ca_file and broker.protocol"
+    except socket.gaierror as exc:
+        return f"cannot resolve host {host!r} ({exc.strerror}); check broker.host / --broker"
+    except OSError as exc:
+        return f"cannot connect ({exc.strerror or exc}); check that the broker runs and listens on that port"
+
+
+class MqttLink:
+    """One MQTT connection that keeps itself up until ``close()``.
+
+    Args:
+        settings: broker address, credentials, TLS and protocol.
+        client_id: unique per connection (a duplicate kicks the other client off).
+        will: published by the broker if this client vanishes without ``close()``.
+        on_connect: called on the network thread after every successful (re)connect; subscribe here.
+        on_message: called on the network thread for each message; must not block.
+    """
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        *,
+        client_id: str,
+        will: Will | None = None,
+        on_connect: Callable[[MqttLink], None] | None = None,
+        on_message: MessageHandler | None = None,
+        max_queued_messages: int = 1000,
+    ) -> None:
+        self.settings = settings
+        self.connected = threading.Event()
+        self._on_connect_cb = on_connect
+        self._on_message_cb = on_message
+        self._failures = _FailureLog(settings.address())
+        protocol = MQTTProtocolVersion.MQTTv5 if settings.protocol == "5" else MQTTProtocolVersion.MQTTv311
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+        if settings.username:
+            self._client.username_pw_set(settings.username, settings.password or None)
+        if settings.uses_tls:
+            try:
+                self._client.tls_set(
+                    ca_certs=settings.tls_ca_file,
+                    certfile=settings.tls_cert_file or None,
+                    keyfile=settings.tls_key_file or None,
+                    tls_version=ssl.PROTOCOL_TLS_CLIENT,
+                )
+            except (OSError, ssl.SSLError) as exc:
+                raise BrokerError(f"TLS files for broker {settings.address()} cannot be used: {exc}") from None
+        if will is not None:
+            self._client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
+        self._client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
+        self._client.max_queued_messages_set(max_queued_messages)
+        self._client.on_connect = self._handle_connect
+        self._client.on_connect_fail = self._handle_connect_fail
+        self._client.on_disconnect = self._handle_disconnect
+        self._client.on_message = self._handle_message
+
+    def start(self) -> None:
+        """Connect in the background; retries forever with backoff until ``close()``."""
+        try:
+            self._client.connect_async(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
+        except ValueError as exc:
+            raise BrokerError(f"broker address {self.settings.address()} is not usable: {exc}") from None
+        self._client.loop_start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self.connected.wait(timeout_s)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 0, retain: bool = False) -> mqtt.MQTTMessageInfo:
+        return self._client.publish(topic, payload, qos=qos, retain=retain)
+
+    def subscribe(self, topic_filter: str, qos: int = 1) -> None:
+        self._client.subscribe(topic_filter, qos=qos)
+
+    def close(self, *, final: list[tuple[str, bytes]] | None = None, timeout_s: float = 1.0) -> None:
+        """Publish ``final`` retained QoS-1 messages (if connected), then disconnect cleanly.
+
+        A clean disconnect suppresses the will, so a stopping board publishes its own offline status
+        through ``final``.
+        """
+        deadline = time.monotonic() + timeout_s
+        if self.connected.is_set():
+            infos = [self._client.publish(t, p, qos=1, retain=True) for t, p in final or []]
+            for info in infos:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    info.wait_for_publish(remaining)
+                except (ValueError, RuntimeError):
+                    break
+        self._client.disconnect()
+        self._client.loop_stop()
+        self.connected.clear()
+
+    # paho callbacks: all on the network thread, never blocking.
+    def _handle_connect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
+        if getattr(reason_code, "is_failure", False):
+            text = str(reason_code)
+            hint = _AUTH_HINTS.get(text, "see the broker's log")
+            self._failures.failed(f"refused the connection: {text}; {hint}")
+            return
+        self._failures.connected()
+        log.info("connected to broker %s (MQTT %s)", self.settings.address(), self.settings.protocol)
+        self.connected.set()
+        if self._on_connect_cb is not None:
+            self._on_connect_cb(self)
+
+    def _handle_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
+        self._failures.failed(_probe(self.settings.host, self.settings.port))
+
+    def _handle_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
+        was_connected = self.connected.is_set()
+        self.connected.clear()
+        if was_connected and getattr(reason_code, "value", 0) != 0:
+            log.warning("lost broker %s (%s); reconnecting", self.settings.address(), reason_code)
+
+    def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        if self._on_message_cb is not None:
+            self._on_message_cb(message.topic, message.payload, bool(message.retain))
+
+
+__all__ = ["MqttLink", "Will"]

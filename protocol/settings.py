@@ -1,0 +1,167 @@
+"""Loading TOML configuration into frozen dataclasses, with errors that name key, file and fix.
+
+Both commands read the same ``[broker]`` section, so it lives here with the loader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from protocol.errors import ConfigError
+from protocol.topics import DEFAULT_PREFIX, valid_prefix
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 boards
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "tuple[str, ...]": "a list of strings"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerSettings:
+    """How to reach the MQTT broker (the ``[broker]`` section)."""
+
+    host: str = "localhost"
+    port: int = 1883
+    username: str = ""
+    password: str = ""
+    password_file: str = ""         # read at start; wins over ``password``
+    tls_ca_file: str = ""           # set to use TLS; the broker's CA certificate
+    tls_cert_file: str = ""         # client certificate, for brokers that require one
+    tls_key_file: str = ""
+    protocol: str = "3.1.1"         # "3.1.1" works with every broker; "5" for MQTT 5
+    keepalive_s: int = 10           # an unplugged board is marked offline after 1.5x this
+    topic_prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port = {self.port} is outside 1-65535")
+        if self.protocol not in ("3.1.1", "5"):
+            raise ValueError(f'protocol = "{self.protocol}" is not "3.1.1" or "5"')
+        if not 2 <= self.keepalive_s <= 3600:
+            raise ValueError(f"keepalive_s = {self.keepalive_s} is outside 2-3600 seconds")
+        if not valid_prefix(self.topic_prefix):
+            raise ValueError(f"topic_prefix = {self.topic_prefix!r} must be non-empty levels without + or # or a leading/trailing /")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls_ca_file)
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not valid TOML.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; create it (see the README's configuration reference) or drop --config") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _type_ok(value: Any, annotation: str) -> tuple[bool, Any]:
+    """Check a TOML value against a field annotation; return (ok, converted value)."""
+    optional = annotation.endswith(" | None")
+    base = annotation.removesuffix(" | None")
+    if value is None:
+        return optional, None
+    if base == "bool":
+        return isinstance(value, bool), value
+    if isinstance(value, bool):
+        return False, value
+    if base == "str":
+        return isinstance(value, str), value
+    if base == "int":
+        return isinstance(value, int), value
+    if base == "float":
+        return isinstance(value, (int, float)), float(value) if isinstance(value, (int, float)) else value
+    if base == "tuple[str, ...]":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return ok, tuple(value) if ok else value
+    raise TypeError(f"config field type {annotation!r} is not supported")
+
+
+def _describe(value: Any) -> str:
+    kind = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}.get(type(value), type(value).__name__)
+    return f"{value!r} ({kind})"
+
+
+def build_section(cls: type[T], data: Any, *, section: str, source: str, overrides: dict[str, Any] | None = None) -> T:
+    """Build the dataclass ``cls`` from one TOML table, rejecting unknown keys and wrong types.
+
+    Args:
+        cls: a frozen dataclass whose fields are the section's keys.
+        data: the table read from the file (``{}`` when absent).
+        section: its dotted name for messages, e.g. ``"broker"``; ``""`` for the top level.
+        source: the file name for messages.
+        overrides: values from the command line or environment, already typed; they win.
+    """
+    where = f"[{section}]" if section else "the top level"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {section} should be a table ([{section}]), got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{section}.{key}" if section else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: unknown key {dotted!r} in {where}.{hint} Known keys: {', '.join(sorted(fields))}.")
+        annotation = str(fields[key].type)
+        ok, converted = _type_ok(value, annotation)
+        if not ok:
+            want = _TYPE_NAMES.get(annotation.removesuffix(" | None"), annotation)
+            raise ConfigError(f"{source}: {dotted} should be {want}, got {_describe(value)}. Fix the value in the file.")
+        kwargs[key] = converted
+    kwargs.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {where}: {exc}") from None
+
+
+def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings:
+    """Read ``password_file`` (when set) into ``password``.
+
+    Raises:
+        ConfigError: the password file is missing or unreadable.
+    """
+    if not settings.password_file:
+        return settings
+    path = Path(settings.password_file)
+    try:
+        password = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{source}: broker.password_file = {str(path)!r} cannot be read ({exc.strerror}); create it or remove the key") from None
+    return dataclasses.replace(settings, password=password)
+
+
+def check_tls_files(settings: BrokerSettings, *, source: str) -> None:
+    """Raise ConfigError if a configured TLS file does not exist."""
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        value = getattr(settings, key)
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{source}: broker.{key} = {value!r} does not exist; fix the path or remove the key to connect without TLS")
+
+
+__all__ = ["BrokerSettings", "build_section", "check_tls_files", "read_toml", "resolve_password"]

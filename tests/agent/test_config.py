@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_agent_config
+from protocol.address import HostPort
+from protocol.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_then_file_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, 'board_id = "pi-7"\n[broker]\nhost = "file-host"\nport = 1000\n[telemetry]\ninterval_s = 2\n')
+    cfg = load_agent_config(path)
+    assert (cfg.board_id, cfg.broker.host, cfg.broker.port, cfg.telemetry.interval_s) == ("pi-7", "file-host", 1000, 2.0)
+    assert cfg.broker.protocol == "3.1.1" and cfg.broker.topic_prefix == "edgefleet/v1"
+    monkeypatch.setenv("EDGEFLEET_BROKER", "env-host:2000")
+    assert load_agent_config(path).broker.address() == "env-host:2000"
+    cfg = load_agent_config(path, board_id="pi-8", broker=HostPort("flag-host", 3000), interval_s=0.5)
+    assert (cfg.board_id, cfg.broker.address(), cfg.telemetry.interval_s) == ("pi-8", "flag-host:3000", 0.5)
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('[broker]\nhots = "x"\n', ["unknown key 'broker.hots'", "Did you mean 'host'"]),
+    ('bord_id = "x"\n', ["unknown key 'bord_id'", "board_id"]),
+    ('[broker]\nport = "1883"\n', ["broker.port should be an integer", "'1883' (string)"]),
+    ('[telemetry]\ninterval_s = 0\n', ["interval_s = 0", "0.05-3600"]),
+    ('[power]\nsource = "magic"\n', ["source = 'magic'", "estimated"]),
+    ('[broker]\nprotocol = "4"\n', ['"3.1.1" or "5"']),
+    ('board_id = "a/b"\n', ["not a valid board id"]),
+    ('[broker\n', ["not valid TOML"]),
+    ('broker = 3\n', ["broker should be a table"]),
+    ('[broker]\npassword_file = "/nonexistent/pw"\n', ["password_file", "cannot be read"]),
+    ('[broker]\ntls_ca_file = "/nonexistent/ca.crt"\n', ["tls_ca_file", "does not exist"]),
+])
+def test_config_errors_name_key_file_and_fix(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(path)
+    message = str(info.value)
+    assert str(path) in message or "board id" in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_agent_config(tmp_path / "nope.toml")
+
+
+def test_password_file_is_read_and_never_printed(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("s3cret\n")
+    path = _write(tmp_path, f'[broker]\nusername = "pi"\npassword_file = "{tmp_path / "pw"}"\n')
+    assert load_agent_config(path).broker.password == "s3cret"
+    out = subprocess.run([sys.executable, "-m", "agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
+    assert out.returncode == 0 and "config OK" in out.stdout and "s3cret" not in out.stdout
+
+
+def test_check_config_exits_78_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[broker]\nport = "x"\n')
+    out = subprocess.run([sys.executable, "-m", "agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
+    assert out.returncode == 78
+    assert "broker.port" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_readme_documents_every_key() -> None:
+    from dataclasses import fields
+
+    from agent.config import PowerSettings, TelemetrySettings
+    from protocol.settings import BrokerSettings
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for section, cls in (("broker", BrokerSettings), ("telemetry", TelemetrySettings), ("power", PowerSettings)):
+        for f in fields(cls):
+            assert f"`{section}.{f.name}`" in readme, f"README lacks {section}.{f.name}"
+    assert "`board_id`" in readme

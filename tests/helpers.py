@@ -1,0 +1,40 @@
+"""Small helpers shared by the tests: waiting on conditions (never sleeping to synchronise)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], *, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def coordinator(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run the real ``edge-coordinator`` CLI in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def status_json(broker: str, *, config: Path | None = None) -> dict[str, dict[str, Any]]:
+    """``edge-coordinator status --json`` as ``{board_id: row}``; ``{}`` if the CLI failed."""
+    global_args = ("--config", str(config)) if config else ()
+    result = coordinator("--broker", broker, *global_args, "status", "--json", "--wait", "2")
+    if result.returncode != 0:
+        assert "Traceback" not in result.stderr, result.stderr
+        return {}
+    return {row["board_id"]: row for row in json.loads(result.stdout)}

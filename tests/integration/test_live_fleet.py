@@ -1,0 +1,76 @@
+"""Real agents, a real Mosquitto and the real CLI: the fleet appears, stops and vanishes as promised."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from coordinator.local_broker import LocalBroker
+from tests.conftest import AgentFactory
+from tests.helpers import status_json, wait_until
+
+FAST = ("--interval", "0.2")
+KEEPALIVE_S = 2
+
+
+def _config(board_id: str) -> str:
+    return f'board_id = "{board_id}"\n[broker]\nkeepalive_s = {KEEPALIVE_S}\n[power]\nsource = "estimated"\nidle_w = 2.0\nmax_w = 6.0\n'
+
+
+def test_three_agents_appear_then_stop_and_die_as_promised(mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    # Prepare: three real agent processes on one broker, each with its own id.
+    ids = ["it-pi-1", "it-pi-2", "it-orin-1"]
+    procs = {i: agents.start(i, mosquitto.address, config=_config(i), args=FAST) for i in ids}
+
+    # Execute: the CLI's JSON snapshot until all three report samples.
+    def all_online() -> dict | None:
+        rows = status_json(mosquitto.address)
+        ok = all(rows.get(i, {}).get("health") == "ok" for i in ids)
+        return rows if ok else None
+
+    rows = wait_until(all_online, timeout_s=30, what="three agents online with samples")
+
+    # Assert: every board is online, with an estimated power figure labelled as such.
+    for i in ids:
+        assert rows[i]["state"] == "online"
+        assert rows[i]["power_source"] == "estimated" and rows[i]["power_measured"] is False
+        assert 2.0 <= rows[i]["power_w"] <= 6.0
+        assert rows[i]["caps"]["cores"] == os.cpu_count()
+
+    # kill -9: the broker publishes the last will within keepalive x 1.5.
+    procs["it-pi-1"].proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_until(lambda: status_json(mosquitto.address).get("it-pi-1", {}).get("state") == "offline",
+               timeout_s=KEEPALIVE_S * 1.5 + 5, what="killed agent offline")
+    assert time.monotonic() - killed_at <= KEEPALIVE_S * 1.5 + 3  # + the CLI's own start-up
+    assert status_json(mosquitto.address)["it-pi-1"]["offline_reason"] == "connection lost"
+
+    # SIGTERM: a clean stop publishes offline itself and exits 0 within 2 s.
+    agent = procs["it-pi-2"]
+    agent.proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert agent.proc.wait(timeout=5) == 0, agent.log()
+    assert time.monotonic() - started < 2.0
+    row = status_json(mosquitto.address)["it-pi-2"]
+    assert row["state"] == "offline" and row["offline_reason"] == "stopped"
+
+    # The third is untouched.
+    assert status_json(mosquitto.address)["it-orin-1"]["health"] == "ok"
+    assert "Traceback" not in "".join(p.log() for p in procs.values())
+
+
+def test_telemetry_agrees_with_psutil(mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    agents.start("it-psutil", mosquitto.address, config=_config("it-psutil"), args=FAST)
+    row = wait_until(lambda: status_json(mosquitto.address).get("it-psutil", {}).get("seq") and
+                     status_json(mosquitto.address)["it-psutil"], timeout_s=30, what="a sample")
+    vm = psutil.virtual_memory()
+    assert row["mem_total_bytes"] == vm.total
+    assert abs(row["mem_used_bytes"] - (vm.total - vm.available)) < 0.05 * vm.total
+    assert row["caps"]["ram_bytes"] == vm.total
+    assert 0.0 <= row["cpu_percent"] <= 100.0
+    # estimated power follows the model from the CPU reading of the same sample
+    assert row["power_w"] == round(2.0 + 4.0 * row["cpu_percent"] / 100, 3) or abs(row["power_w"] - (2.0 + 4.0 * row["cpu_percent"] / 100)) < 0.01
+    assert row["net_rx_bytes_per_s"] >= 0 and row["net_tx_bytes_per_s"] >= 0
