@@ -8,9 +8,13 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.address import BROKER_ENV, parse_host_port
 from protocol.errors import EdgeTrainError
+
+if TYPE_CHECKING:
+    from coordinator.fleet import FleetView
 
 log = logging.getLogger("coordinator")
 
@@ -86,23 +90,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
         json.dump([r.to_dict() for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from rich.console import Console
+        from coordinator.render import fleet_table, make_console
 
-        from coordinator.render import fleet_table
-
-        Console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}"))
+        make_console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}"))
     return 0
 
 
-def _watch(view: object, *, title: str, seconds: float = 0.0) -> None:
+def _watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
     from rich.live import Live
 
-    from coordinator.fleet import FleetView
-    from coordinator.render import fleet_table
+    from coordinator.render import fleet_table, make_console
 
-    assert isinstance(view, FleetView)
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
-    with Live(fleet_table(view.rows(), title=title), refresh_per_second=4) as live:
+    with Live(fleet_table(view.rows(), title=title), console=make_console(), refresh_per_second=4) as live:
         try:
             while time.monotonic() < deadline:
                 time.sleep(0.5)

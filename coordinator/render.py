@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from coordinator.fleet import BoardRow
 
+_SHORT_REASON = {"connection lost": "lost"}
 _HEALTH_STYLE = {"ok": "green", "stale": "yellow", "no-data": "yellow", "bad-data": "red", "offline": "dim red"}
 
 
 def _bytes(n: float | None) -> str:
+    """Compact SI bytes: 812B, 2.7K, 512M, 25.3G."""
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1000 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" or abs(n) >= 10 else f"{n:.1f}{unit}"
         n /= 1000
     return "-"
 
@@ -25,29 +29,37 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet") -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for name, justify in (("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"),
-                          ("memory", "right"), ("net rx/tx per s", "right"), ("temp", "right"),
+                          ("memory", "right"), ("net rx/tx", "right"), ("temp", "right"),
                           ("power", "right"), ("source", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in rows:
         s = row.sample
         state = row.state if row.health in ("ok", "offline") else f"{row.state} ({row.health})"
         if row.health == "offline" and row.offline_reason:
-            state = f"offline ({row.offline_reason})"
+            state = f"offline ({_SHORT_REASON.get(row.offline_reason, row.offline_reason)})"
         if row.bad_messages:
             state += f" [{row.bad_messages} bad]"
-        memory = "-" if s is None or s.mem_used_bytes is None else f"{_bytes(s.mem_used_bytes)} / {_bytes(s.mem_total_bytes)}"
-        net = "-" if s is None else f"{_bytes(s.net_rx_bytes_per_s)} / {_bytes(s.net_tx_bytes_per_s)}"
-        source = "-" if s is None else (s.power_source + (" (est.)" if s.power_source == "estimated" else ""))
+        memory = "-" if s is None or s.mem_used_bytes is None else f"{_bytes(s.mem_used_bytes)}/{_bytes(s.mem_total_bytes)}"
+        net = "-" if s is None else f"{_bytes(s.net_rx_bytes_per_s)}/{_bytes(s.net_tx_bytes_per_s)}"
+        source = "-" if s is None else s.power_source
         table.add_row(
             row.board_id, Text(state, style=_HEALTH_STYLE.get(row.health, "")),
-            "-" if row.age_s is None else f"{row.age_s:.1f} s",
-            "-" if s is None else _num(s.cpu_percent, ".0f") + " %",
+            "-" if row.age_s is None else f"{row.age_s:.1f}s",
+            "-" if s is None else _num(s.cpu_percent, ".0f") + "%",
             memory, net,
-            "-" if s is None or s.temp_c is None else f"{s.temp_c:.1f} °C",
-            "-" if s is None or s.power_w is None else f"{s.power_w:.2f} W",
+            "-" if s is None or s.temp_c is None else f"{s.temp_c:.1f}°C",
+            "-" if s is None or s.power_w is None else f"{s.power_w:.2f}W" + ("*" if s.power_source == "estimated" else ""),
             source)
     if not rows:
         table.caption = "no boards have reported on this broker and topic prefix yet"
+    elif any(r.sample is not None and r.sample.power_source == "estimated" for r in rows):
+        table.caption = "* estimated from CPU load, not measured"
     return table
+
+
+def make_console() -> Console:
+    """A console as wide as the terminal, or 120 columns when output goes to a file or pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
