@@ -49,6 +49,18 @@ class PowerSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SecuritySettings:
+    """The ``[security]`` section: how the agent tells the coordinator's commands from a stranger's."""
+
+    fleet_key_file: str = ""       # HMAC key shared with the coordinator; without it every command is refused
+    max_command_age_s: float = 30.0  # older commands are refused as stale (keep the clocks in sync: NTP)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_command_age_s <= 3600:
+            raise ValueError(f"max_command_age_s = {self.max_command_age_s} is outside 1-3600 seconds")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
     """Everything the agent daemon needs, loaded once."""
 
@@ -56,6 +68,7 @@ class AgentConfig:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     power: PowerSettings = field(default_factory=PowerSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
     source: str = "defaults"   # where it came from, for messages
 
 
@@ -79,7 +92,8 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     """
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
-    sections = {"broker": BrokerSettings, "telemetry": TelemetrySettings, "power": PowerSettings}
+    sections = {"broker": BrokerSettings, "telemetry": TelemetrySettings, "power": PowerSettings,
+                "security": SecuritySettings}
     top = build_section(_TopLevel, {k: v for k, v in data.items() if k not in sections}, section="", source=source)
     env_broker = broker_from_env()
     address = broker or env_broker
@@ -90,18 +104,24 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     telemetry = build_section(TelemetrySettings, data.get("telemetry", {}), section="telemetry", source=source,
                               overrides={"interval_s": interval_s})
     power = build_section(PowerSettings, data.get("power", {}), section="power", source=source)
+    security = build_section(SecuritySettings, data.get("security", {}), section="security", source=source)
+    if security.fleet_key_file and not Path(security.fleet_key_file).is_file():
+        raise ConfigError(f"{source}: security.fleet_key_file = {security.fleet_key_file!r} does not exist; "
+                          "copy the fleet key from the coordinator (ansible does) or remove the key to refuse all commands")
     final_id = board_id or top.board_id or default_board_id()
     if not valid_board_id(final_id):
         where = "--id" if board_id else f"{source}: board_id"
         raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, source=source)
+    return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, security=security,
+                       source=source)
 
 
 def describe(cfg: AgentConfig) -> str:
     """A human summary for ``--check-config`` (the password is never shown)."""
     broker = dataclasses.replace(cfg.broker, password="***" if cfg.broker.password else "")
     lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}"]
-    for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power)):
+    for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power),
+                          ("security", cfg.security)):
         lines.append(f"[{name}]")
         lines += [f"  {f.name} = {getattr(section, f.name)!r}" for f in dataclasses.fields(section)]
     return "\n".join(lines)

@@ -12,11 +12,14 @@ from pathlib import Path
 from agent.caps import read_caps
 from agent.config import AgentConfig
 from agent.sdnotify import sd_notify
+from agent.job_runner import JobRunner
 from agent.sensors import Sampler
 from protocol import __version__
+from protocol.jobs import JobEvent
 from protocol.messages import BoardStatus
 from protocol.mqtt_link import MqttLink, Will
-from protocol.topics import caps_topic, cmd_topic, status_topic, telemetry_topic
+from protocol.signing import CommandVerifier, load_fleet_key
+from protocol.topics import caps_topic, cmd_topic, events_topic, status_topic, telemetry_topic
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,20 @@ class Agent:
         will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())
         self.link = MqttLink(cfg.broker, client_id=f"edge-agent-{cfg.board_id}", will=will,
                              on_connect=self._announce, on_message=self._on_command)
+        verifier = None
+        if cfg.security.fleet_key_file:
+            key = load_fleet_key(Path(cfg.security.fleet_key_file))
+            verifier = CommandVerifier(key, max_age_s=cfg.security.max_command_age_s).verify
+        else:
+            log.warning("no security.fleet_key_file: this board will refuse every training command")
+        self.jobs = JobRunner(board_id=cfg.board_id, verify=verifier, publish_event=self._publish_event,
+                              set_busy=self._set_busy)
+
+    def _publish_event(self, event: JobEvent) -> None:
+        self.link.publish(events_topic(self.cfg.broker.topic_prefix, self.cfg.board_id), event.to_msgpack(), qos=1)
+
+    def _set_busy(self, busy: bool) -> None:
+        self.link.publish(self.status_topic, self._status("busy" if busy else "online"), qos=1, retain=True)
 
     def _status(self, state: str, reason: str = "") -> bytes:
         return BoardStatus(state=state, ts=round(time.time(), 3), reason=reason, agent_version=__version__,
@@ -55,12 +72,15 @@ class Agent:
     def _announce(self, link: MqttLink) -> None:
         # Runs after every (re)connect, so the retained status and the subscription are renewed.
         prefix = self.cfg.broker.topic_prefix
-        link.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
         link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
 
     def _on_command(self, topic: str, payload: bytes, retained: bool) -> None:
-        log.warning("ignored a %d-byte command on %s: this agent version runs no jobs yet", len(payload), topic)
+        if retained:  # a command is for now; a retained one is left over or planted
+            log.warning("refused a retained command on %s (commands are never retained)", topic)
+            return
+        self.jobs.handle(payload)
 
     def run(self, stop: threading.Event) -> int:
         interval = self.cfg.telemetry.interval_s
@@ -83,6 +103,7 @@ class Agent:
                 stop.wait(next_t - now)
         finally:
             sd_notify("STOPPING=1")
+            self.jobs.stop()
             self.link.close(final=[(self.status_topic, self._status("offline", "stopped"))], timeout_s=1.0)
             self.sampler.close()
             log.info("board %s: stopped", self.cfg.board_id)

@@ -31,6 +31,8 @@ def _is(value: Any, kind: str) -> bool:
 
 def _check(value: Any, annotation: str) -> bool:
     annotation = annotation.replace(" ", "")
+    if annotation == "Any":  # an option value: a scalar, never a nested structure
+        return value is None or isinstance(value, (str, int, float, bool))
     if annotation.endswith("|None"):
         return value is None or _check(value, annotation[: -len("|None")])
     if annotation in _SCALARS:
@@ -45,7 +47,7 @@ def _check(value: Any, annotation: str) -> bool:
 
 
 def message_from_json(cls: type[T], payload: bytes | str, *, schema_version: int) -> T:
-    """Decode and validate a JSON message into the frozen dataclass ``cls``.
+    """Decode a JSON message and validate it into the frozen dataclass ``cls``.
 
     Unknown keys are ignored, so that an older coordinator can read a newer agent's messages;
     a missing required key, a wrong type or a non-finite number raises.
@@ -58,6 +60,16 @@ def message_from_json(cls: type[T], payload: bytes | str, *, schema_version: int
         data = json.loads(payload)
     except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError(f"{name}: not valid JSON ({exc})") from None
+    return message_from_dict(cls, data, schema_version=schema_version)
+
+
+def message_from_dict(cls: type[T], data: Any, *, schema_version: int) -> T:
+    """Validate an already-decoded map (JSON or msgpack) into the frozen dataclass ``cls``.
+
+    Raises:
+        DecodeError: naming the message type and the offending field.
+    """
+    name = cls.__name__
     if not isinstance(data, dict):
         raise DecodeError(f"{name}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version", schema_version)

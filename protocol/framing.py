@@ -1,0 +1,239 @@
+"""Length-prefixed msgpack frames: the gradient exchange's wire format (the data plane).
+
+A frame is a 4-byte big-endian unsigned length, then that many bytes of one msgpack map with a
+str ``"type"`` key. Tensors inside travel as ``protocol.codec.encode_array`` maps whose ``data``
+is a msgpack ``bin``; never pickle, never ext types.
+
+Both directions avoid copying tensor data (a 45 MB gradient frame is the common case):
+
+* sending packs the structure with msgpack and hands the tensors' own memory to
+  ``socket.sendmsg`` as separate segments (see ``protocol._msgpack_view.pack_segments``);
+* receiving reads into a reusable ``bytearray`` with ``recv_into`` and decodes over it, so each
+  large ``bin`` is a read-only memoryview of that buffer and ``np.frombuffer`` on it is free.
+
+The receiver checks the announced length against ``max_bytes`` before allocating anything, and
+the decoder enforces the limits of ``protocol._msgpack_view`` (string size, entries per array or
+map, total entries, nesting depth). After a ``DecodeError`` the stream position is unknown:
+close the connection.
+
+Sockets must be blocking (a timeout set with ``settimeout`` is fine and raises ``TimeoutError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import Any
+
+from protocol._msgpack_view import BytesLike, pack_segments, unpack_view
+from protocol.errors import DecodeError, ProtocolError
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1 << 30  # 1 GiB; both ends may pass a smaller max_bytes
+
+_HEADER = struct.Struct(">I")
+_IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
+
+
+class ConnectionClosed(ProtocolError):
+    """The peer closed the connection cleanly, between two frames."""
+
+
+def encode_frame(message: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -> list[BytesLike]:
+    """Encode ``message`` as a frame: the length header, then the payload's segments.
+
+    Raises:
+        ValueError: ``message`` is not a dict with a str ``"type"``, has a non-str key, or the
+            payload exceeds ``max_bytes``.
+        TypeError: a value msgpack cannot pack (convert tensors with ``protocol.codec``).
+    """
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ValueError("a frame is a dict with a str 'type' key")
+    segments = pack_segments(message)
+    size = sum(len(segment) for segment in segments)
+    if size > max_bytes:
+        raise ValueError(f"frame of {size} bytes exceeds max_bytes={max_bytes}; split the message "
+                         "or raise max_bytes on both ends")
+    return [_HEADER.pack(size), *segments]
+
+
+def decode_frame(payload: BytesLike) -> dict[str, Any]:
+    """Decode a frame's payload (without its header); large bins stay views of ``payload``.
+
+    Raises:
+        DecodeError: malformed msgpack, a limit exceeded, not a map, or no str ``"type"``.
+    """
+    message = unpack_view(payload)
+    if not isinstance(message, dict):
+        raise DecodeError(f"a frame must hold a map, not {type(message).__name__}")
+    if not isinstance(message.get("type"), str):
+        raise DecodeError(f"frame has no str 'type' key (keys: {sorted(message)[:8]})")
+    return message
+
+
+def _check_length(size: int, max_bytes: int) -> None:
+    if size == 0:
+        raise DecodeError("empty frame: a frame holds at least a msgpack map")
+    if size > max_bytes:
+        raise DecodeError(f"frame announces {size} bytes, over the limit of {max_bytes}; refusing "
+                          "before allocating (a peer speaking another protocol, or raise max_bytes)")
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -> int:
+    """Send one frame on a blocking socket, tensor data straight from its own memory.
+
+    Args:
+        sock: a connected stream socket; without ``sendmsg`` (TLS) each segment goes by ``sendall``.
+        message: a dict with a str ``"type"``; tensors as ``protocol.codec.encode_array`` maps.
+        max_bytes: largest payload allowed.
+
+    Returns:
+        Bytes sent, header included.
+
+    Raises:
+        ValueError, TypeError: see :func:`encode_frame`.
+        OSError: the socket failed (``TimeoutError`` on a socket timeout).
+    """
+    segments = [memoryview(segment) for segment in encode_frame(message, max_bytes=max_bytes)]
+    total = sum(segment.nbytes for segment in segments)
+    sendmsg = getattr(sock, "sendmsg", None)
+    first = 0
+    while first < len(segments):
+        if sendmsg is None:
+            sock.sendall(segments[first])
+            first += 1
+            continue
+        try:
+            sent = sendmsg(segments[first:first + _IOV_MAX])
+        except NotImplementedError:  # ssl.SSLSocket has the method but refuses it
+            sendmsg = None
+            continue
+        while sent:  # drop what went out, trim a partly sent segment
+            head = segments[first].nbytes
+            if sent >= head:
+                sent -= head
+                first += 1
+            else:
+                segments[first] = segments[first][sent:]
+                sent = 0
+    return total
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> int:
+    """Fill ``view`` from ``sock``; return the bytes received, fewer only if the peer closed."""
+    got = 0
+    while got < view.nbytes:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _claim(buffer: bytearray | None, size: int) -> bytearray:
+    """Return ``buffer`` grown to ``size`` bytes, or a new bytearray if it is absent or still in use."""
+    if buffer is None:
+        return bytearray(size)
+    try:
+        # Resizing fails while views of the previous frame are alive: overwriting would change them.
+        buffer.append(0)
+        del buffer[-1]
+    except BufferError:
+        log.debug("receive buffer still referenced by an earlier frame; using a fresh %d-byte one", size)
+        return bytearray(size)
+    if len(buffer) < size:
+        buffer.extend(bytes(size - len(buffer)))
+    return buffer
+
+
+def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES,
+               buffer: bytearray | None = None) -> dict[str, Any]:
+    """Receive one frame from a blocking socket.
+
+    Large bins in the result (and arrays made from them with ``protocol.codec.decode_array``)
+    are read-only views of the receive buffer, not copies. With a reusable ``buffer``, consume or
+    copy them before the next call: while any of them is still referenced the next call cannot
+    reuse the buffer and falls back to a fresh allocation (it never overwrites live data), which
+    costs the speed the buffer is for. The buffer grows to the largest frame seen and stays so.
+
+    Args:
+        sock: a connected stream socket.
+        max_bytes: largest payload accepted; checked against the header before allocating.
+        buffer: a bytearray to receive into, reused across calls; None allocates one per frame.
+
+    Raises:
+        ConnectionClosed: the peer closed the connection before a new frame began.
+        DecodeError: the frame was truncated, too large, or does not decode (see
+            :func:`decode_frame`); the connection is then unusable.
+        OSError: the socket failed (``TimeoutError`` on a socket timeout).
+    """
+    header = bytearray(_HEADER.size)
+    got = _recv_exactly(sock, memoryview(header))
+    if got == 0:
+        raise ConnectionClosed("the peer closed the connection")
+    if got < _HEADER.size:
+        raise DecodeError(f"truncated frame header: {got} of {_HEADER.size} bytes before the peer closed")
+    (size,) = _HEADER.unpack(header)
+    _check_length(size, max_bytes)
+    view = memoryview(_claim(buffer, size))[:size]
+    got = _recv_exactly(sock, view)
+    if got < size:
+        raise DecodeError(f"truncated frame: {got} of {size} bytes before the peer closed")
+    return decode_frame(view)
+
+
+async def read_frame(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """Read one frame from an asyncio stream; wrap in ``asyncio.wait_for`` for a deadline.
+
+    The payload is one ``bytes`` object (asyncio's ``readexactly`` copies once); large bins are
+    views of it, so the result owns its memory.
+
+    Raises:
+        ConnectionClosed: the peer closed the connection before a new frame began.
+        DecodeError: the frame was truncated, too large, or does not decode.
+    """
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            raise ConnectionClosed("the peer closed the connection") from None
+        raise DecodeError(f"truncated frame header: {len(exc.partial)} of {_HEADER.size} bytes "
+                          "before the peer closed") from None
+    (size,) = _HEADER.unpack(header)
+    _check_length(size, max_bytes)
+    try:
+        payload = await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise DecodeError(f"truncated frame: {len(exc.partial)} of {size} bytes before the peer closed") from None
+    return decode_frame(payload)
+
+
+def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any], *,
+                max_bytes: int = MAX_FRAME_BYTES) -> None:
+    """Queue one frame on an asyncio stream; the caller then awaits ``writer.drain()``.
+
+    Tensor memory is handed to the transport without a copy, and the transport may hold it
+    until the bytes are on the wire: do not modify the arrays until the peer has answered.
+
+    Raises:
+        ValueError, TypeError: see :func:`encode_frame`.
+    """
+    for segment in encode_frame(message, max_bytes=max_bytes):
+        writer.write(segment)
+
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "ConnectionClosed",
+    "decode_frame",
+    "encode_frame",
+    "read_frame",
+    "recv_frame",
+    "send_frame",
+    "write_frame",
+]
