@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--wait", type=float, default=3.0, metavar="SECONDS",
                         help="how long a snapshot waits for online boards' first samples (default 3)")
 
+    from coordinator.train_cli import add_train_parser
+
+    add_train_parser(sub)
+
     demo = sub.add_parser("demo", help="run a local fleet of agents on an embedded broker and show it live",
                           description="Start Mosquitto on a free loopback port, spawn local agents and show the fleet "
                                       "live. Nothing listens beyond 127.0.0.1; everything stops on Ctrl-C or after --seconds.")
@@ -122,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    commands = {"status": _cmd_status, "demo": _cmd_demo}
+    from coordinator.train_cli import cmd_train
+
+    commands = {"status": _cmd_status, "demo": _cmd_demo, "train": cmd_train}
     if args.command is None:
         parser.print_help()
         return 2

@@ -13,21 +13,32 @@ from protocol.settings import BrokerSettings, build_section, check_tls_files, re
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorSecurity:
+    """The ``[security]`` section."""
+
+    fleet_key_file: str = ""   # the key the boards verify commands with (the same file ansible installs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CoordinatorConfig:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
+    security: CoordinatorSecurity = field(default_factory=CoordinatorSecurity)
     source: str = "defaults"
 
 
-def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None) -> CoordinatorConfig:
+def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None,
+                            fleet_key_file: str | None = None) -> CoordinatorConfig:
     """Raises ConfigError naming the key, the file and the fix."""
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
-    unknown = sorted(set(data) - {"broker"})
+    unknown = sorted(set(data) - {"broker", "security"})
     if unknown:
-        raise ConfigError(f"{source}: unknown key or section {unknown[0]!r}; the coordinator's file has a [broker] section only")
+        raise ConfigError(f"{source}: unknown key or section {unknown[0]!r}; the coordinator's file has [broker] and [security] sections")
     address = broker or broker_from_env()
     overrides = {"host": address.host, "port": address.port} if address else {}
     settings = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=overrides)
     settings = resolve_password(settings, source=source)
     check_tls_files(settings, source=source)
-    return CoordinatorConfig(broker=settings, source=source)
+    security = build_section(CoordinatorSecurity, data.get("security", {}), section="security", source=source,
+                             overrides={"fleet_key_file": fleet_key_file})
+    return CoordinatorConfig(broker=settings, security=security, source=source)

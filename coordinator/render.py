@@ -63,3 +63,24 @@ def make_console() -> Console:
     """A console as wide as the terminal, or 120 columns when output goes to a file or pipe."""
     console = Console()
     return console if console.is_terminal else Console(width=120)
+
+
+def summary_line(result: dict) -> str:
+    acc = result.get("val_accuracy")
+    return (f"run {result['run_id']}: {result['steps']}/{result['total_steps']} steps, "
+            f"val accuracy {'-' if acc is None else f'{acc:.2%}'}, {result['elapsed_s']:.1f} s training, "
+            f"{result.get('samples_per_s') or 0:.0f} samples/s")
+
+
+def summary_table(result: dict) -> Table:
+    """The end-of-run table: each board's share of the run."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
+    for name in ("board", "batch", "steps", "median compute", "flags"):
+        table.add_column(name, justify="left" if name in ("board", "flags") else "right")
+    for board, info in result["boards"].items():
+        median = info.get("median_compute_s")
+        flags = info.get("flags") or []
+        table.add_row(board, str(info["batch_size"]), str(info["steps_contributed"]),
+                      "-" if median is None else f"{median * 1000:.1f} ms",
+                      "" if not flags else f"{len(flags)}: {flags[-1]}")
+    return table

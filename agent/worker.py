@@ -1,0 +1,125 @@
+"""The training worker: runs one job in its own process, started by the agent's JobRunner.
+
+It reads the job (a verified ``TrainCommand``) as JSON on stdin and writes events as JSON lines
+on the stdout it was given; everything else it or Lightning prints goes to stderr. Exit codes:
+0 finished or stopped, 3 the job cannot run here (unknown model or dataset, refused by the
+exchange), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import IO, Any
+
+from protocol.errors import EdgeTrainError
+from protocol.jobs import TrainCommand
+
+PROGRESS_EVERY_S = 1.0
+
+
+class EventWriter:
+    """JSON lines for the agent, at most one progress line per second."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._last_progress = 0.0
+
+    def emit(self, phase: str, message: str = "", **fields: Any) -> None:
+        self.stream.write(json.dumps({"phase": phase, "message": message, **fields}) + "\n")
+        self.stream.flush()
+
+    def progress(self, step: int, loss: float | None, compute_s: float) -> None:
+        now = time.monotonic()
+        if now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            self.emit("progress", step=step, loss=loss, compute_s=round(compute_s, 6))
+
+
+def run_job(job: TrainCommand, events: EventWriter) -> int:
+    import torch
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader
+
+    from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining
+    from protocol.codec import decode_value
+    from workloads.params import param_count, single_optimizer, to_torch_tree, trainable_params
+    from workloads.registry import build_dataset, build_model
+    from workloads.sharding import BoardBatchSampler, GlobalBatchPlan, LocalBatchPlan, LocalBatchSampler
+
+    options = dict(job.model_options)
+    if job.lr is not None:
+        options["lr"] = job.lr
+    dataset = build_dataset(job.dataset, "train", job.dataset_options)
+    model = build_model(job.model, tuple(dataset.input_shape), int(dataset.num_classes), options)  # type: ignore[attr-defined]
+    count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
+
+    client = ExchangeClient(job.exchange_host, job.exchange_port)
+    try:
+        welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=job.token, param_count=count)
+        model.load_state_dict(to_torch_tree(decode_value(welcome["model"])))
+        start = int(welcome["step"])
+        steps = job.total_steps - start
+        if job.data_mode == "global":
+            sampler: Any = BoardBatchSampler(GlobalBatchPlan(len(dataset), job.batch_sizes, job.seed), job.board_index, start, steps)  # type: ignore[arg-type]
+        else:
+            plan = LocalBatchPlan(len(dataset), job.batch_size, job.seed, board_seed=job.board_index)  # type: ignore[arg-type]
+            sampler = LocalBatchSampler(plan, start, steps)
+        exchange = GradientExchange(client, batch_size=job.batch_size, start_step=start, wire_dtype=job.wire_dtype,
+                                    optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress)
+        events.emit("running", f"joined at step {start}", step=start)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max(steps, 0), logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
+                             callbacks=[exchange])
+        try:
+            trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=sampler))
+        except StopTraining as stop:
+            events.emit("finished", f"stopped by the coordinator: {stop}", step=exchange.step)
+            return 0
+        events.emit("finished", step=exchange.step)
+        return 0
+    finally:
+        client.close()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker if the agent dies (kill -9 included): no orphaned jobs."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the agent's own stop() still ends the worker
+        pass
+    if os.getppid() == 1:  # the agent died before prctl took effect
+        sys.exit(1)
+
+
+def main() -> int:
+    _die_with_parent()
+    # Events go to the stdout we were given; anything printed by us or Lightning goes to stderr.
+    events = EventWriter(os.fdopen(os.dup(1), "w", buffering=1))
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        job = TrainCommand.from_dict(json.loads(sys.stdin.read()))
+        return run_job(job, events)
+    except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
+        events.emit("failed", str(exc))
+        return 3
+    except Exception as exc:  # the process ends here: report it to the coordinator, keep the traceback
+        traceback.print_exc()
+        events.emit("failed", f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The board's side of the gradient exchange: a TCP client and the Lightning callback that uses it.
+
+Imported only by the training worker (it needs torch and Lightning).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
+from protocol.errors import DecodeError, EdgeTrainError
+from protocol.framing import recv_frame, send_frame
+from workloads.params import assign_grads, flatten_grads, restore_optimizer_state, trainable_params
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_VERSION = 1
+RESULT_TIMEOUT_S = 900.0  # waiting for a step's result: slow boards and first steps take long
+
+
+class ExchangeRefused(EdgeTrainError):
+    """The coordinator refused this board (wrong token, wrong model, not part of the job)."""
+
+
+class StopTraining(Exception):
+    """The coordinator ended the job (finished, Ctrl-C, or this board was removed)."""
+
+
+class ExchangeClient:
+    """One connection to the coordinator's exchange endpoint."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 30.0) -> None:
+        try:
+            self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        except OSError as exc:
+            raise ExchangeRefused(f"cannot reach the coordinator's exchange at {host}:{port} ({exc.strerror or exc}); "
+                                  "check the coordinator's --exchange-host and the firewall") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(RESULT_TIMEOUT_S)
+        self.buffer = bytearray()  # reused for every result: no new large allocation per step
+
+    def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
+        send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
+                               "token": token, "param_count": param_count})
+        reply = recv_frame(self.sock, buffer=self.buffer)
+        if reply["type"] == "error":
+            raise ExchangeRefused(f"the coordinator refused this board: {reply.get('message')}")
+        if reply["type"] != "welcome" or not isinstance(reply.get("step"), int):
+            raise DecodeError(f"expected a welcome frame, got {reply['type']!r}")
+        self.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
+        return reply
+
+    def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float) -> np.ndarray:
+        """Send this board's gradient for ``step``; return the fleet's average (a view, valid until the next call).
+
+        Raises:
+            StopTraining: the coordinator sent ``stop`` instead of a result.
+        """
+        send_frame(self.sock, {"type": "grad", "step": step, "n": n, "loss": loss, "compute_s": compute_s,
+                               "g": encode_array(grad)})
+        reply = recv_frame(self.sock, buffer=self.buffer)
+        if reply["type"] == "stop":
+            raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
+        if reply["type"] != "avg" or reply.get("step") != step:
+            raise DecodeError(f"expected the result of step {step}, got {reply['type']!r} for step {reply.get('step')!r}")
+        return decode_array(reply["g"], max_elements=grad.size)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class GradientExchange(pl.Callback):
+    """Sits between backward and the optimizer step: swaps this board's gradient for the fleet's.
+
+    ``on_before_optimizer_step`` is the exchange point: gradients are accumulated and unscaled
+    there, not yet clipped, and the step that follows is the same on every replica.
+    """
+
+    def __init__(self, client: ExchangeClient, *, batch_size: int, start_step: int, wire_dtype: str,
+                 optimizer_state: Any, on_step: Callable[[int, float | None, float], None]) -> None:
+        self.client, self.batch_size, self.step, self.wire_dtype = client, batch_size, start_step, wire_dtype
+        self._optimizer_state = optimizer_state
+        self._on_step = on_step
+        self._loss: float | None = None
+        self._started = 0.0
+        self._params: list[torch.nn.Parameter] = []
+        self._flat = np.zeros(0, dtype=np.float32)
+        self._wire: np.ndarray | None = None
+        self._avg32: np.ndarray | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        optimizer = trainer.optimizers[0]
+        if self._optimizer_state:
+            restore_optimizer_state(optimizer, self._optimizer_state)
+        self._params = trainable_params(optimizer)
+        self._flat = np.zeros(sum(p.numel() for p in self._params), dtype=np.float32)
+        if self.wire_dtype != "float32":
+            self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
+            self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._started = time.perf_counter()
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        self._loss = float(loss.detach())
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        compute_s = time.perf_counter() - self._started
+        flatten_grads(self._params, self._flat)
+        if self._wire is None:
+            wire = self._flat
+        elif self.wire_dtype == "float16":
+            np.copyto(self._wire, self._flat, casting="same_kind")
+            wire = self._wire
+        else:
+            np.copyto(self._wire, to_bf16_bits(self._flat))
+            wire = self._wire
+        n = self.batch_size * trainer.accumulate_grad_batches
+        avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6))
+        if self._avg32 is not None:
+            np.copyto(self._avg32, avg if self.wire_dtype == "float16" else from_bf16_bits(avg))
+            avg = self._avg32
+        assign_grads(self._params, avg)
+        self._on_step(self.step, self._loss, compute_s)
+        self.step += 1

@@ -1,0 +1,421 @@
+"""The exchange server: one TCP connection per board, one synchronous reduce per step.
+
+Per step every participating board sends its mean gradient g_i over b_i samples; the server
+computes g = sum(b_i g_i) / sum(b_i) in board order (so the result does not depend on arrival
+order), lets the coordinator's replica apply it, and returns it to every connected board. A board
+that misses the step's deadline is left out of that step and flagged; it receives the step's
+result like everyone else, so its replica stays identical, and it is back at the next step. A
+gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged.
+
+Frames (msgpack maps, ``protocol.exchange_io``):
+    board -> server  hello {job_id, board_id, token, param_count, v}
+    server -> board  welcome {step, model, optimizer}   | error {message}
+    board -> server  grad {step, n, loss, compute_s, g: tensor}
+    server -> board  avg {step, n, boards, g: tensor}  | stop {reason}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
+from protocol.errors import DecodeError, EdgeTrainError, ProtocolError
+from protocol.exchange_io import ConnectionClosed, async_recv_frame, async_send_frame
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_VERSION = 1
+HELLO_TIMEOUT_S = 10.0
+_WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+class ExchangeError(EdgeTrainError):
+    """The exchange cannot go on (port in use, every board gone, a board refused the job)."""
+
+
+@dataclass
+class _Board:
+    board_id: str
+    index: int
+    batch_size: int
+    sock: socket.socket | None = None
+    buffer: bytearray = field(default_factory=bytearray)
+    grad: np.ndarray | None = None          # this step's gradient: a view into ``buffer``
+    n: int = 0
+    loss: float | None = None
+    compute_s: float | None = None
+    may_read: asyncio.Event = field(default_factory=asyncio.Event)
+    welcomed: bool = False
+    answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
+    refusal: str = ""                       # why its gradient for that step was refused
+    gone_reason: str = ""
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    step: int
+    n_total: int                 # samples in this step's average
+    loss: float | None           # sample-weighted mean of the boards' losses
+    contributors: list[str]      # boards whose gradient is in the average
+    late: list[str]              # boards left out because they missed the deadline
+    refused: dict[str, str]      # boards whose gradient was refused, and why
+    compute_s: dict[str, float]  # each contributor's own forward+backward time
+    wall_s: float                # the step as the server saw it
+
+
+class ExchangeServer:
+    """Serves one job.
+
+    Args:
+        job_id, token: a board must present both to join.
+        boards: (board_id, batch_size) by board index.
+        param_count: length of the flat gradient vector.
+        wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
+        welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
+    """
+
+    def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
+                 welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6) -> None:
+        self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
+        self.param_count = param_count
+        self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
+        self._welcome_state = welcome_state
+        self.max_grad_norm = max_grad_norm
+        self._sum = np.zeros(param_count, dtype=np.float32)
+        self._scratch = np.zeros(param_count, dtype=np.float32)
+        self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
+        self._step: int | None = None
+        self._arrived = asyncio.Event()
+        self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
+        self._changed = asyncio.Event()   # a board joined, left or failed
+        self._server_sock: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._recent_s: list[float] = []
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.finished = False  # set by the driver after the last step
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the port (useful with port 0).
+
+        Raises:
+            ExchangeError: the address cannot be bound, with the fix.
+        """
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise ExchangeError(f"cannot listen for the exchange on {host}:{port} ({exc.strerror}); "
+                                "choose another --exchange-port (0 picks a free one) or --exchange-host") from None
+        sock.listen(64)
+        sock.setblocking(False)
+        self._server_sock = sock
+        self._spawn(self._accept_loop())
+        return int(sock.getsockname()[1])
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self, reason: str = "job finished") -> None:
+        """Tell every board to stop, then close everything."""
+        loop = asyncio.get_running_loop()
+        for board in self.boards.values():
+            if board.sock is not None and board.welcomed:
+                try:
+                    await asyncio.wait_for(async_send_frame(loop, board.sock, {"type": "stop", "reason": reason}), 5)
+                except (OSError, asyncio.TimeoutError):
+                    pass
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for board in self.boards.values():
+            if board.sock is not None:
+                board.sock.close()
+                board.sock = None
+        if self._server_sock is not None:
+            self._server_sock.close()
+
+    # --- joining --------------------------------------------------------------------------
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._server_sock is not None
+        while True:
+            conn, peer = await loop.sock_accept(self._server_sock)
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._spawn(self._serve(conn, peer))
+
+    async def _serve(self, conn: socket.socket, peer: Any) -> None:
+        loop = asyncio.get_running_loop()
+        board: _Board | None = None
+        try:
+            board = await self._handshake(loop, conn, peer)
+            if board is None:
+                conn.close()
+                return
+            await self._read_grads(loop, board)
+        except (ConnectionClosed, OSError) as exc:
+            if board is not None and board.sock is conn:
+                self._gone(board, f"connection closed ({exc})", quiet=self.finished)
+        except DecodeError as exc:
+            if board is not None and board.sock is conn:
+                self._gone(board, f"sent a malformed frame ({exc})")
+            conn.close()
+
+    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Any) -> _Board | None:
+        buffer = bytearray()
+        hello = await asyncio.wait_for(async_recv_frame(loop, conn, buffer, max_bytes=64 * 1024), HELLO_TIMEOUT_S)
+        board = self.boards.get(str(hello.get("board_id")))
+        problem = ""
+        if hello.get("type") != "hello" or hello.get("v") != EXCHANGE_VERSION:
+            problem = f"expected hello version {EXCHANGE_VERSION}"
+        elif hello.get("job_id") != self.job_id or not hmac.compare_digest(str(hello.get("token", "")), self._token):
+            problem = "wrong job or token"
+        elif board is None:
+            problem = f"board {hello.get('board_id')!r} is not part of job {self.job_id}"
+        elif hello.get("param_count") != self.param_count:
+            problem = (f"the board's model has {hello.get('param_count')} trainable parameters, the coordinator's "
+                       f"{self.param_count}: the same model name resolves to different code; install the same version")
+        if problem:
+            log.warning("exchange: refused a connection from %s: %s", peer, problem)
+            await async_send_frame(loop, conn, {"type": "error", "message": problem})
+            return None
+        assert board is not None
+        async with self._boundary:
+            if board.sock is not None:  # a reconnect replaces the old connection
+                board.sock.close()
+            next_step, model_state, optimizer_state = self._welcome_state()
+            if self._step is None:
+                self._step = next_step
+            board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
+            board.grad = None
+            board.may_read.set()
+            self.bytes_out += await async_send_frame(loop, conn, {"type": "welcome", "step": next_step,
+                                                                  "model": model_state, "optimizer": optimizer_state})
+        log.info("exchange: board %s joined from %s at step %d", board.board_id, peer, next_step)
+        self._changed.set()
+        return board
+
+    def _gone(self, board: _Board, reason: str, *, quiet: bool = False) -> None:
+        if board.sock is not None:
+            board.sock.close()
+        board.sock, board.welcomed, board.grad, board.gone_reason = None, False, None, reason
+        if quiet:  # boards close their connection once they have taken the last step
+            return
+        board.flags.append(f"left: {reason}")
+        log.warning("exchange: board %s left: %s", board.board_id, reason)
+        self._changed.set()
+        self._arrived.set()
+
+    def fail(self, board_id: str, reason: str) -> None:
+        """Mark a board as failed from outside (its agent reported that the job failed)."""
+        board = self.boards.get(board_id)
+        if board is not None:
+            board.gone_reason = reason
+            self._gone(board, reason)
+
+    @property
+    def connected(self) -> list[str]:
+        return [b.board_id for b in self.boards.values() if b.welcomed]
+
+    async def wait_for_boards(self, timeout_s: float, *, need: set[str]) -> None:
+        """Wait until every board in ``need`` joined.
+
+        Raises:
+            ExchangeError: a board failed or time ran out, naming the boards and why.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            failed = {b.board_id: b.gone_reason for b in self.boards.values() if b.board_id in need and b.gone_reason}
+            if failed:
+                raise ExchangeError("; ".join(f"board {k}: {v}" for k, v in failed.items()))
+            missing = sorted(need - set(self.connected))
+            if not missing:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ExchangeError(f"board(s) {', '.join(missing)} did not connect to the exchange within {timeout_s:.0f} s: "
+                                    "check that they can reach the coordinator's --exchange-host and that the agent is running")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    # --- steps ----------------------------------------------------------------------------
+    async def _read_grads(self, loop: asyncio.AbstractEventLoop, board: _Board) -> None:
+        sock = board.sock
+        assert sock is not None
+        while board.sock is sock:
+            await board.may_read.wait()  # the last gradient (a view into the buffer) is reduced first
+            frame = await async_recv_frame(loop, sock, board.buffer)
+            try:
+                self._accept_grad(board, frame)
+            finally:
+                del frame  # drop our views into the buffer, so that it can grow for the next frame
+            self._arrived.set()
+
+    def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
+        """Keep a board's gradient for the current step, or flag why not."""
+        if frame.get("type") != "grad":
+            raise DecodeError(f"expected a grad frame, got {frame.get('type')!r}")
+        step = frame.get("step")
+        if step != self._step:
+            if isinstance(step, int) and self._step is not None and step < self._step:
+                board.flags.append(f"step {step}: arrived after the deadline")
+                return
+            raise DecodeError(f"grad for step {step!r} while the exchange is at step {self._step}")
+        board.answered_step = step
+        try:
+            grad = decode_array(frame.get("g"), max_elements=self.param_count)  # type: ignore[arg-type]
+            n = frame.get("n")
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise DecodeError(f"sample count {n!r} is not a positive integer")
+            if grad.shape != (self.param_count,) or grad.dtype != _WIRE_NUMPY[self.wire_dtype]:
+                raise DecodeError(f"gradient of shape {grad.shape} and dtype {grad.dtype}, expected "
+                                  f"({self.param_count},) {self.wire_dtype}")
+        except DecodeError as exc:
+            board.refusal = str(exc)
+            board.flags.append(f"step {step}: refused ({exc})")
+            log.warning("exchange: step %s: refused board %s's gradient: %s", step, board.board_id, exc)
+            return
+        self.bytes_in += grad.nbytes
+        board.grad, board.n = grad, n
+        loss, compute = frame.get("loss"), frame.get("compute_s")
+        board.loss = float(loss) if isinstance(loss, (int, float)) else None
+        board.compute_s = float(compute) if isinstance(compute, (int, float)) else None
+        board.may_read.clear()  # ``grad`` is a view into the buffer: read again after the reduce
+
+    def _pending(self) -> list[_Board]:
+        return [b for b in self.boards.values() if b.welcomed and b.answered_step != self._step]
+
+    def deadline_for_next_step(self, minimum_s: float) -> float:
+        """The step deadline: generous at first, then five times the recent median step."""
+        if len(self._recent_s) < 3:
+            return max(minimum_s, 60.0)
+        return max(minimum_s, 5 * statistics.median(self._recent_s[-20:]))
+
+    def _as_float32(self, grad: np.ndarray) -> np.ndarray:
+        if self.wire_dtype == "float32":
+            return grad
+        if self.wire_dtype == "float16":
+            np.copyto(self._scratch, grad)
+        else:
+            np.copyto(self._scratch, from_bf16_bits(grad))
+        return self._scratch
+
+    def _reduce(self, step: int, started: float) -> tuple[StepResult, np.ndarray]:
+        contributors, refused, late, compute = [], {}, [], {}
+        total, loss_sum = 0, 0.0
+        self._sum.fill(0.0)
+        for board in sorted(self.boards.values(), key=lambda b: b.index):  # fixed order: deterministic sums
+            if not board.welcomed:
+                continue
+            if board.grad is None:
+                if board.answered_step != step:
+                    late.append(board.board_id)
+                    board.flags.append(f"step {step}: missed the deadline")
+                else:
+                    refused[board.board_id] = board.refusal
+                continue
+            g = self._as_float32(board.grad)  # the received view, or the scratch buffer after a conversion
+            square = float(np.dot(g, g))  # NaN/Inf anywhere makes this non-finite; no temporary array
+            if not np.isfinite(square) or square > self.max_grad_norm ** 2:
+                why = "NaN or Inf in the gradient" if not np.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
+                refused[board.board_id] = why
+                board.flags.append(f"step {step}: refused ({why})")
+                log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
+            else:
+                # sum += n * g without a temporary array (a new large buffer costs its page faults)
+                np.multiply(g, np.float32(board.n), out=self._scratch)
+                self._sum += self._scratch
+                total += board.n
+                contributors.append(board.board_id)
+                if board.loss is not None:
+                    loss_sum += board.loss * board.n
+                if board.compute_s is not None:
+                    compute[board.board_id] = board.compute_s
+            board.grad = None
+        if total == 0:
+            raise ExchangeError(f"step {step}: no board contributed a usable gradient "
+                                f"(late: {late or 'none'}; refused: {refused or 'none'})")
+        self._sum /= np.float32(total)
+        wall = time.monotonic() - started
+        self._recent_s.append(wall)
+        result = StepResult(step=step, n_total=total, loss=loss_sum / total,
+                            contributors=contributors, late=late, refused=refused, compute_s=compute, wall_s=wall)
+        return result, self._sum
+
+    def _to_wire(self, avg: np.ndarray) -> np.ndarray:
+        """The average as it travels, and as every replica (the coordinator's too) applies it."""
+        if self.wire_dtype == "float32":
+            return avg
+        if self.wire_dtype == "float16":
+            np.copyto(self._wire_out, avg, casting="same_kind")
+        else:
+            np.copyto(self._wire_out, to_bf16_bits(avg))
+        return self._wire_out
+
+    def wire_to_float32(self, wire: np.ndarray) -> np.ndarray:
+        return wire if self.wire_dtype == "float32" else self._as_float32(wire).copy()
+
+    async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:
+        """Gather, reduce, let ``apply`` update the replica, and return the average to every board.
+
+        Raises:
+            ExchangeError: no board is left, or none contributed.
+        """
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        deadline = started + self.deadline_for_next_step(minimum_deadline_s)
+        async with self._boundary:
+            self._step = step  # gradients that arrived early for this step are already kept
+            while self._pending():
+                if not any(b.welcomed for b in self.boards.values()):
+                    raise ExchangeError(f"step {step}: every board has left the job")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            result, avg = self._reduce(step, started)
+            wire = self._to_wire(avg)
+            apply(self.wire_to_float32(wire))
+            message = {"type": "avg", "step": step, "n": result.n_total, "boards": len(result.contributors),
+                       "g": encode_array(wire)}
+            targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
+            sends = [async_send_frame(loop, b.sock, message) for b in targets]  # type: ignore[arg-type]
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            for board, outcome in zip(targets, outcomes):
+                if isinstance(outcome, BaseException):
+                    self._gone(board, f"could not receive the step's result ({outcome})")
+                else:
+                    self.bytes_out += outcome
+                board.may_read.set()
+            self._step = step + 1  # a fast board may send the next step's gradient right away
+        return result
+
+    def flags(self) -> dict[str, list[str]]:
+        return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}
+
+
+__all__ = ["ExchangeError", "ExchangeServer", "StepResult"]

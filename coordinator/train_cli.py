@@ -1,0 +1,171 @@
+"""``edge-coordinator train``: options, the progress display and the summary table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import ConfigError, EdgeTrainError
+
+TRAIN_EPILOG = """\
+examples:
+  edge-coordinator train --boards pi-1,pi-2,orin-1 --model lenet5 --dataset digits --batch 16,16,48 --epochs 5
+  edge-coordinator train --model mlp --model-options layers=3,width=64 --dataset synthetic --steps 200
+  edge-coordinator train --model mypkg.models:Net --dataset mypkg.data:make_dataset --batch 32 --epochs 2
+  edge-coordinator train --resume runs/lenet5-digits-20261121-101500-ab12
+
+The run directory (runs/<run-id>/ unless --run-dir) holds config.json, metrics.jsonl (one line per
+applied step), checkpoint.pt, result.json and, when the run completes, model.pt (a plain state_dict).
+Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues from.
+"""
+
+
+def add_train_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a model on the boards (synchronous data-parallel)",
+                       description="Train one model on several boards at once with DDP's mathematics: every step "
+                                   "averages the boards' gradients weighted by their batch sizes.",
+                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--boards", metavar="ID,ID,…", help="boards that take part (default: every online board that can train)")
+    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class (default lenet5)")
+    p.add_argument("--model-options", default="", metavar="K=V,…", help="model variant, e.g. layers=3,width=64")
+    p.add_argument("--dataset", default="digits", help="digits, synthetic, npz, an entry point or pkg.module:factory (default digits)")
+    p.add_argument("--dataset-options", default="", metavar="K=V,…", help="e.g. path=/data/train.npz for npz")
+    p.add_argument("--batch", default="32", metavar="B[,B,…]", help="batch size per board, one value for all or one per board (default 32)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=float, help="epochs over the dataset (default 5)")
+    length.add_argument("--steps", type=int, help="global steps instead of epochs")
+    p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the data order (default 0)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
+    p.add_argument("--wire-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="gradients on the wire (default float32: exact; float16 halves the bytes)")
+    p.add_argument("--data-mode", choices=("global", "local"), default="global",
+                   help="global: every board holds the whole dataset and takes its slice of each global batch; "
+                        "local: each board trains on its own data (default global)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per board (default: torch's choice)")
+    p.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS", help="checkpoint interval (default 50)")
+    p.add_argument("--step-timeout", type=float, default=10.0, metavar="S",
+                   help="a board later than max(S, 5x the median step) is left out of that step (default 10)")
+    p.add_argument("--exchange-host", default="", help="address the boards connect to (default: this machine's address towards the broker)")
+    p.add_argument("--exchange-port", type=int, default=0, help="TCP port of the gradient exchange (default: any free port)")
+    p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--fleet-key", metavar="FILE", help="HMAC key that signs commands (default: [security] fleet_key_file)")
+
+
+def parse_batches(text: str, boards: list[str]) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--batch {text!r}: use whole numbers, e.g. --batch 32 or --batch 16,16,48") from None
+    if len(values) == 1:
+        values = values * len(boards)
+    if len(values) != len(boards):
+        raise ConfigError(f"--batch has {len(values)} values for {len(boards)} boards ({', '.join(boards)}); give one per board or one for all")
+    if any(v <= 0 for v in values):
+        raise ConfigError(f"--batch {text!r}: every batch size must be at least 1")
+    return values
+
+
+def _online_trainers(broker: Any) -> list[str]:
+    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+
+    with monitor_fleet(broker) as view:
+        wait_for_snapshot(view, timeout_s=1.0)
+        rows = view.rows()
+    return [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
+
+
+def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
+    from coordinator.training import TrainSpec
+    from workloads.registry import build_dataset, parse_options
+    from workloads.sharding import GlobalBatchPlan
+
+    if args.resume is not None:
+        config = args.resume / "config.json"
+        if not config.exists():
+            raise ConfigError(f"{args.resume} is not a run directory (no config.json); give the folder train printed")
+        return TrainSpec.from_json(json.loads(config.read_text())), args.resume
+    boards = [b for b in (args.boards or "").split(",") if b] or _online_trainers(broker)
+    if not boards:
+        raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
+    if len(set(boards)) != len(boards):
+        raise ConfigError(f"--boards names a board twice: {args.boards}")
+    batches = parse_batches(args.batch, boards)
+    dataset_options = parse_options(args.dataset_options)
+    dataset = build_dataset(args.dataset, "train", dataset_options)
+    if args.data_mode == "global":
+        steps_per_epoch = GlobalBatchPlan(len(dataset), batches, args.seed).steps_per_epoch  # type: ignore[arg-type]
+    else:
+        steps_per_epoch = max(1, len(dataset) // max(batches))  # type: ignore[arg-type]
+    if steps_per_epoch < 1:
+        raise ConfigError(f"the global batch ({sum(batches)}) is larger than the dataset ({len(dataset)} samples)")  # type: ignore[arg-type]
+    total = args.steps if args.steps is not None else max(1, round((args.epochs or 5.0) * steps_per_epoch))
+    run_id = f"{args.model.split(':')[-1].lower()}-{args.dataset.split(':')[-1].lower()}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    spec = TrainSpec(run_id=run_id, boards=boards, batch_sizes=batches, model=args.model,
+                     model_options=parse_options(args.model_options), dataset=args.dataset, dataset_options=dataset_options,
+                     total_steps=total, steps_per_epoch=steps_per_epoch, seed=args.seed, lr=args.lr,
+                     wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
+                     checkpoint_every=args.checkpoint_every, step_timeout_s=args.step_timeout,
+                     exchange_host=args.exchange_host, exchange_port=args.exchange_port)
+    return spec, args.run_dir or Path("runs") / run_id
+
+
+def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, resume: bool) -> int:
+    """Run with a progress bar; print the summary table. Returns the exit code."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from coordinator.render import make_console, summary_line, summary_table
+    from coordinator.training import StepView, TrainingRun
+
+    console = make_console()
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), TextColumn("{task.description}"), console=console, transient=False)
+    task = progress.add_task("", total=spec.total_steps)
+
+    def on_step(view: StepView) -> None:
+        boards = " ".join(f"{b}:{s * 1000:.0f}ms" for b, s in view.board_compute_s.items())
+        acc = "-" if view.val_accuracy is None else f"{view.val_accuracy:.1%}"
+        loss = "-" if view.loss is None else f"{view.loss:.4f}"
+        dropped = f" [yellow]late: {','.join(view.late)}[/]" if view.late else ""
+        progress.update(task, completed=view.step + 1,
+                        description=f"loss {loss} · val acc {acc} · {view.samples_per_s:.0f} samples/s · {boards}{dropped}")
+
+    run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=on_step,
+                      on_note=lambda text: progress.console.print(text), resume=resume)
+    progress.update(task, completed=run.replica.step)
+    try:
+        with progress:
+            outcome = asyncio.run(run.run())
+    except KeyboardInterrupt:
+        console.print(f"stopped before training began; nothing to resume. Run directory: {run_dir}")
+        return 130
+    console.print(summary_line(outcome.result))
+    console.print(summary_table(outcome.result))
+    if outcome.interrupted:
+        console.print(f"stopped at step {outcome.result['steps']} of {spec.total_steps}; checkpoint saved. "
+                      f"Continue with: edge-coordinator train --resume {run_dir}")
+        return 130
+    console.print(f"run directory: {run_dir}  (model: {run_dir / 'model.pt'})")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from coordinator.config import load_coordinator_config
+    from protocol.address import parse_host_port
+    from protocol.signing import load_fleet_key
+
+    broker = parse_host_port(args.broker, what="--broker") if args.broker else None
+    cfg = load_coordinator_config(args.config, broker=broker, fleet_key_file=args.fleet_key)
+    if not cfg.security.fleet_key_file:
+        raise ConfigError("no fleet key: give --fleet-key FILE or [security] fleet_key_file (the key the boards verify commands with)")
+    fleet_key = load_fleet_key(Path(cfg.security.fleet_key_file))
+    try:
+        spec, run_dir = build_spec(args, cfg.broker)
+    except EdgeTrainError:
+        raise
+    return run_training_ui(spec, run_dir, broker=cfg.broker, fleet_key=fleet_key, resume=args.resume is not None)

@@ -1,0 +1,166 @@
+"""Synchronous data-parallel training through real agents, a real broker and the real CLI.
+
+The core property: the same seed trains the same model whether a global batch of 48 is split
+8/16/24 across three boards, taken by one board, or computed by one plain process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from coordinator.local_broker import LocalBroker, start_mosquitto
+from protocol.signing import generate_key_hex
+from tests.conftest import AgentFactory
+from tests.helpers import wait_until
+
+SEED = 7
+# SGD with momentum: Adam divides by sqrt(v), which turns rounding-level differences in the summation
+# order (1e-9) into steps of lr/10 for parameters whose gradient is near zero; SGD keeps them at 1e-7.
+MODEL_OPTIONS = "optimizer=sgd,lr=0.05"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path, AgentFactory]]:
+    """A broker, a fleet key and four training boards (t1-t3 and solo)."""
+    tmp = tmp_path_factory.mktemp("training")
+    key = tmp / "fleet.key"
+    key.write_text(generate_key_hex() + "\n")
+    key.chmod(0o600)
+    factory = AgentFactory(tmp)
+    with start_mosquitto() as broker:
+        for board in ("t1", "t2", "t3", "solo"):
+            factory.start(board, broker.address, config=_agent_config(board, key))
+        try:
+            yield broker, key, factory
+        finally:
+            factory.stop_all()
+
+
+def _agent_config(board: str, key: Path) -> str:
+    return f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
+
+
+def _train(broker: LocalBroker, key: Path, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
+           "--threads", "1", "--run-dir", str(run_dir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+
+
+def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
+    """One process, no agents, no exchange: the reference."""
+    from workloads.params import single_optimizer
+    from workloads.registry import build_dataset, build_model
+    from workloads.sharding import GlobalBatchPlan
+
+    dataset = build_dataset("digits", "train", {})
+    torch.manual_seed(SEED)
+    model = build_model("lenet5", tuple(dataset.input_shape), int(dataset.num_classes), {"optimizer": "sgd", "lr": 0.05})  # type: ignore[attr-defined]
+    optimizer = single_optimizer(model.configure_optimizers())
+    plan = GlobalBatchPlan(len(dataset), [global_batch], SEED)  # type: ignore[arg-type]
+    for step in range(steps):
+        samples = [dataset[i] for i in plan.global_indices(step)]
+        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.state_dict()
+
+
+def _max_relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, tmp_path: Path) -> None:
+    broker, key, _ = fleet
+    split = _train(broker, key, tmp_path / "split", "--boards", "t1,t2,t3", "--batch", "8,16,24", "--steps", "20")
+    assert split.returncode == 0, split.stderr + split.stdout
+    single = _train(broker, key, tmp_path / "single", "--boards", "solo", "--batch", "48", "--steps", "20")
+    assert single.returncode == 0, single.stderr + single.stdout
+
+    split_model = torch.load(tmp_path / "split" / "model.pt", weights_only=True)
+    single_model = torch.load(tmp_path / "single" / "model.pt", weights_only=True)
+    reference = _plain_training(20, 48)
+    assert _max_relative_error(split_model, reference) <= 1e-5
+    assert _max_relative_error(single_model, reference) <= 1e-5
+    # and it did train: the weights moved away from the initial ones
+    torch.manual_seed(SEED)
+    assert _max_relative_error(split_model, _plain_training(0, 48)) > 1e-3
+
+    steps = _steps(tmp_path / "split")
+    assert [s["step"] for s in steps] == list(range(20))
+    assert all(s["boards"] == ["t1", "t2", "t3"] and s["n"] == 48 for s in steps)
+    result = json.loads((tmp_path / "split" / "result.json").read_text())
+    assert result["val_accuracy"] is not None and result["steps"] == 20
+
+
+def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_path: Path) -> None:
+    broker, key, _ = fleet
+    args = ("--boards", "t1,t2", "--batch", "16,32", "--steps", "60", "--checkpoint-every", "5")
+    whole = _train(broker, key, tmp_path / "whole", *args)
+    assert whole.returncode == 0, whole.stderr + whole.stdout
+
+    run_dir = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
+           "--threads", "1", "--run-dir", str(run_dir), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(_steps(run_dir)) >= 12, timeout_s=180, what="12 steps of the interrupted run")
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err + out
+    assert "--resume" in out
+    stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
+    assert 12 <= stopped_at < 60 and not (run_dir / "model.pt").exists()
+
+    resumed = _train(broker, key, run_dir, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    a = torch.load(run_dir / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    assert _max_relative_error(a, b) <= 1e-6
+    assert [s["step"] for s in _steps(run_dir)] == list(range(60))  # no step lost, none applied twice
+
+
+def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path: Path) -> None:
+    broker, key, factory = fleet
+    victim = factory.start("victim", broker.address, config=_agent_config("victim", key))
+    wait_until(lambda: "connected to broker" in victim.log(), timeout_s=30, what="victim agent connected")
+    run_dir = tmp_path / "kill"
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--model", "lenet5", "--dataset", "digits", "--seed", str(SEED), "--threads", "1", "--run-dir", str(run_dir),
+           "--boards", "t1,victim", "--batch", "16,16", "--steps", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(_steps(run_dir)) >= 10, timeout_s=180, what="10 steps with both boards")
+        os.kill(victim.proc.pid, signal.SIGKILL)  # the agent; its worker follows it (PR_SET_PDEATHSIG)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err + out
+    steps = _steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(120))  # every step applied once, in order
+    assert steps[0]["boards"] == ["t1", "victim"]
+    assert steps[-1]["boards"] == ["t1"] and steps[-1]["n"] == 16
+    result = json.loads((run_dir / "result.json").read_text())
+    assert any("left" in flag for flag in result["boards"]["victim"]["flags"])

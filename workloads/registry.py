@@ -1,0 +1,322 @@
+"""Turning a model or dataset spec from the job config into a LightningModule or a Dataset.
+
+A spec is one of:
+
+* a built-in name (``lenet5``, ``mlp``, ``resnet_small``/``resnet``; ``digits``, ``synthetic``, ``npz``),
+* an import path ``package.module:Name`` (``Name`` may be dotted: ``module:Outer.Inner``),
+* the name of an installed entry point in group ``edgefleet.models`` or ``edgefleet.datasets``.
+
+Built-ins win over entry points of the same name, so a package cannot silently replace one.
+Variant options are a dict (from the job config, or :func:`parse_options` on the CLI) passed as
+keyword arguments; an option the model or factory does not take is a ConfigError naming the ones it does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import reprlib
+import typing
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from protocol.errors import ConfigError
+from workloads.datasets import (
+    BUILTIN_DATASETS,
+    ClassificationDataset,
+    DatasetFactory,
+    check_split,
+    split_indices,
+)
+from workloads.models import BUILTIN_MODELS
+
+MODEL_GROUP = "edgefleet.models"
+DATASET_GROUP = "edgefleet.datasets"
+# Train/val split of a user dataset whose factory takes no ``split``: fixed, independent of the
+# training seed, so every board and the coordinator agree on it.
+USER_SPLIT_SEED = 90
+USER_VAL_FRACTION = 0.1
+
+
+# ------------------------------------------------------------------------------------------ resolving
+
+def available_models() -> list[str]:
+    """Built-in model names, then installed ``edgefleet.models`` entry points."""
+    return _available(BUILTIN_MODELS, MODEL_GROUP)
+
+
+def available_datasets() -> list[str]:
+    """Built-in dataset names, then installed ``edgefleet.datasets`` entry points."""
+    return _available(BUILTIN_DATASETS, DATASET_GROUP)
+
+
+def resolve_model(spec: str) -> type[pl.LightningModule]:
+    """The LightningModule class a model spec names.
+
+    Raises:
+        ConfigError: Unknown name (lists what is available), failed import, or not a
+            ``pytorch_lightning.LightningModule`` subclass.
+    """
+    model = _resolve(spec, BUILTIN_MODELS, MODEL_GROUP, "model")
+    if isinstance(model, type) and issubclass(model, pl.LightningModule):
+        return model
+    raise ConfigError(f"model {spec!r} is {_describe(model)}, not a LightningModule subclass. "
+                      f"{_lightning_mixup_hint(model)}A model must be a class deriving from "
+                      "pytorch_lightning.LightningModule, constructed as Cls(input_shape, num_classes, **options)")
+
+
+def resolve_dataset(spec: str) -> DatasetFactory:
+    """The factory a dataset spec names: called with ``**options`` (and ``split=`` if it takes one).
+
+    Raises:
+        ConfigError: Unknown name (lists what is available), failed import, or not callable.
+    """
+    factory = _resolve(spec, BUILTIN_DATASETS, DATASET_GROUP, "dataset")
+    if callable(factory):
+        return factory
+    raise ConfigError(f"dataset {spec!r} is {_describe(factory)}, not callable; a dataset spec must name a function "
+                      "or class that returns a map-style dataset of (input, target) pairs")
+
+
+def _resolve(spec: str, builtins: Mapping[str, Any], group: str, kind: str) -> Any:
+    name = spec.strip()
+    if name in builtins:
+        return builtins[name]
+    if ":" in name:
+        return _import_object(name, kind)
+    for entry_point in entry_points(group=group):
+        if entry_point.name == name:
+            try:
+                return entry_point.load()
+            except Exception as exc:
+                raise ConfigError(f"{kind} entry point {name!r} ({entry_point.value}) failed to load: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+    known = _available(builtins, group)
+    close = difflib.get_close_matches(name, known, n=1)
+    plugins = [n for n in known if n not in builtins]
+    raise ConfigError(
+        f"unknown {kind} {spec!r}{f' (did you mean {close[0]!r}?)' if close else ''}. "
+        f"Built-in: {', '.join(builtins)}. Entry points ({group}): {', '.join(plugins) or 'none installed'}. "
+        f"Or give an import path, package.module:Name")
+
+
+def _available(builtins: Mapping[str, Any], group: str) -> list[str]:
+    plugins = sorted({ep.name for ep in entry_points(group=group)} - set(builtins))
+    return [*builtins, *plugins]
+
+
+def _import_object(path: str, kind: str) -> Any:
+    module_name, _, attribute_path = path.partition(":")
+    if not module_name or not attribute_path:
+        raise ConfigError(f"{kind} import path {path!r} must look like package.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(f"{kind} {path!r}: cannot import module {module_name!r} "
+                          f"({type(exc).__name__}: {exc}); is it installed on this machine?") from exc
+    obj: Any = module
+    for attribute in attribute_path.split("."):
+        if not hasattr(obj, attribute):
+            raise ConfigError(f"{kind} {path!r}: {getattr(obj, '__name__', module_name)!r} has no attribute {attribute!r}")
+        obj = getattr(obj, attribute)
+    return obj
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    if isinstance(obj, pl.LightningModule):
+        return f"an instance of {type(obj).__qualname__} (give the class, not an instance)"
+    if inspect.isroutine(obj):
+        return f"the function {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+    return f"the {type(obj).__name__} {reprlib.repr(obj)}"
+
+
+def _lightning_mixup_hint(obj: Any) -> str:
+    # lightning.pytorch.LightningModule and pytorch_lightning.LightningModule are distinct classes;
+    # a module built on the other package looks right but fails our subclass check.
+    if isinstance(obj, type) and any(base.__module__.startswith("lightning.") for base in obj.__mro__):
+        return "It derives from lightning.pytorch; edgefleet uses the pytorch_lightning package (import pytorch_lightning as pl). "
+    return ""
+
+
+# ------------------------------------------------------------------------------------------- building
+
+def build_model(spec: str, input_shape: tuple[int, ...], num_classes: int,
+                options: Mapping[str, Any] | None = None) -> pl.LightningModule:
+    """Construct the model ``spec`` names as ``Cls(input_shape, num_classes, **options)``.
+
+    Args:
+        spec: Built-in name, import path or entry point name.
+        input_shape: One sample's shape (the dataset's ``input_shape``).
+        num_classes: Number of classes (the dataset's ``num_classes``).
+        options: Variant options, e.g. ``{"layers": 3, "width": 64}``.
+
+    Raises:
+        ConfigError: Unknown spec, unknown option, or the constructor rejected the options.
+    """
+    model_class = resolve_model(spec)
+    options = dict(options or {})
+    _check_options(model_class, options, f"model {spec!r}", reserved=("input_shape", "num_classes"))
+    try:
+        return model_class(tuple(input_shape), int(num_classes), **options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model {spec!r} with options {options} failed to build: {exc}") from exc
+
+
+def build_dataset(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> ClassificationDataset:
+    """Construct split ``split`` of the dataset ``spec`` names.
+
+    Built-ins return a :class:`~workloads.datasets.TensorClassificationDataset`. A user factory is
+    called with ``split=`` if it has a ``split`` parameter; otherwise its whole dataset is split
+    90/10 with a fixed seed. User datasets are wrapped in a :class:`UserDatasetView`, which casts
+    samples to ``(float32, int64)`` and supplies ``input_shape`` and ``num_classes`` (taken from the
+    dataset's attributes, else inferred from the first sample and ``max(target) + 1``, which reads
+    every sample once: set the attributes on large datasets).
+
+    Raises:
+        ConfigError: Unknown spec or option, bad split, or not a map-style dataset of pairs.
+    """
+    check_split(split)
+    factory = resolve_dataset(spec)
+    options = dict(options or {})
+    _check_options(factory, options, f"dataset {spec!r}", reserved=("split",))
+    builtin = spec.strip() in BUILTIN_DATASETS
+    takes_split = builtin or "split" in _parameters(factory)
+    try:
+        dataset = factory(split=split, **options) if takes_split else factory(**options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"dataset {spec!r} with options {options} failed to build: {exc}") from exc
+    if builtin:
+        return typing.cast(ClassificationDataset, dataset)
+    view = UserDatasetView.wrap(dataset, spec)
+    if takes_split:
+        return view
+    train_indices, val_indices = split_indices(len(view), USER_VAL_FRACTION, USER_SPLIT_SEED)
+    return view.subset(train_indices if split == "train" else val_indices)
+
+
+def _parameters(func: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(func).parameters)
+    except (TypeError, ValueError):   # some builtins and C extensions have no signature
+        return {}
+
+
+def _check_options(func: Callable[..., Any], options: Mapping[str, Any], what: str, reserved: tuple[str, ...]) -> None:
+    for key in reserved:
+        if key in options:
+            raise ConfigError(f"{what}: {key!r} is set by edgefleet, not an option")
+    parameters = _parameters(func)
+    if not parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return   # it takes **kwargs (or we cannot tell): let it judge its own options
+    accepted = [name for name, p in parameters.items()
+                if name not in reserved and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in options:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            raise ConfigError(f"{what} has no option {key!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                              f"its options: {', '.join(accepted) or 'none'}")
+
+
+class UserDatasetView(ClassificationDataset):
+    """A user's map-style dataset (optionally a subset of it) with the attributes the fleet needs.
+
+    Attributes:
+        base: The user's dataset.
+        indices: Rows of ``base`` this view shows, or None for all.
+        input_shape: One sample's shape.
+        num_classes: Number of classes.
+    """
+
+    def __init__(self, base: Any, indices: torch.Tensor | None, input_shape: tuple[int, ...], num_classes: int) -> None:
+        self.base = base
+        self.indices = indices
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+
+    @classmethod
+    def wrap(cls, dataset: Any, spec: str) -> UserDatasetView:
+        """Check ``dataset`` is a non-empty map-style dataset of pairs and find its shape and classes."""
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise ConfigError(f"dataset {spec!r} returned {_describe(dataset)}; it must be map-style "
+                              "(with __len__ and __getitem__), e.g. a torch Dataset or a list of (input, target)")
+        if len(dataset) == 0:
+            raise ConfigError(f"dataset {spec!r} is empty")
+        first = dataset[0]
+        if not (isinstance(first, (tuple, list)) and len(first) == 2):
+            raise ConfigError(f"dataset {spec!r}: samples must be (input, target) pairs, got {_describe(first)}")
+        input_shape = getattr(dataset, "input_shape", None)
+        if input_shape is None:
+            input_shape = tuple(torch.as_tensor(first[0]).shape)
+        num_classes = getattr(dataset, "num_classes", None)
+        if num_classes is None:
+            num_classes = max(int(dataset[i][1]) for i in range(len(dataset))) + 1
+        return cls(dataset, None, tuple(int(d) for d in input_shape), int(num_classes))
+
+    def subset(self, indices: torch.Tensor) -> UserDatasetView:
+        """The same view restricted to ``indices`` (positions in this view)."""
+        base_indices = indices if self.indices is None else self.indices[indices]
+        return UserDatasetView(self.base, base_indices, self.input_shape, self.num_classes)
+
+    def __len__(self) -> int:
+        return len(self.base) if self.indices is None else len(self.indices)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = index if self.indices is None else int(self.indices[index])
+        inputs, target = self.base[row]
+        return torch.as_tensor(inputs, dtype=torch.float32), torch.as_tensor(target, dtype=torch.int64)
+
+
+# -------------------------------------------------------------------------------------------- options
+
+def parse_options(text: str) -> dict[str, Any]:
+    """Parse ``"layers=3,width=64,optimizer=sgd"`` into ``{"layers": 3, "width": 64, "optimizer": "sgd"}``.
+
+    Values become int, float, bool (``true``/``false``), None (``none``/``null``) or str; quotes
+    force a string. Shapes are written with ``x`` (``shape=1x32x32``) as commas separate options.
+
+    Raises:
+        ConfigError: An item without ``=``, an empty key, or a key given twice.
+    """
+    options: dict[str, Any] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals or not key:
+            raise ConfigError(f"option {item.strip()!r} in {text!r} must look like key=value")
+        if key in options:
+            raise ConfigError(f"option {key!r} is given twice in {text!r}")
+        options[key] = _parse_value(value.strip())
+    return options
+
+
+def _parse_value(value: str) -> Any:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            pass
+    return value
+
+
+__all__ = ["DATASET_GROUP", "MODEL_GROUP", "UserDatasetView", "available_datasets", "available_models",
+           "build_dataset", "build_model", "parse_options", "resolve_dataset", "resolve_model"]
