@@ -20,7 +20,7 @@ log = logging.getLogger("coordinator")
 
 EPILOG = f"""\
 examples:
-  edge-coordinator demo                       a local fleet of 3 agents on an embedded broker, shown live
+  edge-coordinator demo                       train LeNet-5 on digits on 3 local agents (embedded broker)
   edge-coordinator status                     one table of every board (broker from ${BROKER_ENV} or localhost)
   edge-coordinator status --watch             the same, live, until Ctrl-C
   edge-coordinator --broker 10.0.0.2:1883 status --json     for scripts
@@ -55,11 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
 
-    demo = sub.add_parser("demo", help="run a local fleet of agents on an embedded broker and show it live",
-                          description="Start Mosquitto on a free loopback port, spawn local agents and show the fleet "
-                                      "live. Nothing listens beyond 127.0.0.1; everything stops on Ctrl-C or after --seconds.")
+    demo = sub.add_parser("demo", help="train LeNet-5 on digits on a local fleet of 3 agents (embedded defaults)",
+                          description="Start a private broker on a free loopback port, spawn local agents with a fresh "
+                                      "fleet key, and train LeNet-5 on scikit-learn's digits through the real path "
+                                      "(signed commands, the TCP gradient exchange, Lightning on every board). Nothing "
+                                      "listens beyond 127.0.0.1; everything stops at the end or on Ctrl-C.")
     demo.add_argument("--boards", type=int, default=3, metavar="N", help="how many local agents (default 3)")
-    demo.add_argument("--seconds", type=float, default=20.0, metavar="S", help="how long to show the fleet (default 20; 0 = until Ctrl-C)")
+    demo.add_argument("--fleet-only", action="store_true", help="only show the fleet's live telemetry, no training")
+    demo.add_argument("--seconds", type=float, default=20.0, metavar="S",
+                      help="with --fleet-only: how long to show the fleet (default 20; 0 = until Ctrl-C)")
     return parser
 
 
@@ -119,7 +123,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from coordinator.demo import run_demo
 
     _require_rich()
-    return run_demo(boards=args.boards, seconds=args.seconds, watch=_watch)
+    if args.boards < 1:
+        raise EdgeTrainError("--boards must be at least 1")
+    return run_demo(boards=args.boards, seconds=args.seconds, fleet_only=args.fleet_only, watch=_watch)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,7 @@ class LocalBroker:
     port: int
     proc: subprocess.Popen[bytes]
     workdir: Path
+    kind: str = "mosquitto"
 
     @property
     def log_path(self) -> Path:
@@ -113,3 +114,19 @@ def start_mosquitto(*, host: str = "127.0.0.1", port: int | None = None, extra_c
         raise
     log.info("mosquitto listening on %s", broker.address)
     return broker
+
+
+def start_local_broker() -> LocalBroker:
+    """Mosquitto on loopback if it is installed, else the in-process broker (``[embedded-broker]``).
+
+    Raises:
+        BrokerError: neither is available, saying how to get one.
+    """
+    if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
+        return start_mosquitto()
+    try:
+        from coordinator.embedded_broker import start_embedded_broker
+    except ImportError:
+        raise BrokerError(f"no MQTT broker: mosquitto is not installed ({INSTALL_HINT}) and the in-process "
+                          "fallback needs: pip install 'edgefleet[embedded-broker]'") from None
+    return start_embedded_broker()
