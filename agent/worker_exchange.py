@@ -46,6 +46,7 @@ class ExchangeClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(RESULT_TIMEOUT_S)
         self.buffer = bytearray()  # reused for every result: no new large allocation per step
+        self.param_count = 0
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
         send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
@@ -56,6 +57,7 @@ class ExchangeClient:
         if reply["type"] != "welcome" or not isinstance(reply.get("step"), int):
             raise DecodeError(f"expected a welcome frame, got {reply['type']!r}")
         self.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
+        self.param_count = param_count
         return reply
 
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float) -> np.ndarray:
@@ -71,7 +73,11 @@ class ExchangeClient:
             raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
         if reply["type"] != "avg" or reply.get("step") != step:
             raise DecodeError(f"expected the result of step {step}, got {reply['type']!r} for step {reply.get('step')!r}")
-        return decode_array(reply["g"], max_elements=grad.size)
+        avg = decode_array(reply["g"], max_elements=self.param_count)
+        if avg.shape != (self.param_count,) or avg.dtype != grad.dtype:
+            raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
+                              f"({self.param_count},) {grad.dtype}")
+        return avg
 
     def close(self) -> None:
         self.sock.close()

@@ -164,3 +164,15 @@ def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path:
     assert steps[-1]["boards"] == ["t1"] and steps[-1]["n"] == 16
     result = json.loads((run_dir / "result.json").read_text())
     assert any("left" in flag for flag in result["boards"]["victim"]["flags"])
+
+
+def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path) -> None:
+    broker, key, _ = fleet
+    ghost = _train(broker, key, tmp_path / "ghost", "--boards", "t1,ghost", "--steps", "5", timeout_s=120)
+    assert ghost.returncode == 1 and "board ghost has never reported" in ghost.stderr
+    assert "Traceback" not in ghost.stderr
+    unknown = subprocess.run([sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key",
+                              str(key), "--boards", "t1", "--model", "no-such-model", "--steps", "5"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 1 and "no-such-model" in unknown.stderr and "lenet5" in unknown.stderr
+    assert "Traceback" not in unknown.stderr

@@ -1,0 +1,192 @@
+"""The exchange server over real TCP sockets, with real board clients on threads."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
+from coordinator.exchange import ExchangeError, ExchangeServer
+from protocol.codec import encode_value
+
+P = 1000  # parameters
+BOARDS = [("b0", 8), ("b1", 16), ("b2", 24)]
+
+
+def _server(wire_dtype: str = "float32") -> ExchangeServer:
+    return ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype=wire_dtype,
+                          welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})))
+
+
+def _grads(step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(step)
+    return {board: rng.standard_normal(P).astype(np.float32) for board, _ in BOARDS}
+
+
+class Board(threading.Thread):
+    """A board that joins and runs ``steps`` with the gradient ``make(step)`` (None: skip that step)."""
+
+    def __init__(self, board_id: str, port: int, steps: int, make: Callable[[int], np.ndarray | None],
+                 before_send: Callable[[int], None] = lambda step: None, token: str = "secret") -> None:
+        super().__init__(daemon=True)
+        self.board_id, self.port, self.steps, self.make, self.before_send, self.token = board_id, port, steps, make, before_send, token
+        self.results: list[np.ndarray] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        n = dict(BOARDS)[self.board_id]
+        try:
+            client = ExchangeClient("127.0.0.1", self.port)
+            client.hello(job_id="job", board_id=self.board_id, token=self.token, param_count=P)
+            for step in range(self.steps):
+                grad = self.make(step)
+                if grad is None:
+                    client.close()
+                    return
+                self.before_send(step)
+                self.results.append(np.array(client.exchange(step=step, grad=grad, n=n, loss=1.0, compute_s=0.01)))
+        except (ExchangeRefused, StopTraining, OSError) as exc:
+            self.error = exc
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_weighted_mean_is_exact_and_every_board_gets_it() -> None:
+    async def main() -> tuple[list[Any], list[Board], list[np.ndarray]]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        boards = [Board(b, port, 3, lambda step, b=b: _grads(step)[b]) for b, _ in BOARDS]
+        for board in boards:
+            board.start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        applied: list[np.ndarray] = []
+        results = [await server.run_step(s, apply=lambda g: applied.append(g.copy())) for s in range(3)]
+        await server.close()
+        return results, boards, applied
+
+    results, boards, applied = _run(main())
+    for step in range(3):
+        g = _grads(step)
+        expected = sum(n * g[b] for b, n in BOARDS) / 48
+        np.testing.assert_allclose(applied[step], expected, atol=1e-6)
+        for board in boards:
+            np.testing.assert_array_equal(board.results[step], applied[step])  # the replica applies what boards get
+        assert results[step].n_total == 48 and results[step].contributors == ["b0", "b1", "b2"]
+
+
+def test_nan_and_wrong_shape_are_refused_for_that_step_only() -> None:
+    def bad(board: str) -> Callable[[int], np.ndarray]:
+        def make(step: int) -> np.ndarray:
+            g = _grads(step)[board]
+            if board == "b1" and step == 0:
+                g = g.copy()
+                g[3] = np.nan
+            if board == "b2" and step == 1:
+                g = g[:-1]  # wrong shape
+            return g
+        return make
+
+    async def main() -> list[Any]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        for b, _ in BOARDS:
+            Board(b, port, 3, bad(b)).start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        applied: list[np.ndarray] = []
+        results = [await server.run_step(s, apply=lambda g: applied.append(g.copy())) for s in range(3)]
+        flags = server.flags()
+        await server.close()
+        return [results, applied, flags]
+
+    results, applied, flags = _run(main())
+    assert results[0].contributors == ["b0", "b2"] and "NaN" in results[0].refused["b1"]
+    g0 = _grads(0)
+    np.testing.assert_allclose(applied[0], (8 * g0["b0"] + 24 * g0["b2"]) / 32, atol=1e-6)
+    assert results[1].contributors == ["b0", "b1"] and "shape" in results[1].refused["b2"]
+    assert results[2].contributors == ["b0", "b1", "b2"]  # both are back at the next step
+    assert any("refused" in f for f in flags["b1"]) and any("refused" in f for f in flags["b2"])
+
+
+def test_a_late_board_is_left_out_of_the_step_and_stays_in_sync() -> None:
+    release = threading.Event()
+
+    async def main() -> tuple[list[Any], Board, list[np.ndarray]]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        slow = Board("b2", port, 2, lambda s: _grads(s)["b2"], before_send=lambda s: release.wait(30) if s == 0 else None)
+        for b, _ in BOARDS[:2]:
+            Board(b, port, 2, lambda s, b=b: _grads(s)[b]).start()
+        slow.start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        server._recent_s = [0.01] * 5  # past the first steps: the deadline follows the recent median
+        applied: list[np.ndarray] = []
+        first = await server.run_step(0, apply=lambda g: applied.append(g.copy()), minimum_deadline_s=0.3)
+        release.set()
+        second = await server.run_step(1, apply=lambda g: applied.append(g.copy()), minimum_deadline_s=30)
+        await server.close()
+        slow.join(10)
+        return [first, second], slow, applied
+
+    (first, second), slow, applied = _run(main())
+    assert first.late == ["b2"] and first.contributors == ["b0", "b1"]
+    assert second.contributors == ["b0", "b1", "b2"]
+    np.testing.assert_array_equal(slow.results[0], applied[0])  # it applied the step it missed
+
+
+def test_a_board_that_disconnects_does_not_hold_up_the_step() -> None:
+    async def main() -> Any:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        for b, _ in BOARDS:
+            Board(b, port, 3, lambda s, b=b: None if (b == "b1" and s == 1) else _grads(s)[b]).start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        results = [await server.run_step(s, apply=lambda g: None, minimum_deadline_s=60) for s in range(3)]
+        await server.close()
+        return results
+
+    results = _run(main())
+    assert results[1].contributors == ["b0", "b2"] and results[1].wall_s < 30
+    assert results[2].contributors == ["b0", "b2"]
+
+
+def test_strangers_are_refused() -> None:
+    async def main() -> list[Board]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        wrong_token = Board("b0", port, 1, lambda s: _grads(s)["b0"], token="guess")
+        stranger = Board("b9", port, 1, lambda s: _grads(s)["b0"])
+        BOARDS.append(("b9", 4))
+        try:
+            for board in (wrong_token, stranger):
+                board.start()
+            await asyncio.get_running_loop().run_in_executor(None, wrong_token.join, 10)
+            await asyncio.get_running_loop().run_in_executor(None, stranger.join, 10)
+        finally:
+            BOARDS.pop()
+            await server.close()
+        return [wrong_token, stranger]
+
+    wrong_token, stranger = _run(main())
+    assert isinstance(wrong_token.error, ExchangeRefused) and "token" in str(wrong_token.error)
+    assert isinstance(stranger.error, ExchangeRefused) and "not part of job" in str(stranger.error)
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def main() -> None:
+            await _server().start("127.0.0.1", port)
+
+        with pytest.raises(ExchangeError, match="--exchange-port"):
+            _run(main())
