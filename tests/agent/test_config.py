@@ -74,11 +74,12 @@ def test_check_config_exits_78_with_one_line_and_no_traceback(tmp_path: Path) ->
 def test_readme_documents_every_key() -> None:
     from dataclasses import fields
 
-    from agent.config import PowerSettings, TelemetrySettings
+    from agent.config import PowerSettings, SecuritySettings, TelemetrySettings
     from protocol.settings import BrokerSettings
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for section, cls in (("broker", BrokerSettings), ("telemetry", TelemetrySettings), ("power", PowerSettings)):
+    for section, cls in (("broker", BrokerSettings), ("telemetry", TelemetrySettings), ("power", PowerSettings),
+                         ("security", SecuritySettings)):
         for f in fields(cls):
             assert f"`{section}.{f.name}`" in readme, f"README lacks {section}.{f.name}"
     assert "`board_id`" in readme

@@ -176,3 +176,18 @@ def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 1 and "no-such-model" in unknown.stderr and "lenet5" in unknown.stderr
     assert "Traceback" not in unknown.stderr
+
+
+def test_the_readme_example_model_and_dataset_train_unchanged(fleet, tmp_path: Path) -> None:
+    broker, key, _ = fleet
+    run_dir = tmp_path / "user"
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--boards", "t1,t2", "--model", "examples.my_fleet_job.model:TinyNet", "--model-options", "hidden=32",
+           "--dataset", "examples.my_fleet_job.data:make_dataset", "--batch", "32,32", "--epochs", "3",
+           "--threads", "1", "--run-dir", str(run_dir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["val_accuracy"] >= 0.9  # x0 + x1 > 0 is easy to learn
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    assert state["net.1.weight"].shape == (32, 16)
