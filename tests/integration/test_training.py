@@ -14,13 +14,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from coordinator.local_broker import LocalBroker, start_mosquitto
 from protocol.signing import generate_key_hex
 from tests.conftest import AgentFactory
-from tests.helpers import wait_until
+from tests.helpers import status_json, wait_until
 
 SEED = 7
 # SGD with momentum: Adam divides by sqrt(v), which turns rounding-level differences in the summation
@@ -108,6 +109,16 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, 
     assert all(s["boards"] == ["t1", "t2", "t3"] and s["n"] == 48 for s in steps)
     result = json.loads((tmp_path / "split" / "result.json").read_text())
     assert result["val_accuracy"] is not None and result["steps"] == 20
+
+    # The boards are back to idle: status online, no worker, torch never loaded by the agent itself.
+    _, _, factory = fleet
+    for agent in factory.procs[:3]:
+        wait_until(lambda agent=agent: status_json(broker.address).get(agent.board_id, {}).get("state") == "online",
+                   timeout_s=30, what=f"{agent.board_id} back online")
+        assert not psutil.Process(agent.proc.pid).children(), "the training worker outlived its job"
+        maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps
+        assert psutil.Process(agent.proc.pid).memory_info().rss < 80 * 1024 * 1024
 
 
 def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_path: Path) -> None:
