@@ -27,10 +27,13 @@ class TelemetrySettings:
     interval_s: float = 1.0              # seconds between samples
     net_interfaces: tuple[str, ...] = ()  # interfaces summed for net_*; empty = all but loopback
     sysfs_root: str = "/sys"             # where hwmon, thermal and powercap live (tests use a copy)
+    cpu_scope: str = "system"            # "system": the machine's CPU; "cgroup": this agent's cgroup (100% = its quota)
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s = {self.interval_s} is outside 0.05-3600 seconds")
+        if self.cpu_scope not in ("system", "cgroup"):
+            raise ValueError(f'cpu_scope = {self.cpu_scope!r} is not "system" or "cgroup"')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,7 +44,7 @@ class Agent:
         self.sampler = Sampler(
             board_id=cfg.board_id, interval_s=cfg.telemetry.interval_s, sysfs_root=Path(cfg.telemetry.sysfs_root),
             net_interfaces=cfg.telemetry.net_interfaces, power_kind=cfg.power.source,
-            idle_w=cfg.power.idle_w, max_w=cfg.power.max_w)
+            idle_w=cfg.power.idle_w, max_w=cfg.power.max_w, cpu_scope=cfg.telemetry.cpu_scope)
         first = self.sampler.read()  # primes the CPU and network deltas, and names the power source
         self.caps = read_caps(cfg.board_id, first.power_source, Path(cfg.telemetry.sysfs_root))
         will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())

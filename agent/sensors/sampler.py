@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.sensors.base import PowerSource, TelemetrySource
+from agent.sensors.cgroup_cpu import CgroupCpuSource
 from agent.sensors.cpu import CpuSource
 from agent.sensors.memory import MemorySource
 from agent.sensors.network import NetworkSource
 from agent.sensors.power import select_power_source
 from agent.sensors.thermal import ThermalSource
+from protocol.errors import ConfigError
 from protocol.messages import TelemetrySample
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,17 @@ class Sampler:
     """All telemetry sources of one board."""
 
     def __init__(self, *, board_id: str, interval_s: float, sysfs_root: Path, net_interfaces: tuple[str, ...],
-                 power_kind: str, idle_w: float, max_w: float) -> None:
+                 power_kind: str, idle_w: float, max_w: float, cpu_scope: str = "system") -> None:
         self.board_id = board_id
         self.interval_s = interval_s
-        self.cpu = CpuSource()
+        self.cpu: CpuSource | CgroupCpuSource
+        if cpu_scope == "cgroup":
+            self.cpu = CgroupCpuSource()
+            if not self.cpu.available():
+                raise ConfigError('telemetry.cpu_scope = "cgroup" but this process has no readable cgroup CPU counters '
+                                  '(/proc/self/cgroup, /sys/fs/cgroup); set cpu_scope = "system"')
+        else:
+            self.cpu = CpuSource()
         self.power: PowerSource = select_power_source(
             power_kind, sysfs_root=sysfs_root, idle_w=idle_w, max_w=max_w, cpu_percent=self.cpu.cpu_percent)
         candidates: list[TelemetrySource] = [

@@ -1,0 +1,58 @@
+"""Self-check: a CPU-bound loop inside each board gets its quota within 15 %, alone and all together.
+
+Usage is the board cgroup's cpuacct.usage over wall time while the loop runs (the agent's own
+share included: the quota caps the cgroup, not the loop).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.lab.fixtures import MIXED4
+from tests.lab.fleet_file import parse_fleet
+from tests.lab.lab import Lab
+from tests.lab.measurements import START_TIMEOUT_S, measure_cpu
+
+TOLERANCE = 0.15
+BOARDS = [b.id for b in parse_fleet(MIXED4.read_text(), host_cores=64).boards]
+
+
+@pytest.mark.parametrize("board_id", BOARDS)
+def test_a_busy_board_gets_its_quota(lab: Lab, board_id: str) -> None:
+    assert lab.board(board_id).cgroup.cpu_quota() == pytest.approx(lab.board(board_id).spec.cpu)
+
+    m = measure_cpu(lab, [board_id])[board_id]
+
+    print(f"\n{board_id} alone: {m.used_cores:.3f} cores for a {m.quota:.2f} quota (ratio {m.ratio:.3f}, "
+          f"throttled in {m.throttled_periods} periods)")
+    assert m.throttled_periods > 0, "the loop never hit the quota: it was not CPU-bound"
+    assert abs(m.ratio - 1) <= TOLERANCE
+
+
+def test_the_whole_fleet_holds_its_quotas_together(lab: Lab) -> None:
+    measured = measure_cpu(lab, list(lab.boards))
+
+    for board_id, m in measured.items():
+        print(f"\n{board_id} together: {m.used_cores:.3f} cores for {m.quota:.2f} (ratio {m.ratio:.3f})", end="")
+    bad = {b: round(m.ratio, 3) for b, m in measured.items() if abs(m.ratio - 1) > TOLERANCE}
+    assert not bad, f"boards off their quota while all were busy: {bad}"
+    assert sum(m.used_cores for m in measured.values()) <= lab.fleet.cpu_total * (1 + TOLERANCE)
+
+
+def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> None:
+    """agent/sensors/cgroup_cpu.py inside a board: 100 % means the board's quota, not the host's cores."""
+    script = ("import json, time\n"
+              "from agent.sensors.cgroup_cpu import CgroupCpuSource\n"
+              "s = CgroupCpuSource()\n"
+              "end = time.monotonic() + 2.0\n"
+              "while time.monotonic() < end: pass\n"
+              "print(json.dumps({'available': s.available(), 'allowed': s.allowed_cores(), **s.read()}))\n")
+    bp = lab.start_in_board("pi4-1", "cgroup-cpu-probe", [sys.executable, "-c", script], capture_stdout=True, expect_exit=True)
+    out = json.loads(bp.readline(timeout_s=START_TIMEOUT_S) or "{}")
+    assert out.get("available") is True, bp.log()
+    assert out["allowed"] == pytest.approx(lab.board("pi4-1").spec.cpu)
+    assert out["cpu_percent"] >= 85.0, out      # busy for 2 s: the whole 0.2-CPU board
+    assert sum(out["cpu_percent_per_core"]) <= 100 * lab.board("pi4-1").spec.cpu * (1 + TOLERANCE) + 5
