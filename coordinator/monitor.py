@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -14,6 +15,7 @@ from protocol.mqtt_link import MqttLink
 from protocol.settings import BrokerSettings
 from protocol.topics import fleet_filter
 
+MONITOR_KEEPALIVE_S = 60
 SETTLE_S = 0.3  # retained status and caps arrive right after the subscription; give them this long
 
 
@@ -25,6 +27,9 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0) -
         BrokerError: the broker could not be reached or refused us within ``connect_timeout_s``.
     """
     view = FleetView(settings.topic_prefix)
+    # A subscriber busy folding thousands of messages a second can miss paho's ping deadline and
+    # reconnect with a clean session, losing what the broker had queued: give it a longer keepalive.
+    settings = dataclasses.replace(settings, keepalive_s=max(settings.keepalive_s, MONITOR_KEEPALIVE_S))
 
     def subscribe(link: MqttLink) -> None:
         for kind in ("status", "caps", "telemetry"):
