@@ -74,3 +74,36 @@ def test_telemetry_agrees_with_psutil(mosquitto: LocalBroker, agents: AgentFacto
     # estimated power follows the model from the CPU reading of the same sample
     assert row["power_w"] == round(2.0 + 4.0 * row["cpu_percent"] / 100, 3) or abs(row["power_w"] - (2.0 + 4.0 * row["cpu_percent"] / 100)) < 0.01
     assert row["net_rx_bytes_per_s"] >= 0 and row["net_tx_bytes_per_s"] >= 0
+
+
+def test_status_watch_shows_the_fleet_until_ctrl_c(mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    agents.start("it-watch", mosquitto.address, config=_config("it-watch"), args=FAST)
+    wait_until(lambda: status_json(mosquitto.address).get("it-watch", {}).get("health") == "ok", timeout_s=30,
+               what="agent online")
+    # A pseudo-terminal, so that the live view draws as it does for a person.
+    master, slave = pty.openpty()
+    watch = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--broker", mosquitto.address, "status", "--watch"],
+                             stdout=slave, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "120"})
+    os.close(slave)
+    screen = b""
+    try:
+        def drawn() -> bool:
+            nonlocal screen
+            screen += os.read(master, 65536)
+            return b"it-watch" in screen and b"estimated" in screen
+
+        wait_until(drawn, timeout_s=20, what="the live table with the board")
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=15)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        os.close(master)
+    assert watch.returncode == 0, err
+    assert b"online" in screen
+    assert "Traceback" not in err
