@@ -14,7 +14,7 @@ from typing import Any
 
 from protocol.address import HostPort, broker_from_env
 from protocol.errors import ConfigError
-from protocol.settings import BrokerSettings, build_section, check_tls_files, read_toml, resolve_password
+from protocol.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 from protocol.topics import valid_board_id
 
 POWER_KINDS = ("auto", "jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
@@ -98,12 +98,7 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     sections = {"broker": BrokerSettings, "telemetry": TelemetrySettings, "power": PowerSettings,
                 "security": SecuritySettings}
     top = build_section(_TopLevel, {k: v for k, v in data.items() if k not in sections}, section="", source=source)
-    env_broker = broker_from_env()
-    address = broker or env_broker
-    broker_over = {"host": address.host, "port": address.port} if address else {}
-    broker_cfg = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=broker_over)
-    broker_cfg = resolve_password(broker_cfg, source=source)
-    check_tls_files(broker_cfg, source=source)
+    broker_cfg = load_broker_settings(data, source=source, address=broker or broker_from_env())
     telemetry = build_section(TelemetrySettings, data.get("telemetry", {}), section="telemetry", source=source,
                               overrides={"interval_s": interval_s})
     power = build_section(PowerSettings, data.get("power", {}), section="power", source=source)

@@ -9,7 +9,7 @@ from typing import Any
 
 from protocol.address import HostPort, broker_from_env
 from protocol.errors import ConfigError
-from protocol.settings import BrokerSettings, build_section, check_tls_files, read_toml, resolve_password
+from protocol.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,11 +34,7 @@ def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None
     unknown = sorted(set(data) - {"broker", "security"})
     if unknown:
         raise ConfigError(f"{source}: unknown key or section {unknown[0]!r}; the coordinator's file has [broker] and [security] sections")
-    address = broker or broker_from_env()
-    overrides = {"host": address.host, "port": address.port} if address else {}
-    settings = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=overrides)
-    settings = resolve_password(settings, source=source)
-    check_tls_files(settings, source=source)
+    settings = load_broker_settings(data, source=source, address=broker or broker_from_env())
     security = build_section(CoordinatorSecurity, data.get("security", {}), section="security", source=source,
                              overrides={"fleet_key_file": fleet_key_file})
     return CoordinatorConfig(broker=settings, security=security, source=source)

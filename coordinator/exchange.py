@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
-from protocol.errors import DecodeError, EdgeTrainError, ProtocolError
+from protocol.errors import DecodeError, EdgeTrainError
 from protocol.exchange_io import ConnectionClosed, async_recv_frame, async_send_frame
 
 log = logging.getLogger(__name__)

@@ -156,6 +156,21 @@ def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings
     return dataclasses.replace(settings, password=password)
 
 
+def load_broker_settings(data: dict[str, Any], *, source: str, address: Any = None) -> BrokerSettings:
+    """The ``[broker]`` section of a config file, with ``address`` (a ``HostPort`` from the command
+    line or ``$EDGEFLEET_BROKER``) overriding host and port, the password file read and the TLS
+    files checked.
+
+    Raises:
+        ConfigError: naming the key, the file and the fix.
+    """
+    overrides = {"host": address.host, "port": address.port} if address is not None else {}
+    settings = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=overrides)
+    settings = resolve_password(settings, source=source)
+    check_tls_files(settings, source=source)
+    return settings
+
+
 def check_tls_files(settings: BrokerSettings, *, source: str) -> None:
     """Raise ConfigError if a configured TLS file does not exist."""
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
@@ -164,4 +179,4 @@ def check_tls_files(settings: BrokerSettings, *, source: str) -> None:
             raise ConfigError(f"{source}: broker.{key} = {value!r} does not exist; fix the path or remove the key to connect without TLS")
 
 
-__all__ = ["BrokerSettings", "build_section", "check_tls_files", "read_toml", "resolve_password"]
+__all__ = ["BrokerSettings", "build_section", "check_tls_files", "load_broker_settings", "read_toml", "resolve_password"]

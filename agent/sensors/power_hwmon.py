@@ -18,21 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.sensors.sysfs import read_int, read_str
+
 log = logging.getLogger(__name__)
 
 INA2XX_CHIPS = frozenset({"ina219", "ina220", "ina226", "ina230", "ina231", "ina260"})
 
-
-def _read_str(path: Path) -> str:
-    return path.read_text(encoding="ascii", errors="replace").strip()
-
-
-def _read_int(path: Path) -> int:
-    """An integer sysfs attribute. Raises OSError or ValueError (empty or garbage)."""
-    text = _read_str(path)
-    if not text:
-        raise ValueError(f"{path} is empty")
-    return int(text)
 
 
 @dataclass(frozen=True)
@@ -59,8 +50,8 @@ class Meter:
         """Power in watts. Raises OSError or ValueError if the meter can't be read."""
         power = self.path / "power1_input"
         if power.exists():
-            return _read_int(power) / 1e6  # µW
-        return _read_int(self.path / "in1_input") * _read_int(self.path / "curr1_input") / 1e6
+            return read_int(power) / 1e6  # µW
+        return read_int(self.path / "in1_input") * read_int(self.path / "curr1_input") / 1e6
 
 
 def find_meters(sysfs_root: Path) -> list[Meter]:
@@ -68,7 +59,7 @@ def find_meters(sysfs_root: Path) -> list[Meter]:
     meters = []
     for d in sorted((sysfs_root / "class" / "hwmon").glob("hwmon*")):
         try:
-            chip = _read_str(d / "name")
+            chip = read_str(d / "name")
         except OSError:
             continue
         if chip in INA2XX_CHIPS:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.sensors.sysfs import read_int, read_str
+
 log = logging.getLogger(__name__)
 
 LABEL = "ina3221"
@@ -28,24 +30,13 @@ _HWMON_CHANNELS = (1, 2, 3)
 _IIO_CHANNELS = (0, 1, 2)
 
 
-def _read_str(path: Path) -> str:
-    return path.read_text(encoding="ascii", errors="replace").strip()
-
-
-def _read_int(path: Path) -> int:
-    """An integer sysfs attribute. Raises OSError (missing, -ENODATA) or ValueError (garbage)."""
-    text = _read_str(path)
-    if not text:
-        raise ValueError(f"{path} is empty")
-    return int(text.split()[0])  # some L4T attributes append a unit: "32760 ma"
-
 
 def hwmon_dirs(sysfs_root: Path) -> list[Path]:
     """The hwmon directories whose ``name`` is ``ina3221``, in a stable order."""
     found = []
     for d in sorted((sysfs_root / "class" / "hwmon").glob("hwmon*")):
         try:
-            if _read_str(d / "name") == "ina3221":
+            if read_str(d / "name") == "ina3221":
                 found.append(d)
         except OSError:
             continue
@@ -63,14 +54,14 @@ def read_hwmon_rails(directory: Path) -> dict[str, float]:
     rails: dict[str, float] = {}
     for n in _HWMON_CHANNELS:
         try:
-            label = _read_str(directory / f"in{n}_label")
+            label = read_str(directory / f"in{n}_label")
         except OSError:
             continue  # no label in the device tree: the channel is unused
         if not label or label.upper() == "NC":
             continue
         try:
-            mv = _read_int(directory / f"in{n}_input")
-            ma = _read_int(directory / f"curr{n}_input")
+            mv = read_int(directory / f"in{n}_input")
+            ma = read_int(directory / f"curr{n}_input")
         except (OSError, ValueError) as exc:  # disabled channel reads -ENODATA
             log.debug("ina3221 %s channel %d (%s) unreadable: %s", directory, n, label, exc)
             continue
@@ -83,8 +74,8 @@ def read_iio_rails(directory: Path) -> dict[str, float]:
     rails: dict[str, float] = {}
     for k in _IIO_CHANNELS:
         try:
-            label = _read_str(directory / f"rail_name_{k}")
-            mw = _read_int(directory / f"in_power{k}_input")
+            label = read_str(directory / f"rail_name_{k}")
+            mw = read_int(directory / f"in_power{k}_input")
         except (OSError, ValueError) as exc:
             log.debug("ina3221x %s rail %d unreadable: %s", directory, k, exc)
             continue
