@@ -1,0 +1,64 @@
+"""The planner: profiles, the cost model, the search over configurations, and live re-balancing.
+
+Pure computation (numpy, no MQTT, no torch): ``edge-coordinator profile`` writes the profile
+file, ``edge-coordinator plan`` and ``train --auto`` call :func:`plan`, and the training driver
+feeds per-step compute times to a :class:`Rebalancer`.
+"""
+
+from __future__ import annotations
+
+from coordinator.planning.cost_model import (
+    OBJECTIVES,
+    Candidate,
+    Estimate,
+    allocate_batches,
+    estimate,
+    format_duration,
+)
+from coordinator.planning.pareto import pareto_front, write_pareto_png
+from coordinator.planning.profiles import (
+    PROFILE_SCHEMA_VERSION,
+    BatchPoint,
+    BoardProfile,
+    FleetProfile,
+    check_compatible,
+    load_profiles,
+    model_key,
+    save_profiles,
+    variant_label,
+)
+from coordinator.planning.rebalance import RebalanceDecision, Rebalancer
+from coordinator.planning.search import (
+    Exclusion,
+    GapReport,
+    PlanResult,
+    heuristic_gap,
+    plan,
+)
+
+__all__ = [
+    "OBJECTIVES",
+    "PROFILE_SCHEMA_VERSION",
+    "BatchPoint",
+    "BoardProfile",
+    "Candidate",
+    "Estimate",
+    "Exclusion",
+    "FleetProfile",
+    "GapReport",
+    "PlanResult",
+    "RebalanceDecision",
+    "Rebalancer",
+    "allocate_batches",
+    "check_compatible",
+    "estimate",
+    "format_duration",
+    "heuristic_gap",
+    "load_profiles",
+    "model_key",
+    "pareto_front",
+    "plan",
+    "save_profiles",
+    "variant_label",
+    "write_pareto_png",
+]

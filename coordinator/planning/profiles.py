@@ -1,0 +1,309 @@
+"""Board and fleet profiles: what `edge-coordinator profile` measured, and the lines fitted to it.
+
+A board is profiled at two or more batch sizes of one model variant. From those points two
+straight lines are fitted by least squares and used everywhere in the planner:
+
+* step time (s) = ``time_intercept_s + time_per_sample_s * b`` (forward + backward of b samples);
+* peak memory (bytes) = ``memory_base_bytes + memory_per_sample_bytes * b``.
+
+Both lines are clamped so that predictions stay positive and do not fall as the batch grows
+(noise at two close batch sizes can give a negative slope; a negative intercept would predict
+a negative time for a small batch). The profile file is JSON with a ``schema_version``; a file
+from another model, another variant or another agent version is refused by
+:func:`check_compatible`, never silently reused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import PlanError
+
+log = logging.getLogger(__name__)
+
+PROFILE_SCHEMA_VERSION = 1
+PROFILE_KIND = "edgefleet.fleet-profile"
+REPROFILE_HINT = "run `edge-coordinator profile` again"
+# Options that change neither the step time nor the memory of a step; a profile stays valid when
+# only these differ. (The optimizer does change memory: Adam keeps two moments per parameter.)
+COST_NEUTRAL_OPTIONS = ("lr", "momentum")
+
+
+@dataclass(frozen=True, slots=True)
+class LineFit:
+    """``y = intercept + slope * x``, fitted by least squares and clamped (see the module doc)."""
+
+    intercept: float
+    slope: float
+
+    def __call__(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float], *, min_slope: float) -> LineFit:
+    """Least-squares line through the points, with ``slope >= min_slope`` and ``intercept >= 0``.
+
+    If the unconstrained slope is below ``min_slope`` the slope is set to it and the intercept
+    re-fitted; if the intercept is then negative the line is re-fitted through the origin.
+
+    Args:
+        xs: At least two distinct x values.
+        ys: The measured values, same length.
+        min_slope: The smallest slope allowed (0 for memory, a small positive value for time).
+    """
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+    slope = max(sxy / sxx, min_slope)
+    intercept = mean_y - slope * mean_x
+    if intercept < 0:
+        slope = max(sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), min_slope)
+        intercept = 0.0
+    return LineFit(intercept, slope)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPoint:
+    """One measured batch size on one board."""
+
+    batch_size: int            # samples per step
+    step_time_s: float         # median forward+backward time of one step (warm-up excluded)
+    peak_memory_bytes: int     # peak resident memory of the training process during the steps
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or not (math.isfinite(self.step_time_s) and self.step_time_s > 0) \
+                or self.peak_memory_bytes < 0:
+            raise PlanError(f"invalid profile point {self}: need batch_size >= 1, step_time_s > 0, "
+                            f"peak_memory_bytes >= 0; {REPROFILE_HINT}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoardProfile:
+    """One board's measurements for one model variant, and the lines fitted to them."""
+
+    board_id: str
+    agent_version: str           # the agent that measured; a different one must re-profile
+    model_key: str               # see model_key(): model spec + cost-relevant options + input shape
+    points: tuple[BatchPoint, ...]   # at least two distinct batch sizes
+    active_power_w: float        # draw while training (measured, or estimated: see power_source)
+    idle_power_w: float          # draw while idle
+    power_source: str            # "estimated" or the sensor ("jtop", "rpi5-pmic", "hwmon:ina219", "rapl")
+    memory_total_bytes: int      # what the board's training process may use (RAM or cgroup limit)
+    link_bytes_per_s: float      # measured throughput board -> exchange endpoint
+    link_down_bytes_per_s: float | None = None  # endpoint -> board when measured apart; None = same
+    time_fit: LineFit = field(init=False, repr=False, compare=False)
+    memory_fit: LineFit = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "points", tuple(sorted(self.points, key=lambda p: p.batch_size)))
+        sizes = {p.batch_size for p in self.points}
+        if len(sizes) < 2:
+            raise PlanError(f"board {self.board_id!r}: the profile has batch sizes {sorted(sizes)}; the planner "
+                            f"needs at least two distinct batch sizes to fit a line. {REPROFILE_HINT.capitalize()}.")
+        for name in ("active_power_w", "idle_power_w", "memory_total_bytes", "link_bytes_per_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "idle_power_w"):
+                raise PlanError(f"board {self.board_id!r}: {name} = {value} is not a usable figure; {REPROFILE_HINT}")
+        if self.link_down_bytes_per_s is not None and not self.link_down_bytes_per_s > 0:
+            raise PlanError(f"board {self.board_id!r}: link_down_bytes_per_s = {self.link_down_bytes_per_s}; {REPROFILE_HINT}")
+        if not self.power_source:
+            raise PlanError(f"board {self.board_id!r}: power_source is empty (say 'estimated' or name the sensor)")
+        xs = [float(p.batch_size) for p in self.points]
+        times = [p.step_time_s for p in self.points]
+        # Time must grow with the batch: at least 0.1% of the mean per-sample time, so that the
+        # allocation can always divide samples by it.
+        min_time_slope = 1e-3 * min(t / x for t, x in zip(times, xs))
+        object.__setattr__(self, "time_fit", fit_line(xs, times, min_slope=min_time_slope))
+        object.__setattr__(self, "memory_fit", fit_line(xs, [float(p.peak_memory_bytes) for p in self.points], min_slope=0.0))
+
+    def step_time(self, batch_size: float) -> float:
+        """Predicted forward+backward time (s) of one step of ``batch_size`` samples."""
+        return self.time_fit(batch_size)
+
+    def peak_memory(self, batch_size: float) -> float:
+        """Predicted peak memory (bytes) at ``batch_size``."""
+        return self.memory_fit(batch_size)
+
+    def max_batch(self, max_memory_fraction: float) -> int:
+        """The largest batch whose predicted peak memory is within ``max_memory_fraction`` of the total (0 if none)."""
+        limit = self.memory_total_bytes * max_memory_fraction
+        fit = self.memory_fit
+        if fit.slope <= 0:
+            return 2**31 - 1 if fit.intercept <= limit else 0
+        return max(0, math.floor((limit - fit.intercept) / fit.slope))
+
+    @property
+    def exchange_link_s_per_byte(self) -> float:
+        """Seconds per gradient byte for the board's upload plus its download of the average."""
+        down = self.link_down_bytes_per_s or self.link_bytes_per_s
+        return 1.0 / self.link_bytes_per_s + 1.0 / down
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "board_id": self.board_id, "agent_version": self.agent_version, "model_key": self.model_key,
+            "points": [{"batch_size": p.batch_size, "step_time_s": p.step_time_s,
+                        "peak_memory_bytes": p.peak_memory_bytes} for p in self.points],
+            "active_power_w": self.active_power_w, "idle_power_w": self.idle_power_w,
+            "power_source": self.power_source, "memory_total_bytes": self.memory_total_bytes,
+            "link_bytes_per_s": self.link_bytes_per_s, "link_down_bytes_per_s": self.link_down_bytes_per_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BoardProfile:
+        fields = _known(data, ("board_id", "agent_version", "model_key", "points", "active_power_w", "idle_power_w",
+                               "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s"),
+                        "a board profile")
+        points = tuple(BatchPoint(int(p["batch_size"]), float(p["step_time_s"]), int(p["peak_memory_bytes"]))
+                       for p in fields.pop("points"))
+        return cls(points=points, **fields)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetProfile:
+    """Every profiled board for one model variant, plus what the exchange costs."""
+
+    model_key: str                       # every board's profile must carry the same key
+    grad_bytes: int                      # bytes of one gradient on the wire (parameters x wire dtype size)
+    coordinator_link_bytes_per_s: float  # the exchange endpoint's own link
+    dataset_len: int                     # training samples per epoch
+    boards: dict[str, BoardProfile]      # by board id
+    variant: dict[str, Any] = field(default_factory=dict)  # the model options this variant sets, e.g. {"layers": 3}
+
+    def __post_init__(self) -> None:
+        if not self.boards:
+            raise PlanError("the fleet profile has no boards; " + REPROFILE_HINT)
+        if self.grad_bytes < 1 or not self.coordinator_link_bytes_per_s > 0 or self.dataset_len < 1:
+            raise PlanError(f"fleet profile for {self.model_key}: grad_bytes = {self.grad_bytes}, "
+                            f"coordinator_link_bytes_per_s = {self.coordinator_link_bytes_per_s}, "
+                            f"dataset_len = {self.dataset_len} must all be positive")
+        for board_id, board in self.boards.items():
+            if board_id != board.board_id:
+                raise PlanError(f"fleet profile lists board {board_id!r} with the profile of {board.board_id!r}")
+            if board.model_key != self.model_key:
+                raise PlanError(f"board {board_id!r} was profiled for {board.model_key}, the rest of the fleet for "
+                                f"{self.model_key}; {REPROFILE_HINT} for all boards together")
+
+    @property
+    def agent_versions(self) -> dict[str, str]:
+        return {b: p.agent_version for b, p in self.boards.items()}
+
+    def select(self, board_ids: Iterable[str]) -> FleetProfile:
+        """The same profile restricted to ``board_ids`` (e.g. the boards online now)."""
+        wanted = list(board_ids)
+        missing = [b for b in wanted if b not in self.boards]
+        if missing:
+            raise PlanError(f"no profile for board(s) {', '.join(missing)}; {REPROFILE_HINT} "
+                            f"(or leave them out with --exclude)")
+        return FleetProfile(model_key=self.model_key, grad_bytes=self.grad_bytes,
+                            coordinator_link_bytes_per_s=self.coordinator_link_bytes_per_s,
+                            dataset_len=self.dataset_len, boards={b: self.boards[b] for b in wanted},
+                            variant=dict(self.variant))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model_key": self.model_key, "variant": dict(self.variant), "grad_bytes": self.grad_bytes,
+                "coordinator_link_bytes_per_s": self.coordinator_link_bytes_per_s, "dataset_len": self.dataset_len,
+                "agent_versions": self.agent_versions, "boards": [b.to_json() for b in self.boards.values()]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FleetProfile:
+        fields = _known(data, ("model_key", "variant", "grad_bytes", "coordinator_link_bytes_per_s", "dataset_len",
+                               "agent_versions", "boards"), "a fleet profile")
+        boards = [BoardProfile.from_json(b) for b in fields.pop("boards")]
+        versions = fields.pop("agent_versions", None)
+        fleet = cls(boards={b.board_id: b for b in boards}, **fields)
+        if versions is not None and versions != fleet.agent_versions:
+            raise PlanError("the profile's agent_versions summary disagrees with its boards (edited by hand?); "
+                            + REPROFILE_HINT)
+        return fleet
+
+
+def model_key(model: str, options: Mapping[str, Any], input_shape: Sequence[int]) -> str:
+    """The string that identifies what a profile measured: model spec, options, one sample's shape.
+
+    Options in :data:`COST_NEUTRAL_OPTIONS` (learning rate, momentum) are left out: they do not
+    change the cost of a step, so a profile stays valid across them.
+
+    Example: ``model_key("mlp", {"layers": 3, "lr": 0.01}, (1, 32, 32))`` is
+    ``'mlp{"layers":3}[1,32,32]'``.
+    """
+    kept = {k: options[k] for k in sorted(options) if k not in COST_NEUTRAL_OPTIONS}
+    return f"{model}{json.dumps(kept, sort_keys=True, separators=(',', ':'))}{list(map(int, input_shape))}".replace(" ", "")
+
+
+def variant_label(variant: Mapping[str, Any]) -> str:
+    """A short label for a variant's options: ``"layers=3,width=64"``, or ``"default"``."""
+    return ",".join(f"{k}={variant[k]}" for k in sorted(variant)) or "default"
+
+
+def check_compatible(profile: FleetProfile, model_key: str, agent_versions: Mapping[str, str]) -> None:
+    """Refuse a profile that does not describe this job on these boards.
+
+    Args:
+        profile: The loaded profile of one variant.
+        model_key: The key of the job's model for that variant (:func:`model_key`).
+        agent_versions: The agent version each board to plan over reports now (from its caps).
+
+    Raises:
+        PlanError: naming what differs (model, a board's agent version, a board with no profile)
+            and the fix.
+    """
+    problems = []
+    if profile.model_key != model_key:
+        problems.append(f"it was measured for {profile.model_key}, this job is {model_key}")
+    for board_id, version in sorted(agent_versions.items()):
+        board = profile.boards.get(board_id)
+        if board is None:
+            problems.append(f"board {board_id} has no profile")
+        elif board.agent_version != version:
+            problems.append(f"board {board_id} was profiled by agent {board.agent_version}, it now runs {version}")
+    if problems:
+        raise PlanError(f"the profile cannot be reused: {'; '.join(problems)}. {REPROFILE_HINT.capitalize()} "
+                        f"(profiles are tied to one model variant and agent version).")
+
+
+def save_profiles(path: Path, profiles_by_variant: Mapping[str, FleetProfile]) -> None:
+    """Write the profile file atomically (a temporary file renamed over the old one)."""
+    doc = {"schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
+           "variants": {label: fleet.to_json() for label, fleet in profiles_by_variant.items()}}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    log.debug("wrote %d profile variant(s) to %s", len(profiles_by_variant), path)
+
+
+def load_profiles(path: Path) -> dict[str, FleetProfile]:
+    """Read a profile file written by :func:`save_profiles`.
+
+    Raises:
+        PlanError: the file is missing, not JSON, another kind of file, or of another schema version.
+    """
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"no profile at {path}; run `edge-coordinator profile` first") from None
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read the profile {path}: {exc}; {REPROFILE_HINT}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != PROFILE_KIND:
+        raise PlanError(f"{path} is not an edgefleet profile file")
+    if doc.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise PlanError(f"{path} has profile schema_version {doc.get('schema_version')}, this edgefleet reads "
+                        f"{PROFILE_SCHEMA_VERSION}; {REPROFILE_HINT}")
+    try:
+        return {label: FleetProfile.from_json(fleet) for label, fleet in doc["variants"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"{path} is malformed ({type(exc).__name__}: {exc}); {REPROFILE_HINT}") from exc
+
+
+def _known(data: Mapping[str, Any], names: tuple[str, ...], what: str) -> dict[str, Any]:
+    unknown = set(data) - set(names)
+    if unknown:
+        raise PlanError(f"{what} has unknown keys {sorted(unknown)} (written by a newer edgefleet?); {REPROFILE_HINT}")
+    return dict(data)

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.planning.profiles import (
+    PROFILE_SCHEMA_VERSION,
+    BatchPoint,
+    BoardProfile,
+    check_compatible,
+    fit_line,
+    load_profiles,
+    model_key,
+    save_profiles,
+    variant_label,
+)
+from protocol.errors import PlanError
+from tests.planning import GB, KEY, MB, board, fleet
+
+
+def test_lines_through_two_points_are_exact() -> None:
+    p = board("pi4-1", a=0.05, c=0.01, m0=200 * MB, m1=1 * MB)
+    assert p.step_time(8) == pytest.approx(0.13)
+    assert p.step_time(100) == pytest.approx(1.05)
+    assert p.peak_memory(100) == pytest.approx(300 * MB)
+
+
+def test_three_points_are_a_least_squares_fit() -> None:
+    xs, ys = [8, 16, 64], [0.14, 0.20, 0.70]
+    fit = fit_line(xs, ys, min_slope=0.0)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    assert (fit.slope, fit.intercept) == pytest.approx((slope, intercept))
+
+
+def test_fits_are_clamped_so_predictions_stay_positive_and_rising() -> None:
+    # Noise gave a falling time: the slope is held at a small positive value.
+    falling = fit_line([8, 32], [0.30, 0.29], min_slope=1e-4)
+    assert falling.slope == pytest.approx(1e-4) and falling(1) > 0
+    # A negative intercept (superlinear points) is refitted through the origin.
+    steep = fit_line([10, 20], [0.1, 0.3], min_slope=0.0)
+    assert steep.intercept == 0.0 and steep.slope == pytest.approx((10 * 0.1 + 20 * 0.3) / (100 + 400))
+    assert steep(1) > 0
+
+
+def test_max_batch_from_the_memory_line() -> None:
+    p = board("pi4-1", m0=200 * MB, m1=2 * MB, memory=1 * GB)
+    # 0.9 * 1e9 = 900 MB: (900 - 200) / 2 = 350 samples
+    assert p.max_batch(0.9) == 350
+    assert board("tiny", m0=950 * MB, memory=1 * GB).max_batch(0.9) == 0
+
+
+def test_a_profile_needs_two_batch_sizes() -> None:
+    with pytest.raises(PlanError, match="at least two distinct batch sizes"):
+        BoardProfile(board_id="pi4-1", agent_version="0.1.0", model_key=KEY,
+                     points=(BatchPoint(16, 0.2, 300 * MB), BatchPoint(16, 0.21, 300 * MB)),
+                     active_power_w=6.0, idle_power_w=2.7, power_source="estimated",
+                     memory_total_bytes=GB, link_bytes_per_s=MB)
+
+
+def test_boards_of_one_fleet_must_share_the_model_key() -> None:
+    with pytest.raises(PlanError, match="'pi5-1' was profiled for lenet5"):
+        fleet(board("pi4-1"), board("pi5-1", key="lenet5{}[1,32,32]"))
+
+
+def test_model_key_ignores_cost_neutral_options() -> None:
+    assert model_key("mlp", {"layers": 3, "lr": 0.01}, (1, 32, 32)) == 'mlp{"layers":3}[1,32,32]'
+    assert model_key("mlp", {"layers": 3, "lr": 0.1}, (1, 32, 32)) == model_key("mlp", {"layers": 3}, [1, 32, 32])
+    assert model_key("mlp", {"layers": 3}, (1, 32, 32)) != model_key("mlp", {"layers": 4}, (1, 32, 32))
+    assert model_key("mlp", {}, (1, 32, 32)) != model_key("mlp", {}, (3, 32, 32))
+    assert variant_label({"width": 64, "layers": 3}) == "layers=3,width=64" and variant_label({}) == "default"
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    original = {"layers=2": fleet(board("pi4-1"), board("x86-1", c=0.002, link_down=20 * MB), variant={"layers": 2})}
+    path = tmp_path / "profile.json"
+    save_profiles(path, original)
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == PROFILE_SCHEMA_VERSION
+    assert doc["variants"]["layers=2"]["model_key"] == KEY
+    assert doc["variants"]["layers=2"]["agent_versions"] == {"pi4-1": "0.1.0", "x86-1": "0.1.0"}
+    loaded = load_profiles(path)
+    assert loaded == original
+    assert loaded["layers=2"].boards["x86-1"].step_time(50) == pytest.approx(original["layers=2"].boards["x86-1"].step_time(50))
+
+
+def test_other_schema_versions_and_unknown_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    save_profiles(path, {"default": fleet(board("pi4-1"))})
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = PROFILE_SCHEMA_VERSION + 1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"schema_version 2.*run `edge-coordinator profile` again"):
+        load_profiles(path)
+    doc["schema_version"] = PROFILE_SCHEMA_VERSION
+    doc["variants"]["default"]["boards"][0]["gpu_clock"] = 1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="unknown keys"):
+        load_profiles(path)
+    with pytest.raises(PlanError, match="run `edge-coordinator profile` first"):
+        load_profiles(tmp_path / "missing.json")
+
+
+def test_a_profile_of_another_model_is_refused() -> None:
+    profile = fleet(board("pi4-1"), board("pi5-1"))
+    other = 'mlp{"layers":4}[1,32,32]'
+    with pytest.raises(PlanError) as err:
+        check_compatible(profile, other, {"pi4-1": "0.1.0", "pi5-1": "0.1.0"})
+    message = str(err.value)
+    assert KEY in message and other in message and "run `edge-coordinator profile` again" in message.lower()
+
+
+def test_a_profile_from_another_agent_version_is_refused() -> None:
+    profile = fleet(board("pi4-1", version="0.0.9"), board("pi5-1"))
+    with pytest.raises(PlanError, match=r"pi4-1 was profiled by agent 0\.0\.9, it now runs 0\.1\.0.*Run `edge-coordinator profile` again"):
+        check_compatible(profile, KEY, {"pi4-1": "0.1.0", "pi5-1": "0.1.0"})
+    with pytest.raises(PlanError, match="board nano-1 has no profile"):
+        check_compatible(profile, KEY, {"pi5-1": "0.1.0", "nano-1": "0.1.0"})
+
+
+def test_a_matching_profile_is_accepted_and_can_be_narrowed() -> None:
+    profile = fleet(board("pi4-1"), board("pi5-1"), board("nano-1"))
+    check_compatible(profile, KEY, {"pi4-1": "0.1.0", "nano-1": "0.1.0"})  # a board offline is fine
+    assert list(profile.select(["nano-1", "pi4-1"]).boards) == ["nano-1", "pi4-1"]
+    with pytest.raises(PlanError, match="no profile for board.*x86-9"):
+        profile.select(["x86-9"])
