@@ -30,12 +30,14 @@ import numpy as np
 
 from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
 from protocol.errors import DecodeError, EdgeTrainError
-from protocol.exchange_io import ConnectionClosed, async_recv_frame, async_send_frame
+from protocol.exchange_io import (ConnectionClosed, async_recv_frame, async_send_frame, async_send_segments,
+                                  frame_segments)
 
 log = logging.getLogger(__name__)
 
 EXCHANGE_VERSION = 1
 HELLO_TIMEOUT_S = 10.0
+REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratch stay in the CPU cache
 _WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
@@ -95,6 +97,7 @@ class ExchangeServer:
         self._sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
         self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
+        self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
         self._step: int | None = None
         self._arrived = asyncio.Event()
         self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
@@ -311,55 +314,66 @@ class ExchangeServer:
             return max(minimum_s, 60.0)
         return max(minimum_s, 5 * statistics.median(self._recent_s[-20:]))
 
-    def _as_float32(self, grad: np.ndarray) -> np.ndarray:
-        if self.wire_dtype == "float32":
-            return grad
-        if self.wire_dtype == "float16":
-            np.copyto(self._scratch, grad)
-        else:
-            np.copyto(self._scratch, from_bf16_bits(grad))
-        return self._scratch
+    def _weighted_sum(self, grads: list[tuple[np.ndarray, int]], total: int) -> list[float]:
+        """``sum = Σ n_i g_i / total`` in board order, in one cache-blocked pass over memory.
+
+        Returns each gradient's squared norm (NaN or Inf anywhere makes it non-finite). Widening
+        fp16/bf16 and scaling happen block by block in the scratch buffer: no large temporary.
+        """
+        squares = [0.0] * len(grads)
+        scale = np.float32(total)
+        for start in range(0, self.param_count, REDUCE_BLOCK):
+            end = min(start + REDUCE_BLOCK, self.param_count)
+            acc, tmp = self._sum[start:end], self._scratch[:end - start]
+            for i, (grad, n) in enumerate(grads):
+                target = acc if i == 0 else tmp
+                part = grad[start:end]
+                np.copyto(target, from_bf16_bits(part) if part.dtype == np.uint16 else part)
+                squares[i] += float(np.dot(target, target))
+                target *= np.float32(n)
+                if i:
+                    acc += tmp
+            acc /= scale
+        return squares
 
     def _reduce(self, step: int, started: float) -> tuple[StepResult, np.ndarray]:
-        contributors, refused, late, compute = [], {}, [], {}
-        total, loss_sum = 0, 0.0
-        self._sum.fill(0.0)
+        refused: dict[str, str] = {}
+        late: list[str] = []
+        kept: list[_Board] = []
         for board in sorted(self.boards.values(), key=lambda b: b.index):  # fixed order: deterministic sums
             if not board.welcomed:
                 continue
-            if board.grad is None:
-                if board.answered_step != step:
-                    late.append(board.board_id)
-                    board.flags.append(f"step {step}: missed the deadline")
-                else:
-                    refused[board.board_id] = board.refusal
-                continue
-            g = self._as_float32(board.grad)  # the received view, or the scratch buffer after a conversion
-            square = float(np.dot(g, g))  # NaN/Inf anywhere makes this non-finite; no temporary array
-            if not np.isfinite(square) or square > self.max_grad_norm ** 2:
+            if board.grad is not None:
+                kept.append(board)
+            elif board.answered_step != step:
+                late.append(board.board_id)
+                board.flags.append(f"step {step}: missed the deadline")
+            else:
+                refused[board.board_id] = board.refusal
+        while kept:
+            total = sum(b.n for b in kept)
+            squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
+            bad = [(b, q) for b, q in zip(kept, squares) if not np.isfinite(q) or q > self.max_grad_norm ** 2]
+            if not bad:
+                break
+            for board, square in bad:  # rare: refuse it and sum again without it
                 why = "NaN or Inf in the gradient" if not np.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
                 refused[board.board_id] = why
                 board.flags.append(f"step {step}: refused ({why})")
                 log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
-            else:
-                # sum += n * g without a temporary array (a new large buffer costs its page faults)
-                np.multiply(g, np.float32(board.n), out=self._scratch)
-                self._sum += self._scratch
-                total += board.n
-                contributors.append(board.board_id)
-                if board.loss is not None:
-                    loss_sum += board.loss * board.n
-                if board.compute_s is not None:
-                    compute[board.board_id] = board.compute_s
+                kept.remove(board)
+        for board in self.boards.values():
             board.grad = None
-        if total == 0:
+        if not kept:
             raise ExchangeError(f"step {step}: no board contributed a usable gradient "
                                 f"(late: {late or 'none'}; refused: {refused or 'none'})")
-        self._sum /= np.float32(total)
+        total = sum(b.n for b in kept)
+        loss = sum((b.loss or 0.0) * b.n for b in kept) / total
+        compute = {b.board_id: b.compute_s for b in kept if b.compute_s is not None}
         wall = time.monotonic() - started
         self._recent_s.append(wall)
-        result = StepResult(step=step, n_total=total, loss=loss_sum / total,
-                            contributors=contributors, late=late, refused=refused, compute_s=compute, wall_s=wall)
+        result = StepResult(step=step, n_total=total, loss=loss, contributors=[b.board_id for b in kept], late=late,
+                            refused=refused, compute_s=compute, wall_s=wall)
         return result, self._sum
 
     def _to_wire(self, avg: np.ndarray) -> np.ndarray:
@@ -373,7 +387,12 @@ class ExchangeServer:
         return self._wire_out
 
     def wire_to_float32(self, wire: np.ndarray) -> np.ndarray:
-        return wire if self.wire_dtype == "float32" else self._as_float32(wire).copy()
+        if self.wire_dtype == "float32":
+            return wire
+        if self._applied is None:
+            self._applied = np.zeros(self.param_count, dtype=np.float32)
+        np.copyto(self._applied, from_bf16_bits(wire) if wire.dtype == np.uint16 else wire)
+        return self._applied
 
     async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:
         """Gather, reduce, let ``apply`` update the replica, and return the average to every board.
@@ -399,19 +418,20 @@ class ExchangeServer:
                     break
             result, avg = self._reduce(step, started)
             wire = self._to_wire(avg)
-            apply(self.wire_to_float32(wire))
-            message = {"type": "avg", "step": step, "n": result.n_total, "boards": len(result.contributors),
-                       "g": encode_array(wire)}
+            segments = frame_segments({"type": "avg", "step": step, "n": result.n_total,
+                                       "boards": len(result.contributors), "g": encode_array(wire)})  # encoded once
             targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
-            sends = [async_send_frame(loop, b.sock, message) for b in targets]  # type: ignore[arg-type]
+            sends = [async_send_segments(loop, b.sock, segments) for b in targets]  # type: ignore[arg-type]
             outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            self._step = step + 1  # a fast board may send the next step's gradient right away
             for board, outcome in zip(targets, outcomes):
                 if isinstance(outcome, BaseException):
                     self._gone(board, f"could not receive the step's result ({outcome})")
                 else:
                     self.bytes_out += outcome
                 board.may_read.set()
-            self._step = step + 1  # a fast board may send the next step's gradient right away
+            # The replica steps while the boards compute; welcomes wait for it (the lock is held).
+            apply(self.wire_to_float32(wire))
         return result
 
     def flags(self) -> dict[str, list[str]]:

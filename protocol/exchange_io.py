@@ -18,13 +18,40 @@ from protocol.framing import MAX_FRAME_BYTES, ConnectionClosed, decode_frame, en
 _HEADER = struct.Struct(">I")
 
 
-async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any]) -> int:
-    """Send one frame; returns the bytes sent. Do not modify the tensors until it returns."""
-    total = 0
+COALESCE_BELOW = 64 * 1024  # segments smaller than this are joined: one send (one TCP segment) instead of several
+
+
+def frame_segments(message: dict[str, Any]) -> list[bytes | memoryview]:
+    """Encode once, to send the same frame to several boards: small pieces joined, tensors in place."""
+    out: list[bytes | memoryview] = []
+    pending = bytearray()
     for segment in encode_frame(message):
+        view = memoryview(segment)
+        if view.nbytes < COALESCE_BELOW:
+            pending += view
+            continue
+        if pending:
+            out.append(bytes(pending))
+            pending = bytearray()
+        out.append(view)
+    if pending:
+        out.append(bytes(pending))
+    return out
+
+
+async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                              segments: list[bytes | memoryview]) -> int:
+    """Send a frame from ``frame_segments``; returns the bytes sent."""
+    total = 0
+    for segment in segments:
         await loop.sock_sendall(sock, segment)
         total += memoryview(segment).nbytes
     return total
+
+
+async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any]) -> int:
+    """Send one frame; returns the bytes sent. Do not modify the tensors until it returns."""
+    return await async_send_segments(loop, sock, frame_segments(message))
 
 
 async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> int:
@@ -65,4 +92,4 @@ async def async_recv_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     return decode_frame(view)
 
 
-__all__ = ["ConnectionClosed", "async_recv_frame", "async_send_frame"]
+__all__ = ["ConnectionClosed", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments"]
