@@ -405,17 +405,24 @@ class ExchangeServer:
         deadline = started + self.deadline_for_next_step(minimum_deadline_s)
         async with self._boundary:
             self._step = step  # gradients that arrived early for this step are already kept
-            while self._pending():
-                if not any(b.welcomed for b in self.boards.values()):
-                    raise ExchangeError(f"step {step}: every board has left the job")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
+            # One timer per step wakes the wait at the deadline (asyncio.wait_for would make a Task per wake-up).
+            expired = [False]
+
+            def expire() -> None:
+                expired[0] = True
+                self._arrived.set()
+
+            timer = loop.call_later(max(0.0, deadline - time.monotonic()), expire)
+            try:
+                while self._pending():
+                    if not any(b.welcomed for b in self.boards.values()):
+                        raise ExchangeError(f"step {step}: every board has left the job")
+                    if expired[0]:
+                        break
+                    self._arrived.clear()
+                    await self._arrived.wait()
+            finally:
+                timer.cancel()
             result, avg = self._reduce(step, started)
             wire = self._to_wire(avg)
             segments = frame_segments({"type": "avg", "step": step, "n": result.n_total,
