@@ -58,6 +58,8 @@ from protocol.mqtt_link import MqttLink  # noqa: E402
 from protocol.settings import BrokerSettings  # noqa: E402
 from protocol.topics import DEFAULT_PREFIX, telemetry_topic  # noqa: E402
 
+from _table import print_table  # bench/ is the script's folder, first on sys.path
+
 BOARD_ID = "bench-1"
 INTERVAL_S = 1.0
 RSS_TARGET_BYTES = 40_000_000       # 40 MB
@@ -386,22 +388,7 @@ def report(result: Result) -> bool:
     title = (f"edge-agent at {1 / INTERVAL_S:g} Hz, {result.samples} samples; "
              f"baseline: idle python with paho-mqtt, psutil, msgpack")
     headers = ("metric", "agent", "baseline", "agent / baseline", "target", "result")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
-        print(f"\n{title}")
-        for r in (headers, *rows):
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    else:
-        table = Table(title=title, title_justify="left")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i == 0 else "right")
-        for r in rows:
-            table.add_row(*r)
-        print()
-        Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
+    print_table(title, headers, rows)
     return rss_ok and cpu_ok and torch_ok and control_ok and complete
 
 

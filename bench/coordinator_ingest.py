@@ -79,6 +79,8 @@ from protocol.messages import TelemetrySample  # noqa: E402
 from protocol.settings import BrokerSettings  # noqa: E402
 from protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic  # noqa: E402
 
+from _table import print_table  # bench/ is the script's folder, first on sys.path
+
 TARGET_RATE = 5_000.0          # messages per second folded by the fleet view, QoS 1, nothing lost
 QOS = 1
 PROBE_BOARD = "bench-probe"
@@ -553,23 +555,7 @@ def report(rounds: list[RoundResult], fold_rate: float, args: argparse.Namespace
                  f"{fold_rate / limit:.2f}x" if limit else "-", "", f"{1e6 / fold_rate:.0f}", "", ""))
     title = (f"coordinator ingest: {args.boards} boards, {args.messages:,} messages at QoS {QOS}, mode {args.mode}, "
              f"{os.cpu_count()} CPUs shared by publishers, broker and receivers; msg/s = first to last message")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
-        print(f"\n{title}")
-        for r in (headers, *rows):
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        print(caption)
-    else:
-        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i < 2 else "right")
-        for r in rows:
-            table.add_row(*r)
-        print()
-        Console(width=max(160, shutil.get_terminal_size().columns)).print(table)
+    print_table(title, headers, rows, caption=caption, left_columns=2, min_width=160)
     return passed and bool(view_rates)
 
 

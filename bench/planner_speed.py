@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -53,6 +52,8 @@ from coordinator.planning import (
     plan,
 )
 from protocol.errors import EdgeTrainError
+
+from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
 
 MB = 10**6
 GB = 10**9
@@ -165,23 +166,7 @@ def print_table(timings: list[Timing], gaps: dict[tuple[str, str], list[float]],
              f"median of the timed repeats; {os.cpu_count()} CPUs, load average {load}")
     caption = (f"heuristic gap = heuristic's objective / exhaustive optimum - 1 on {instances} random 16-board fleets "
                "(the 'optimum' share found it exactly); candidates = estimated configurations per request.")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
-        print(f"\n{title}")
-        for r in (headers, *rows):
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        print(caption)
-        return
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < 3 else "right")
-    for r in rows:
-        table.add_row(*r)
-    print()
-    Console(width=max(150, shutil.get_terminal_size().columns)).print(table)
+    render_table(title, headers, rows, caption=caption, left_columns=3, min_width=150)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
