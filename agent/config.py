@@ -64,6 +64,16 @@ class SecuritySettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSettings:
+    """The ``[training]`` section: how the board runs the jobs it is given."""
+
+    # Keep the worker process (torch and Lightning imported) between jobs: the next job starts at
+    # once instead of after the import (~20 s on a Pi-class board), at the price of the worker's
+    # memory while idle. Off by default: an idle board returns to its idle memory.
+    keep_worker: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
     """Everything the agent daemon needs, loaded once."""
 
@@ -72,6 +82,7 @@ class AgentConfig:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     power: PowerSettings = field(default_factory=PowerSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
     source: str = "defaults"   # where it came from, for messages
 
 
@@ -96,13 +107,14 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
     sections = {"broker": BrokerSettings, "telemetry": TelemetrySettings, "power": PowerSettings,
-                "security": SecuritySettings}
+                "security": SecuritySettings, "training": TrainingSettings}
     top = build_section(_TopLevel, {k: v for k, v in data.items() if k not in sections}, section="", source=source)
     broker_cfg = load_broker_settings(data, source=source, address=broker or broker_from_env())
     telemetry = build_section(TelemetrySettings, data.get("telemetry", {}), section="telemetry", source=source,
                               overrides={"interval_s": interval_s})
     power = build_section(PowerSettings, data.get("power", {}), section="power", source=source)
     security = build_section(SecuritySettings, data.get("security", {}), section="security", source=source)
+    training = build_section(TrainingSettings, data.get("training", {}), section="training", source=source)
     if security.fleet_key_file and not Path(security.fleet_key_file).is_file():
         raise ConfigError(f"{source}: security.fleet_key_file = {security.fleet_key_file!r} does not exist; "
                           "copy the fleet key from the coordinator (ansible does) or remove the key to refuse all commands")
@@ -111,7 +123,7 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
         where = "--id" if board_id else f"{source}: board_id"
         raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, security=security,
-                       source=source)
+                       training=training, source=source)
 
 
 def describe(cfg: AgentConfig) -> str:
@@ -119,7 +131,7 @@ def describe(cfg: AgentConfig) -> str:
     broker = dataclasses.replace(cfg.broker, password="***" if cfg.broker.password else "")
     lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}"]
     for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power),
-                          ("security", cfg.security)):
+                          ("security", cfg.security), ("training", cfg.training)):
         lines.append(f"[{name}]")
         lines += [f"  {f.name} = {getattr(section, f.name)!r}" for f in dataclasses.fields(section)]
     return "\n".join(lines)

@@ -57,7 +57,7 @@ class Agent:
         else:
             log.warning("no security.fleet_key_file: this board will refuse every training command")
         self.jobs = JobRunner(board_id=cfg.board_id, verify=verifier, publish_event=self._publish_event,
-                              set_busy=self._set_busy)
+                              set_busy=self._set_busy, config=cfg)
 
     def _publish_event(self, event: JobEvent) -> None:
         self.link.publish(events_topic(self.cfg.broker.topic_prefix, self.cfg.board_id), event.to_msgpack(), qos=1)

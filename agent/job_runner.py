@@ -1,12 +1,21 @@
-"""Runs the training jobs the coordinator sends: verify, start a worker process, relay its events.
+"""Runs the jobs the coordinator sends: verify, hand them to a worker process, relay its events.
 
 The worker is a separate process (``python -m agent.worker``) so that torch and Lightning are
 imported only while a job runs, and the agent returns to its idle memory when the job ends. This
 module itself imports neither.
+
+The worker reads one job per line on its stdin (``{"command": {...}, "board": {...}}``) and writes
+events as JSON lines on its stdout. By default its stdin is closed after the job, so it runs that
+one job and exits. With ``[training] keep_worker = true`` the worker is kept after a job that
+finished and the next job goes to the same process, which saves the import (~20 s on a board
+limited to a fraction of a CPU). A stop command during a job still ends the worker; the next job
+starts a new one. A job that arrives while the last job's worker is exiting (it finished, the
+process is still ending) starts as soon as it has exited, instead of being refused as busy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -15,13 +24,52 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
 
+from agent.config import AgentConfig
 from protocol.errors import DecodeError, ProtocolError
-from protocol.jobs import JobEvent, StopCommand, TrainCommand, command_from_dict
+from protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 10.0
+STOP_GRACE_S = 2.0  # a kept worker whose job ends by itself this soon after a stop is kept
+_ENDING_PHASES = ("finished", "failed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerContext:
+    """What the worker needs to know about its board, sent with every job (the agent's settings)."""
+
+    power_source: str = "auto"   # power.source: the profile reads power from the same source as telemetry
+    idle_w: float = 2.7          # power.idle_w, for the estimate
+    max_w: float = 6.4           # power.max_w, for the estimate
+    sysfs_root: str = "/sys"     # telemetry.sysfs_root
+
+    @classmethod
+    def from_config(cls, cfg: AgentConfig) -> WorkerContext:
+        return cls(power_source=cfg.power.source, idle_w=cfg.power.idle_w, max_w=cfg.power.max_w,
+                   sysfs_root=cfg.telemetry.sysfs_root)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> WorkerContext:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in names})
+
+
+def job_line(command: TrainCommand | ProfileCommand, context: WorkerContext) -> bytes:
+    """The line the worker reads for one job."""
+    return (json.dumps({"command": command.to_dict(), "board": dataclasses.asdict(context)}) + "\n").encode()
+
+
+@dataclass(eq=False)
+class _Worker:
+    """One worker process and what the agent keeps of its stderr."""
+
+    proc: subprocess.Popen[bytes]
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=30))
+    jobs: int = 0
 
 
 class JobRunner:
@@ -33,22 +81,29 @@ class JobRunner:
             fleet key is configured (every command is then refused).
         publish_event: sends a JobEvent to the coordinator (over MQTT).
         set_busy: called with True when a job starts and False when it ends (the board's status).
+        config: the agent's configuration: ``[training] keep_worker`` and what the worker needs
+            to read power (defaults when None).
     """
 
-    def __init__(self, *, board_id: str, verify: Callable[[bytes], dict] | None,
-                 publish_event: Callable[[JobEvent], None], set_busy: Callable[[bool], None]) -> None:
+    def __init__(self, *, board_id: str, verify: Callable[[bytes], dict[str, Any]] | None,
+                 publish_event: Callable[[JobEvent], None], set_busy: Callable[[bool], None],
+                 config: AgentConfig | None = None) -> None:
         self.board_id = board_id
         self._verify = verify
         self._publish = publish_event
         self._set_busy = set_busy
+        self.keep_worker = config.training.keep_worker if config is not None else False
+        self.context = WorkerContext.from_config(config) if config is not None else WorkerContext()
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._job_id = ""
+        self._worker: _Worker | None = None
+        self._job_id = ""                  # the running job; "" when idle
+        self._job_ended = threading.Event()  # the running job's worker said finished or failed
+        self._next: TrainCommand | ProfileCommand | None = None  # arrived while the ended job's worker exits
 
     @property
     def busy(self) -> bool:
         with self._lock:
-            return self._proc is not None
+            return bool(self._job_id)
 
     def handle(self, payload: bytes) -> None:
         """Called on the MQTT thread for each command; verifies it and never blocks for long."""
@@ -72,64 +127,139 @@ class JobRunner:
         self._publish(JobEvent(job_id=job_id, board_id=self.board_id, phase=phase, message=message,
                                ts=round(time.time(), 3), **fields))  # type: ignore[arg-type]
 
-    def _start(self, command: TrainCommand) -> None:
+    def _start(self, command: TrainCommand | ProfileCommand) -> None:
         with self._lock:
-            if self._proc is not None:
-                if command.job_id != self._job_id:
+            if self._job_id:
+                if command.job_id == self._job_id or (self._next is not None and command.job_id == self._next.job_id):
+                    return  # a repeated delivery (QoS 1 may duplicate)
+                if self._job_ended.is_set() and self._next is None:
+                    # The last job is over and its worker is exiting: start this one when it has.
+                    log.info("job %s: waits for the worker of job %s to exit", command.job_id, self._job_id)
+                    self._next = command
+                else:
                     self._event(command.job_id, "rejected", f"board {self.board_id} is busy with job {self._job_id}")
-                return  # a repeated delivery of the running job's command (QoS 1 may duplicate)
-            log.info("job %s: starting the training worker (model %s, dataset %s, batch %d)",
-                     command.job_id, command.model, command.dataset, command.batch_size)
-            self._proc = subprocess.Popen([sys.executable, "-m", "agent.worker"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                return
+            worker = self._worker
+            if worker is not None and worker.proc.poll() is None:
+                log.info("job %s: %s; sending it to the running worker (pid %d)", command.job_id, _describe(command),
+                         worker.proc.pid)
+            else:
+                log.info("job %s: %s; starting a worker", command.job_id, _describe(command))
+                worker = self._worker = self._spawn()
+            worker.jobs += 1
+            worker.stderr_tail.clear()
             self._job_id = command.job_id
+            self._job_ended.clear()
         self._set_busy(True)
         self._event(command.job_id, "accepted")
-        threading.Thread(target=self._supervise, args=(command, self._proc), name=f"job-{command.job_id}", daemon=True).start()
-
-    def _supervise(self, command: TrainCommand, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdin and proc.stdout and proc.stderr
-        stderr_tail: deque[str] = deque(maxlen=30)
-        drain = threading.Thread(target=lambda: stderr_tail.extend(l.decode(errors="replace").rstrip() for l in proc.stderr),  # type: ignore[union-attr]
-                                 daemon=True)
-        drain.start()
+        stdin = worker.proc.stdin
+        assert stdin is not None
         try:
-            proc.stdin.write(json.dumps(command.to_dict()).encode())
-            proc.stdin.close()
-        except OSError:
-            pass  # the worker died at once; its exit code says why below
-        ended = False
+            stdin.write(job_line(command, self.context))
+            stdin.flush()
+            if not self.keep_worker:
+                stdin.close()  # one job per worker: it exits when the job ends
+        except (OSError, ValueError):
+            pass  # the worker died (or closed its stdin); its exit code is reported by its reader thread
+
+    def _spawn(self) -> _Worker:
+        proc = subprocess.Popen([sys.executable, "-m", "agent.worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        worker = _Worker(proc)
+        assert proc.stderr is not None
+        threading.Thread(target=_drain, args=(proc.stderr, worker.stderr_tail), name=f"worker-{proc.pid}-stderr",
+                         daemon=True).start()
+        threading.Thread(target=self._relay, args=(worker,), name=f"worker-{proc.pid}", daemon=True).start()
+        return worker
+
+    def _current_job(self, worker: _Worker) -> str:
+        with self._lock:
+            return self._job_id if self._worker is worker else ""
+
+    def _relay(self, worker: _Worker) -> None:
+        """Publish the worker's events as the running job's, until the worker exits."""
+        proc = worker.proc
+        assert proc.stdout is not None
         for line in proc.stdout:
+            job_id = self._current_job(worker)
             try:
                 fields = json.loads(line)
-                event = JobEvent(job_id=command.job_id, board_id=self.board_id, ts=round(time.time(), 3), **fields)
+                event = JobEvent(job_id=job_id, board_id=self.board_id, ts=round(time.time(), 3), **fields)
             except (ValueError, TypeError, DecodeError) as exc:
-                log.debug("job %s: worker printed a line that is not an event (%s): %r", command.job_id, exc, line[:200])
+                log.debug("worker %d printed a line that is not an event (%s): %r", proc.pid, exc, line[:200])
                 continue
-            ended = ended or event.phase in ("finished", "failed")
+            if not job_id:
+                log.debug("worker %d sent a %s event with no job running; dropped", proc.pid, event.phase)
+                continue
             self._publish(event)
+            if event.phase in _ENDING_PHASES:
+                self._job_ended.set()
+                if self.keep_worker and event.phase == "finished":
+                    self._end_job(job_id, f"finished; worker {proc.pid} stays for the next job")
         code = proc.wait()
-        drain.join(timeout=2)
-        if not ended:
-            tail = " | ".join(stderr_tail)[-600:]
-            reason = f"the training worker exited with code {code}" if code >= 0 else f"the training worker was killed by signal {-code}"
-            log.warning("job %s: %s: %s", command.job_id, reason, tail)
-            self._event(command.job_id, "failed", f"{reason}: {tail}" if tail else reason)
-        log.info("job %s: ended (worker exit code %d); back to idle", command.job_id, code)
+        job_id = self._current_job(worker)
+        if job_id and not self._job_ended.is_set():
+            tail = " | ".join(worker.stderr_tail)[-600:]
+            reason = f"the worker exited with code {code}" if code >= 0 else f"the worker was killed by signal {-code}"
+            log.warning("job %s: %s: %s", job_id, reason, tail)
+            self._event(job_id, "failed", f"{reason}: {tail}" if tail else reason)
         with self._lock:
-            self._proc, self._job_id = None, ""
+            if self._worker is worker:
+                self._worker = None
+            waiting, self._next = self._next, None
+        if job_id:
+            self._end_job(job_id, f"worker exit code {code}")
+        else:
+            log.info("worker %d exited (code %d) after %d job(s)", proc.pid, code, worker.jobs)
+        if waiting is not None:
+            self._start(waiting)
+
+    def _end_job(self, job_id: str, how: str) -> None:
+        with self._lock:
+            if self._job_id != job_id:
+                return
+            self._job_id = ""
+        log.info("job %s: ended (%s); back to idle", job_id, how)
         self._set_busy(False)
 
     def stop(self, job_id: str | None = None, timeout_s: float = WORKER_STOP_TIMEOUT_S) -> None:
-        """Stop the running job (all of them when ``job_id`` is None) and wait for its worker."""
+        """Stop the running job and wait for its worker to exit.
+
+        ``job_id`` None stops whatever runs and also ends a kept idle worker (the agent is stopping).
+        """
         with self._lock:
-            proc = self._proc if job_id is None or job_id == self._job_id else None
-        if proc is None:
+            worker = self._worker
+            running = self._job_id
+            if self._next is not None and job_id in (None, self._next.job_id):
+                log.info("job %s: stopped before it started", self._next.job_id)
+                self._next = None
+        if worker is None or (job_id is not None and job_id != running):
             return
-        log.info("job %s: stopping the training worker", job_id or self._job_id)
-        proc.terminate()
+        if job_id is not None and self.keep_worker and self._job_ended.wait(STOP_GRACE_S):
+            log.info("job %s: ended on its own; the worker stays", job_id)
+            return
+        if running:
+            log.info("job %s: stopping the worker (pid %d)", running, worker.proc.pid)
+        else:
+            log.info("stopping the idle worker (pid %d)", worker.proc.pid)
+        worker.proc.terminate()
         try:
-            proc.wait(timeout=timeout_s)
+            worker.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+            worker.proc.kill()
+            worker.proc.wait(timeout=5)
+
+
+def _describe(command: TrainCommand | ProfileCommand) -> str:
+    if isinstance(command, ProfileCommand):
+        return (f"profile {command.model} on {command.dataset} at batch sizes "
+                f"{','.join(map(str, sorted(set(command.batch_sizes))))}")
+    return f"train {command.model} on {command.dataset}, batch {command.batch_size}"
+
+
+def _drain(stream: IO[bytes], tail: deque[str]) -> None:
+    for raw in stream:
+        tail.append(raw.decode(errors="replace").rstrip())
+
+
+__all__ = ["JobRunner", "WorkerContext", "job_line"]

@@ -1,13 +1,16 @@
-"""The training worker: runs one job in its own process, started by the agent's JobRunner.
+"""The training worker: runs jobs in its own process, started by the agent's JobRunner.
 
-It reads the job (a verified ``TrainCommand``) as JSON on stdin and writes events as JSON lines
-on the stdout it was given; everything else it or Lightning prints goes to stderr. Exit codes:
-0 finished or stopped, 3 the job cannot run here (unknown model or dataset, refused by the
-exchange), 1 anything else.
+It reads jobs from stdin, one JSON line each (``{"command": <verified TrainCommand or
+ProfileCommand>, "board": <agent.job_runner.WorkerContext>}``), runs them one after the other
+and writes events as JSON lines on the stdout it was given; everything else it or Lightning
+prints goes to stderr. End of input ends the worker. A job that fails ends it too, so that the
+next job starts in a fresh process. Exit codes: 0 every job finished (or was stopped), 3 a job
+could not run here (unknown model or dataset, refused by the exchange), 1 anything else.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -16,8 +19,8 @@ import time
 import traceback
 from typing import IO, Any
 
-from protocol.errors import EdgeTrainError
-from protocol.jobs import TrainCommand
+from protocol.errors import DecodeError, EdgeTrainError
+from protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
 PROGRESS_EVERY_S = 1.0
 
@@ -48,16 +51,31 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader
 
-    from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining
+    from agent.worker_exchange import (
+        ExchangeClient,
+        GradientExchange,
+        StopTraining,
+        welcome_splits,
+    )
     from protocol.codec import decode_value
-    from workloads.params import param_count, single_optimizer, to_torch_tree, trainable_params
-    from workloads.registry import build_dataset, build_model
-    from workloads.sharding import BoardBatchSampler, GlobalBatchPlan, LocalBatchPlan, LocalBatchSampler
+    from workloads.params import (
+        param_count,
+        single_optimizer,
+        to_torch_tree,
+        trainable_params,
+    )
+    from workloads.registry import build_dataset_cached, build_model
+    from workloads.sharding import (
+        BoardBatchSampler,
+        GlobalBatchPlan,
+        LocalBatchPlan,
+        LocalBatchSampler,
+    )
 
     options = dict(job.model_options)
     if job.lr is not None:
         options["lr"] = job.lr
-    dataset = build_dataset(job.dataset, "train", job.dataset_options)
+    dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
     model = build_model(job.model, tuple(dataset.input_shape), int(dataset.num_classes), options)  # type: ignore[attr-defined]
     count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
 
@@ -68,12 +86,20 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
         start = int(welcome["step"])
         steps = job.total_steps - start
         if job.data_mode == "global":
+            # The job's batch sizes are the initial split; the welcome lists later re-splits still in
+            # force or announced, and each step's result may announce another (the sampler follows them).
             sampler: Any = BoardBatchSampler(GlobalBatchPlan(len(dataset), job.batch_sizes, job.seed), job.board_index, start, steps)  # type: ignore[arg-type]
+            for from_step, sizes in welcome_splits(welcome):
+                sampler.resplit(from_step, sizes)
+            batch_size: Any = sampler.batch_size_at
+            on_split: Any = sampler.resplit
         else:
             plan = LocalBatchPlan(len(dataset), job.batch_size, job.seed, board_seed=job.board_index)  # type: ignore[arg-type]
             sampler = LocalBatchSampler(plan, start, steps)
-        exchange = GradientExchange(client, batch_size=job.batch_size, start_step=start, wire_dtype=job.wire_dtype,
-                                    optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress)
+            batch_size, on_split = job.batch_size, None
+        exchange = GradientExchange(client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
+                                    optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress,
+                                    on_split=on_split)
         events.emit("running", f"joined at step {start}", step=start)
         trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max(steps, 0), logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -103,22 +129,77 @@ def _die_with_parent() -> None:
         sys.exit(1)
 
 
+def _read_job(line: str) -> tuple[Any, Any]:
+    """The job and board context one stdin line holds.
+
+    Raises:
+        DecodeError: not JSON, not a job, or invalid fields.
+    """
+    from agent.job_runner import WorkerContext
+
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise DecodeError(f"the worker's input is not a JSON job ({exc})") from None
+    if not isinstance(data, dict):
+        raise DecodeError("the worker's input is not a JSON object")
+    command = command_from_dict(data.get("command", data))  # a bare command works too
+    if isinstance(command, StopCommand):
+        raise DecodeError("a stop command is not a job")
+    return command, WorkerContext.from_dict(data.get("board"))
+
+
+class _TorchDefaults:
+    """Puts back what one job may change for the next in a kept worker (torch's thread count)."""
+
+    def __init__(self) -> None:
+        self.threads: int | None = None
+
+    def restore(self) -> None:
+        import torch  # every job needs it; the first import here costs the job nothing extra
+
+        if self.threads is None:
+            self.threads = torch.get_num_threads()
+        elif torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+
+def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
+    """Run the job of one input line, reporting its failure as a ``failed`` event; its exit code."""
+    try:
+        job, context = _read_job(line)
+        defaults.restore()
+        if isinstance(job, ProfileCommand):
+            from agent.profile_worker import run_profile
+
+            return run_profile(job, events, context)
+        return run_job(job, events)
+    except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
+        events.emit("failed", str(exc))
+        return 3
+    except Exception as exc:  # noqa: BLE001 - the worker ends here: report it to the coordinator, keep the traceback
+        traceback.print_exc()
+        events.emit("failed", f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        gc.collect()  # a kept worker waits for the next job with what the last one freed given back
+
+
 def main() -> int:
     _die_with_parent()
     # Events go to the stdout we were given; anything printed by us or Lightning goes to stderr.
     events = EventWriter(os.fdopen(os.dup(1), "w", buffering=1))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    try:
-        job = TrainCommand.from_dict(json.loads(sys.stdin.read()))
-        return run_job(job, events)
-    except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
-        events.emit("failed", str(exc))
-        return 3
-    except Exception as exc:  # the process ends here: report it to the coordinator, keep the traceback
-        traceback.print_exc()
-        events.emit("failed", f"{type(exc).__name__}: {exc}")
-        return 1
+    defaults = _TorchDefaults()
+    code = 0
+    for line in iter(sys.stdin.readline, ""):
+        if not line.strip():
+            continue
+        code = _run_one(line, events, defaults)
+        if code != 0:
+            return code  # after a failure the next job gets a fresh process, not a possibly broken one
+    return code
 
 
 if __name__ == "__main__":

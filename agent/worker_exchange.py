@@ -24,6 +24,32 @@ log = logging.getLogger(__name__)
 
 EXCHANGE_VERSION = 1
 RESULT_TIMEOUT_S = 900.0  # waiting for a step's result: slow boards and first steps take long
+MAX_SPLIT_BOARDS = 4096   # a split frame naming more boards than this is malformed
+
+
+def parse_split(value: Any) -> tuple[int, list[int]]:
+    """A ``split`` map from the exchange, ``{"from_step": s, "batch_sizes": [...]}``, as (s, sizes).
+
+    Raises:
+        DecodeError: not a map of a step >= 0 and a list of positive batch sizes.
+    """
+    if not isinstance(value, dict):
+        raise DecodeError(f"a split must be a map, got {type(value).__name__}")
+    from_step, sizes = value.get("from_step"), value.get("batch_sizes")
+    if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
+        raise DecodeError(f"split from_step {from_step!r} is not a step number")
+    if (not isinstance(sizes, list) or not 0 < len(sizes) <= MAX_SPLIT_BOARDS
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes)):
+        raise DecodeError(f"split batch_sizes {sizes!r} is not a list of positive integers")
+    return from_step, list(sizes)
+
+
+def welcome_splits(welcome: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """The re-splits a welcome frame lists (the one in force at the board's first step, then later ones)."""
+    splits = welcome.get("splits", [])
+    if not isinstance(splits, list) or len(splits) > MAX_SPLIT_BOARDS:
+        raise DecodeError("the welcome's splits is not a list")
+    return [parse_split(split) for split in splits]
 
 
 class ExchangeRefused(EdgeTrainError):
@@ -47,6 +73,7 @@ class ExchangeClient:
         self.sock.settimeout(RESULT_TIMEOUT_S)
         self.buffer = bytearray()  # reused for every result: no new large allocation per step
         self.param_count = 0
+        self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
         send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
@@ -63,6 +90,8 @@ class ExchangeClient:
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float) -> np.ndarray:
         """Send this board's gradient for ``step``; return the fleet's average (a view, valid until the next call).
 
+        A re-split announced with the result is left in :attr:`split` (None when there was none).
+
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.
         """
@@ -77,6 +106,7 @@ class ExchangeClient:
         if avg.shape != (self.param_count,) or avg.dtype != grad.dtype:
             raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
                               f"({self.param_count},) {grad.dtype}")
+        self.split = parse_split(reply["split"]) if "split" in reply else None
         return avg
 
     def close(self) -> None:
@@ -88,13 +118,26 @@ class GradientExchange(pl.Callback):
 
     ``on_before_optimizer_step`` is the exchange point: gradients are accumulated and unscaled
     there, not yet clipped, and the step that follows is the same on every replica.
+
+    Args:
+        client: The joined exchange connection.
+        batch_size: This board's batch size, or a function of the step when re-splits can change it.
+        start_step: The global step of the first batch.
+        wire_dtype: float32, float16 or bfloat16.
+        optimizer_state: The welcome's optimizer state, restored at train start.
+        on_step: Called with (step, loss, compute_s) after every step.
+        on_split: Called with (from_step, batch sizes) when the coordinator re-splits the global
+            batch (the sampler's ``resplit``); None: this job's batches cannot be re-split.
     """
 
-    def __init__(self, client: ExchangeClient, *, batch_size: int, start_step: int, wire_dtype: str,
-                 optimizer_state: Any, on_step: Callable[[int, float | None, float], None]) -> None:
-        self.client, self.batch_size, self.step, self.wire_dtype = client, batch_size, start_step, wire_dtype
+    def __init__(self, client: ExchangeClient, *, batch_size: int | Callable[[int], int], start_step: int,
+                 wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
+                 on_split: Callable[[int, list[int]], object] | None = None) -> None:
+        self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._batch_size = batch_size if callable(batch_size) else (lambda step, b=batch_size: b)
         self._optimizer_state = optimizer_state
         self._on_step = on_step
+        self._on_split = on_split
         self._loss: float | None = None
         self._started = 0.0
         self._params: list[torch.nn.Parameter] = []
@@ -130,11 +173,25 @@ class GradientExchange(pl.Callback):
         else:
             np.copyto(self._wire, to_bf16_bits(self._flat))
             wire = self._wire
-        n = self.batch_size * trainer.accumulate_grad_batches
+        n = self._batch_size(self.step) * trainer.accumulate_grad_batches
         avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6))
+        if self.client.split is not None:
+            self._follow_split(*self.client.split)
         if self._avg32 is not None:
             np.copyto(self._avg32, avg if self.wire_dtype == "float16" else from_bf16_bits(avg))
             avg = self._avg32
         assign_grads(self._params, avg)
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
+
+    def _follow_split(self, from_step: int, batch_sizes: list[int]) -> None:
+        if self._on_split is None:
+            raise DecodeError(f"the coordinator re-split the batches from step {from_step}, but this job's "
+                              "batches cannot be re-split (each board samples its own data)")
+        if self._on_split(from_step, batch_sizes):
+            log.info("batch sizes %s from step %d", batch_sizes, from_step)
+
+    @property
+    def batch_size(self) -> int:
+        """This board's batch size at the next step."""
+        return self._batch_size(self.step)

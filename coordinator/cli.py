@@ -20,10 +20,13 @@ log = logging.getLogger("coordinator")
 
 EPILOG = f"""\
 examples:
-  edge-coordinator demo                       train LeNet-5 on digits on 3 local agents (embedded broker)
-  edge-coordinator status                     one table of every board (broker from ${BROKER_ENV} or localhost)
-  edge-coordinator status --watch             the same, live, until Ctrl-C
-  edge-coordinator --broker 10.0.0.2:1883 status --json     for scripts
+  edge-coordinator demo                                  train LeNet-5 on digits on 3 local agents (embedded broker)
+  edge-coordinator status                                one table of every board (broker from ${BROKER_ENV} or localhost)
+  edge-coordinator status --watch                        the same, live, until Ctrl-C
+  edge-coordinator --broker 10.0.0.2:1883 status --json  for scripts
+  edge-coordinator profile --model lenet5 --dataset digits   time every board at a few batch sizes
+  edge-coordinator plan --objective edp --max-power 20   the best configuration: a table and a Pareto PNG
+  edge-coordinator train --auto --objective edp          profile (or reuse), plan, train, compare
 
 the broker: --broker HOST:PORT, else ${BROKER_ENV}=HOST:PORT, else the [broker] section of --config,
 else localhost:1883.
@@ -54,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator.train_cli import add_train_parser
 
     add_train_parser(sub)
+
+    from coordinator.profile_cli import add_profile_parser
+
+    add_profile_parser(sub)
+
+    from coordinator.plan_cli import add_plan_parser
+
+    add_plan_parser(sub)
 
     demo = sub.add_parser("demo", help="train LeNet-5 on digits on a local fleet of 3 agents (embedded defaults)",
                           description="Start a private broker on a free loopback port, spawn local agents with a fresh "
@@ -132,9 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
+    from coordinator.plan_cli import cmd_plan
     from coordinator.train_cli import cmd_train
 
     commands = {"status": _cmd_status, "demo": _cmd_demo, "train": cmd_train}
+    commands["plan"] = cmd_plan
+    from coordinator.profile_cli import cmd_profile
+
+    commands["profile"] = cmd_profile
     if args.command is None:
         parser.print_help()
         return 2

@@ -9,9 +9,17 @@ gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step 
 
 Frames (msgpack maps, ``protocol.exchange_io``):
     board -> server  hello {job_id, board_id, token, param_count, v}
-    server -> board  welcome {step, model, optimizer}   | error {message}
+    server -> board  welcome {step, model, optimizer, splits?}   | error {message}
     board -> server  grad {step, n, loss, compute_s, g: tensor}
-    server -> board  avg {step, n, boards, g: tensor}  | stop {reason}
+    server -> board  avg {step, n, boards, g: tensor, split?}    | stop {reason}
+
+Re-splitting the global batch (re-balancing when a board slows down): :meth:`ExchangeServer.announce_split`
+puts ``split = {"from_step": s, "batch_sizes": [b_0, b_1, ...]}`` (by board index, the same sum)
+into the next ``avg`` frame; a board joining later finds the splits that still matter in its
+welcome's ``splits`` list (the one in force at its first step, then any announced for later
+steps). ``s`` is that ``avg`` frame's step plus :data:`SPLIT_LEAD_STEPS`, because a board reads
+the result of step ``t`` when its data loader may already have drawn the batch of step ``t + 1``.
+Every gradient still carries its own ``n``, so the reduce stays exact on both sides of the change.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import logging
 import socket
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,14 +38,27 @@ import numpy as np
 
 from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
 from protocol.errors import DecodeError, EdgeTrainError
-from protocol.exchange_io import (ConnectionClosed, async_recv_frame, async_send_frame, async_send_segments,
-                                  frame_segments)
+from protocol.exchange_io import (
+    ConnectionClosed,
+    FrameReader,
+    async_recv_frame,
+    async_send_frame,
+    frame_segments,
+    send_to_all,
+)
 
 log = logging.getLogger(__name__)
 
 EXCHANGE_VERSION = 1
 HELLO_TIMEOUT_S = 10.0
 REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratch stay in the CPU cache
+# A split announced in the avg frame of step t takes effect at step t + SPLIT_LEAD_STEPS. When that
+# frame arrives the board has trained on step t, and Lightning's fetcher may already have drawn
+# step t + 1: it prefetches one batch to learn whether it is the last, whenever the loader has no
+# len() (Lightning 2.6 skips it for sized loaders such as the worker's). Step t + 2 is drawn after
+# the frame in every case. tests/workloads/test_sharding.py measures the fetcher's lead with the
+# installed Lightning; a board refuses a split for a step it has already drawn (SplitError).
+SPLIT_LEAD_STEPS = 2
 _WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
@@ -56,7 +77,7 @@ class _Board:
     n: int = 0
     loss: float | None = None
     compute_s: float | None = None
-    may_read: asyncio.Event = field(default_factory=asyncio.Event)
+    reader: FrameReader | None = None     # reads its frames in loop callbacks; paused while ``grad`` is a view
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
     refusal: str = ""                       # why its gradient for that step was refused
@@ -74,6 +95,7 @@ class StepResult:
     refused: dict[str, str]      # boards whose gradient was refused, and why
     compute_s: dict[str, float]  # each contributor's own forward+backward time
     wall_s: float                # the step as the server saw it
+    batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's sample count n
 
 
 class ExchangeServer:
@@ -85,10 +107,13 @@ class ExchangeServer:
         param_count: length of the flat gradient vector.
         wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
         welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
+        splits: re-splits already in force or announced, as (from_step, batch sizes), in step
+            order (a resumed run's, from its checkpoint); boards learn them in their welcome.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
-                 welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6) -> None:
+                 welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6,
+                 splits: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
@@ -105,6 +130,12 @@ class ExchangeServer:
         self._server_sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._recent_s: list[float] = []
+        self._global_batch = sum(b for _, b in boards)
+        self._splits: list[dict[str, Any]] = []
+        self._unsent_split: dict[str, Any] | None = None  # goes out in the next avg frame
+        self._next_avg_step: int | None = None            # the step of the next avg frame to be built
+        for from_step, sizes in splits:
+            self._splits.append(self._checked_split(from_step, sizes))
         self.bytes_in = 0
         self.bytes_out = 0
         self.finished = False  # set by the driver after the last step
@@ -148,9 +179,7 @@ class ExchangeServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for board in self.boards.values():
-            if board.sock is not None:
-                board.sock.close()
-                board.sock = None
+            self._disconnect(board)
         if self._server_sock is not None:
             self._server_sock.close()
 
@@ -201,23 +230,32 @@ class ExchangeServer:
             return None
         assert board is not None
         async with self._boundary:
-            if board.sock is not None:  # a reconnect replaces the old connection
-                board.sock.close()
+            self._disconnect(board)  # a reconnect replaces the old connection
             next_step, model_state, optimizer_state = self._welcome_state()
             if self._step is None:
                 self._step = next_step
             board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
             board.grad = None
-            board.may_read.set()
-            self.bytes_out += await async_send_frame(loop, conn, {"type": "welcome", "step": next_step,
-                                                                  "model": model_state, "optimizer": optimizer_state})
+            welcome = {"type": "welcome", "step": next_step, "model": model_state, "optimizer": optimizer_state}
+            splits = self.splits_from(next_step)
+            if splits:
+                welcome["splits"] = splits
+            self.bytes_out += await async_send_frame(loop, conn, welcome)
         log.info("exchange: board %s joined from %s at step %d", board.board_id, peer, next_step)
         self._changed.set()
         return board
 
-    def _gone(self, board: _Board, reason: str, *, quiet: bool = False) -> None:
+    def _disconnect(self, board: _Board) -> None:
+        """Stop reading the board's connection (before its descriptor is closed), then close it."""
+        if board.reader is not None:
+            board.reader.stop()
+            board.reader = None
         if board.sock is not None:
             board.sock.close()
+            board.sock = None
+
+    def _gone(self, board: _Board, reason: str, *, quiet: bool = False) -> None:
+        self._disconnect(board)
         board.sock, board.welcomed, board.grad, board.gone_reason = None, False, None, reason
         if quiet:  # boards close their connection once they have taken the last step
             return
@@ -261,18 +299,82 @@ class ExchangeServer:
             except asyncio.TimeoutError:
                 pass
 
+    # --- re-splitting the global batch ----------------------------------------------------
+    def _checked_split(self, from_step: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
+        sizes = [int(b) for b in batch_sizes]
+        if len(sizes) != len(self.boards) or min(sizes) < 1 or sum(sizes) != self._global_batch:
+            raise ExchangeError(f"re-split {sizes} must give each of the {len(self.boards)} boards at least one "
+                                f"sample and keep the global batch of {self._global_batch}")
+        if self._splits and from_step < self._splits[-1]["from_step"]:
+            raise ExchangeError(f"a re-split from step {from_step} would come before the one from step "
+                                f"{self._splits[-1]['from_step']}")
+        return {"from_step": int(from_step), "batch_sizes": sizes}
+
+    @property
+    def next_split_step(self) -> int:
+        """The step a split announced now takes effect at (the next avg frame's step + the lead)."""
+        next_avg = self._next_avg_step if self._next_avg_step is not None else self._step
+        return (next_avg or 0) + SPLIT_LEAD_STEPS
+
+    def announce_split(self, batch_sizes: Sequence[int]) -> int:
+        """Re-divide the global batch among the boards (by board index) from :attr:`next_split_step` on.
+
+        The split travels in the next ``avg`` frame and in later boards' welcomes. Returns the step
+        it takes effect at.
+
+        Raises:
+            ExchangeError: the sizes change the global batch or the number of boards, or leave a board empty.
+        """
+        split = self._checked_split(self.next_split_step, batch_sizes)
+        if self._splits and self._splits[-1]["from_step"] == split["from_step"]:
+            self._splits.pop()  # announced twice between two steps: the later one wins
+        self._splits.append(split)
+        self._unsent_split = split
+        log.info("exchange: batch sizes %s from step %d", split["batch_sizes"], split["from_step"])
+        return int(split["from_step"])
+
+    @property
+    def splits(self) -> list[dict[str, Any]]:
+        """Every split announced (or restored), in step order, as ``{"from_step", "batch_sizes"}``."""
+        return [dict(s) for s in self._splits]
+
+    def splits_from(self, step: int) -> list[dict[str, Any]]:
+        """The splits a board starting at ``step`` needs: the one in force then, and any later ones."""
+        first = 0
+        for i, split in enumerate(self._splits):
+            if split["from_step"] <= step:
+                first = i
+        return [dict(s) for s in self._splits[first:]]
+
+    def batch_sizes_at(self, step: int) -> list[int]:
+        """Every board's batch size at ``step``, by board index."""
+        sizes = [b.batch_size for b in sorted(self.boards.values(), key=lambda b: b.index)]
+        for split in self._splits:
+            if split["from_step"] <= step:
+                sizes = list(split["batch_sizes"])
+        return sizes
+
     # --- steps ----------------------------------------------------------------------------
     async def _read_grads(self, loop: asyncio.AbstractEventLoop, board: _Board) -> None:
-        sock = board.sock
-        assert sock is not None
-        while board.sock is sock:
-            await board.may_read.wait()  # the last gradient (a view into the buffer) is reduced first
-            frame = await async_recv_frame(loop, sock, board.buffer)
-            try:
-                self._accept_grad(board, frame)
-            finally:
-                del frame  # drop our views into the buffer, so that it can grow for the next frame
-            self._arrived.set()
+        """Read the board's gradients until its connection ends; raises why it ended.
+
+        Frames are read in event-loop callbacks (``FrameReader``): no task wakes per frame. A kept
+        gradient is a view into the board's buffer, so reading pauses until the step is reduced.
+        """
+        assert board.sock is not None
+        reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame))
+        board.reader = reader
+        reader.resume()
+        reason = await reader.done
+        if board.reader is reader:
+            board.reader = None
+        raise reason
+
+    def _on_frame(self, board: _Board, frame: dict[str, Any]) -> bool:
+        """A frame arrived from ``board``; returns whether to read on (not while its gradient is kept)."""
+        self._accept_grad(board, frame)
+        self._arrived.set()
+        return board.grad is None
 
     def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
         """Keep a board's gradient for the current step, or flag why not."""
@@ -303,7 +405,6 @@ class ExchangeServer:
         loss, compute = frame.get("loss"), frame.get("compute_s")
         board.loss = float(loss) if isinstance(loss, (int, float)) else None
         board.compute_s = float(compute) if isinstance(compute, (int, float)) else None
-        board.may_read.clear()  # ``grad`` is a view into the buffer: read again after the reduce
 
     def _pending(self) -> list[_Board]:
         return [b for b in self.boards.values() if b.welcomed and b.answered_step != self._step]
@@ -328,9 +429,13 @@ class ExchangeServer:
             for i, (grad, n) in enumerate(grads):
                 target = acc if i == 0 else tmp
                 part = grad[start:end]
-                np.copyto(target, from_bf16_bits(part) if part.dtype == np.uint16 else part)
-                squares[i] += float(np.dot(target, target))
-                target *= np.float32(n)
+                if part.dtype == np.float32:  # read in place: no widening copy
+                    squares[i] += float(np.dot(part, part))
+                    np.multiply(part, np.float32(n), out=target)
+                else:
+                    np.copyto(target, from_bf16_bits(part) if part.dtype == np.uint16 else part)
+                    squares[i] += float(np.dot(target, target))
+                    target *= np.float32(n)
                 if i:
                     acc += tmp
             acc /= scale
@@ -373,7 +478,7 @@ class ExchangeServer:
         wall = time.monotonic() - started
         self._recent_s.append(wall)
         result = StepResult(step=step, n_total=total, loss=loss, contributors=[b.board_id for b in kept], late=late,
-                            refused=refused, compute_s=compute, wall_s=wall)
+                            refused=refused, compute_s=compute, wall_s=wall, batch_sizes={b.board_id: b.n for b in kept})
         return result, self._sum
 
     def _to_wire(self, avg: np.ndarray) -> np.ndarray:
@@ -425,18 +530,22 @@ class ExchangeServer:
                 timer.cancel()
             result, avg = self._reduce(step, started)
             wire = self._to_wire(avg)
-            segments = frame_segments({"type": "avg", "step": step, "n": result.n_total,
-                                       "boards": len(result.contributors), "g": encode_array(wire)})  # encoded once
+            frame = {"type": "avg", "step": step, "n": result.n_total, "boards": len(result.contributors),
+                     "g": encode_array(wire)}
+            if self._unsent_split is not None:
+                frame["split"], self._unsent_split = self._unsent_split, None
+            self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
+            segments = frame_segments(frame)  # encoded once
             targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
-            sends = [async_send_segments(loop, b.sock, segments) for b in targets]  # type: ignore[arg-type]
-            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            outcomes = await send_to_all(loop, [b.sock for b in targets], segments)  # type: ignore[misc]
             self._step = step + 1  # a fast board may send the next step's gradient right away
             for board, outcome in zip(targets, outcomes):
                 if isinstance(outcome, BaseException):
                     self._gone(board, f"could not receive the step's result ({outcome})")
                 else:
                     self.bytes_out += outcome
-                board.may_read.set()
+                if board.reader is not None:
+                    board.reader.resume()  # its gradient is reduced: read the next one
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
             apply(self.wire_to_float32(wire))
         return result

@@ -22,6 +22,10 @@ examples:
 The run directory (runs/<run-id>/ unless --run-dir) holds config.json, metrics.jsonl (one line per
 applied step), checkpoint.pt, result.json and, when the run completes, model.pt (a plain state_dict).
 Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues from.
+
+When a board's time per sample drifts by more than --rebalance-threshold (a Pi throttling under
+heat), the batch sizes are re-balanced at a step boundary with the same global batch: a note
+"step N: re-balancing from step M: ..." and a "rebalance" entry in that step's metrics.jsonl line.
 """
 
 
@@ -52,9 +56,19 @@ def add_train_parser(sub: Any) -> None:
                    help="a board later than max(S, 5x the median step) is left out of that step (default 10)")
     p.add_argument("--exchange-host", default="", help="address the boards connect to (default: this machine's address towards the broker)")
     p.add_argument("--exchange-port", type=int, default=0, help="TCP port of the gradient exchange (default: any free port)")
+    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
+                   help="move samples between boards when one's speed drifts, keeping the global batch (default on; "
+                        "global data mode only)")
+    p.add_argument("--rebalance-threshold", type=float, default=0.15, metavar="FRACTION",
+                   help="relative change of a board's time per sample that counts as drift (default 0.15); raise it "
+                        "if the notes show re-balancing back and forth on a noisy fleet")
+    p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
     p.add_argument("--fleet-key", metavar="FILE", help="HMAC key that signs commands (default: [security] fleet_key_file)")
+    from coordinator.auto_train import add_auto_args
+
+    add_auto_args(p)
 
 
 def parse_batches(text: str, boards: list[str]) -> list[int]:
@@ -71,16 +85,25 @@ def parse_batches(text: str, boards: list[str]) -> list[int]:
     return values
 
 
-def _online_trainers(broker: Any) -> list[str]:
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+def parse_force_split(text: str, batches: list[int]) -> dict[str, Any]:
+    """``--force-split STEP:B,B,…`` (a test hook) as ``{"from_step": STEP, "batch_sizes": [...]}``."""
+    from coordinator.exchange import SPLIT_LEAD_STEPS
 
-    with monitor_fleet(broker) as view:
-        wait_for_snapshot(view, timeout_s=1.0)
-        rows = view.rows()
-    return [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
+    step_text, _, sizes_text = text.partition(":")
+    try:
+        from_step, sizes = int(step_text), [int(v) for v in sizes_text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--force-split {text!r}: use STEP:B,B,…, e.g. 8:16,16,16") from None
+    if len(sizes) != len(batches) or min(sizes, default=0) < 1 or sum(sizes) != sum(batches):
+        raise ConfigError(f"--force-split {text!r}: give each of the {len(batches)} boards at least one sample, "
+                          f"{sum(batches)} in all (the global batch)")
+    if from_step <= SPLIT_LEAD_STEPS:
+        raise ConfigError(f"--force-split {text!r}: a re-split can start at step {SPLIT_LEAD_STEPS + 1} at the earliest")
+    return {"from_step": from_step, "batch_sizes": sizes}
 
 
 def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
+    from coordinator.fleet_select import online_trainers
     from coordinator.training import TrainSpec
     from workloads.registry import build_dataset, parse_options
     from workloads.sharding import GlobalBatchPlan
@@ -90,12 +113,17 @@ def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
         if not config.exists():
             raise ConfigError(f"{args.resume} is not a run directory (no config.json); give the folder train printed")
         return TrainSpec.from_json(json.loads(config.read_text())), args.resume
-    boards = [b for b in (args.boards or "").split(",") if b] or _online_trainers(broker)
+    boards = [b for b in (args.boards or "").split(",") if b] or online_trainers(broker)
     if not boards:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     if len(set(boards)) != len(boards):
         raise ConfigError(f"--boards names a board twice: {args.boards}")
     batches = parse_batches(args.batch, boards)
+    if not args.rebalance_threshold > 0:
+        raise ConfigError(f"--rebalance-threshold {args.rebalance_threshold}: use a fraction above 0, e.g. 0.15")
+    force_split = parse_force_split(args.force_split, batches) if args.force_split else None
+    if force_split is not None and args.data_mode != "global":
+        raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
     dataset_options = parse_options(args.dataset_options)
     dataset = build_dataset(args.dataset, "train", dataset_options)
     if args.data_mode == "global":
@@ -111,13 +139,21 @@ def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
                      total_steps=total, steps_per_epoch=steps_per_epoch, seed=args.seed, lr=args.lr,
                      wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
                      checkpoint_every=args.checkpoint_every, step_timeout_s=args.step_timeout,
-                     exchange_host=args.exchange_host, exchange_port=args.exchange_port)
+                     exchange_host=args.exchange_host, exchange_port=args.exchange_port, rebalance=args.rebalance,
+                     rebalance_threshold=args.rebalance_threshold, force_split=force_split)
     return spec, args.run_dir or Path("runs") / run_id
 
 
 def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, resume: bool) -> int:
     """Run with a progress bar; print the summary table. Returns the exit code."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from coordinator.render import make_console, summary_line, summary_table
     from coordinator.training import StepView, TrainingRun
@@ -155,6 +191,10 @@ def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.auto:
+        from coordinator.auto_train import run_auto
+
+        return run_auto(args)
     from coordinator.config import load_coordinator_config
     from protocol.address import parse_host_port
     from protocol.signing import load_fleet_key

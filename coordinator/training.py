@@ -3,6 +3,14 @@ the replica, checkpoints and metrics, and end with a result the user can read an
 
 Ctrl-C (or SIGTERM) stops at a step boundary: the boards are told to stop, the checkpoint holds the
 last applied step, and ``edge-coordinator train --resume RUN_DIR`` continues from there.
+
+Adapting during training (global data mode, two boards or more, ``--rebalance``): every step's
+per-board compute times go to a :class:`~coordinator.planning.rebalance.Rebalancer`; when a board's
+time per sample drifts past the threshold it proposes new batch sizes with the same sum, which the
+exchange announces for a step two steps ahead. That step's record in ``metrics.jsonl`` gets a
+``"rebalance"`` entry (old and new sizes, the drift, the step they apply from) and the user a note.
+The global batch of every step is unchanged, so the trained model is too (up to fp32 summation
+order). The splits are part of the checkpoint: a resumed run keeps the one in force.
 """
 
 from __future__ import annotations
@@ -23,18 +31,28 @@ from typing import Any
 import torch
 
 from coordinator.board_channel import BoardChannel
-from coordinator.checkpoints import (MetricsLog, atomic_torch_save, atomic_write_json, load_checkpoint,
-                                     save_checkpoint)
+from coordinator.checkpoints import (
+    MetricsLog,
+    atomic_torch_save,
+    atomic_write_json,
+    load_checkpoint,
+    save_checkpoint,
+)
 from coordinator.exchange import ExchangeError, ExchangeServer, StepResult
+from coordinator.fleet_select import check_boards_ready
+from coordinator.planning.rebalance import Rebalancer
 from coordinator.replica import Replica
 from protocol.codec import encode_value
-from protocol.errors import ConfigError, EdgeTrainError
+from protocol.errors import ConfigError
 from protocol.jobs import StopCommand, TrainCommand
 from protocol.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch and Lightning
+# The first steps after a (re)start are slow (allocations, caches, Lightning's first-batch work):
+# they would make a poor reference for the rebalancer, so it starts watching after them.
+REBALANCE_WARMUP_STEPS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +77,9 @@ class TrainSpec:
     step_timeout_s: float = 10.0
     exchange_host: str = ""
     exchange_port: int = 0
+    rebalance: bool = True               # re-balance batch sizes when a board's speed drifts
+    rebalance_threshold: float = 0.15    # relative change of a board's time per sample that counts as drift
+    force_split: dict[str, Any] | None = None  # test hook: {"from_step": s, "batch_sizes": [...]}, announced in time
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,6 +105,7 @@ class StepView:
     board_compute_s: dict[str, float]
     late: list[str]
     refused: dict[str, str]
+    batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's samples this step
 
 
 @dataclass
@@ -103,6 +125,67 @@ def exchange_host_for(broker: BrokerSettings) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "0.0.0.0"
+
+
+class _Adaptation:
+    """The batch split in force, the rebalancer that changes it, and the forced split of ``force_split``.
+
+    Args:
+        spec: The run.
+        splits: Splits already announced (a resumed run's, from its checkpoint), in step order.
+        first_step: The step this (possibly resumed) run starts at.
+    """
+
+    def __init__(self, spec: TrainSpec, splits: list[dict[str, Any]], first_step: int) -> None:
+        self.spec = spec
+        self.splits = [{"from_step": int(s["from_step"]), "batch_sizes": [int(b) for b in s["batch_sizes"]]} for s in splits]
+        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
+        self.watch_from = first_step + REBALANCE_WARMUP_STEPS
+        self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
+        self.records: list[dict[str, Any]] = []
+
+    def _rebalancer(self, sizes: list[int]) -> Rebalancer:
+        return Rebalancer(dict(zip(self.spec.boards, sizes)), threshold=self.spec.rebalance_threshold)
+
+    def latest(self) -> list[int]:
+        """The newest split's sizes (possibly not in force yet), by board index."""
+        return list(self.splits[-1]["batch_sizes"]) if self.splits else list(self.spec.batch_sizes)
+
+    def at(self, step: int) -> list[int]:
+        """The batch sizes in force at ``step``, by board index."""
+        sizes = list(self.spec.batch_sizes)
+        for split in self.splits:
+            if split["from_step"] <= step:
+                sizes = list(split["batch_sizes"])
+        return sizes
+
+    def after_step(self, r: StepResult, exchange: ExchangeServer) -> dict[str, Any] | None:
+        """Feed step ``r`` to the rebalancer; announce a new split if it (or the test hook) asks. The record, if so."""
+        forced = self.spec.force_split
+        if forced is not None and exchange.next_split_step == int(forced["from_step"]):
+            sizes = [int(b) for b in forced["batch_sizes"]]
+            record = self._announce(r.step, sizes, exchange, drift={}, message="forced re-split (test hook)")
+            if self.enabled:
+                self.rebalancer = self._rebalancer(sizes)  # a fresh reference at the new sizes
+            return record
+        if self.rebalancer is None or r.step < self.watch_from or set(r.contributors) != set(self.spec.boards):
+            return None  # steps some board missed say little about the fleet's balance
+        decision = self.rebalancer.observe(r.compute_s, step=r.step, batch_sizes=r.batch_sizes)
+        if decision is None:
+            return None
+        sizes = [decision.new_batch_sizes[b] for b in self.spec.boards]
+        return self._announce(r.step, sizes, exchange, drift={b: round(d, 4) for b, d in decision.drift.items()},
+                              message=decision.message, current_step_s=round(decision.current_step_s, 6),
+                              predicted_step_s=round(decision.predicted_step_s, 6))
+
+    def _announce(self, step: int, sizes: list[int], exchange: ExchangeServer, **why: Any) -> dict[str, Any]:
+        old = self.latest()
+        from_step = exchange.announce_split(sizes)
+        self.splits = [s for s in self.splits if s["from_step"] != from_step] + [{"from_step": from_step, "batch_sizes": sizes}]
+        record = {"step": step, "from_step": from_step, "old_batch_sizes": dict(zip(self.spec.boards, old)),
+                  "new_batch_sizes": dict(zip(self.spec.boards, sizes)), **why}
+        self.records.append(record)
+        return record
 
 
 class TrainingRun:
@@ -126,17 +209,20 @@ class TrainingRun:
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
         self.elapsed_before_s = 0.0
+        splits: list[dict[str, Any]] = []
         if resume:
             state = load_checkpoint(run_dir)
             self.replica.load_state_dict(state["replica"])
             torch.set_rng_state(state["torch_rng"])
             self.val_accuracy, self.val_loss = state.get("val_accuracy"), state.get("val_loss")
             self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
+            splits = list(state.get("splits", []))
             MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(run_dir / "config.json", spec.to_json())
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
 
@@ -146,7 +232,7 @@ class TrainingRun:
     def _checkpoint(self, elapsed_s: float) -> None:
         save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
-                                       "elapsed_s": elapsed_s})
+                                       "elapsed_s": elapsed_s, "splits": self.adapt.splits})
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = self.replica.wire_state()
@@ -170,16 +256,21 @@ class TrainingRun:
         exchange = ExchangeServer(job_id=self.spec.run_id, token=token,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
-                                  welcome_state=self._welcome_state)
+                                  welcome_state=self._welcome_state,
+                                  splits=[(s["from_step"], s["batch_sizes"]) for s in self.adapt.splits])
         await channel.open()
         try:
-            await self._check_boards(channel)
+            await check_boards_ready(channel, self.spec.boards)
             host = self.spec.exchange_host or exchange_host_for(self.broker)
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
             for board, command in self._commands(advertised, port, token).items():
                 channel.send(board, command)
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
+            if self.spec.rebalance and self.spec.data_mode != "global" and len(self.spec.boards) > 1:
+                self.on_note("re-balancing is off: in local data mode each board's batch size is tied to its own data")
+            if self.adapt.splits and self.replica.step > 0:
+                self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
             await self._join(channel, exchange)
             return await self._steps(channel, exchange)
         finally:
@@ -190,23 +281,6 @@ class TrainingRun:
                 channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
             channel.close()
             self.metrics.close()
-
-    async def _check_boards(self, channel: BoardChannel) -> None:
-        await channel.wait_for_status()
-        problems = []
-        for board in self.spec.boards:
-            status = channel.status.get(board)
-            if status is None:
-                problems.append(f"board {board} has never reported on this broker (is its agent running with this board id?)")
-            elif status.state == "offline":
-                problems.append(f"board {board} is offline ({status.reason or 'unknown reason'}); start its agent or leave it out of --boards")
-            elif status.state == "busy":
-                problems.append(f"board {board} is busy with another job; wait for it or leave it out of --boards")
-            caps = channel.caps.get(board)
-            if caps is not None and not caps.training_available:
-                problems.append(f"board {board} has no torch/Lightning: pip install 'edgefleet[train]' there")
-        if problems:
-            raise EdgeTrainError("cannot start: " + "; ".join(problems))
 
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         need = set(self.spec.boards)
@@ -240,10 +314,14 @@ class TrainingRun:
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
             if epoch_end:
                 self.val_loss, self.val_accuracy = self.replica.evaluate(self.val_set)
-            self._record(result, elapsed)
+            rebalance = self.adapt.after_step(result, exchange)
+            if rebalance is not None:
+                self.on_note(_rebalance_note(rebalance))
+            self._record(result, elapsed, rebalance)
             self.on_step(StepView(step=step, total_steps=spec.total_steps, loss=result.loss, val_accuracy=self.val_accuracy,
                                   samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
-                                  board_compute_s=result.compute_s, late=result.late, refused=result.refused))
+                                  board_compute_s=result.compute_s, late=result.late, refused=result.refused,
+                                  batch_sizes=result.batch_sizes))
             if (step + 1) % spec.checkpoint_every == 0:
                 self._checkpoint(self.elapsed_before_s + elapsed)
         elapsed = time.monotonic() - started
@@ -257,10 +335,14 @@ class TrainingRun:
         atomic_write_json(self.run_dir / "result.json", result)
         return TrainOutcome(self.run_dir, result, interrupted)
 
-    def _record(self, r: StepResult, elapsed: float) -> None:
+    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None) -> None:
+        # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
+        # one line per applied step and a resume's truncation drops it with its step.
         record = {"step": r.step, "n": r.n_total, "loss": r.loss, "boards": r.contributors, "late": r.late,
-                  "refused": r.refused, "compute_s": r.compute_s, "wall_s": round(r.wall_s, 6),
-                  "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
+                  "refused": r.refused, "compute_s": r.compute_s, "batch_sizes": r.batch_sizes,
+                  "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
+        if rebalance is not None:
+            record["rebalance"] = rebalance
         if self.val_accuracy is not None and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
         self.metrics.write(record)
@@ -268,9 +350,11 @@ class TrainingRun:
 
     def _result(self, elapsed: float, samples: int, exchange: ExchangeServer, interrupted: bool) -> dict[str, Any]:
         per_board: dict[str, Any] = {}
+        final = self.adapt.at(max(self.replica.step - 1, 0))  # the sizes the last applied step ran with
         for i, board in enumerate(self.spec.boards):
             times = [h["compute_s"][board] for h in self.history if board in h["compute_s"]]
-            per_board[board] = {"batch_size": self.spec.batch_sizes[i], "steps_contributed": len(times),
+            per_board[board] = {"batch_size": final[i], "initial_batch_size": self.spec.batch_sizes[i],
+                                "steps_contributed": len(times),
                                 "median_compute_s": statistics.median(times) if times else None,
                                 "flags": self.flags.get(board, [])[:50]}
         return {"run_id": self.spec.run_id, "steps": self.replica.step, "total_steps": self.spec.total_steps,
@@ -279,7 +363,17 @@ class TrainingRun:
                 "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
-                "boards": per_board, "wire_dtype": self.spec.wire_dtype}
+                "boards": per_board, "wire_dtype": self.spec.wire_dtype,
+                "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
+                               for r in self.adapt.records]}
+
+
+def _rebalance_note(record: dict[str, Any]) -> str:
+    """The user's line for a re-balance, e.g. ``step 41: re-balancing from step 44: pi4-1 slowed 38% ...``."""
+    line = f"step {record['step']}: re-balancing from step {record['from_step']}: {record['message']}"
+    if "predicted_step_s" in record:
+        line += f" (compute per step {record['current_step_s']:.3f} s -> {record['predicted_step_s']:.3f} s predicted)"
+    return line
 
 
 __all__ = ["ExchangeError", "StepView", "TrainOutcome", "TrainSpec", "TrainingRun", "exchange_host_for"]

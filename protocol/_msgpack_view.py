@@ -11,6 +11,13 @@ out into a new ``bytes``. For a 45 MB gradient frame that is two extra passes ov
   slice of the input instead of a copy. It accepts exactly the msgpack types the frames use
   (nil, bool, int, float, str, bin, array, map with str keys), rejects ext types (Timestamp
   included), and enforces limits before building anything.
+
+  Inputs shorter than ``ZERO_COPY_MIN_BYTES`` (control frames, where no bin can be zero-copy)
+  go through msgpack's C unpacker first, about 4x faster than the walker. Its result must pass
+  the same rules (str keys, none repeated, no ext type, depth); anything it refuses or that
+  breaks a rule is decoded again by the walker, which names the problem. Either way the result,
+  and every error, is the same. (Larger inputs stay with the walker: the C unpacker would copy
+  every big bin into fresh memory, and the page faults cost more than the walk.)
 """
 
 from __future__ import annotations
@@ -109,7 +116,7 @@ def pack_segments(message: Any) -> list[BytesLike]:
 class _Reader:
     """Decodes one msgpack object from a read-only byte view; see :func:`unpack_view`."""
 
-    __slots__ = ("view", "end", "items")
+    __slots__ = ("end", "items", "view")
 
     def __init__(self, view: memoryview) -> None:
         self.view = view
@@ -137,7 +144,7 @@ class _Reader:
         if self.items > MAX_ITEMS:
             raise DecodeError(f"more than {MAX_ITEMS} array and map entries in one message")
 
-    def read(self, pos: int, depth: int) -> tuple[Any, int]:  # noqa: C901 - one branch per type
+    def read(self, pos: int, depth: int) -> tuple[Any, int]:
         """Decode the object at ``pos``; return it and the offset just past it."""
         if pos >= self.end:
             raise DecodeError(f"truncated message: expected a value at offset {pos}")
@@ -224,6 +231,51 @@ _FIXED_WIDTH = {0xCA: _F32, 0xCB: _F64, 0xCC: _U8, 0xCD: _U16, 0xCE: _U32, 0xCF:
                 0xD0: _I8, 0xD1: _I16, 0xD2: _I32, 0xD3: _I64}
 
 
+class _Refused(Exception):
+    """The C unpacker's result breaks a frame rule: the walker decodes it again and says which."""
+
+
+def _pairs(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs) or not all(type(k) is str for k in out):
+        raise _Refused
+    return out
+
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _plain_within(obj: Any, depth: int) -> bool:
+    """True if ``obj`` holds only frame types and nests at most ``MAX_DEPTH`` levels below ``depth``."""
+    values = obj.values() if type(obj) is dict else obj
+    if depth >= MAX_DEPTH:
+        return False
+    for value in values:
+        kind = type(value)
+        if kind is dict or kind is list:
+            if not _plain_within(value, depth + 1):
+                return False
+        elif kind not in _SCALARS:  # Timestamp, ExtType
+            return False
+    return True
+
+
+def _fast_unpack(view: memoryview) -> Any:
+    """msgpack's C unpacker with the walker's rules, or ``_Refused`` (the walker then decides)."""
+    try:
+        obj = msgpack.unpackb(view, raw=False, strict_map_key=False, object_pairs_hook=_pairs,
+                              max_str_len=MAX_STR_BYTES, max_bin_len=len(view), max_ext_len=0,
+                              max_array_len=MAX_CONTAINER_LEN, max_map_len=MAX_CONTAINER_LEN)
+    except (ValueError, msgpack.UnpackException, _Refused):  # malformed, truncated, extra bytes, ext, a rule
+        raise _Refused from None                                # broken: the walker names it
+    kind = type(obj)
+    if (kind is dict or kind is list) and not _plain_within(obj, 0):
+        raise _Refused
+    if kind not in _SCALARS and kind is not dict and kind is not list:
+        raise _Refused
+    return obj
+
+
 def unpack_view(data: BytesLike) -> Any:
     """Decode one msgpack object that must span all of ``data``.
 
@@ -238,6 +290,11 @@ def unpack_view(data: BytesLike) -> Any:
     view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
+    if len(view) < ZERO_COPY_MIN_BYTES:
+        try:
+            return _fast_unpack(view)
+        except _Refused:
+            pass
     reader = _Reader(view.toreadonly())
     obj, end = reader.read(0, 0)
     if end != len(view):
@@ -245,5 +302,13 @@ def unpack_view(data: BytesLike) -> Any:
     return obj
 
 
-__all__ = ["BytesLike", "MAX_CONTAINER_LEN", "MAX_DEPTH", "MAX_ITEMS", "MAX_STR_BYTES", "ZERO_COPY_MIN_BYTES",
-           "pack_segments", "unpack_view"]
+__all__ = [
+    "MAX_CONTAINER_LEN",
+    "MAX_DEPTH",
+    "MAX_ITEMS",
+    "MAX_STR_BYTES",
+    "ZERO_COPY_MIN_BYTES",
+    "BytesLike",
+    "pack_segments",
+    "unpack_view",
+]

@@ -10,14 +10,21 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
-from protocol.errors import DecodeError
-from protocol.framing import MAX_FRAME_BYTES, ConnectionClosed, decode_frame, encode_frame
+from protocol.errors import DecodeError, ProtocolError
+from protocol.framing import (
+    MAX_FRAME_BYTES,
+    ConnectionClosed,
+    decode_frame,
+    encode_frame,
+)
 
 _HEADER = struct.Struct(">I")
 
 
+_IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
 COALESCE_BELOW = 64 * 1024  # segments smaller than this are joined: one send (one TCP segment) instead of several
 
 
@@ -39,14 +46,73 @@ def frame_segments(message: dict[str, Any]) -> list[bytes | memoryview]:
     return out
 
 
+def _send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[memoryview]:
+    """Send what the socket takes at once, in one ``sendmsg`` per 1024 segments; return what is left.
+
+    A frame usually fits the socket's send buffer: one system call, one TCP push, and the
+    receiver wakes once for the whole frame instead of once per segment.
+    """
+    views = [memoryview(segment).cast("B") for segment in segments]
+    while views:
+        batch = views[:_IOV_MAX]
+        wanted = sum(view.nbytes for view in batch)
+        try:
+            sent = sock.sendmsg(batch)
+        except (BlockingIOError, InterruptedError):
+            return views
+        everything = sent == wanted
+        while sent:  # drop what went out, trim a partly sent segment
+            head = views[0].nbytes
+            if sent >= head:
+                sent -= head
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+        if not everything:
+            return views  # the send buffer is full: the caller waits for it to drain
+    return views
+
+
 async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.socket,
                               segments: list[bytes | memoryview]) -> int:
     """Send a frame from ``frame_segments``; returns the bytes sent."""
-    total = 0
-    for segment in segments:
-        await loop.sock_sendall(sock, segment)
-        total += memoryview(segment).nbytes
+    total = sum(memoryview(segment).nbytes for segment in segments)
+    for rest in _send_now(sock, segments):
+        await loop.sock_sendall(sock, rest)
     return total
+
+
+async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
+                      segments: list[bytes | memoryview]) -> list[int | BaseException]:
+    """Send one frame to every socket: bytes sent per socket, or the exception that socket raised.
+
+    Each socket first takes what it can at once; only sockets with bytes left are awaited, so
+    a round whose frames fit the send buffers costs no task and no wake-up.
+    """
+    total = sum(memoryview(segment).nbytes for segment in segments)
+    outcomes: list[int | BaseException] = []
+    waits: dict[int, list[memoryview]] = {}
+    for i, sock in enumerate(socks):
+        try:
+            rest = _send_now(sock, segments)
+        except OSError as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(total)
+        if rest:
+            waits[i] = rest
+
+    async def finish(sock: socket.socket, rest: list[memoryview]) -> None:
+        for view in rest:
+            await loop.sock_sendall(sock, view)
+
+    if waits:
+        done = await asyncio.gather(*(finish(socks[i], rest) for i, rest in waits.items()), return_exceptions=True)
+        for i, outcome in zip(waits, done):
+            if isinstance(outcome, BaseException):
+                outcomes[i] = outcome
+    return outcomes
 
 
 async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any]) -> int:
@@ -92,4 +158,90 @@ async def async_recv_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     return decode_frame(view)
 
 
-__all__ = ["ConnectionClosed", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments"]
+class FrameReader:
+    """Reads frames from a non-blocking socket in event-loop callbacks: no task, no future per frame.
+
+    The loop calls back when the socket is readable; the callback reads as much of the current
+    frame as has arrived (header, then body into ``buffer``, grown as needed), and hands each
+    complete frame to ``on_frame``. ``on_frame`` returns True to go on reading, or False to pause
+    because it keeps views into ``buffer``: :meth:`resume` once they are dropped. Reading ends
+    with :attr:`done` holding the reason: ``ConnectionClosed`` (between frames), ``DecodeError``
+    (truncated, oversized or malformed; also an exception ``on_frame`` raised) or ``OSError``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytearray,
+                 on_frame: Callable[[dict[str, Any]], bool], *, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._loop, self._sock, self.buffer, self._on_frame = loop, sock, buffer, on_frame
+        self._max_bytes = max_bytes
+        self._header = bytearray(_HEADER.size)
+        self._got = 0                  # bytes of the current header, then of the current body
+        self._size: int | None = None  # body size once the header is complete
+        self._watching = False
+        self.done: asyncio.Future[BaseException] = loop.create_future()
+
+    def resume(self) -> None:
+        """Start or go on reading (after ``on_frame`` returned False and its views are gone)."""
+        if not self._watching and not self.done.done():
+            self._watching = True
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def stop(self, reason: BaseException | None = None) -> None:
+        """Stop reading for good; ``done`` gets ``reason`` (ConnectionClosed by default)."""
+        self._pause()
+        if not self.done.done():
+            self.done.set_result(reason or ConnectionClosed("reading stopped"))
+
+    def _pause(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            while self._watching:
+                if not self._read_some():
+                    return  # nothing more has arrived yet: wait for the next callback
+        except (ProtocolError, OSError) as exc:  # ConnectionClosed, DecodeError, a socket error
+            self.stop(exc)
+        except Exception as exc:  # noqa: BLE001 - on_frame failed: end this connection, never the loop
+            self.stop(DecodeError(f"{type(exc).__name__}: {exc}"))
+
+    def _read_some(self) -> bool:
+        """Read once; True if a frame completed or more may be readable at once."""
+        if self._size is None:
+            target = memoryview(self._header)[self._got:]
+        else:
+            target = memoryview(self.buffer)[self._got:self._size]
+        try:
+            n = self._sock.recv_into(target)
+        except (BlockingIOError, InterruptedError):
+            return False
+        finally:
+            target.release()
+        if n == 0:
+            if self._size is None and self._got == 0:
+                raise ConnectionClosed("the peer closed the connection")
+            raise DecodeError(f"truncated frame: the peer closed after {self._got} bytes of "
+                              f"{'the header' if self._size is None else f'a {self._size}-byte frame'}")
+        self._got += n
+        if self._size is None:
+            if self._got < _HEADER.size:
+                return True
+            (size,) = _HEADER.unpack(self._header)
+            if size == 0 or size > self._max_bytes:
+                raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
+            if len(self.buffer) < size:
+                self.buffer.extend(bytes(size - len(self.buffer)))  # only while no views are alive (paused)
+            self._size, self._got = size, 0
+            return True
+        if self._got < self._size:
+            return True
+        frame = decode_frame(memoryview(self.buffer)[:self._size])
+        self._size, self._got = None, 0
+        if not self._on_frame(frame):
+            self._pause()
+        return True
+
+
+__all__ = ["ConnectionClosed", "FrameReader", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments",
+           "send_to_all"]

@@ -1,4 +1,7 @@
-"""Training jobs on the control plane: the command a board is given and the events it sends back.
+"""Jobs on the control plane: the commands a board is given and the events it sends back.
+
+``train`` starts (or joins) a training job, ``profile`` measures the board for the planner
+(step times at several batch sizes, power, peak memory, link throughput), ``stop`` ends a job.
 
 Commands travel signed (``protocol.signing``) on ``…/boards/<id>/cmd``; events travel as msgpack
 on ``…/boards/<id>/events``. Both are plain maps validated into these dataclasses, so a malformed
@@ -8,6 +11,7 @@ or hostile message is refused with a message that names the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +25,16 @@ WIRE_DTYPES = ("float32", "float16", "bfloat16")
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
 MAX_EVENT_BYTES = 64 * 1024
+MAX_PROFILE_BATCH_SIZES = 32        # each one is a full Trainer run on the board
+MAX_PROBE_BYTES = 256 * 1024 * 1024  # per direction of the link probe
+_DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
+# The link probe a profile job runs against the coordinator (TCP, ``protocol.framing`` frames
+# around raw payload bytes). Board -> ``probe-hello`` {v, job_id, board_id, token, bytes}; the
+# coordinator answers ``go`` when the board's turn comes (one board at a time) or ``error``;
+# the board sends ``bytes`` raw bytes, the coordinator answers ``got``; the board sends ``down``
+# and receives ``bytes`` raw bytes; then either ``done``, or ``aggregate`` (every board uploads
+# ``bytes`` again at once, answered by ``got``) followed by ``done``.
+PROBE_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,18 +104,91 @@ class StopCommand:
         return message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
 
 
-def command_from_dict(data: Any) -> TrainCommand | StopCommand:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileCommand:
+    """Measure this board for the planner. The body of a signed ``profile`` command.
+
+    The board trains ``model`` for ``warmup_steps + timed_steps`` real steps at each batch size
+    (ascending), then reports one ``finished`` event whose ``data`` holds the step times, peak
+    memory, power and link throughput. With ``probe_bytes`` > 0 it first uploads and downloads
+    that many bytes to the coordinator's probe endpoint; 0 skips the probe.
+    """
+
+    kind: str = "profile"
+    job_id: str                     # every event names it
+    board_id: str                   # the addressee: a board refuses a command meant for another
+    model: str                      # built-in name, import path "pkg.mod:Class" or entry point
+    model_options: dict[str, Any] = field(default_factory=dict)
+    dataset: str
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    batch_sizes: list[int]          # at least two distinct sizes; measured in ascending order
+    warmup_steps: int = 3           # steps run before timing starts, at each batch size
+    timed_steps: int = 8            # steps whose median period is the step time
+    seed: int = 0                   # initial weights and the sampled batches
+    threads: int = 0                # torch threads on the board; 0 = torch's default
+    probe_host: str                 # the coordinator's link-probe endpoint
+    probe_port: int
+    probe_token: str                # per-profile secret the board shows to the probe endpoint
+    probe_bytes: int = 4_000_000    # bytes up and then down; 0 = no probe
+    schema_version: int = JOB_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.kind != "profile":
+            raise ValueError(f"kind {self.kind!r} is not 'profile'")
+        if any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) < 2:
+            raise ValueError(f"batch_sizes {self.batch_sizes} must hold at least two distinct sizes, each >= 1 "
+                             "(a line is fitted through them)")
+        if len(self.batch_sizes) > MAX_PROFILE_BATCH_SIZES:
+            raise ValueError(f"batch_sizes has {len(self.batch_sizes)} entries; at most {MAX_PROFILE_BATCH_SIZES}")
+        if not 0 <= self.warmup_steps <= 10_000 or not 1 <= self.timed_steps <= 10_000:
+            raise ValueError(f"warmup_steps = {self.warmup_steps} must be 0-10000 and timed_steps = "
+                             f"{self.timed_steps} must be 1-10000")
+        if self.threads < 0:
+            raise ValueError(f"threads = {self.threads} must be >= 0")
+        if not 0 < self.probe_port < 65536:
+            raise ValueError(f"probe_port {self.probe_port} is outside 1-65535")
+        if not 0 <= self.probe_bytes <= MAX_PROBE_BYTES:
+            raise ValueError(f"probe_bytes = {self.probe_bytes} must be 0-{MAX_PROBE_BYTES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProfileCommand:
+        return message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
+
+
+Command = TrainCommand | ProfileCommand | StopCommand
+COMMAND_KINDS = {"train": TrainCommand, "profile": ProfileCommand, "stop": StopCommand}
+
+
+def command_from_dict(data: Any) -> TrainCommand | ProfileCommand | StopCommand:
     """The command a verified body describes.
 
     Raises:
         DecodeError: unknown kind or invalid fields.
     """
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind == "train":
-        return TrainCommand.from_dict(data)
-    if kind == "stop":
-        return StopCommand.from_dict(data)
-    raise DecodeError(f"unknown command kind {kind!r}; this agent understands 'train' and 'stop'")
+    message_class = COMMAND_KINDS.get(kind) if isinstance(kind, str) else None
+    if message_class is None:
+        raise DecodeError(f"unknown command kind {kind!r}; this agent understands "
+                          f"{', '.join(repr(k) for k in COMMAND_KINDS)} (upgrade the agent?)")
+    return message_class.from_dict(data)  # type: ignore[no-any-return, attr-defined]
+
+
+def _plain_data(value: Any, depth: int = 0) -> bool:
+    """True for JSON-like data: str-keyed maps, lists, str, bool, None and finite numbers."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth >= _DATA_MAX_DEPTH:
+        return False
+    if isinstance(value, list):
+        return all(_plain_data(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_data(v, depth + 1) for k, v in value.items())
+    return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +203,7 @@ class JobEvent:
     loss: float | None = None
     compute_s: float | None = None  # the board's own time for its last step (forward + backward)
     ts: float | None = None
+    data: dict[str, Any] | None = None  # a job's result, e.g. a profile's measurements (JSON-like, nested)
     schema_version: int = JOB_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -133,7 +221,16 @@ class JobEvent:
             data = msgpack.unpackb(payload, max_str_len=MAX_EVENT_BYTES, max_bin_len=0, max_array_len=1000, max_map_len=100)
         except (ValueError, msgpack.UnpackException) as exc:
             raise DecodeError(f"JobEvent: not valid msgpack ({exc})") from None
-        return message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
+        # ``data`` is nested, which the flat field checks refuse: it is checked on its own.
+        result = data.pop("data", None) if isinstance(data, dict) else None
+        event = message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
+        if result is None:
+            return event
+        if not isinstance(result, dict) or not _plain_data(result):
+            raise DecodeError(f"JobEvent: field 'data' should be a map of plain values nested at most "
+                              f"{_DATA_MAX_DEPTH} deep with finite numbers, got {result!r:.60}")
+        return dataclasses.replace(event, data=result)
 
 
-__all__ = ["DATA_MODES", "WIRE_DTYPES", "JobEvent", "StopCommand", "TrainCommand", "command_from_dict"]
+__all__ = ["COMMAND_KINDS", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
+           "ProfileCommand", "StopCommand", "TrainCommand", "command_from_dict"]

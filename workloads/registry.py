@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import reprlib
 import typing
 from collections.abc import Callable, Mapping
@@ -171,6 +172,30 @@ def build_model(spec: str, input_shape: tuple[int, ...], num_classes: int,
         raise ConfigError(f"model {spec!r} with options {options} failed to build: {exc}") from exc
 
 
+PURE_DATASETS = ("digits", "synthetic")  # built from their options alone: safe to keep between jobs
+DATASET_CACHE_SIZE = 2                    # the train split of the last job or two
+_dataset_cache: dict[str, ClassificationDataset] = {}
+
+
+def build_dataset_cached(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> ClassificationDataset:
+    """:func:`build_dataset`, kept for the next job of a worker that stays (``[training] keep_worker``).
+
+    Only datasets that are a pure function of their options (:data:`PURE_DATASETS`) are kept; a
+    file on the board or a user's factory may change between jobs and is built anew every time.
+    Generating 40,000 synthetic samples takes seconds on a board limited to a tenth of a CPU.
+    """
+    if spec.strip() not in PURE_DATASETS:
+        return build_dataset(spec, split, options)
+    key = json.dumps([spec.strip(), split, dict(options or {})], sort_keys=True, default=str)
+    dataset = _dataset_cache.pop(key, None)
+    if dataset is None:
+        dataset = build_dataset(spec, split, options)
+    _dataset_cache[key] = dataset  # most recent last
+    while len(_dataset_cache) > DATASET_CACHE_SIZE:
+        del _dataset_cache[next(iter(_dataset_cache))]
+    return dataset
+
+
 def build_dataset(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> ClassificationDataset:
     """Construct split ``split`` of the dataset ``spec`` names.
 
@@ -319,4 +344,4 @@ def _parse_value(value: str) -> Any:
 
 
 __all__ = ["DATASET_GROUP", "MODEL_GROUP", "UserDatasetView", "available_datasets", "available_models",
-           "build_dataset", "build_model", "parse_options", "resolve_dataset", "resolve_model"]
+           "build_dataset", "build_dataset_cached", "build_model", "parse_options", "resolve_dataset", "resolve_model"]

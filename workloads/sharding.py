@@ -13,6 +13,13 @@ union of the boards' batches, but the global batch now depends on which boards t
 
 Steps are numbered globally from 0, so a plan needs no state: resuming at step ``t`` (from a
 checkpoint's data cursor) or re-splitting at a step boundary gives the same samples as never stopping.
+
+Re-splitting during a run (the coordinator re-balancing batch sizes when a board slows down) goes
+through a :class:`SplitSchedule`: the split of each step, the plan's own until the first
+:class:`Split` and each split from its ``from_step`` on. A :class:`BoardBatchSampler` asks the
+schedule for a step's indices only when the DataLoader draws that step, so a split announced
+before that moment takes effect exactly at its step; one announced later is refused
+(:class:`SplitError`), because the board would already hold the wrong samples.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ import functools
 import hashlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Sampler
 
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, ProtocolError
 
 
 def _epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:
@@ -136,6 +144,86 @@ class GlobalBatchPlan:
                 f"seed={self.seed}, drop_last={self.drop_last})")
 
 
+class SplitError(ProtocolError):
+    """A re-split this board cannot follow: it came too late (the board already drew that step's
+    samples), out of order, or with a different global batch or number of boards."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A re-division of every global batch among the boards, in force from ``from_step`` on."""
+
+    from_step: int                # the first global step that uses these sizes
+    batch_sizes: tuple[int, ...]  # by board index; the same sum as the plan's global batch
+
+
+class SplitSchedule:
+    """The split of every step: the plan's own, then each :class:`Split` from its ``from_step``.
+
+    Splits are added in increasing ``from_step`` order; adding a known split again is a no-op (a
+    board may learn of one both from its welcome and from the next step's result). The schedule
+    remembers the highest step whose indices it has handed out (``drawn_through``) and refuses a
+    split for that step or an earlier one.
+
+    Args:
+        plan: The initial plan (the job's batch sizes).
+    """
+
+    def __init__(self, plan: GlobalBatchPlan) -> None:
+        self.initial = plan
+        self._plans: list[tuple[Split, GlobalBatchPlan]] = []
+        self.drawn_through = -1
+
+    @property
+    def splits(self) -> list[Split]:
+        """The re-splits added so far, in order."""
+        return [split for split, _ in self._plans]
+
+    def add(self, from_step: int, batch_sizes: Sequence[int]) -> bool:
+        """Re-divide the global batch from ``from_step`` on; returns False if the split was known.
+
+        Raises:
+            SplitError: ``from_step`` was already drawn, comes before a later split, or the sizes
+                change the global batch or the number of boards.
+        """
+        split = Split(int(from_step), tuple(int(b) for b in batch_sizes))
+        if any(known == split for known, _ in self._plans):
+            return False
+        if split.from_step <= self.drawn_through:
+            raise SplitError(f"a re-split from step {split.from_step} arrived after this board drew the samples of "
+                             f"step {self.drawn_through}; the coordinator must announce it earlier")
+        if self._plans and split.from_step < self._plans[-1][0].from_step:
+            raise SplitError(f"a re-split from step {split.from_step} arrived after one from step "
+                             f"{self._plans[-1][0].from_step}: splits must come in step order")
+        if len(split.batch_sizes) != self.initial.num_boards or min(split.batch_sizes, default=0) < 1:
+            raise SplitError(f"re-split {list(split.batch_sizes)} must give each of the {self.initial.num_boards} "
+                             "boards at least one sample")
+        try:
+            plan = self.initial.with_split(split.batch_sizes)
+        except ConfigError as exc:
+            raise SplitError(str(exc)) from None
+        if self._plans and self._plans[-1][0].from_step == split.from_step:
+            self._plans.pop()  # a correction before the step was drawn
+        self._plans.append((split, plan))
+        return True
+
+    def plan_at(self, step: int) -> GlobalBatchPlan:
+        """The plan (the split) in force at ``step``."""
+        for split, plan in reversed(self._plans):
+            if split.from_step <= step:
+                return plan
+        return self.initial
+
+    def batch_sizes_at(self, step: int) -> tuple[int, ...]:
+        """Every board's batch size at ``step``."""
+        return self.plan_at(step).batch_sizes
+
+    def indices(self, step: int, board_index: int) -> list[int]:
+        """Board ``board_index``'s indices at ``step``; from now on ``step`` can no longer be re-split."""
+        self.drawn_through = max(self.drawn_through, step)
+        return self.plan_at(step).indices(step, board_index)
+
+
 class LocalBatchPlan:
     """One board's batches when each board holds its own data (documented, not split-invariant).
 
@@ -229,21 +317,38 @@ class StepBatchSampler(Sampler[list[int]]):
 class BoardBatchSampler(StepBatchSampler):
     """Board ``board_index``'s batches of a :class:`GlobalBatchPlan`, for ``DataLoader(batch_sampler=...)``.
 
+    Each step's indices come from the sampler's :class:`SplitSchedule` when the DataLoader draws
+    that step (lazily), so :meth:`resplit` changes this board's slice from a given step on.
+    Lightning's fetcher may draw one batch ahead of the step it trains (it does for loaders without
+    ``len()``): a split must be known before the board finishes the step two before it, which is
+    how early the exchange announces it.
+
     Args:
         plan: The fleet's plan.
         board_index: This board's position in ``plan.batch_sizes``.
         start_step: First global step (the checkpoint's data cursor when resuming).
         num_steps: Number of steps; default: to the end of ``start_step``'s epoch.
+        schedule: The split schedule to follow (default: a new one over ``plan``).
     """
 
-    def __init__(self, plan: GlobalBatchPlan, board_index: int, start_step: int = 0, num_steps: int | None = None) -> None:
+    def __init__(self, plan: GlobalBatchPlan, board_index: int, start_step: int = 0, num_steps: int | None = None,
+                 *, schedule: SplitSchedule | None = None) -> None:
         if not 0 <= board_index < plan.num_boards:
             raise IndexError(f"board_index {board_index} is outside 0..{plan.num_boards - 1}")
         if num_steps is None:
             num_steps = plan.steps_per_epoch - start_step % plan.steps_per_epoch
-        super().__init__(functools.partial(plan.indices, board_index=board_index), start_step, num_steps)
+        self.schedule = schedule if schedule is not None else SplitSchedule(plan)
+        super().__init__(functools.partial(self.schedule.indices, board_index=board_index), start_step, num_steps)
         self.plan = plan
         self.board_index = board_index
+
+    def resplit(self, from_step: int, batch_sizes: Sequence[int]) -> bool:
+        """Follow a re-split from ``from_step`` on (see :meth:`SplitSchedule.add`)."""
+        return self.schedule.add(from_step, batch_sizes)
+
+    def batch_size_at(self, step: int) -> int:
+        """This board's batch size at ``step``."""
+        return self.schedule.batch_sizes_at(step)[self.board_index]
 
 
 class LocalBatchSampler(StepBatchSampler):
@@ -262,4 +367,5 @@ class LocalBatchSampler(StepBatchSampler):
         self.plan = plan
 
 
-__all__ = ["BoardBatchSampler", "GlobalBatchPlan", "LocalBatchPlan", "LocalBatchSampler", "StepBatchSampler"]
+__all__ = ["BoardBatchSampler", "GlobalBatchPlan", "LocalBatchPlan", "LocalBatchSampler", "Split", "SplitError",
+           "SplitSchedule", "StepBatchSampler"]

@@ -269,18 +269,42 @@ def check_compatible(profile: FleetProfile, model_key: str, agent_versions: Mapp
                         f"(profiles are tied to one model variant and agent version).")
 
 
-def save_profiles(path: Path, profiles_by_variant: Mapping[str, FleetProfile]) -> None:
-    """Write the profile file atomically (a temporary file renamed over the old one)."""
-    doc = {"schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
-           "variants": {label: fleet.to_json() for label, fleet in profiles_by_variant.items()}}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileMeta:
+    """What a profile file as a whole measured; saved next to its variants."""
+
+    model: str                       # the model spec, as given to `edge-coordinator profile --model`
+    dataset: str
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    wire_dtype: str = "float32"      # the gradient dtype grad_bytes was counted for
+    batch_sizes: list[int] = field(default_factory=list)  # the batch sizes every board was measured at
+    created: str = ""                # ISO 8601 time the profile was taken, e.g. "2026-11-21T10:15:00+00:00"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "dataset": self.dataset, "dataset_options": dict(self.dataset_options),
+                "wire_dtype": self.wire_dtype, "batch_sizes": list(self.batch_sizes), "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProfileMeta:
+        fields = _known(data, ("model", "dataset", "dataset_options", "wire_dtype", "batch_sizes", "created"),
+                        "the profile's meta")
+        return cls(**fields)
+
+
+def save_profiles(path: Path, profiles_by_variant: Mapping[str, FleetProfile], meta: ProfileMeta | None = None) -> None:
+    """Write the profile file atomically (a temporary file renamed over the old one), with ``meta`` if given."""
+    doc: dict[str, Any] = {"schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
+                           "variants": {label: fleet.to_json() for label, fleet in profiles_by_variant.items()}}
+    if meta is not None:
+        doc["meta"] = meta.to_json()
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     log.debug("wrote %d profile variant(s) to %s", len(profiles_by_variant), path)
 
 
-def load_profiles(path: Path) -> dict[str, FleetProfile]:
-    """Read a profile file written by :func:`save_profiles`.
+def _read_profile_doc(path: Path) -> dict[str, Any]:
+    """The profile file's JSON document, checked for kind and schema version.
 
     Raises:
         PlanError: the file is missing, not JSON, another kind of file, or of another schema version.
@@ -296,10 +320,35 @@ def load_profiles(path: Path) -> dict[str, FleetProfile]:
     if doc.get("schema_version") != PROFILE_SCHEMA_VERSION:
         raise PlanError(f"{path} has profile schema_version {doc.get('schema_version')}, this edgefleet reads "
                         f"{PROFILE_SCHEMA_VERSION}; {REPROFILE_HINT}")
+    return doc
+
+
+def load_profiles(path: Path) -> dict[str, FleetProfile]:
+    """Read a profile file written by :func:`save_profiles`.
+
+    Raises:
+        PlanError: the file is missing, not JSON, another kind of file, or of another schema version.
+    """
+    doc = _read_profile_doc(path)
     try:
         return {label: FleetProfile.from_json(fleet) for label, fleet in doc["variants"].items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"{path} is malformed ({type(exc).__name__}: {exc}); {REPROFILE_HINT}") from exc
+
+
+def load_profile_meta(path: Path) -> ProfileMeta | None:
+    """The meta saved with the profile file (model, dataset, wire dtype, batch sizes, time), or None.
+
+    Raises:
+        PlanError: the file cannot be read (as :func:`load_profiles`) or its meta is malformed.
+    """
+    meta = _read_profile_doc(path).get("meta")
+    if meta is None:
+        return None
+    try:
+        return ProfileMeta.from_json(meta)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise PlanError(f"{path}: the profile's meta is malformed ({type(exc).__name__}: {exc}); {REPROFILE_HINT}") from exc
 
 
 def _known(data: Mapping[str, Any], names: tuple[str, ...], what: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from coordinator.planning.cost_model import (
     _estimate,
     allocate_batches,
     allocate_rows,
+    busy_energy,
     exact_makespan,
     fill_per_board,
     format_duration,
@@ -421,7 +422,9 @@ def _evaluate(label: str, fleet: FleetProfile, fa: FleetArrays, stats: SubsetSta
     code, room = row_feasibility(fa, stats, global_batch)
     bad = code != OK
     low, high = makespan_bounds(fa, stats, global_batch, table)
-    lb = row_figures(fa, stats, low, global_batch, count_idle=limits.count_idle)
+    # Energy bounds: computing above idle costs at least nothing and at most every participant
+    # computing until its gradient must leave (row_figures' default).
+    lb = row_figures(fa, stats, low, global_batch, count_idle=limits.count_idle, busy_j=np.zeros(count))
     ub = row_figures(fa, stats, high, global_batch, count_idle=limits.count_idle)
     for figures in (lb, ub):
         for name, v in figures.items():
@@ -451,7 +454,7 @@ def _refine_rows(block: Block, rows: np.ndarray, limits: Limits) -> None:
     k = min_max_split(fa.a, fa.c, masks, cap, block.global_batch, fa.grid(block.global_batch))
     makespan = exact_makespan(fa, masks, k)
     for name, v in row_figures(fa, block.stats, makespan, block.global_batch, count_idle=limits.count_idle,
-                                   rows=rows).items():
+                               rows=rows, busy_j=busy_energy(fa, masks, k)).items():
         block.lb[name][rows] = v
         block.ub[name][rows] = v
     block.exact[rows] = True

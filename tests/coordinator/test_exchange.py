@@ -14,6 +14,7 @@ import pytest
 from agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
 from coordinator.exchange import ExchangeError, ExchangeServer
 from protocol.codec import encode_value
+from protocol.errors import EdgeTrainError
 
 P = 1000  # parameters
 BOARDS = [("b0", 8), ("b1", 16), ("b2", 24)]
@@ -190,3 +191,91 @@ def test_port_in_use_is_a_clear_error() -> None:
 
         with pytest.raises(ExchangeError, match="--exchange-port"):
             _run(main())
+
+
+class SplitBoard(threading.Thread):
+    """A board that follows re-splits: its n at each step is its size in the split in force then."""
+
+    def __init__(self, board_id: str, port: int, steps: int) -> None:
+        super().__init__(daemon=True)
+        self.board_id, self.port, self.steps = board_id, port, steps
+        self.index = [b for b, _ in BOARDS].index(board_id)
+        self.welcome: dict[str, Any] = {}
+        self.announced: dict[int, tuple[int, list[int]]] = {}  # step whose result carried a split -> the split
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from agent.worker_exchange import welcome_splits
+
+        sizes_from = [(0, [n for _, n in BOARDS])]
+        try:
+            client = ExchangeClient("127.0.0.1", self.port)
+            self.welcome = client.hello(job_id="job", board_id=self.board_id, token="secret", param_count=P)
+            sizes_from += welcome_splits(self.welcome)
+            start = self.welcome["step"]
+            for step in range(start, start + self.steps):
+                n = [sizes for first, sizes in sizes_from if first <= step][-1][self.index]
+                client.exchange(step=step, grad=_grads(step)[self.board_id], n=n, loss=1.0, compute_s=0.01)
+                if client.split is not None:
+                    self.announced[step] = client.split
+                    sizes_from.append(client.split)
+            client.close()
+        except (EdgeTrainError, OSError) as exc:  # reported to the test through self.error
+            self.error = exc
+
+
+def test_a_resplit_travels_in_the_next_result_and_in_later_welcomes() -> None:
+    replica = {"step": 0}  # what the coordinator's replica would hand a joining board
+    applied: list[np.ndarray] = []
+
+    def apply(g: np.ndarray) -> None:
+        applied.append(g.copy())
+        replica["step"] += 1
+
+    async def main() -> tuple[list[Any], list[SplitBoard], Any]:
+        server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
+                                welcome_state=lambda: (replica["step"], encode_value({}), encode_value({})))
+        port = await server.start("127.0.0.1", 0)
+        early = [SplitBoard(b, port, 6) for b in ("b0", "b1")]
+        for board in early:
+            board.start()
+        await server.wait_for_boards(10, need={"b0", "b1"})
+        results = [await server.run_step(0, apply=apply, minimum_deadline_s=30)]
+        assert server.next_split_step == 3
+        assert server.announce_split([16, 16, 16]) == 3       # goes out with step 1's result
+        results.append(await server.run_step(1, apply=apply, minimum_deadline_s=30))
+        late = SplitBoard("b2", port, 4)                      # joins at step 2: learns the split in its welcome
+        late.start()
+        await server.wait_for_boards(10, need={"b0", "b1", "b2"})
+        for step in range(2, 6):
+            results.append(await server.run_step(step, apply=apply, minimum_deadline_s=30))
+        with pytest.raises(ExchangeError, match="keep the global batch of 48"):
+            server.announce_split([16, 16, 10])
+        in_force = server.splits_from(7)
+        await server.close()
+        return results, [*early, late], in_force
+
+    results, boards, in_force = _run(main())
+    assert not any(board.error for board in boards), [board.error for board in boards]
+    assert [board.announced for board in boards[:2]] == [{1: (3, [16, 16, 16])}] * 2
+    assert boards[2].welcome["step"] == 2 and boards[2].welcome["splits"] == [{"from_step": 3, "batch_sizes": [16, 16, 16]}]
+    assert "splits" not in boards[0].welcome and boards[2].announced == {}
+    assert [r.batch_sizes for r in results[:3]] == [{"b0": 8, "b1": 16}, {"b0": 8, "b1": 16}, {"b0": 8, "b1": 16, "b2": 24}]
+    assert all(r.batch_sizes == {"b0": 16, "b1": 16, "b2": 16} and r.n_total == 48 for r in results[3:])
+    assert in_force == [{"from_step": 3, "batch_sizes": [16, 16, 16]}]
+    g = _grads(4)  # after the change the reduce weighs each board by its new n
+    np.testing.assert_allclose(applied[4], sum(16 * g[b] for b, _ in BOARDS) / 48, atol=1e-6)
+
+
+def test_a_resumed_exchange_welcomes_boards_with_the_split_in_force() -> None:
+    server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
+                            welcome_state=lambda: (0, encode_value({}), encode_value({})),
+                            splits=[(4, [16, 16, 16]), (9, [4, 20, 24])])
+    assert server.splits_from(3) == server.splits == [{"from_step": 4, "batch_sizes": [16, 16, 16]},
+                                                       {"from_step": 9, "batch_sizes": [4, 20, 24]}]
+    assert server.splits_from(9) == [{"from_step": 9, "batch_sizes": [4, 20, 24]}]
+    assert server.splits_from(5) == server.splits_from(4) == server.splits
+    assert [server.batch_sizes_at(s) for s in (3, 4, 9)] == [[8, 16, 24], [16, 16, 16], [4, 20, 24]]
+    with pytest.raises(ExchangeError, match="would come before"):
+        ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
+                       welcome_state=lambda: (0, None, None), splits=[(9, [16, 16, 16]), (4, [16, 16, 16])])

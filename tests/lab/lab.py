@@ -124,11 +124,14 @@ class Lab:
         on_report: Called with every supervisor report (a board process that ended unasked).
         fleet_key_file: The HMAC key the agents verify the coordinator's commands with (their
             ``[security] fleet_key_file``); without one they refuse every command, as real boards do.
+        agent_settings: Extra TOML sections for every agent's config, e.g.
+            ``"[training]\nkeep_worker = true\n"`` (benchmarks that run hundreds of short jobs).
     """
 
     def __init__(self, fleet: Fleet, *, interval_s: float | None = None, keepalive_s: int | None = None,
                  start_agents: bool = True, logs_dir: Path | None = None,
-                 on_report: Callable[[Report], None] | None = None, fleet_key_file: Path | None = None) -> None:
+                 on_report: Callable[[Report], None] | None = None, fleet_key_file: Path | None = None,
+                 agent_settings: str = "") -> None:
         if fleet_key_file is not None and not agent_supports_fleet_key():
             raise ValueError("this edge-agent has no [security] section: it can't take a fleet key")
         self.fleet = fleet
@@ -136,6 +139,7 @@ class Lab:
         self.interval_s = interval_s or fleet.lab.telemetry_interval_s
         self.keepalive_s = keepalive_s or fleet.lab.keepalive_s
         self.start_agents = start_agents
+        self.agent_settings = agent_settings
         self.workdir = workdir()
         self.logs_dir = logs_dir or self.workdir / "logs"
         self.supervisor = Supervisor(on_report=on_report)
@@ -304,7 +308,8 @@ class Lab:
         return (f'board_id = "{spec.id}"\n'
                 f"[broker]\nkeepalive_s = {self.keepalive_s}\n"
                 f'[telemetry]\ninterval_s = {self.interval_s}\nsysfs_root = "{board.home / "sys"}"\n{cpu_scope}'
-                f'[power]\nsource = "estimated"\nidle_w = {spec.idle_w}\nmax_w = {spec.max_w}\n{security}')
+                f'[power]\nsource = "estimated"\nidle_w = {spec.idle_w}\nmax_w = {spec.max_w}\n{security}'
+                f"{self.agent_settings}")
 
     def start_agent(self, board_id: str) -> BoardProcess:
         """Start (or restart) the board's ``edge-agent`` under the supervisor."""

@@ -30,14 +30,16 @@ def test_estimate_by_hand() -> None:
     est = estimate(Candidate(boards=("a", "b"), batch_sizes=(40, 20), variant={}), _two_boards())
     # compute: a 0.1 + 0.4 = 0.5 s, b 0.1 + 0.4 = 0.5 s
     assert est.compute_s == pytest.approx((0.5, 0.5))
-    # exchange: a 1 MB/10 + 1 MB/10 = 0.2 s; b 1/5 + 1/10 = 0.3 s; coordinator 2 * 1 MB * 2 / 100 MB/s = 0.04 s
-    assert est.exchange_s == pytest.approx(0.3)
+    # gradient at the coordinator: a 0.5 + 1 MB / 10 MB/s = 0.6 s, b 0.5 + 1 MB / 5 MB/s = 0.7 s;
+    # then the average back: 1 MB / 10 MB/s = 0.1 s for both (coordinator 1 MB * 2 / 100 MB/s = 0.02 s)
+    assert est.exchange_s == pytest.approx(0.3)                  # 0.8 s step - 0.5 s compute
     assert est.step_time_s == pytest.approx(0.8)
     assert est.samples_per_s == pytest.approx(60 / 0.8)          # 75 samples/s
     assert est.epoch_time_s == pytest.approx(6000 / 75)          # 80 s
     assert est.power_w == pytest.approx(12.0)                    # 5 + 7, c idle not counted
-    assert est.energy_per_epoch_j == pytest.approx(960.0)        # 12 W * 80 s
-    assert est.edp_j_s == pytest.approx(960.0 * 80)
+    # energy per step: idle 4.5 W * 0.8 s, plus (active - idle) while computing 0.5 s: 3.6 + 3 * 0.5 + 4.5 * 0.5 J
+    assert est.energy_per_epoch_j == pytest.approx(7.35 * 100)   # 100 steps per epoch: 735 J
+    assert est.edp_j_s == pytest.approx(735.0 * 80)
     assert est.peak_memory_bytes == (140 * MB, 120 * MB)
     assert est.memory_headroom == pytest.approx((0.86, 0.88))
     assert est.feasible and est.power_estimated
@@ -45,10 +47,10 @@ def test_estimate_by_hand() -> None:
 
 def test_idle_boards_are_charged_when_counted_and_the_coordinator_link_can_dominate() -> None:
     est = estimate(Candidate(boards=("a", "b"), batch_sizes=(40, 20), variant={}), _two_boards(10 * MB), count_idle=True)
-    assert est.exchange_s == pytest.approx(0.4)                  # 2 * 1 MB * 2 boards / 10 MB/s > 0.3 s
+    assert est.exchange_s == pytest.approx(0.4)                  # 0.2 s up (in ready) + 1 MB * 2 boards / 10 MB/s
     assert est.power_w == pytest.approx(15.0)                    # + c's 3 W idle
     assert est.epoch_time_s == pytest.approx(6000 / (60 / 0.9))
-    assert est.energy_per_epoch_j == pytest.approx(15.0 * est.epoch_time_s)
+    assert est.energy_per_epoch_j == pytest.approx((4.5 * 0.9 + 3 * 0.5 + 4.5 * 0.5 + 3.0 * 0.9) * 100)
 
 
 def test_constraints_flag_the_estimate_and_name_the_memory_board() -> None:
@@ -123,7 +125,7 @@ def test_vectorised_rows_match_the_scalar_estimate(seed: int) -> None:
     search._refine_rows(block, rows, limits)
     for row in rows:
         ids = tuple(fa.board_ids[i] for i in np.nonzero(block.masks[row])[0])
-        sizes = allocate_batches([profile.boards[b] for b in ids], global_batch=48)
+        sizes = allocate_batches([profile.boards[b] for b in ids], global_batch=48, grad_bytes=profile.grad_bytes)
         est = estimate(Candidate(boards=ids, batch_sizes=sizes, variant={}), profile, count_idle=limits.count_idle)
         for name in ("step_time_s", "epoch_time_s", "power_w", "energy_per_epoch_j", "edp_j_s"):
             exact = block.lb[name][row]

@@ -31,16 +31,17 @@ from tests.planning import (
 Row = tuple[float, float, float, int, str, tuple[str, ...], int]
 
 
-def _split(profiles: list[BoardProfile], caps: list[int], total: int) -> list[int]:
-    """The min-max split by the textbook greedy: one sample at a time to the board that finishes it first."""
+def _split(profiles: list[BoardProfile], caps: list[int], total: int, up: list[float]) -> list[int]:
+    """The min-max split by the textbook greedy: one sample at a time to the board whose gradient
+    would reach the coordinator first (its compute plus its upload)."""
     sizes = [1] * len(profiles)
-    heap = [(p.step_time(2), i) for i, p in enumerate(profiles) if caps[i] > 1]
+    heap = [(p.step_time(2) + up[i], i) for i, p in enumerate(profiles) if caps[i] > 1]
     heapq.heapify(heap)
     for _ in range(total - len(profiles)):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < caps[i]:
-            heapq.heappush(heap, (profiles[i].step_time(sizes[i] + 1), i))
+            heapq.heappush(heap, (profiles[i].step_time(sizes[i] + 1) + up[i], i))
     return sizes
 
 
@@ -57,18 +58,21 @@ def _reference(fleets: dict[str, FleetProfile], *, objective: str, global_batche
                     caps = [min(p.max_batch(fraction), batch) for p in profiles]
                     if size > batch or min(caps) < 1 or sum(caps) < batch:
                         continue
-                    sizes = _split(profiles, caps, batch)
-                    compute = max(p.step_time(b) for p, b in zip(profiles, sizes))
-                    links = max(f.grad_bytes / p.link_bytes_per_s + f.grad_bytes / (p.link_down_bytes_per_s or p.link_bytes_per_s)
-                                for p in profiles)
-                    step = compute + max(links, 2 * f.grad_bytes * size / f.coordinator_link_bytes_per_s)
+                    up = [f.grad_bytes / p.link_bytes_per_s for p in profiles]
+                    sizes = _split(profiles, caps, batch, up)
+                    ready = max(p.step_time(b) + u for p, b, u in zip(profiles, sizes, up))
+                    down = max(f.grad_bytes / (p.link_down_bytes_per_s or p.link_bytes_per_s) for p in profiles)
+                    step = ready + max(down, f.grad_bytes * size / f.coordinator_link_bytes_per_s)
                     epoch = f.dataset_len / (batch / step)
                     power = sum(p.active_power_w for p in profiles)
                     if count_idle:
                         power += sum(q.idle_power_w for q in f.boards.values() if q.board_id not in subset)
                     if (max_power_w is not None and power > max_power_w) or (deadline_s is not None and epoch > deadline_s):
                         continue
-                    energy = power * epoch
+                    idle = sum(p.idle_power_w for p in profiles)  # energy: active while computing, idle while exchanging
+                    busy = sum((p.active_power_w - p.idle_power_w) * p.step_time(b) for p, b in zip(profiles, sizes))
+                    mean_power = idle + busy / step + (power - sum(p.active_power_w for p in profiles))
+                    energy = mean_power * epoch
                     value = {"time": epoch, "energy": energy, "edp": energy * epoch}[objective]
                     rows.append((value, epoch, energy, size, label, subset, batch))
     rows.sort(key=lambda r: r[:4])
@@ -130,8 +134,8 @@ def test_identical_boards_tie_and_the_optimum_is_still_exact() -> None:
 
 
 def test_the_planner_chooses_by_objective() -> None:
-    fast_hungry = board("x86-1", a=0.01, c=0.001, active_w=20.0, link=12.5 * MB)
-    slow_lean = board("pi4-1", a=0.02, c=0.004, active_w=6.0, link=12.5 * MB)
+    fast_hungry = board("x86-1", a=0.01, c=0.001, active_w=25.0, idle_w=8.0, link=12.5 * MB)
+    slow_lean = board("pi4-1", a=0.02, c=0.004, active_w=6.0, idle_w=2.7, link=12.5 * MB)
     fleets = {"default": fleet(fast_hungry, slow_lean, grad_bytes=250_000, dataset_len=60_000)}
     by_time = plan(fleets, objective="time", global_batches=(64,))
     by_energy = plan(fleets, objective="energy", global_batches=(64,))

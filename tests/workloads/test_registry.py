@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +164,17 @@ def test_parse_options() -> None:
         parse_options("layers")
     with pytest.raises(ConfigError, match="given twice"):
         parse_options("a=1,a=2")
+
+
+def test_pure_datasets_are_kept_between_jobs_and_files_are_not(tmp_path: Path) -> None:
+    import numpy as np
+
+    first = registry.build_dataset_cached("synthetic", "train", {"n": 64})
+    assert registry.build_dataset_cached("synthetic", "train", {"n": 64}) is first
+    assert registry.build_dataset_cached("synthetic", "train", {"n": 65}) is not first
+    registry.build_dataset_cached("digits", "train", {})
+    assert registry.build_dataset_cached("synthetic", "train", {"n": 64}) is not first  # only the last two are kept
+    path = tmp_path / "data.npz"
+    np.savez(path, x=np.zeros((4, 3), np.float32), y=np.array([0, 1, 0, 1]))
+    npz = registry.build_dataset_cached("npz", "train", {"path": str(path)})
+    assert registry.build_dataset_cached("npz", "train", {"path": str(path)}) is not npz

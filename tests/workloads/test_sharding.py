@@ -27,6 +27,9 @@ from workloads.sharding import (
     GlobalBatchPlan,
     LocalBatchPlan,
     LocalBatchSampler,
+    Split,
+    SplitError,
+    SplitSchedule,
 )
 
 SPLITS_OF_48 = [[48], [8, 16, 24], [16, 16, 16], [24, 8, 16], [1, 47]]
@@ -264,3 +267,110 @@ def test_local_plan_shuffles_each_boards_own_data() -> None:
     assert list(sampler) == [board_a.indices(4), board_a.indices(5)]
     with pytest.raises(ConfigError, match="fewer than its batch size"):
         LocalBatchPlan(5, 8, seed=0, board_seed=0)
+
+
+# ------------------------------------------------------------------------------- re-splitting during a run
+
+def test_every_step_s_slices_make_its_global_batch_before_and_after_a_resplit() -> None:
+    plan = GlobalBatchPlan(1438, [8, 16, 24], seed=5)
+    samplers = [BoardBatchSampler(plan, board, start_step=20, num_steps=20) for board in range(3)]
+    draws = [iter(sampler) for sampler in samplers]
+    batches: list[list[list[int]]] = []
+    for step in range(20, 40):
+        if step == 25:   # announced while step 25 is not yet drawn, from step 27; then again from step 33
+            for sampler in samplers:
+                assert sampler.resplit(27, [20, 20, 8]) is True
+        if step == 30:
+            for sampler in samplers:
+                sampler.resplit(33, [1, 1, 46])
+        batches.append([next(draw) for draw in draws])
+    for step, slices in zip(range(20, 40), batches):
+        expected = [8, 16, 24] if step < 27 else [20, 20, 8] if step < 33 else [1, 1, 46]
+        assert [len(s) for s in slices] == expected, step
+        assert concat(slices) == plan.global_indices(step), step
+        assert [sampler.batch_size_at(step) for sampler in samplers] == expected
+    # Resuming inside the new split: a sampler told the splits up front gives the same batches.
+    late = BoardBatchSampler(plan, 2, start_step=30, num_steps=10)
+    for split in samplers[2].schedule.splits:
+        late.resplit(split.from_step, split.batch_sizes)
+    assert list(late) == [slices[2] for slices in batches[10:]]
+
+
+def test_a_split_for_a_drawn_step_or_out_of_order_or_changing_the_total_is_refused() -> None:
+    schedule = SplitSchedule(GlobalBatchPlan(1000, [8, 16, 24], seed=3))
+    for step in range(5):
+        schedule.indices(step, 0)
+    with pytest.raises(SplitError, match="from step 4 arrived after this board drew the samples of step 4"):
+        schedule.add(4, [16, 16, 16])
+    assert schedule.add(7, [16, 16, 16]) is True
+    assert schedule.add(7, [16, 16, 16]) is False          # the same split twice (welcome + result): no-op
+    assert schedule.add(7, [10, 20, 18]) is True           # corrected before step 7 was drawn
+    assert schedule.splits == [Split(7, (10, 20, 18))]
+    with pytest.raises(SplitError, match="must come in step order"):
+        schedule.add(6, [16, 16, 16])
+    with pytest.raises(SplitError, match="sum to 40.*global batch is 48"):
+        schedule.add(9, [20, 10, 10])
+    with pytest.raises(SplitError, match="each of the 3 boards at least one sample"):
+        schedule.add(9, [0, 24, 24])
+    with pytest.raises(SplitError, match="each of the 3 boards"):
+        schedule.add(9, [24, 24])
+
+
+class _Unsized(torch.utils.data.Sampler[list[int]]):
+    """A batch sampler without ``len()``: Lightning's fetcher then prefetches one batch ahead."""
+
+    def __init__(self, sampler: BoardBatchSampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.sampler)
+
+
+def _train_with_a_split_announced(clusters: Dataset, tmp_path: Path, *, lead: int, sized: bool) -> tuple[list[int], int]:
+    """Board 1 trains 8 steps with Lightning; at the exchange point of step 2 it learns of a split from step 2 + lead.
+
+    The announcement comes where GradientExchange receives it: in on_before_optimizer_step, after
+    the step's forward and backward. Returns the batch sizes it trained on, step by step, and how
+    many steps ahead of the trained one the loader had drawn at the exchange point (at most).
+    """
+    plan = GlobalBatchPlan(len(clusters), [4, 6, 2], seed=0)
+    sampler = BoardBatchSampler(plan, 1, start_step=0, num_steps=8)
+
+    class Announce(pl.Callback):
+        def __init__(self) -> None:
+            self.step, self.sizes, self.ahead = 0, [], 0
+
+        def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
+            self.sizes.append(len(batch[1]))
+            assert batch[1].tolist() == clusters.targets[sampler.schedule.plan_at(self.step).indices(self.step, 1)].tolist()
+
+        def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+            self.ahead = max(self.ahead, sampler.schedule.drawn_through - self.step)
+            if self.step == 2:
+                sampler.resplit(2 + lead, [2, 2, 8])
+            self.step += 1
+
+    announce = Announce()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=8, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, use_distributed_sampler=False, callbacks=[announce], default_root_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "the dataloader does not have many workers"
+        trainer.fit(MLP((1, 12, 12), 5), DataLoader(clusters, batch_sampler=sampler if sized else _Unsized(sampler)))
+    return announce.sizes, announce.ahead
+
+
+def test_the_exchange_announces_splits_early_enough_for_lightnings_fetcher(clusters: Dataset, tmp_path: Path) -> None:
+    """SPLIT_LEAD_STEPS against the installed Lightning. With a sized loader (the worker's) it draws a
+    step just before training it; without ``len()`` its fetcher prefetches one step, so when step t's
+    result arrives step t + 1 is drawn: a split from t + 1 is then refused, one from t + 2 applies exactly."""
+    from coordinator.exchange import SPLIT_LEAD_STEPS
+
+    sizes, ahead = _train_with_a_split_announced(clusters, tmp_path, lead=SPLIT_LEAD_STEPS, sized=True)
+    assert sizes == [6, 6, 6, 6, 2, 2, 2, 2] and ahead + 1 <= SPLIT_LEAD_STEPS
+    with pytest.raises(SplitError, match="from step 3 arrived after this board drew the samples of step 3"):
+        _train_with_a_split_announced(clusters, tmp_path, lead=1, sized=False)
+    sizes, ahead = _train_with_a_split_announced(clusters, tmp_path, lead=SPLIT_LEAD_STEPS, sized=False)
+    assert ahead == 1 and SPLIT_LEAD_STEPS == ahead + 1
+    assert sizes == [6, 6, 6, 6, 2, 2, 2, 2]

@@ -1,0 +1,105 @@
+"""How a plan is shown: the candidates table, the ruled-out lines, one-line summaries, JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from coordinator.planning import Estimate, PlanResult, format_duration
+
+CHOSEN_MARK = "▶"
+_OBJECTIVE_TEXT = {"time": "time per epoch", "energy": "energy per epoch", "edp": "energy x time (EDP)"}
+
+
+def fmt_step(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 10 else format_duration(seconds)
+
+
+def fmt_si(value: float, unit: str) -> str:
+    """``1234.5, "J"`` -> ``"1.23 kJ"``; three significant figures."""
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def fmt_power(watts: float, estimated: bool) -> str:
+    return f"{watts:.1f} W" + ("*" if estimated else "")
+
+
+def batches_text(estimate: Estimate) -> str:
+    """``"pi-1:16 pi-2:48"``: each taking-part board and its batch size."""
+    c = estimate.candidate
+    return " ".join(f"{b}:{n}" for b, n in zip(c.boards, c.batch_sizes))
+
+
+def summary_of(estimate: Estimate, what: str) -> str:
+    """One line: ``chosen: pi-1:16 pi-2:48 (global batch 64, default): 12.3 s per epoch, …``."""
+    c = estimate.candidate
+    return (f"{what}: {batches_text(estimate)} (global batch {c.global_batch}, {estimate.variant_label}): "
+            f"{fmt_step(estimate.step_time_s)} per step, {estimate.samples_per_s:.0f} samples/s, "
+            f"{format_duration(estimate.epoch_time_s)} per epoch, {fmt_power(estimate.power_w, estimate.power_estimated)}, "
+            f"{fmt_si(estimate.energy_per_epoch_j, 'J')} per epoch")
+
+
+def _constraints(request: Any) -> str:
+    parts = []
+    if request.max_power_w is not None:
+        parts.append(f"power <= {request.max_power_w:g} W")
+    if request.deadline_s is not None:
+        parts.append(f"epoch <= {format_duration(request.deadline_s)}")
+    parts.append(f"memory <= {request.max_memory_fraction:.0%}")
+    if request.count_idle:
+        parts.append("idle boards counted")
+    return ", ".join(parts)
+
+
+def plan_table(result: PlanResult, request: Any) -> Table:
+    """The best candidates, best first, the chosen one marked; ``request`` is a PlanRequest."""
+    title = (f"plan: minimise {_OBJECTIVE_TEXT[result.objective]} subject to {_constraints(request)} - "
+             f"{result.evaluated} candidates, {result.feasible} feasible ({result.method})")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    variants = len({e.variant_label for e in result.ranked}) > 1
+    columns = ["", "#", "boards (batch each)", "batch", *(["variant"] if variants else []), "step", "samples/s",
+               "epoch", "power", "energy/epoch", "EDP", "headroom"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("", "boards (batch each)", "variant") else "right")
+    for rank, e in enumerate(result.ranked, 1):
+        chosen = e is result.chosen or e == result.chosen
+        table.add_row(CHOSEN_MARK if chosen else "", str(rank), batches_text(e), str(e.candidate.global_batch),
+                      *([e.variant_label] if variants else []), fmt_step(e.step_time_s), f"{e.samples_per_s:.0f}",
+                      format_duration(e.epoch_time_s), fmt_power(e.power_w, e.power_estimated),
+                      fmt_si(e.energy_per_epoch_j, "J"), fmt_si(e.edp_j_s, "J·s"), f"{e.min_memory_headroom:.0%}",
+                      style="bold green" if chosen else None)
+    captions = [f"the chosen row is marked {CHOSEN_MARK}; headroom = the least memory left on any taking-part board at its peak"]
+    if any(e.power_estimated for e in result.ranked):
+        captions.append("* power estimated from CPU load on some boards (no sensor), not measured")
+    table.caption = "\n".join(captions)
+    table.caption_justify = "left"
+    return table
+
+
+def ruled_out_lines(result: PlanResult) -> list[str]:
+    """One line per group of candidates a constraint ruled out, with an example."""
+    lines = []
+    for x in result.ruled_out:
+        where = f" on board {x.board_id}" if x.board_id else ""
+        lines.append(f"ruled out by {x.constraint}{where}: {x.count} candidate{'s' if x.count != 1 else ''}, "
+                     f"e.g. {x.example}")
+    return lines
+
+
+def estimate_json(e: Estimate) -> dict[str, Any]:
+    c = e.candidate
+    return {"boards": list(c.boards), "batch_sizes": list(c.batch_sizes), "global_batch": c.global_batch,
+            "variant": dict(c.variant), "variant_label": e.variant_label, "compute_s": list(e.compute_s),
+            "exchange_s": e.exchange_s, "step_time_s": e.step_time_s, "samples_per_s": e.samples_per_s,
+            "epoch_time_s": e.epoch_time_s, "power_w": e.power_w, "energy_per_epoch_j": e.energy_per_epoch_j,
+            "edp_j_s": e.edp_j_s, "peak_memory_bytes": list(e.peak_memory_bytes),
+            "memory_headroom": list(e.memory_headroom), "power_estimated": e.power_estimated}
+
+
+__all__ = ["CHOSEN_MARK", "batches_text", "estimate_json", "fmt_power", "fmt_si", "fmt_step", "plan_table",
+           "ruled_out_lines", "summary_of"]

@@ -1,0 +1,388 @@
+"""The coordinator's side of ``edge-coordinator profile``: send profile jobs, probe the links, build
+the :class:`~coordinator.planning.profiles.FleetProfile` of every model variant.
+
+Every board runs one profile job per variant, variants one after the other; boards run in
+parallel. The first job of each board also probes its link against :class:`LinkProbeServer`,
+which serves one board at a time (so that one board's figures are not shared with another's),
+then lets every board that has finished upload at once: that aggregate is the coordinator's own
+link, ``coordinator_link_bytes_per_s``. The model is also built here, to count the gradient's
+bytes and to name what was measured (:func:`~coordinator.planning.profiles.model_key`); a board
+that builds it with another parameter count is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.board_channel import BoardChannel
+from coordinator.fleet_select import check_boards_ready
+from coordinator.planning.profiles import BatchPoint, BoardProfile, FleetProfile, model_key, variant_label
+from protocol.errors import ConfigError, EdgeTrainError
+from protocol.framing import read_frame, write_frame
+from protocol.jobs import MAX_PROBE_BYTES, PROBE_VERSION, WIRE_DTYPES, JobEvent, ProfileCommand, StopCommand
+from protocol.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20 s on a Pi) plus every batch size
+PROBE_WAIT_S = 300.0        # how long a probed board waits for the others before the aggregate upload
+PROBE_IO_TIMEOUT_S = 120.0  # one transfer of the probe, or one frame
+WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRequest:
+    """What to profile: one model, its variants, the dataset and how to measure."""
+
+    model: str
+    variants: list[dict[str, Any]]       # model options per variant (coordinator.variants.variants_from_args)
+    dataset: str
+    dataset_options: dict[str, Any]
+    batch_sizes: list[int] = field(default_factory=lambda: [16, 32, 64])
+    warmup_steps: int = 3
+    timed_steps: int = 8
+    wire_dtype: str = "float32"
+    threads: int = 0
+    seed: int = 0
+    probe_bytes: int = 4_000_000         # per direction; 0 skips the link probe (links then unmeasured: refused)
+    exchange_host: str = ""              # the address boards reach this machine at (default: towards the broker)
+
+    def __post_init__(self) -> None:
+        if len(set(self.batch_sizes)) < 2 or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: give at least two distinct batch sizes, "
+                              "each at least 1, e.g. --batch 16,32,64 (a line is fitted through them)")
+        if not self.variants:
+            raise ConfigError("no model variant to profile")
+        if not 0 <= self.warmup_steps <= 10_000 or not 1 <= self.timed_steps <= 10_000:
+            raise ConfigError(f"--warmup {self.warmup_steps} / --steps {self.timed_steps}: use 0-10000 warm-up "
+                              "and 1-10000 timed steps")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
+        if self.threads < 0:
+            raise ConfigError(f"--threads {self.threads} must be 0 (torch's choice) or more")
+        if not 1 <= self.probe_bytes <= MAX_PROBE_BYTES:
+            raise ConfigError(f"--probe-bytes {self.probe_bytes} must be 1-{MAX_PROBE_BYTES}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Variant:
+    label: str
+    options: dict[str, Any]
+    model_key: str
+    param_count: int
+
+
+def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
+    """Build the dataset and every variant here: (variants, dataset length). Raises ConfigError."""
+    import torch
+
+    from workloads.params import param_count, single_optimizer, trainable_params
+    from workloads.registry import build_dataset, build_model
+
+    dataset = build_dataset(request.dataset, "train", request.dataset_options)
+    shape, classes = tuple(dataset.input_shape), int(dataset.num_classes)
+    variants = []
+    for options in request.variants:
+        torch.manual_seed(request.seed)
+        model = build_model(request.model, shape, classes, options)
+        count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
+        variants.append(_Variant(variant_label(options), dict(options), model_key(request.model, options, shape), count))
+    return variants, len(dataset)
+
+
+class LinkProbeServer:
+    """The endpoint boards measure their link against (frames: ``protocol.jobs.PROBE_VERSION``).
+
+    Args:
+        job_id: the profile's id; a board must name it.
+        token: the secret sent to the boards in their signed commands.
+        boards: the boards expected; the aggregate upload starts once all of them (but those
+            :meth:`drop`-ped) have had their turn, or ``PROBE_WAIT_S`` after the first one did.
+    """
+
+    def __init__(self, *, job_id: str, token: str, boards: Iterable[str]) -> None:
+        self.job_id, self.token = job_id, token
+        self.expected = set(boards)
+        self._dropped: set[str] = set()
+        self._waiting: set[str] = set()
+        self._solo = asyncio.Lock()
+        self._release = asyncio.Event()
+        self._members: set[str] = set()
+        self._started = 0.0
+        self._uploads: list[tuple[int, float]] = []  # (bytes, end time) of the aggregate phase
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen; returns the port."""
+        self._server = await asyncio.start_server(self._handle, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def drop(self, board: str) -> None:
+        """Do not wait for ``board`` (its job failed)."""
+        self._dropped.add(board)
+        self._maybe_release()
+
+    @property
+    def aggregate_bytes_per_s(self) -> float | None:
+        """What the coordinator took in with every waiting board uploading at once; None if not measured.
+
+        The sum of each board's own rate during the concurrent upload, not total bytes over the
+        slowest board's time: a 20 Mbit/s board finishing last must not make a gigabit link look
+        slow. When the coordinator's link is the bottleneck the boards share it and the sum is
+        its capacity; when it is not, the sum is about the boards' own links added up, and the
+        cost model's coordinator term stays below its per-board link term.
+        """
+        if not self._uploads:
+            return None
+        return sum(n / max(end - self._started, 1e-9) for n, end in self._uploads)
+
+    def _maybe_release(self) -> None:
+        if not self._release.is_set() and self._waiting and self._waiting >= self.expected - self._dropped:
+            self._release_now()
+
+    def _release_now(self) -> None:
+        self._members = set(self._waiting)
+        self._started = asyncio.get_running_loop().time()
+        self._release.set()
+
+    def _refusal(self, hello: dict[str, Any]) -> str:
+        if hello.get("type") != "probe-hello" or hello.get("v") != PROBE_VERSION:
+            return f"expected probe-hello version {PROBE_VERSION}; upgrade the agent or the coordinator"
+        if hello.get("job_id") != self.job_id or not hmac.compare_digest(str(hello.get("token", "")), self.token):
+            return "wrong profile job or token"
+        if hello.get("board_id") not in self.expected:
+            return f"board {hello.get('board_id')!r} is not part of this profile"
+        size = hello.get("bytes")
+        if not isinstance(size, int) or not 0 < size <= MAX_PROBE_BYTES:
+            return f"bytes must be 1-{MAX_PROBE_BYTES}"
+        return ""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        board = "?"
+        try:
+            hello = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
+            refusal = self._refusal(hello)
+            if refusal:
+                log.warning("link probe: refused a connection: %s", refusal)
+                write_frame(writer, {"type": "error", "message": refusal})
+                await writer.drain()
+                return
+            board, size = str(hello["board_id"]), int(hello["bytes"])
+            async with self._solo:  # one board at a time: its figures are its own
+                await _send(writer, {"type": "go"})
+                await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
+                await _send(writer, {"type": "got"})
+                down = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
+                if down.get("type") != "down":
+                    raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
+                await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
+            self._waiting.add(board)
+            self._maybe_release()
+            try:
+                await asyncio.wait_for(self._release.wait(), PROBE_WAIT_S)
+            except asyncio.TimeoutError:
+                if not self._release.is_set():
+                    log.warning("link probe: boards %s did not come within %.0f s; measuring the aggregate without them",
+                                ", ".join(sorted(self.expected - self._dropped - self._waiting)), PROBE_WAIT_S)
+                    self._release_now()
+            if board in self._members:
+                await _send(writer, {"type": "aggregate"})
+                await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
+                self._uploads.append((size, asyncio.get_running_loop().time()))
+                await _send(writer, {"type": "got"})
+            await _send(writer, {"type": "done"})
+        except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, EdgeTrainError) as exc:
+            log.warning("link probe of board %s failed: %s", board, exc or type(exc).__name__)
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:
+    write_frame(writer, frame)
+    await writer.drain()
+
+
+async def _discard(reader: asyncio.StreamReader, size: int) -> None:
+    left = size
+    while left:
+        left -= len(await reader.readexactly(min(left, _CHUNK)))
+
+
+async def _zeros(writer: asyncio.StreamWriter, size: int) -> None:
+    chunk, left = bytes(min(size, _CHUNK)), size
+    while left:
+        n = min(left, len(chunk))
+        writer.write(chunk[:n] if n < len(chunk) else chunk)
+        await writer.drain()
+        left -= n
+
+
+class ProfileFailed(EdgeTrainError):
+    """A board could not profile; the message names the board and says why."""
+
+
+class _Jobs:
+    """Sends each board its profile jobs and waits for their results."""
+
+    def __init__(self, channel: BoardChannel, boards: list[str], on_note: Callable[[str], None]) -> None:
+        self.channel, self.on_note = channel, on_note
+        self.queues: dict[str, asyncio.Queue[JobEvent]] = {b: asyncio.Queue() for b in boards}
+        self.running: dict[str, str] = {}  # board -> job id in flight
+
+    async def pump(self) -> None:
+        """Route the channel's events to the boards' queues (runs until cancelled)."""
+        while True:
+            event = await self.channel.next_event(0.5)
+            if event is not None and event.board_id in self.queues:
+                self.queues[event.board_id].put_nowait(event)
+
+    async def run(self, board: str, command: ProfileCommand, label: str) -> dict[str, Any]:
+        """Send ``command`` and return its ``finished`` event's data.
+
+        Raises:
+            ProfileFailed: the board refused or failed the job, went offline, or timed out.
+        """
+        self.running[board] = command.job_id
+        self.channel.send(board, command.to_dict())
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        queue = self.queues[board]
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), 1.0)
+            except asyncio.TimeoutError:
+                status = self.channel.status.get(board)
+                if status is not None and status.state == "offline":
+                    raise ProfileFailed(f"board {board} went offline while profiling variant {label} "
+                                        f"({status.reason or 'unknown reason'})") from None
+                if time.monotonic() > deadline:
+                    raise ProfileFailed(f"board {board} did not finish profiling variant {label} within {JOB_TIMEOUT_S:.0f} s; "
+                                        "profile fewer or smaller batch sizes, or fewer --steps") from None
+                continue
+            if event.job_id != command.job_id:
+                continue
+            if event.phase in ("failed", "rejected"):
+                del self.running[board]
+                raise ProfileFailed(f"board {board} failed to profile variant {label}: {event.message or event.phase}")
+            if event.phase == "finished":
+                del self.running[board]
+                if not isinstance(event.data, dict):
+                    raise ProfileFailed(f"board {board} finished variant {label} without a result; is its agent older than "
+                                        "the coordinator? Upgrade it")
+                return event.data
+            if event.message:
+                self.on_note(f"{board} [{label}]: {event.message}")
+
+
+def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: dict[str, Any]) -> BoardProfile:
+    """A board's result as a BoardProfile; ProfileFailed if it is unusable."""
+    if data.get("param_count") != variant.param_count:
+        raise ProfileFailed(f"board {board} built {variant.label} with {data.get('param_count')} trainable parameters, "
+                            f"the coordinator with {variant.param_count}: install the same model code on both")
+    try:
+        points = tuple(BatchPoint(int(p["batch_size"]), float(p["step_time_s"]), int(p["peak_memory_bytes"]))
+                       for p in data["points"])
+        return BoardProfile(board_id=board, agent_version=str(data["agent_version"]), model_key=variant.model_key,
+                            points=points, active_power_w=float(data["active_power_w"]),
+                            idle_power_w=float(data["idle_power_w"]), power_source=str(data["power_source"]),
+                            memory_total_bytes=int(data["memory_total_bytes"]),
+                            link_bytes_per_s=float(link["up_bytes_per_s"]),
+                            link_down_bytes_per_s=float(link["down_bytes_per_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileFailed(f"board {board} sent an unreadable profile of {variant.label} ({type(exc).__name__}: {exc}); "
+                            "run the same edgefleet version on the board and the coordinator") from None
+    except EdgeTrainError as exc:  # PlanError: a figure the planner cannot use
+        raise ProfileFailed(f"board {board}, {variant.label}: {exc}") from None
+
+
+async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[str], request: ProfileRequest, *,
+                        on_note: Callable[[str], None]) -> dict[str, FleetProfile]:
+    """Profile every variant of ``request`` on ``boards``; the result is keyed by ``variant_label``.
+
+    Raises:
+        ConfigError: the model, a variant or the dataset cannot be built here.
+        BrokerError: the broker cannot be reached.
+        EdgeTrainError: a board is offline, busy or cannot train (before anything starts), or a
+            board failed while profiling (naming it and its message).
+    """
+    from coordinator.training import exchange_host_for
+
+    if not boards or len(set(boards)) != len(boards):
+        raise ConfigError(f"--boards {','.join(boards)}: name each board once (and at least one)")
+    variants, dataset_len = _prepare(request)
+    run_id = f"profile-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
+    channel = BoardChannel(broker, fleet_key, boards)
+    probe = LinkProbeServer(job_id=f"{run_id}-0", token=token, boards=boards)
+    await channel.open()
+    jobs = _Jobs(channel, boards, on_note)
+    pump = asyncio.ensure_future(jobs.pump())
+    try:
+        await check_boards_ready(channel, boards)
+        host = request.exchange_host or exchange_host_for(broker)
+        port = await probe.start(host)
+        advertised = "127.0.0.1" if host == "0.0.0.0" else host
+        on_note(f"{run_id}: {len(variants)} variant(s) on {len(boards)} board(s), batch sizes "
+                f"{','.join(map(str, sorted(set(request.batch_sizes))))}; link probe at {advertised}:{port}")
+
+        async def one_board(board: str) -> list[dict[str, Any]]:
+            results = []
+            for i, variant in enumerate(variants):
+                command = ProfileCommand(
+                    job_id=f"{run_id}-{i}", board_id=board, model=request.model, model_options=variant.options,
+                    dataset=request.dataset, dataset_options=request.dataset_options, batch_sizes=request.batch_sizes,
+                    warmup_steps=request.warmup_steps, timed_steps=request.timed_steps, seed=request.seed,
+                    threads=request.threads, probe_host=advertised, probe_port=port, probe_token=token,
+                    probe_bytes=request.probe_bytes if i == 0 else 0)
+                try:
+                    results.append(await jobs.run(board, command, variant.label))
+                except ProfileFailed:
+                    probe.drop(board)
+                    raise
+                on_note(f"{board} [{variant.label}]: done")
+            return results
+
+        tasks = [asyncio.ensure_future(one_board(board)) for board in boards]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t.exception() for t in tasks if t.done() and t.exception() is not None]
+            if failed:
+                raise failed[0]  # type: ignore[misc]
+            per_board = {board: task.result() for board, task in zip(boards, tasks)}
+        finally:
+            for task in tasks:
+                task.cancel()
+    finally:
+        pump.cancel()
+        for board, job_id in jobs.running.items():
+            channel.send(board, StopCommand(job_id=job_id, board_id=board).to_dict(), wait_s=1.0)
+        await probe.close()
+        channel.close()
+    links: dict[str, dict[str, Any]] = {}
+    for board, results in per_board.items():
+        link = results[0].get("link")
+        if not isinstance(link, dict):
+            raise ProfileFailed(f"board {board} did not report its link throughput; upgrade its agent")
+        links[board] = link
+    coordinator_link = probe.aggregate_bytes_per_s or max(float(link["up_bytes_per_s"]) for link in links.values())
+    grad_bytes = {v.label: v.param_count * WIRE_BYTES[request.wire_dtype] for v in variants}
+    return {v.label: FleetProfile(model_key=v.model_key, grad_bytes=grad_bytes[v.label],
+                                  coordinator_link_bytes_per_s=coordinator_link, dataset_len=dataset_len,
+                                  boards={b: _board_profile(b, v, per_board[b][i], links[b]) for b in boards},
+                                  variant=dict(v.options))
+            for i, v in enumerate(variants)}
+
+
+__all__ = ["LinkProbeServer", "ProfileFailed", "ProfileRequest", "profile_fleet"]

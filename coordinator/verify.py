@@ -1,0 +1,320 @@
+"""Check estimates against reality: pre-train candidates for a few real steps and measure them.
+
+The original framework (Gu et al., ICPADS 2019) chose its configuration from short pre-training
+runs; ``plan --verify K`` does that for the K best estimated candidates. Each one runs as a real
+:class:`TrainingRun` of ``warmup_steps + steps + 1`` steps: the step time is the median interval
+between step completions after the warm-up (the last step, which also validates, is not timed),
+and power is each board's telemetry averaged over the timed steps (:class:`PowerMeter`). The
+candidate with the best measured objective is chosen, and where a measured figure differs from
+its estimate by more than :data:`DISAGREEMENT` the report says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.plan_render import batches_text, fmt_power, fmt_si, fmt_step
+from coordinator.planning import Estimate, format_duration
+from coordinator.power_meter import PowerMeter, PowerReading
+from protocol.errors import EdgeTrainError
+from protocol.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+DISAGREEMENT = 0.15      # a measured figure this far (relative) from its estimate is flagged
+WARMUP_STEPS = 3
+READY_TIMEOUT_S = 60.0   # boards return to idle after a job once their worker has exited
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What a pre-training run trains, apart from the candidate (boards, batch sizes, variant)."""
+
+    model: str
+    dataset: str
+    base_options: dict[str, Any] = field(default_factory=dict)   # the variant's options go on top
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    lr: float | None = None
+    wire_dtype: str = "float32"
+    threads: int = 0
+    data_mode: str = "global"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """Measured figures of one configuration, in the units of :class:`Estimate`."""
+
+    step_time_s: float             # median step wall time after the warm-up
+    samples_per_s: float
+    epoch_time_s: float            # dataset_len / samples_per_s, as the estimate counts it
+    power_w: float | None          # sum of the boards' mean power (None: no telemetry with power)
+    energy_per_epoch_j: float | None
+    edp_j_s: float | None
+    power_measured: bool           # every board's figure came from a sensor (else some are estimates)
+    steps: int                     # step intervals timed
+
+    def objective_value(self, objective: str) -> float | None:
+        return {"time": self.epoch_time_s, "energy": self.energy_per_epoch_j, "edp": self.edp_j_s}[objective]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trial:
+    """One pre-trained candidate."""
+
+    estimate: Estimate
+    measured: Measurement | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyResult:
+    objective: str
+    trials: tuple[Trial, ...]      # in the estimate's ranking
+    chosen: Trial                  # best measured objective
+    elapsed_s: float               # the pre-training's overhead, wall time
+
+    @property
+    def agrees(self) -> bool:
+        """True when the measurements chose the candidate the estimates ranked first."""
+        return self.chosen is self.trials[0]
+
+
+def step_intervals(elapsed_s: Sequence[float], *, warmup_steps: int, exclude: Sequence[int] = ()) -> list[float]:
+    """Intervals between consecutive step completions, after ``warmup_steps`` and without ``exclude`` (step indices)."""
+    skip = set(exclude)
+    return [b - a for i, (a, b) in enumerate(itertools.pairwise(elapsed_s), 1) if i >= warmup_steps and i not in skip]
+
+
+def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, boards: Sequence[str],
+            global_batch: int, dataset_len: int, count_idle: bool = False) -> Measurement:
+    """Measured figures from step intervals (s) and power readings of the fleet's boards."""
+    if not intervals:
+        raise EdgeTrainError("no step was timed after the warm-up; give more steps")
+    step = statistics.median(intervals)
+    samples_per_s = global_batch / step
+    epoch = dataset_len / samples_per_s
+    counted = [r for b, r in readings.items() if b in boards or count_idle]
+    known = [r for r in counted if r.mean_power_w is not None]
+    power = sum(r.mean_power_w for r in known) if known and len(known) == len(counted) else None  # type: ignore[misc]
+    energy = None if power is None else power * epoch
+    return Measurement(step_time_s=step, samples_per_s=samples_per_s, epoch_time_s=epoch, power_w=power,
+                       energy_per_epoch_j=energy, edp_j_s=None if energy is None else energy * epoch,
+                       power_measured=bool(known) and all(r.measured for r in known), steps=len(intervals))
+
+
+def wait_ready(view: Any, boards: Sequence[str], *, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until every board says it is online and idle (a finished job's worker has exited)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {r.board_id: r.state for r in view.rows()}
+        waiting = [b for b in boards if states.get(b) != "online"]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            where = ", ".join(f"{b} ({states.get(b, 'not reporting')})" for b in waiting)
+            raise EdgeTrainError(f"board(s) {where} did not become idle within {timeout_s:.0f} s; check their agents")
+        time.sleep(0.1)
+
+
+def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter,
+             dataset_len: int, steps: int, warmup_steps: int = WARMUP_STEPS, count_idle: bool = False) -> Measurement:
+    """Train one candidate for ``warmup_steps + steps + 1`` real steps and measure it."""
+    from coordinator.training import StepView, TrainingRun, TrainSpec
+
+    c = estimate.candidate
+    total = warmup_steps + steps + 1
+    spec = TrainSpec(run_id=f"verify-{secrets.token_hex(3)}", boards=list(c.boards), batch_sizes=list(c.batch_sizes),
+                     model=job.model, dataset=job.dataset, total_steps=total, steps_per_epoch=total,
+                     model_options=dict(job.base_options) | dict(c.variant), dataset_options=dict(job.dataset_options),
+                     seed=job.seed, lr=job.lr, wire_dtype=job.wire_dtype, data_mode=job.data_mode, threads=job.threads,
+                     checkpoint_every=10**9)
+    done: list[float] = []
+    window: dict[str, float] = {}
+
+    def on_step(view: StepView) -> None:
+        done.append(time.monotonic())
+        if view.step == warmup_steps - 1:
+            window["start"] = done[-1]
+        if view.step == total - 2:  # the last timed step; the final one also validates
+            window["end"] = done[-1]
+
+    with tempfile.TemporaryDirectory(prefix="edgefleet-verify-") as tmp:
+        run = TrainingRun(spec, run_dir=Path(tmp), broker=broker, fleet_key=fleet_key, on_step=on_step,
+                          on_note=lambda text: log.debug("%s", text))
+        outcome = asyncio.run(run.run())
+    if outcome.interrupted:  # Ctrl-C: stop pre-training altogether
+        raise KeyboardInterrupt
+    if "end" not in window:
+        raise EdgeTrainError(f"pre-training {batches_text(estimate)} stopped after {len(done)} of {total} steps")
+    readings = meter.average(window.get("start", done[0]), window["end"])
+    intervals = step_intervals(done[:-1], warmup_steps=warmup_steps)
+    return measure(intervals, readings, boards=c.boards, global_batch=c.global_batch, dataset_len=dataset_len,
+                   count_idle=count_idle)
+
+
+def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
+                      objective: str, steps: int, dataset_len: int, fleet_boards: Sequence[str],
+                      count_idle: bool = False, warmup_steps: int = WARMUP_STEPS,
+                      on_note: Callable[[str], None] = lambda _: None) -> VerifyResult:
+    """Pre-train each candidate in turn and choose the best by its measured objective.
+
+    Raises:
+        EdgeTrainError: every pre-training failed (the message lists why).
+    """
+    from coordinator.monitor import monitor_fleet
+
+    started = time.monotonic()
+    trials: list[Trial] = []
+    with monitor_fleet(broker) as view, PowerMeter(view, fleet_boards) as meter:
+        for i, estimate in enumerate(estimates, 1):
+            on_note(f"pre-training candidate {i}/{len(estimates)}: {batches_text(estimate)} "
+                    f"({estimate.variant_label}), {warmup_steps} warm-up + {steps} timed steps")
+            try:
+                wait_ready(view, estimate.candidate.boards)
+                measured = pretrain(estimate, job, broker=broker, fleet_key=fleet_key, meter=meter,
+                                    dataset_len=dataset_len, steps=steps, warmup_steps=warmup_steps,
+                                    count_idle=count_idle)
+            except EdgeTrainError as exc:
+                on_note(f"candidate {i} could not be pre-trained: {exc}")
+                trials.append(Trial(estimate=estimate, measured=None, error=str(exc)))
+                continue
+            trials.append(Trial(estimate=estimate, measured=measured))
+        wait_ready(view, sorted({b for e in estimates for b in e.candidate.boards}))
+    ok = [t for t in trials if t.measured is not None]
+    if not ok:
+        raise EdgeTrainError("no candidate could be pre-trained: " + "; ".join(t.error for t in trials))
+
+    def score(t: Trial) -> float:
+        assert t.measured is not None
+        value = t.measured.objective_value(objective)
+        if value is None:  # no power telemetry: fall back on the estimated power for energy and EDP
+            value = t.estimate.power_w * t.measured.epoch_time_s * (t.measured.epoch_time_s if objective == "edp" else 1)
+        return value
+
+    chosen = min(ok, key=score)
+    result = VerifyResult(objective=objective, trials=tuple(trials), chosen=chosen,
+                          elapsed_s=time.monotonic() - started)
+    log.info("verify: %d candidates pre-trained in %.1f s; chosen %s", len(ok), result.elapsed_s,
+             batches_text(chosen.estimate))
+    return result
+
+
+# ------------------------------------------------------------------------------------- reporting
+
+_FIGURES = (  # (label, attribute of both Estimate and Measurement, formatter)
+    ("step time", "step_time_s", fmt_step),
+    ("samples/s", "samples_per_s", lambda v: f"{v:.0f}"),
+    ("time per epoch", "epoch_time_s", format_duration),
+    ("power", "power_w", lambda v: f"{v:.1f} W"),
+    ("energy per epoch", "energy_per_epoch_j", lambda v: fmt_si(v, "J")),
+    ("EDP", "edp_j_s", lambda v: fmt_si(v, "J·s")),
+)
+
+
+def differences(estimate: Estimate, measured: Measurement) -> list[tuple[str, float, float | None, float | None]]:
+    """(figure, predicted, measured, relative difference) for every figure of the comparison."""
+    out = []
+    for label, name, _ in _FIGURES:
+        predicted, actual = float(getattr(estimate, name)), getattr(measured, name)
+        rel = None if actual is None or predicted == 0 else actual / predicted - 1.0
+        out.append((label, predicted, actual, rel))
+    return out
+
+
+def disagreements(estimate: Estimate, measured: Measurement, *, tolerance: float = DISAGREEMENT) -> list[str]:
+    """``"step time 45.0 ms vs 30.0 ms predicted (+50%)"`` for every figure off by more than ``tolerance``."""
+    fmt = {label: f for label, _, f in _FIGURES}
+    return [f"{label} {fmt[label](actual)} vs {fmt[label](predicted)} predicted ({rel:+.0%})"
+            for label, predicted, actual, rel in differences(estimate, measured)
+            if rel is not None and actual is not None and abs(rel) > tolerance]
+
+
+def disagreement_line(what: str, estimate: Estimate, measured: Measurement, *,
+                      tolerance: float = DISAGREEMENT) -> str:
+    """One line saying where ``what``'s measurement and estimate disagree, or that they agree."""
+    found = disagreements(estimate, measured, tolerance=tolerance)
+    if not found:
+        return f"{what}: every measured figure is within {tolerance:.0%} of the estimate"
+    return f"{what}: the measurement disagrees with the estimate by more than {tolerance:.0%}: " + "; ".join(found)
+
+
+def comparison_table(rows: Sequence[tuple[str, Estimate, Measurement | None]], *, title: str,
+                     tolerance: float = DISAGREEMENT) -> Any:
+    """Predicted against measured, one block of figures per configuration; differences over ``tolerance`` marked."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("configuration", "figure", "predicted", "measured", "difference"):
+        table.add_column(name, justify="left" if name in ("configuration", "figure") else "right")
+    fmt = {label: f for label, _, f in _FIGURES}
+    for n, (label, estimate, measured) in enumerate(rows):
+        if n:
+            table.add_section()
+        figures = differences(estimate, measured) if measured is not None else [
+            (name, float(getattr(estimate, attr)), None, None) for name, attr, _ in _FIGURES]
+        for i, (figure, predicted, actual, rel) in enumerate(figures):
+            off = rel is not None and abs(rel) > tolerance
+            table.add_row(label if i == 0 else "", figure, fmt[figure](predicted),
+                          "-" if actual is None else fmt[figure](actual) + (
+                              "*" if figure == "power" and measured is not None and not measured.power_measured else ""),
+                          "-" if rel is None else f"{rel:+.0%}" + (" !" if off else ""),
+                          style="yellow" if off else None)
+    table.caption = (f"! measured differs from the estimate by more than {tolerance:.0%}; "
+                     "* power estimated by the agents from CPU load, not measured")
+    table.caption_justify = "left"
+    return table
+
+
+def verify_report(console: Any, result: VerifyResult) -> None:
+    """The pre-training's table, its disagreements and its choice, printed on a rich console."""
+    rows = [(f"{'▶ ' if t is result.chosen else ''}#{i} {batches_text(t.estimate)}", t.estimate, t.measured)
+            for i, t in enumerate(result.trials, 1)]
+    console.print(comparison_table(rows, title=f"pre-training: predicted vs measured "
+                                               f"({format_duration(result.elapsed_s)} of pre-training)"))
+    for i, t in enumerate(result.trials, 1):
+        if t.measured is None:
+            console.print(f"#{i}: not measured: {t.error}", markup=False, soft_wrap=True)
+            continue
+        console.print(disagreement_line(f"#{i}", t.estimate, t.measured), markup=False, soft_wrap=True)
+    rank = result.trials.index(result.chosen) + 1
+    m = result.chosen.measured
+    assert m is not None
+    console.print(f"chosen on measurement: #{rank} {batches_text(result.chosen.estimate)} "
+                  f"({result.chosen.estimate.variant_label}): {fmt_step(m.step_time_s)} per step, "
+                  f"{format_duration(m.epoch_time_s)} per epoch"
+                  + ("" if m.power_w is None else f", {fmt_power(m.power_w, not m.power_measured)}")
+                  + ("; the estimates ranked it first too" if result.agrees
+                     else f"; the estimates ranked #1 {batches_text(result.trials[0].estimate)}"), markup=False, soft_wrap=True)
+
+
+def verify_json(result: VerifyResult) -> dict[str, Any]:
+    from coordinator.plan_render import estimate_json
+
+    def trial(t: Trial) -> dict[str, Any]:
+        m = t.measured
+        return {"estimate": estimate_json(t.estimate), "error": t.error,
+                "measured": None if m is None else {
+                    "step_time_s": m.step_time_s, "samples_per_s": m.samples_per_s, "epoch_time_s": m.epoch_time_s,
+                    "power_w": m.power_w, "energy_per_epoch_j": m.energy_per_epoch_j, "edp_j_s": m.edp_j_s,
+                    "power_measured": m.power_measured, "steps": m.steps},
+                "disagreements": [] if m is None else disagreements(t.estimate, m)}
+
+    return {"objective": result.objective, "elapsed_s": result.elapsed_s, "agrees": result.agrees,
+            "chosen": result.trials.index(result.chosen), "trials": [trial(t) for t in result.trials]}
+
+
+__all__ = ["DISAGREEMENT", "JobSpec", "Measurement", "Trial", "VerifyResult", "comparison_table", "differences",
+           "disagreement_line", "disagreements", "measure", "pretrain", "step_intervals", "verify_candidates", "verify_json",
+           "verify_report", "wait_ready"]

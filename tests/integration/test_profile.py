@@ -1,0 +1,154 @@
+"""``edge-coordinator profile`` through a real broker, two real agents and the real CLI.
+
+One agent runs a worker per job (the default); the other keeps its worker between jobs
+(``[training] keep_worker = true``), so its next job runs in the same process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from coordinator.local_broker import LocalBroker
+from coordinator.planning.profiles import load_profile_meta, load_profiles
+from protocol.jobs import ProfileCommand
+from protocol.signing import generate_key_hex, sign_command
+from tests.conftest import AgentFactory
+from tests.helpers import wait_until
+from tests.integration.test_commands import Client
+
+ONE_SHOT, KEPT = "prof-once", "prof-kept"
+
+
+def _agent_config(board: str, key: Path, keep_worker: bool) -> str:
+    return (f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
+            f"[training]\nkeep_worker = {'true' if keep_worker else 'false'}\n")
+
+
+@pytest.fixture(scope="module")
+def fleet(mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, AgentFactory]]:
+    tmp = tmp_path_factory.mktemp("profile")
+    key = tmp / "fleet.key"
+    key.write_text(generate_key_hex() + "\n")
+    key.chmod(0o600)
+    factory = AgentFactory(tmp)
+    try:
+        for board, keep in ((ONE_SHOT, False), (KEPT, True)):
+            agent = factory.start(board, mosquitto.address, config=_agent_config(board, key, keep))
+            wait_until(lambda agent=agent: "connected to broker" in agent.log(), timeout_s=30, what=f"{board} connected")
+        yield key, factory
+    finally:
+        factory.stop_all()
+
+
+def _profile(broker: LocalBroker, key: Path, *args: str, timeout_s: float = 120,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "profile", "--fleet-key", str(key),
+           "--threads", "1", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def _workers(agent_pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(agent_pid).children()]
+
+
+def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
+    key, factory = fleet
+    once, kept = factory.procs
+    path = tmp_path / "profile.json"
+    done = _profile(mosquitto, key, "--boards", f"{ONE_SHOT},{KEPT}", "--model", "lenet5", "--dataset", "digits",
+                    "--batch", "8,16", "--warmup", "2", "--steps", "5", "--probe-bytes", "1000000", "--profile", str(path))
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert f"saved to {path}" in done.stdout and "batch 16" in done.stdout and "Traceback" not in done.stderr
+
+    fleet_profile = load_profiles(path)["default"]
+    assert set(fleet_profile.boards) == {ONE_SHOT, KEPT}
+    assert fleet_profile.grad_bytes > 0 and fleet_profile.coordinator_link_bytes_per_s > 0
+    for board in fleet_profile.boards.values():
+        small, large = board.points
+        assert (small.batch_size, large.batch_size) == (8, 16)
+        # The two "boards" share this machine's cores and run at once, so one board's raw medians at 8
+        # and 16 can swap; the fitted line, which the planner uses, grows with the batch.
+        assert small.step_time_s > 0 and large.step_time_s > 0
+        assert 0 < board.step_time(8) < board.step_time(16) < board.step_time(64)
+        assert small.peak_memory_bytes > 0 and large.peak_memory_bytes > 0 and board.memory_total_bytes > 0
+        assert board.link_bytes_per_s > 0 and (board.link_down_bytes_per_s or 0) > 0
+        assert board.power_source == "estimated" and board.active_power_w >= board.idle_power_w > 0
+    meta = load_profile_meta(path)
+    assert meta is not None and (meta.model, meta.dataset, meta.batch_sizes) == ("lenet5", "digits", [8, 16])
+
+    # The one-shot board's worker exits after its job; the kept one waits for the next job.
+    wait_until(lambda: not _workers(once.proc.pid), timeout_s=30, what="the one-shot worker to exit")
+    (worker_pid,) = _workers(kept.proc.pid)
+    client = Client(mosquitto, KEPT)
+    try:
+        command = ProfileCommand(job_id="again-0", board_id=KEPT, model="lenet5", dataset="digits", batch_sizes=[4, 8],
+                                 warmup_steps=1, timed_steps=2, threads=1, probe_host="127.0.0.1", probe_port=9,
+                                 probe_token="t", probe_bytes=0)
+        client.publish(KEPT, sign_command(command.to_dict(), key=bytes.fromhex(key.read_text())))
+        ended = wait_until(lambda: [e for e in client.events if e.job_id == "again-0" and e.phase in ("finished", "failed")],
+                           timeout_s=30, what="the second job on the kept worker")
+    finally:
+        client.close()
+    assert ended[0].phase == "finished", ended[0].message
+    running = [e for e in client.events if e.phase == "running"]
+    assert running[0].data == {"worker_pid": worker_pid} and ended[0].data["worker_pid"] == worker_pid
+    assert _workers(kept.proc.pid) == [worker_pid]
+    assert f"sending it to the running worker (pid {worker_pid})" in kept.log()
+
+
+def test_an_unknown_model_fails_before_anything_starts(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
+    key, _ = fleet
+    done = _profile(mosquitto, key, "--boards", ONE_SHOT, "--model", "no-such-model", "--profile", str(tmp_path / "p.json"))
+    assert done.returncode == 1
+    assert "no-such-model" in done.stderr and "lenet5" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_board_that_is_not_there_is_named_before_anything_starts(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
+    key, _ = fleet
+    done = _profile(mosquitto, key, "--boards", f"{ONE_SHOT},ghost", "--batch", "8,16", "--profile", str(tmp_path / "p.json"))
+    assert done.returncode == 1
+    assert "board ghost has never reported" in done.stderr and "Traceback" not in done.stderr
+
+
+COORDINATOR_ONLY_MODEL = """
+import math
+
+import pytorch_lightning as pl
+import torch
+
+
+class Net(pl.LightningModule):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+def test_a_board_that_fails_mid_profile_is_named_with_its_reason(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
+    key, _ = fleet
+    (tmp_path / "coordinator_only_model.py").write_text(COORDINATOR_ONLY_MODEL)  # installed here, not on the board
+    done = _profile(mosquitto, key, "--boards", ONE_SHOT, "--model", "coordinator_only_model:Net", "--batch", "8,16",
+                    "--profile", str(tmp_path / "p.json"), env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert f"board {ONE_SHOT} failed to profile variant default" in done.stderr
+    assert "cannot import module 'coordinator_only_model'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.json").exists()
