@@ -49,6 +49,9 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the sampled batches (default 0)")
     p.add_argument("--probe-bytes", type=int, default=4_000_000, metavar="N",
                    help="bytes each board uploads and downloads to measure its link (default 4000000)")
+    p.add_argument("--parallel", type=int, default=0, metavar="N",
+                   help="profile N boards at a time (default 0: all at once). For emulated fleets that share one "
+                        "machine's cores: boards timed together there slow each other down; real boards do not")
     p.add_argument("--exchange-host", default="", help="address the boards reach this machine at (default: this machine's address towards the broker)")
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, metavar="FILE",
                    help=f"where the profile is written (default ./{DEFAULT_PROFILE})")
@@ -65,7 +68,8 @@ def build_request(args: argparse.Namespace) -> Any:
                           dataset_options=parse_options(args.dataset_options),
                           batch_sizes=sorted(parse_int_list(args.batch, "--batch")), warmup_steps=args.warmup,
                           timed_steps=args.steps, wire_dtype=args.wire_dtype, threads=args.threads, seed=args.seed,
-                          probe_bytes=args.probe_bytes, exchange_host=args.exchange_host)
+                          probe_bytes=args.probe_bytes, exchange_host=args.exchange_host,
+                          parallel=args.parallel)
 
 
 def _si(value: float, unit: str) -> str:

@@ -23,10 +23,23 @@ from typing import Any
 
 from coordinator.board_channel import BoardChannel
 from coordinator.fleet_select import check_boards_ready
-from coordinator.planning.profiles import BatchPoint, BoardProfile, FleetProfile, model_key, variant_label
+from coordinator.planning.profiles import (
+    BatchPoint,
+    BoardProfile,
+    FleetProfile,
+    model_key,
+    variant_label,
+)
 from protocol.errors import ConfigError, EdgeTrainError
 from protocol.framing import read_frame, write_frame
-from protocol.jobs import MAX_PROBE_BYTES, PROBE_VERSION, WIRE_DTYPES, JobEvent, ProfileCommand, StopCommand
+from protocol.jobs import (
+    MAX_PROBE_BYTES,
+    PROBE_VERSION,
+    WIRE_DTYPES,
+    JobEvent,
+    ProfileCommand,
+    StopCommand,
+)
 from protocol.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -54,6 +67,8 @@ class ProfileRequest:
     seed: int = 0
     probe_bytes: int = 4_000_000         # per direction; 0 skips the link probe (links then unmeasured: refused)
     exchange_host: str = ""              # the address boards reach this machine at (default: towards the broker)
+    parallel: int = 0                    # boards profiled at once; 0 = all. Emulated fleets sharing one host's
+                                         # cores time slower together than apart; real boards do not
 
     def __post_init__(self) -> None:
         if len(set(self.batch_sizes)) < 2 or any(b < 1 for b in self.batch_sizes):
@@ -68,6 +83,8 @@ class ProfileRequest:
             raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
         if self.threads < 0:
             raise ConfigError(f"--threads {self.threads} must be 0 (torch's choice) or more")
+        if self.parallel < 0:
+            raise ConfigError(f"--parallel {self.parallel} must be 0 (every board at once) or more")
         if not 1 <= self.probe_bytes <= MAX_PROBE_BYTES:
             raise ConfigError(f"--probe-bytes {self.probe_bytes} must be 1-{MAX_PROBE_BYTES}")
 
@@ -106,10 +123,12 @@ class LinkProbeServer:
         token: the secret sent to the boards in their signed commands.
         boards: the boards expected; the aggregate upload starts once all of them (but those
             :meth:`drop`-ped) have had their turn, or ``PROBE_WAIT_S`` after the first one did.
+        aggregate: False skips the aggregate upload (boards profiled a few at a time never
+            upload together); :attr:`aggregate_bytes_per_s` is then None.
     """
 
-    def __init__(self, *, job_id: str, token: str, boards: Iterable[str]) -> None:
-        self.job_id, self.token = job_id, token
+    def __init__(self, *, job_id: str, token: str, boards: Iterable[str], aggregate: bool = True) -> None:
+        self.job_id, self.token, self.aggregate = job_id, token, aggregate
         self.expected = set(boards)
         self._dropped: set[str] = set()
         self._waiting: set[str] = set()
@@ -184,6 +203,9 @@ class LinkProbeServer:
                 if down.get("type") != "down":
                     raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
                 await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
+            if not self.aggregate:
+                await _send(writer, {"type": "done"})
+                return
             self._waiting.add(board)
             self._maybe_release()
             try:
@@ -325,7 +347,9 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
     run_id = f"profile-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
     channel = BoardChannel(broker, fleet_key, boards)
-    probe = LinkProbeServer(job_id=f"{run_id}-0", token=token, boards=boards)
+    waves = request.parallel if 0 < request.parallel < len(boards) else 0
+    probe = LinkProbeServer(job_id=f"{run_id}-0", token=token, boards=boards, aggregate=not waves)
+    slots = asyncio.Semaphore(waves or len(boards))
     await channel.open()
     jobs = _Jobs(channel, boards, on_note)
     pump = asyncio.ensure_future(jobs.pump())
@@ -347,7 +371,8 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
                     threads=request.threads, probe_host=advertised, probe_port=port, probe_token=token,
                     probe_bytes=request.probe_bytes if i == 0 else 0)
                 try:
-                    results.append(await jobs.run(board, command, variant.label))
+                    async with slots:
+                        results.append(await jobs.run(board, command, variant.label))
                 except ProfileFailed:
                     probe.drop(board)
                     raise
@@ -376,7 +401,8 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         if not isinstance(link, dict):
             raise ProfileFailed(f"board {board} did not report its link throughput; upgrade its agent")
         links[board] = link
-    coordinator_link = probe.aggregate_bytes_per_s or max(float(link["up_bytes_per_s"]) for link in links.values())
+    # Not measured (boards profiled apart): the boards' uplinks added up, i.e. no bottleneck of its own.
+    coordinator_link = probe.aggregate_bytes_per_s or sum(float(link["up_bytes_per_s"]) for link in links.values())
     grad_bytes = {v.label: v.param_count * WIRE_BYTES[request.wire_dtype] for v in variants}
     return {v.label: FleetProfile(model_key=v.model_key, grad_bytes=grad_bytes[v.label],
                                   coordinator_link_bytes_per_s=coordinator_link, dataset_len=dataset_len,
