@@ -33,8 +33,14 @@ overhead, <= 15% error, the whole run within an hour.
 
 Boards are profiled ``--profile-parallel`` (3) at a time: on this 2-core machine eight emulated
 boards timed together ran up to 1.5x slower than their quotas say (the host's cores, softirq and
-the agents' own work are shared), a slowdown real boards do not have; profiling all at once put
-the hit rate at 70.8% (17/24) with the same runs otherwise.
+the agents' own work are shared), a slowdown real boards do not have.
+
+Measured on 2026-11-22 (28.8 min): hits 17/24 = 70.8% (target 90%, anchor 76.67%), profiling
+0.9% of a 10-epoch job, MAPE 9.3% step time and 12.9% energy over 216 runs. The misses are
+near-ties decided by profile noise: two identical Pi 5 boards fitted 0.35 and 0.75 ms/sample from
+8 timed steps at batch 8 and 32, and the lines are extrapolated to the single-board batch of 64.
+Profiling at the batch sizes the plan will use (e.g. ``--profile-batches 8 32 64``) and more timed
+steps are the next things to try.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
