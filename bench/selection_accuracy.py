@@ -39,8 +39,10 @@ Measured on 2026-11-22 (28.8 min): hits 17/24 = 70.8% (target 90%, anchor 76.67%
 0.9% of a 10-epoch job, MAPE 9.3% step time and 12.9% energy over 216 runs. The misses are
 near-ties decided by profile noise: two identical Pi 5 boards fitted 0.35 and 0.75 ms/sample from
 8 timed steps at batch 8 and 32, and the lines are extrapolated to the single-board batch of 64.
-Profiling at the batch sizes the plan will use (e.g. ``--profile-batches 8 32 64``) and more timed
-steps are the next things to try.
+Profiling at the batch sizes the plan will use and more timed steps fixes that case:
+``--fleets fleet8 --models lenet5 --profile-batches 8 32 64 --profile-steps 20`` hit 3/3 (was 1/3),
+profiling 4.5% of the 10-epoch job, MAPE 8.9% / 10.9% (5.4 min); a full run with those settings
+is still to be made.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
