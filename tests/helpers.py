@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,3 +38,19 @@ def status_json(broker: str, *, config: Path | None = None) -> dict[str, dict[st
         assert "Traceback" not in result.stderr, result.stderr
         return {}
     return {row["board_id"]: row for row in json.loads(result.stdout)}
+
+
+def interrupt_after(cmd: list[str], progress: Callable[[], int], at_least: int, *, what: str,
+                    timeout_s: float = 180) -> tuple[int, str, str]:
+    """Run ``cmd``, press Ctrl-C (SIGINT) once ``progress()`` reaches ``at_least``; (exit code, stdout, stderr)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: progress() >= at_least, timeout_s=timeout_s, what=what)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err

@@ -10,7 +10,6 @@ re-balancer out, so that the schedule is known in advance.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from coordinator.exchange import SPLIT_LEAD_STEPS
 from coordinator.local_broker import LocalBroker, start_mosquitto
 from protocol.signing import generate_key_hex
 from tests.conftest import AgentFactory
-from tests.helpers import wait_until
+from tests.helpers import interrupt_after
 from tests.integration.test_training import (
     MODEL_OPTIONS,
     SEED,
@@ -98,16 +97,9 @@ def test_a_resumed_run_continues_with_the_split_in_force_at_its_checkpoint(fleet
     run_dir = tmp_path / "interrupted"
     args = ("--boards", "r1,r2", "--batch", "16,32", "--steps", "30", "--checkpoint-every", "5", "--no-rebalance",
             "--force-split", "6:40,8")
-    proc = subprocess.Popen(_train_cmd(broker, key, run_dir, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        wait_until(lambda: len(_lines(run_dir)) >= 10, timeout_s=180, what="10 steps of the interrupted run")
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err + out
+    code, out, err = interrupt_after(_train_cmd(broker, key, run_dir, *args), lambda: len(_lines(run_dir)), 10,
+                                     what="10 steps of the interrupted run")
+    assert code == 130, err + out
     stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
     assert 10 <= stopped_at < 30
 

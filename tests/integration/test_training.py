@@ -21,7 +21,7 @@ import torch
 from coordinator.local_broker import LocalBroker, start_mosquitto
 from protocol.signing import generate_key_hex
 from tests.conftest import AgentFactory
-from tests.helpers import status_json, wait_until
+from tests.helpers import interrupt_after, status_json, wait_until
 
 SEED = 7
 # SGD with momentum: Adam divides by sqrt(v), which turns rounding-level differences in the summation
@@ -132,15 +132,8 @@ def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
            "--threads", "1", "--run-dir", str(run_dir), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: len(_steps(run_dir)) >= 12, timeout_s=180, what="12 steps of the interrupted run")
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err + out
+    code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 12, what="12 steps of the interrupted run")
+    assert code == 130, err + out
     assert "--resume" in out
     stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
     assert 12 <= stopped_at < 60 and not (run_dir / "model.pt").exists()
