@@ -319,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, default=64, help="global batch of every configuration (default 64)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per run (default 3)")
     parser.add_argument("--steps", type=int, default=15, help="timed steps per run (default 15)")
-    parser.add_argument("--profile-batches", type=int, nargs="+", default=[8, 32], help="per-board batch sizes profiled")
+    parser.add_argument("--profile-batches", type=int, nargs="+", default=[8, 32, 64],
+                        help="per-board batch sizes profiled (default 8 32 64: the range the plans use)")
     parser.add_argument("--profile-warmup", type=int, default=2)
-    parser.add_argument("--profile-steps", type=int, default=8)
+    parser.add_argument("--profile-steps", type=int, default=20, help="timed profile steps per batch size (default 20)")
     parser.add_argument("--profile-parallel", type=int, default=3,
                         help="boards profiled at once (default 3): on one 2-core host eight boards timed together "
                              "slow each other by up to 1.5x, which real boards never do")

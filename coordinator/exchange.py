@@ -77,7 +77,7 @@ class _Board:
     n: int = 0
     loss: float | None = None
     compute_s: float | None = None
-    reader: FrameReader | None = None     # reads its frames in loop callbacks; paused while ``grad`` is a view
+    reader: FrameReader | None = None     # reads its frames in loop callbacks
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
     refusal: str = ""                       # why its gradient for that step was refused
@@ -117,6 +117,7 @@ class ExchangeServer:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
+        self._in_order = list(self.boards.values())  # by board index: the reduce's fixed order
         self._welcome_state = welcome_state
         self.max_grad_norm = max_grad_norm
         self._sum = np.zeros(param_count, dtype=np.float32)
@@ -348,7 +349,7 @@ class ExchangeServer:
 
     def batch_sizes_at(self, step: int) -> list[int]:
         """Every board's batch size at ``step``, by board index."""
-        sizes = [b.batch_size for b in sorted(self.boards.values(), key=lambda b: b.index)]
+        sizes = [b.batch_size for b in self._in_order]
         for split in self._splits:
             if split["from_step"] <= step:
                 sizes = list(split["batch_sizes"])
@@ -359,7 +360,8 @@ class ExchangeServer:
         """Read the board's gradients until its connection ends; raises why it ended.
 
         Frames are read in event-loop callbacks (``FrameReader``): no task wakes per frame. A kept
-        gradient is a view into the board's buffer, so reading pauses until the step is reduced.
+        gradient is a view into the reader's buffer until the step is reduced (a board sends its
+        next gradient only after it has the result, so the buffer is free again by then).
         """
         assert board.sock is not None
         reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame))
@@ -371,10 +373,10 @@ class ExchangeServer:
         raise reason
 
     def _on_frame(self, board: _Board, frame: dict[str, Any]) -> bool:
-        """A frame arrived from ``board``; returns whether to read on (not while its gradient is kept)."""
+        """A frame arrived from ``board``; read on."""
         self._accept_grad(board, frame)
         self._arrived.set()
-        return board.grad is None
+        return True
 
     def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
         """Keep a board's gradient for the current step, or flag why not."""
@@ -445,7 +447,7 @@ class ExchangeServer:
         refused: dict[str, str] = {}
         late: list[str] = []
         kept: list[_Board] = []
-        for board in sorted(self.boards.values(), key=lambda b: b.index):  # fixed order: deterministic sums
+        for board in self._in_order:  # fixed order: deterministic sums
             if not board.welcomed:
                 continue
             if board.grad is not None:
@@ -537,15 +539,13 @@ class ExchangeServer:
             self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
             segments = frame_segments(frame)  # encoded once
             targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
+            self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
             outcomes = await send_to_all(loop, [b.sock for b in targets], segments)  # type: ignore[misc]
-            self._step = step + 1  # a fast board may send the next step's gradient right away
             for board, outcome in zip(targets, outcomes):
                 if isinstance(outcome, BaseException):
                     self._gone(board, f"could not receive the step's result ({outcome})")
                 else:
                     self.bytes_out += outcome
-                if board.reader is not None:
-                    board.reader.resume()  # its gradient is reduced: read the next one
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
             apply(self.wire_to_float32(wire))
         return result

@@ -2,10 +2,10 @@
 the :class:`~coordinator.planning.profiles.FleetProfile` of every model variant.
 
 Every board runs one profile job per variant, variants one after the other; boards run in
-parallel. The first job of each board also probes its link against :class:`LinkProbeServer`,
-which serves one board at a time (so that one board's figures are not shared with another's),
-then lets every board that has finished upload at once: that aggregate is the coordinator's own
-link, ``coordinator_link_bytes_per_s``. The model is also built here, to count the gradient's
+parallel. The first job of each board also probes its link against
+:class:`~coordinator.link_probe.LinkProbeServer`, which serves one board at a time (so that one
+board's figures are not shared with another's), then lets every board that has finished upload at
+once: that aggregate is the coordinator's own link, ``coordinator_link_bytes_per_s``. The model is also built here, to count the gradient's
 bytes and to name what was measured (:func:`~coordinator.planning.profiles.model_key`); a board
 that builds it with another parameter count is refused.
 """
@@ -13,16 +13,15 @@ that builds it with another parameter count is refused.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.board_channel import BoardChannel
 from coordinator.fleet_select import check_boards_ready
+from coordinator.link_probe import LinkProbeServer
 from coordinator.planning.profiles import (
     BatchPoint,
     BoardProfile,
@@ -31,10 +30,8 @@ from coordinator.planning.profiles import (
     variant_label,
 )
 from protocol.errors import ConfigError, EdgeTrainError
-from protocol.framing import read_frame, write_frame
 from protocol.jobs import (
     MAX_PROBE_BYTES,
-    PROBE_VERSION,
     WIRE_DTYPES,
     JobEvent,
     ProfileCommand,
@@ -42,13 +39,8 @@ from protocol.jobs import (
 )
 from protocol.settings import BrokerSettings
 
-log = logging.getLogger(__name__)
-
 JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20 s on a Pi) plus every batch size
-PROBE_WAIT_S = 300.0        # how long a probed board waits for the others before the aggregate upload
-PROBE_IO_TIMEOUT_S = 120.0  # one transfer of the probe, or one frame
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,143 +105,6 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
         count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
         variants.append(_Variant(variant_label(options), dict(options), model_key(request.model, options, shape), count))
     return variants, len(dataset)
-
-
-class LinkProbeServer:
-    """The endpoint boards measure their link against (frames: ``protocol.jobs.PROBE_VERSION``).
-
-    Args:
-        job_id: the profile's id; a board must name it.
-        token: the secret sent to the boards in their signed commands.
-        boards: the boards expected; the aggregate upload starts once all of them (but those
-            :meth:`drop`-ped) have had their turn, or ``PROBE_WAIT_S`` after the first one did.
-        aggregate: False skips the aggregate upload (boards profiled a few at a time never
-            upload together); :attr:`aggregate_bytes_per_s` is then None.
-    """
-
-    def __init__(self, *, job_id: str, token: str, boards: Iterable[str], aggregate: bool = True) -> None:
-        self.job_id, self.token, self.aggregate = job_id, token, aggregate
-        self.expected = set(boards)
-        self._dropped: set[str] = set()
-        self._waiting: set[str] = set()
-        self._solo = asyncio.Lock()
-        self._release = asyncio.Event()
-        self._members: set[str] = set()
-        self._started = 0.0
-        self._uploads: list[tuple[int, float]] = []  # (bytes, end time) of the aggregate phase
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self, host: str, port: int = 0) -> int:
-        """Listen; returns the port."""
-        self._server = await asyncio.start_server(self._handle, host, port)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    def drop(self, board: str) -> None:
-        """Do not wait for ``board`` (its job failed)."""
-        self._dropped.add(board)
-        self._maybe_release()
-
-    @property
-    def aggregate_bytes_per_s(self) -> float | None:
-        """What the coordinator took in with every waiting board uploading at once; None if not measured.
-
-        The sum of each board's own rate during the concurrent upload, not total bytes over the
-        slowest board's time: a 20 Mbit/s board finishing last must not make a gigabit link look
-        slow. When the coordinator's link is the bottleneck the boards share it and the sum is
-        its capacity; when it is not, the sum is about the boards' own links added up, and the
-        cost model's coordinator term stays below its per-board link term.
-        """
-        if not self._uploads:
-            return None
-        return sum(n / max(end - self._started, 1e-9) for n, end in self._uploads)
-
-    def _maybe_release(self) -> None:
-        if not self._release.is_set() and self._waiting and self._waiting >= self.expected - self._dropped:
-            self._release_now()
-
-    def _release_now(self) -> None:
-        self._members = set(self._waiting)
-        self._started = asyncio.get_running_loop().time()
-        self._release.set()
-
-    def _refusal(self, hello: dict[str, Any]) -> str:
-        if hello.get("type") != "probe-hello" or hello.get("v") != PROBE_VERSION:
-            return f"expected probe-hello version {PROBE_VERSION}; upgrade the agent or the coordinator"
-        if hello.get("job_id") != self.job_id or not hmac.compare_digest(str(hello.get("token", "")), self.token):
-            return "wrong profile job or token"
-        if hello.get("board_id") not in self.expected:
-            return f"board {hello.get('board_id')!r} is not part of this profile"
-        size = hello.get("bytes")
-        if not isinstance(size, int) or not 0 < size <= MAX_PROBE_BYTES:
-            return f"bytes must be 1-{MAX_PROBE_BYTES}"
-        return ""
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        board = "?"
-        try:
-            hello = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
-            refusal = self._refusal(hello)
-            if refusal:
-                log.warning("link probe: refused a connection: %s", refusal)
-                write_frame(writer, {"type": "error", "message": refusal})
-                await writer.drain()
-                return
-            board, size = str(hello["board_id"]), int(hello["bytes"])
-            async with self._solo:  # one board at a time: its figures are its own
-                await _send(writer, {"type": "go"})
-                await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
-                await _send(writer, {"type": "got"})
-                down = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
-                if down.get("type") != "down":
-                    raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
-                await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
-            if not self.aggregate:
-                await _send(writer, {"type": "done"})
-                return
-            self._waiting.add(board)
-            self._maybe_release()
-            try:
-                await asyncio.wait_for(self._release.wait(), PROBE_WAIT_S)
-            except asyncio.TimeoutError:
-                if not self._release.is_set():
-                    log.warning("link probe: boards %s did not come within %.0f s; measuring the aggregate without them",
-                                ", ".join(sorted(self.expected - self._dropped - self._waiting)), PROBE_WAIT_S)
-                    self._release_now()
-            if board in self._members:
-                await _send(writer, {"type": "aggregate"})
-                await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
-                self._uploads.append((size, asyncio.get_running_loop().time()))
-                await _send(writer, {"type": "got"})
-            await _send(writer, {"type": "done"})
-        except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, EdgeTrainError) as exc:
-            log.warning("link probe of board %s failed: %s", board, exc or type(exc).__name__)
-        finally:
-            writer.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-
-async def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:
-    write_frame(writer, frame)
-    await writer.drain()
-
-
-async def _discard(reader: asyncio.StreamReader, size: int) -> None:
-    left = size
-    while left:
-        left -= len(await reader.readexactly(min(left, _CHUNK)))
-
-
-async def _zeros(writer: asyncio.StreamWriter, size: int) -> None:
-    chunk, left = bytes(min(size, _CHUNK)), size
-    while left:
-        n = min(left, len(chunk))
-        writer.write(chunk[:n] if n < len(chunk) else chunk)
-        await writer.drain()
-        left -= n
 
 
 class ProfileFailed(EdgeTrainError):
@@ -411,4 +266,4 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
             for i, v in enumerate(variants)}
 
 
-__all__ = ["LinkProbeServer", "ProfileFailed", "ProfileRequest", "profile_fleet"]
+__all__ = ["ProfileFailed", "ProfileRequest", "profile_fleet"]

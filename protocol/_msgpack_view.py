@@ -4,9 +4,10 @@
 out into a new ``bytes``. For a 45 MB gradient frame that is two extra passes over fresh memory
 (page faults included), measured at ~10x a raw socket round. So:
 
-* :func:`pack_segments` lets msgpack pack the structure with each large buffer swapped for a
-  16-byte placeholder, then splices the real buffers back in as separate segments for
-  ``socket.sendmsg``. The joined segments are byte-for-byte what ``msgpack.packb`` would produce.
+* :func:`pack_segments` walks the structure once, lets msgpack's ``Packer`` pack everything
+  small and leaves each large buffer out as a separate segment for ``socket.sendmsg``. The
+  joined segments are byte-for-byte what ``msgpack.packb`` would produce. On request it adds a
+  padding entry that aligns the first large buffer (see ``ALIGN_KEY``).
 * :func:`unpack_view` is a small msgpack decoder that returns each large ``bin`` as a read-only
   slice of the input instead of a copy. It accepts exactly the msgpack types the frames use
   (nil, bool, int, float, str, bin, array, map with str keys), rejects ext types (Timestamp
@@ -22,8 +23,8 @@ out into a new ``bytes``. For a 45 MB gradient frame that is two extra passes ov
 
 from __future__ import annotations
 
-import secrets
 import struct
+import threading
 from typing import Any
 
 import msgpack
@@ -35,6 +36,7 @@ MAX_STR_BYTES = 16 * 1024 * 1024
 MAX_CONTAINER_LEN = 1_000_000    # entries in one array or map
 MAX_ITEMS = 4_000_000            # entries in all arrays and maps of one frame, bounding decode time
 MAX_DEPTH = 32                   # nesting of arrays and maps
+ALIGN_KEY = "_align"             # padding entry of a frame map (see pack_segments); receivers ignore it
 
 _U8, _U16, _U32, _U64 = (struct.Struct(f">{c}") for c in "BHIQ")
 _I8, _I16, _I32, _I64 = (struct.Struct(f">{c}") for c in "bhiq")
@@ -54,63 +56,114 @@ def _bin_header(nbytes: int) -> bytes:
     raise ValueError(f"a bin of {nbytes} bytes does not fit msgpack (limit 4 GiB - 1); split the tensor")
 
 
-def _swap_out_buffers(obj: Any, token: bytes, found: list[memoryview], depth: int) -> Any:
-    """Copy the structure (not the data), replacing big buffers with ``token``, in packing order."""
-    if isinstance(obj, (dict, list, tuple)) and depth >= MAX_DEPTH:
-        raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
-    if isinstance(obj, dict):
-        out = {}
+_PACKERS = threading.local()
+_KEEP_PACKER_BYTES = 4 << 20
+
+
+class _SegmentPacker:
+    """Packs a structure in one walk: msgpack's Packer for everything small, big buffers out of band."""
+
+    __slots__ = ("first_big", "packer", "segments", "size")
+
+    def __init__(self) -> None:
+        packer = getattr(_PACKERS, "packer", None)
+        if packer is None:  # a Packer allocates a 256 KiB buffer: one per thread, reused
+            packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        packer.reset()
+        self.packer = packer
+        self.segments: list[BytesLike] = []
+        self.size = 0                     # bytes in ``segments``
+        self.first_big: int | None = None  # offset of the first big buffer's data
+
+    def value(self, obj: Any, depth: int) -> None:
+        if isinstance(obj, dict):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
+            self.packer.pack_map_header(len(obj))
+            self.entries(obj, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
+            self.packer.pack_array_header(len(obj))
+            for item in obj:
+                self.value(item, depth + 1)
+        elif isinstance(obj, _BYTES_LIKE) and memoryview(obj).nbytes >= ZERO_COPY_MIN_BYTES:
+            view = memoryview(obj)
+            view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+            self.flush(_bin_header(view.nbytes))
+            if self.first_big is None:
+                self.first_big = self.size
+            self.segments.append(view)
+            self.size += view.nbytes
+        else:
+            self.packer.pack(obj)
+
+    def entries(self, obj: dict[Any, Any], depth: int) -> None:
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise ValueError(f"frame map keys must be str, got {key!r}; int-keyed dicts go through "
                                  "protocol.codec.encode_value")
-            out[key] = _swap_out_buffers(value, token, found, depth + 1)
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [_swap_out_buffers(item, token, found, depth + 1) for item in obj]
-    if isinstance(obj, _BYTES_LIKE):
-        view = memoryview(obj)
-        if view.nbytes >= ZERO_COPY_MIN_BYTES:
-            found.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
-            return token
-    return obj
+            self.packer.pack(key)
+            self.value(value, depth)
+
+    def flush(self, tail: bytes = b"") -> None:
+        """Move what the Packer holds (and ``tail``) into one segment."""
+        packed = self.packer.bytes() + tail
+        self.packer.reset()
+        if len(packed) > _KEEP_PACKER_BYTES:  # reset() keeps the grown buffer: let a big one go
+            self.packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        if packed:
+            self.segments.append(packed)
+            self.size += len(packed)
 
 
-def pack_segments(message: Any) -> list[BytesLike]:
+def _map_header(count: int) -> bytes:
+    if count < 16:
+        return bytes((0x80 | count,))
+    return b"\xde" + _U16.pack(count) if count < 1 << 16 else b"\xdf" + _U32.pack(count)
+
+
+def pack_segments(message: Any, *, align: int = 0) -> list[BytesLike]:
     """Pack ``message`` as msgpack, keeping bins of ``ZERO_COPY_MIN_BYTES`` or more out of band.
 
     Args:
         message: a msgpack-able structure; dict keys must be str; bins may be bytes, bytearray
             or C-contiguous memoryviews.
+        align: when > 0, ``message`` is a map and it holds a large bin, the map gets a first
+            entry :data:`ALIGN_KEY` whose value is 0 to ``align - 1`` zero bytes (a bin), chosen
+            so that the first large bin's data starts at a multiple of ``align`` in the output.
+            A receiver that reads the payload into aligned memory then gets an aligned array
+            (numpy's dot on a misaligned float32 view ran 30-50x slower here).
 
     Returns:
-        Buffers whose concatenation equals ``msgpack.packb(message)``. Large buffers are the
-        caller's own memory: do not modify them until the segments are sent.
+        Buffers whose concatenation equals ``msgpack.packb(message)`` (with the alignment entry
+        first, when one was added). Large buffers are the caller's own memory: do not modify
+        them until the segments are sent.
 
     Raises:
         ValueError: a non-str key, nesting deeper than ``MAX_DEPTH`` or a bin over 4 GiB.
         TypeError, OverflowError: a value msgpack cannot pack (an int beyond 64 bits).
         TypeError or BufferError: a non-contiguous memoryview.
     """
-    token = secrets.token_bytes(16)
-    buffers: list[memoryview] = []
-    skeleton = _swap_out_buffers(message, token, buffers, 0)
-    packed = msgpack.packb(skeleton, use_bin_type=True)
-    if not buffers:
-        return [packed]
-    marker = b"\xc4\x10" + token  # how packb writes the 16-byte placeholder
-    if packed.count(marker) != len(buffers):
-        # The random token also occurs in the data (odds ~2^-128): give up on zero copy.
-        return [msgpack.packb(message, use_bin_type=True)]
-    view = memoryview(packed)
-    segments: list[BytesLike] = []
-    start = 0
-    for buffer in buffers:
-        at = packed.index(marker, start)
-        segments += [view[start:at], _bin_header(buffer.nbytes), buffer]
-        start = at + len(marker)
-    segments.append(view[start:])
-    return [s for s in segments if len(s)]
+    out = _SegmentPacker()
+    padded = align > 0 and isinstance(message, dict) and ALIGN_KEY not in message
+    if not padded:
+        out.value(message, 0)
+        out.flush()
+        return out.segments
+    out.entries(message, 1)  # the map's header goes in front once the padding is known
+    out.flush()
+    if out.first_big is None:  # every segment is small packed bytes
+        return [_map_header(len(message)) + b"".join(out.segments)]  # type: ignore[arg-type]
+    if align > 256:
+        raise ValueError(f"align={align} is over 256 bytes")
+    header = _map_header(len(message) + 1) + _ALIGN_ENTRY
+    pad = -(len(header) + 1 + out.first_big) % align  # + 1: the bin8 length byte
+    # segments[0] is packed bytes: the first key comes before any big value.
+    return [header + bytes((pad,)) + bytes(pad) + out.segments[0], *out.segments[1:]]  # type: ignore[operator]
+
+
+_ALIGN_ENTRY = msgpack.packb(ALIGN_KEY) + b"\xc4"  # the key, then a bin8 type byte; its length and zeros follow
 
 
 class _Reader:
@@ -216,9 +269,19 @@ class _Reader:
             raise DecodeError(f"message nests deeper than {MAX_DEPTH} levels")
         self._count(n, 2, pos, "map")
         out: dict[str, Any] = {}
+        view, end = self.view, self.end
         for _ in range(n):
             key_at = pos
-            key, pos = self.read(pos, depth + 1)
+            code = view[pos] if pos < end else 0
+            if 0xA0 <= code <= 0xBF and pos + 1 + (code & 0x1F) <= end:  # a short str key: the common case, inline
+                stop = pos + 1 + (code & 0x1F)
+                try:
+                    key = str(view[pos + 1:stop], "utf-8")
+                except UnicodeDecodeError:
+                    key, stop = self._str(code & 0x1F, pos + 1)  # raises, naming the problem
+                pos = stop
+            else:
+                key, pos = self.read(pos, depth + 1)
             if not isinstance(key, str):
                 raise DecodeError(f"map key at offset {key_at} is {type(key).__name__}, not str")
             if key in out:
@@ -303,6 +366,7 @@ def unpack_view(data: BytesLike) -> Any:
 
 
 __all__ = [
+    "ALIGN_KEY",
     "MAX_CONTAINER_LEN",
     "MAX_DEPTH",
     "MAX_ITEMS",

@@ -17,6 +17,7 @@ from protocol.errors import DecodeError, ProtocolError
 from protocol.framing import (
     MAX_FRAME_BYTES,
     ConnectionClosed,
+    claim_buffer,
     decode_frame,
     encode_frame,
 )
@@ -163,8 +164,11 @@ class FrameReader:
 
     The loop calls back when the socket is readable; the callback reads as much of the current
     frame as has arrived (header, then body into ``buffer``, grown as needed), and hands each
-    complete frame to ``on_frame``. ``on_frame`` returns True to go on reading, or False to pause
-    because it keeps views into ``buffer``: :meth:`resume` once they are dropped. Reading ends
+    complete frame to ``on_frame``. Large bins in a frame are views into ``buffer``; ``on_frame``
+    may keep them: a frame that begins while any is alive goes into a fresh buffer (the exchange
+    drops its views before a board can send again, so in practice one buffer serves every frame
+    and the reader never stops watching the socket, which would cost two epoll_ctl calls a
+    frame). ``on_frame`` returns True to go on reading, or False to pause until :meth:`resume`. Reading ends
     with :attr:`done` holding the reason: ``ConnectionClosed`` (between frames), ``DecodeError``
     (truncated, oversized or malformed; also an exception ``on_frame`` raised) or ``OSError``.
     """
@@ -230,8 +234,7 @@ class FrameReader:
             (size,) = _HEADER.unpack(self._header)
             if size == 0 or size > self._max_bytes:
                 raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
-            if len(self.buffer) < size:
-                self.buffer.extend(bytes(size - len(self.buffer)))  # only while no views are alive (paused)
+            self.buffer = claim_buffer(self.buffer, size)  # a fresh one while views of the last frame are alive
             self._size, self._got = size, 0
             return True
         if self._got < self._size:

@@ -11,6 +11,11 @@ Both directions avoid copying tensor data (a 45 MB gradient frame is the common 
 * receiving reads into a reusable ``bytearray`` with ``recv_into`` and decodes over it, so each
   large ``bin`` is a read-only memoryview of that buffer and ``np.frombuffer`` on it is free.
 
+A frame holding a large tensor also starts with an ``_align`` entry of padding bytes so that the
+tensor's data starts at a multiple of :data:`FRAME_ALIGN` bytes in the payload: received into a
+buffer (always 16-byte aligned), it is an aligned array, which numpy reduces at full speed.
+:func:`decode_frame` drops the entry.
+
 The receiver checks the announced length against ``max_bytes`` before allocating anything, and
 the decoder enforces the limits of ``protocol._msgpack_view`` (string size, entries per array or
 map, total entries, nesting depth). After a ``DecodeError`` the stream position is unknown:
@@ -27,13 +32,14 @@ import socket
 import struct
 from typing import Any
 
-from protocol._msgpack_view import BytesLike, pack_segments, unpack_view
+from protocol._msgpack_view import ALIGN_KEY, BytesLike, pack_segments, unpack_view
 from protocol.errors import DecodeError, ProtocolError
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB; both ends may pass a smaller max_bytes
+FRAME_ALIGN = 16           # the first large tensor's data starts at a multiple of this in the payload
 
 _HEADER = struct.Struct(">I")
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
@@ -47,13 +53,15 @@ def encode_frame(message: dict[str, Any], *, max_bytes: int = MAX_FRAME_BYTES) -
     """Encode ``message`` as a frame: the length header, then the payload's segments.
 
     Raises:
-        ValueError: ``message`` is not a dict with a str ``"type"``, has a non-str key, or the
-            payload exceeds ``max_bytes``.
+        ValueError: ``message`` is not a dict with a str ``"type"``, has a non-str key or the
+            reserved key ``"_align"``, or the payload exceeds ``max_bytes``.
         TypeError: a value msgpack cannot pack (convert tensors with ``protocol.codec``).
     """
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ValueError("a frame is a dict with a str 'type' key")
-    segments = pack_segments(message)
+    if ALIGN_KEY in message:
+        raise ValueError(f"the key {ALIGN_KEY!r} is reserved for the frame's padding")
+    segments = pack_segments(message, align=FRAME_ALIGN)
     size = sum(len(segment) for segment in segments)
     if size > max_bytes:
         raise ValueError(f"frame of {size} bytes exceeds max_bytes={max_bytes}; split the message "
@@ -72,6 +80,7 @@ def decode_frame(payload: BytesLike) -> dict[str, Any]:
         raise DecodeError(f"a frame must hold a map, not {type(message).__name__}")
     if not isinstance(message.get("type"), str):
         raise DecodeError(f"frame has no str 'type' key (keys: {sorted(message)[:8]})")
+    message.pop(ALIGN_KEY, None)
     return message
 
 
@@ -134,7 +143,7 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> int:
     return got
 
 
-def _claim(buffer: bytearray | None, size: int) -> bytearray:
+def claim_buffer(buffer: bytearray | None, size: int) -> bytearray:
     """Return ``buffer`` grown to ``size`` bytes, or a new bytearray if it is absent or still in use."""
     if buffer is None:
         return bytearray(size)
@@ -179,7 +188,7 @@ def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES,
         raise DecodeError(f"truncated frame header: {got} of {_HEADER.size} bytes before the peer closed")
     (size,) = _HEADER.unpack(header)
     _check_length(size, max_bytes)
-    view = memoryview(_claim(buffer, size))[:size]
+    view = memoryview(claim_buffer(buffer, size))[:size]
     got = _recv_exactly(sock, view)
     if got < size:
         raise DecodeError(f"truncated frame: {got} of {size} bytes before the peer closed")
@@ -227,9 +236,11 @@ def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any], *,
 
 
 __all__ = [
+    "FRAME_ALIGN",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "ConnectionClosed",
+    "claim_buffer",
     "decode_frame",
     "encode_frame",
     "read_frame",

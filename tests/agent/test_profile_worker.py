@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from agent.board_resources import PowerMeter, cgroup_memory_limit
 from agent.job_runner import JobRunner, WorkerContext, job_line
-from agent.profile_worker import PowerMeter, ProfileError, cgroup_memory_limit, probe_link, run_profile
-from coordinator.profiling import LinkProbeServer
+from agent.link_probe import ProfileError, probe_link
+from agent.profile_worker import run_profile
+from coordinator.link_probe import LinkProbeServer
 from protocol.errors import ConfigError
 from protocol.jobs import ProfileCommand
 from tests.helpers import wait_until

@@ -72,6 +72,42 @@ def test_reader_delivers_frames_split_anywhere_and_pauses_while_views_are_alive(
     asyncio.run(main())
 
 
+def test_a_frame_arriving_while_views_are_alive_goes_to_a_fresh_buffer_and_a_free_buffer_is_reused() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        left, right = _pair()
+        grads = [np.arange(100_000, dtype=np.float32) * (i + 1) for i in range(4)]
+        kept: list[np.ndarray] = []
+        buffers: list[int] = []
+        arrived = asyncio.Event()
+
+        def on_frame(frame: dict[str, Any]) -> bool:
+            view = decode_array(frame["g"], max_elements=100_000)
+            buffers.append(id(reader.buffer))
+            if frame["step"] < 2:
+                kept.append(view)  # frames 0 and 1 keep their views while 1 and 2 arrive
+            arrived.set()
+            return True  # never paused
+
+        reader = FrameReader(loop, right, bytearray(), on_frame)
+        reader.resume()
+        for i, grad in enumerate(grads):
+            if i == 3:
+                kept.clear()  # views gone: the last frame may reuse the buffer
+            await loop.sock_sendall(left, _raw({"type": "grad", "step": i, "g": encode_array(grad)}))
+            await asyncio.wait_for(arrived.wait(), TIMEOUT_S)
+            arrived.clear()
+            if i < 2:
+                assert all(np.array_equal(view, grads[k]) for k, view in enumerate(kept))  # never overwritten
+        assert len(set(buffers[:3])) == 3  # frames 1 and 2 each found the last buffer in use
+        assert buffers[3] == buffers[2]    # frame 3 found it free
+        left.close()
+        assert isinstance(await asyncio.wait_for(reader.done, TIMEOUT_S), ConnectionClosed)
+        right.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("wire, fragment", [
     (struct.pack(">I", 0), "accepted are 1 to"),
     (struct.pack(">I", 1 << 31), "accepted are 1 to"),
