@@ -59,6 +59,23 @@ class _BatchNotGiven(str):
     """The train parser's ``--batch`` default, recognisable as 'not given' under ``--auto``."""
 
 
+class _ObjectiveNotGiven(str):
+    """The train parser's ``--objective`` default, recognisable as 'not given' without ``--auto``."""
+
+
+def planner_flags_given(args: argparse.Namespace) -> list[str]:
+    """The planner's flags given on a ``train`` command line (they mean something only with ``--auto``)."""
+    given = {
+        "--objective": not isinstance(args.objective, _ObjectiveNotGiven),
+        "--max-power": args.max_power is not None,
+        "--deadline": args.deadline is not None,
+        "--count-idle": args.count_idle,
+        "--reprofile": args.reprofile,
+        "--verify": bool(args.verify),
+    }
+    return [flag for flag, present in given.items() if present]
+
+
 def add_auto_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--auto`` and the planner's flags to the ``train`` parser."""
     parser.add_argument("--auto", action="store_true",
@@ -70,7 +87,8 @@ def add_auto_args(parser: argparse.ArgumentParser) -> None:
                         help="with --auto: pre-train the best K candidates for a few steps and take the best measured")
     parser.add_argument("--verify-steps", type=int, default=20, metavar="N",
                         help="with --verify: timed steps per candidate (default 20)")
-    parser.set_defaults(batch=_BatchNotGiven(parser.get_default("batch") or "32"))
+    parser.set_defaults(batch=_BatchNotGiven(parser.get_default("batch") or "32"),
+                        objective=_ObjectiveNotGiven(parser.get_default("objective")))
     parser.epilog = (parser.epilog or "") + AUTO_EPILOG
 
 

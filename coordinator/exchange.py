@@ -418,29 +418,30 @@ class ExchangeServer:
         return max(minimum_s, 5 * statistics.median(self._recent_s[-20:]))
 
     def _weighted_sum(self, grads: list[tuple[np.ndarray, int]], total: int) -> list[float]:
-        """``sum = Σ n_i g_i / total`` in board order, in one cache-blocked pass over memory.
+        """``sum = Σ (n_i / total) g_i`` in board order, in one cache-blocked pass over memory.
 
         Returns each gradient's squared norm (NaN or Inf anywhere makes it non-finite). Widening
-        fp16/bf16 and scaling happen block by block in the scratch buffer: no large temporary.
+        fp16/bf16 and weighting happen block by block in the scratch buffer: no large temporary.
+        Each gradient is scaled by its weight n_i / total as it is added (no separate division
+        pass); the result equals Σ n_i g_i / Σ n_i to float32 rounding.
         """
         squares = [0.0] * len(grads)
-        scale = np.float32(total)
+        weights = [np.float32(n / total) for _, n in grads]
         for start in range(0, self.param_count, REDUCE_BLOCK):
             end = min(start + REDUCE_BLOCK, self.param_count)
             acc, tmp = self._sum[start:end], self._scratch[:end - start]
-            for i, (grad, n) in enumerate(grads):
+            for i, (grad, _) in enumerate(grads):
                 target = acc if i == 0 else tmp
                 part = grad[start:end]
                 if part.dtype == np.float32:  # read in place: no widening copy
                     squares[i] += float(np.dot(part, part))
-                    np.multiply(part, np.float32(n), out=target)
+                    np.multiply(part, weights[i], out=target)
                 else:
                     np.copyto(target, from_bf16_bits(part) if part.dtype == np.uint16 else part)
                     squares[i] += float(np.dot(target, target))
-                    target *= np.float32(n)
+                    target *= weights[i]
                 if i:
                     acc += tmp
-            acc /= scale
         return squares
 
     def _reduce(self, step: int, started: float) -> tuple[StepResult, np.ndarray]:

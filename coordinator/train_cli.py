@@ -191,10 +191,14 @@ def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.auto:
-        from coordinator.auto_train import run_auto
+    from coordinator.auto_train import planner_flags_given, run_auto
 
+    if args.auto:
         return run_auto(args)
+    planner_flags = planner_flags_given(args)
+    if planner_flags:
+        raise ConfigError(f"{', '.join(planner_flags)} tell the planner what to choose: add --auto (without it, train "
+                          "uses exactly the --boards and --batch you give)")
     from coordinator.config import load_coordinator_config
     from protocol.address import parse_host_port
     from protocol.signing import load_fleet_key

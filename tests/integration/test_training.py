@@ -153,7 +153,8 @@ def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path:
     run_dir = tmp_path / "kill"
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--model", "lenet5", "--dataset", "digits", "--seed", str(SEED), "--threads", "1", "--run-dir", str(run_dir),
-           "--boards", "t1,victim", "--batch", "16,16", "--steps", "120"]
+           "--boards", "t1,victim", "--batch", "16,16", "--steps", "120",
+           "--no-rebalance"]  # a re-split on timing noise before the kill would change t1's share
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: len(_steps(run_dir)) >= 10, timeout_s=180, what="10 steps with both boards")
@@ -181,6 +182,11 @@ def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 1 and "no-such-model" in unknown.stderr and "lenet5" in unknown.stderr
     assert "Traceback" not in unknown.stderr
+    planner_only = subprocess.run([sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train",
+                                   "--fleet-key", str(key), "--boards", "t1", "--objective", "time", "--max-power", "20",
+                                   "--steps", "5"], capture_output=True, text=True, timeout=120)
+    assert planner_only.returncode == 1 and "--objective, --max-power" in planner_only.stderr
+    assert "add --auto" in planner_only.stderr and "Traceback" not in planner_only.stderr
 
 
 def test_the_readme_example_model_and_dataset_train_unchanged(fleet, tmp_path: Path) -> None:

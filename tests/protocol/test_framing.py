@@ -147,6 +147,59 @@ def test_a_large_tensor_received_into_a_buffer_is_an_aligned_array(shape: tuple[
     assert "_align" not in frame and set(frame) == {"type", "g", *extra}
 
 
+def _walker(payload: bytes) -> Any:
+    """What the general decoder (no fast path) makes of a payload, or the DecodeError it raises."""
+    try:
+        obj, end = msgpack_view._Reader(memoryview(payload).toreadonly()).read(0, 0)
+    except DecodeError as exc:
+        return type(exc)
+    return obj if end == len(payload) else DecodeError
+
+
+def _decoded(payload: bytes) -> Any:
+    try:
+        return decode_frame(payload)
+    except DecodeError as exc:
+        return type(exc)
+
+
+def _tail(start: int, total: int) -> bytes:
+    """A bin32 header whose data would start at ``start`` and run to ``total``: what the fast path looks for."""
+    return b"\xc6" + struct.pack(">I", total - start)
+
+
+def test_the_fast_path_for_a_tensor_at_the_end_decodes_exactly_what_the_walker_does() -> None:
+    big = np.arange(20_000, dtype=np.float32).tobytes()  # 80 kB
+    aligned = b"".join(bytes(s) for s in encode_frame({"type": "avg", "step": 7, "g": {"data": big}}))[4:]
+    unaligned = msgpack.packb({"type": "avg", "step": 7, "g": {"data": big}})  # an older sender: no padding
+    assert _decoded(aligned) == _decoded(unaligned) == {"type": "avg", "step": 7, "g": {"data": memoryview(big)}}
+    assert isinstance(_decoded(aligned)["g"]["data"], memoryview)
+    # A fake bin header inside a bin that runs to the end: the outer bin wins, as msgpack says.
+    head = b"\x82\xa4type\xa4grad\xa1s\xc6"
+    total = len(head) + 4 + 70_000
+    body = bytearray(70_000)
+    body[48 - 5 - len(head) - 4:48 - len(head) - 4] = _tail(48, total)
+    swallowed = head + struct.pack(">I", 70_000) + bytes(body)
+    assert _decoded(swallowed) == _walker(swallowed) == {"type": "grad", "s": bytes(body)}
+    # Inside a str the fake header is invalid UTF-8: both decoders refuse it.
+    as_text = head[:-1] + b"\xdb" + swallowed[len(head):]
+    assert _decoded(as_text) is DecodeError and _walker(as_text) is DecodeError
+    # A bin that would swallow the stand-in (ending 13 bytes after the fake header), then more entries.
+    head = b"\x83\xa4type\xa4grad\xa1s\xc4"
+    length = 48 + 13 - len(head) - 1
+    body = bytearray(b"y" * length)
+    rest = b"\xa1d\xc6" + struct.pack(">I", 70_000) + bytes(70_000)
+    total = len(head) + 1 + length + len(rest)
+    body[length - 18:length - 13] = _tail(48, total)
+    tricky = head + bytes((length,)) + bytes(body) + rest
+    assert len(tricky) == total and _decoded(tricky) == _walker(tricky)
+    assert _decoded(tricky)["s"] == bytes(body) and _decoded(tricky)["d"] == bytes(70_000)
+    # The same bin as the last value: the input has bytes the map does not hold, for both decoders.
+    body[length - 18:length - 13] = _tail(48, len(head) + 1 + length + 70_000)
+    tricky_last = b"\x82" + head[1:] + bytes((length,)) + bytes(body) + bytes(70_000)
+    assert _decoded(tricky_last) is DecodeError and _walker(tricky_last) is DecodeError
+
+
 def test_the_padding_key_is_reserved() -> None:
     with pytest.raises(ValueError, match="_align"):
         encode_frame({"type": "grad", "_align": b""})
