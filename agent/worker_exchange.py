@@ -17,7 +17,8 @@ import torch
 
 from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
 from protocol.errors import DecodeError, EdgeTrainError
-from protocol.framing import recv_frame, send_frame
+from protocol.framing import recv_frame, send_frame, send_segments
+from protocol.hot_frames import HotFrame
 from workloads.params import assign_grads, flatten_grads, restore_optimizer_state, trainable_params
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class ExchangeClient:
         self.buffer = bytearray()  # reused for every result: no new large allocation per step
         self.param_count = 0
         self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
+        self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
         send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
@@ -95,9 +97,17 @@ class ExchangeClient:
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.
         """
-        send_frame(self.sock, {"type": "grad", "step": step, "n": n, "loss": loss, "compute_s": compute_s,
-                               "g": encode_array(grad)})
-        reply = recv_frame(self.sock, buffer=self.buffer)
+        tensor = encode_array(grad)
+        hot = self._hot.get(tensor["dtype"])
+        if hot is None:
+            hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
+        values = {"step": step, "n": n, "loss": loss, "compute_s": compute_s}
+        segments = hot[0].encode(values, tensor)  # fixed layout: one struct.pack; None: a general frame
+        if segments is None:
+            send_frame(self.sock, {"type": "grad", **values, "g": tensor})
+        else:
+            send_segments(self.sock, segments)
+        reply = recv_frame(self.sock, buffer=self.buffer, decode=hot[1].decode_any)
         if reply["type"] == "stop":
             raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
         if reply["type"] != "avg" or reply.get("step") != step:

@@ -46,6 +46,7 @@ from protocol.exchange_io import (
     frame_segments,
     send_to_all,
 )
+from protocol.hot_frames import HotFrame
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class ExchangeServer:
         self._scratch = np.zeros(param_count, dtype=np.float32)
         self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
         self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
+        self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self._step: int | None = None
         self._arrived = asyncio.Event()
         self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
@@ -364,7 +366,8 @@ class ExchangeServer:
         next gradient only after it has the result, so the buffer is free again by then).
         """
         assert board.sock is not None
-        reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame))
+        reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame),
+                             decode=self._hot_grad.decode_any)
         board.reader = reader
         reader.resume()
         reason = await reader.done
@@ -533,12 +536,15 @@ class ExchangeServer:
                 timer.cancel()
             result, avg = self._reduce(step, started)
             wire = self._to_wire(avg)
-            frame = {"type": "avg", "step": step, "n": result.n_total, "boards": len(result.contributors),
-                     "g": encode_array(wire)}
-            if self._unsent_split is not None:
-                frame["split"], self._unsent_split = self._unsent_split, None
+            values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
+            tensor = encode_array(wire)
+            segments = self._hot_avg.encode(values, tensor) if self._unsent_split is None else None  # encoded once
+            if segments is None:  # a re-split travels with it: the general encoder
+                frame = {"type": "avg", **values, "g": tensor}
+                if self._unsent_split is not None:
+                    frame["split"], self._unsent_split = self._unsent_split, None
+                segments = frame_segments(frame)
             self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
-            segments = frame_segments(frame)  # encoded once
             targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
             self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
             outcomes = await send_to_all(loop, [b.sock for b in targets], segments)  # type: ignore[misc]

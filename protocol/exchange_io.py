@@ -164,7 +164,8 @@ class FrameReader:
 
     The loop calls back when the socket is readable; the callback reads as much of the current
     frame as has arrived (header, then body into ``buffer``, grown as needed), and hands each
-    complete frame to ``on_frame``. Large bins in a frame are views into ``buffer``; ``on_frame``
+    complete frame, decoded by ``decode`` (``decode_frame`` or a fast path falling back to it), to
+    ``on_frame``. Large bins in a frame are views into ``buffer``; ``on_frame``
     may keep them: a frame that begins while any is alive goes into a fresh buffer (the exchange
     drops its views before a board can send again, so in practice one buffer serves every frame
     and the reader never stops watching the socket, which would cost two epoll_ctl calls a
@@ -174,9 +175,10 @@ class FrameReader:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytearray,
-                 on_frame: Callable[[dict[str, Any]], bool], *, max_bytes: int = MAX_FRAME_BYTES) -> None:
+                 on_frame: Callable[[dict[str, Any]], bool], *, max_bytes: int = MAX_FRAME_BYTES,
+                 decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> None:
         self._loop, self._sock, self.buffer, self._on_frame = loop, sock, buffer, on_frame
-        self._max_bytes = max_bytes
+        self._max_bytes, self._decode = max_bytes, decode
         self._header = bytearray(_HEADER.size)
         self._got = 0                  # bytes of the current header, then of the current body
         self._size: int | None = None  # body size once the header is complete
@@ -239,7 +241,7 @@ class FrameReader:
             return True
         if self._got < self._size:
             return True
-        frame = decode_frame(memoryview(self.buffer)[:self._size])
+        frame = self._decode(memoryview(self.buffer)[:self._size])
         self._size, self._got = None, 0
         if not self._on_frame(frame):
             self._pause()

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from protocol._msgpack_view import ALIGN_KEY, BytesLike, pack_segments, unpack_view
@@ -107,7 +108,18 @@ def send_frame(sock: socket.socket, message: dict[str, Any], *, max_bytes: int =
         ValueError, TypeError: see :func:`encode_frame`.
         OSError: the socket failed (``TimeoutError`` on a socket timeout).
     """
-    segments = [memoryview(segment) for segment in encode_frame(message, max_bytes=max_bytes)]
+    return send_segments(sock, encode_frame(message, max_bytes=max_bytes))
+
+
+def send_segments(sock: socket.socket, pieces: list[BytesLike]) -> int:
+    """Send an encoded frame (its length header first) on a blocking socket; returns the bytes sent.
+
+    One ``sendmsg`` per 1024 segments; without ``sendmsg`` (TLS) each segment goes by ``sendall``.
+
+    Raises:
+        OSError: the socket failed (``TimeoutError`` on a socket timeout).
+    """
+    segments = [memoryview(segment) for segment in pieces]
     total = sum(segment.nbytes for segment in segments)
     sendmsg = getattr(sock, "sendmsg", None)
     first = 0
@@ -159,8 +171,8 @@ def claim_buffer(buffer: bytearray | None, size: int) -> bytearray:
     return buffer
 
 
-def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES,
-               buffer: bytearray | None = None) -> dict[str, Any]:
+def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES, buffer: bytearray | None = None,
+               decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
     """Receive one frame from a blocking socket.
 
     Large bins in the result (and arrays made from them with ``protocol.codec.decode_array``)
@@ -173,6 +185,7 @@ def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES,
         sock: a connected stream socket.
         max_bytes: largest payload accepted; checked against the header before allocating.
         buffer: a bytearray to receive into, reused across calls; None allocates one per frame.
+        decode: turns the payload into the frame (``decode_frame``, or a fast path that falls back to it).
 
     Raises:
         ConnectionClosed: the peer closed the connection before a new frame began.
@@ -192,7 +205,7 @@ def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES,
     got = _recv_exactly(sock, view)
     if got < size:
         raise DecodeError(f"truncated frame: {got} of {size} bytes before the peer closed")
-    return decode_frame(view)
+    return decode(view)
 
 
 async def read_frame(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
@@ -246,5 +259,6 @@ __all__ = [
     "read_frame",
     "recv_frame",
     "send_frame",
+    "send_segments",
     "write_frame",
 ]
