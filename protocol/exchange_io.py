@@ -16,10 +16,13 @@ from typing import Any
 from protocol.errors import DecodeError, ProtocolError
 from protocol.framing import (
     MAX_FRAME_BYTES,
+    RCVLOWAT_FROM,
+    RCVLOWAT_MAX,
     ConnectionClosed,
     claim_buffer,
     decode_frame,
     encode_frame,
+    set_rcvlowat,
 )
 
 _HEADER = struct.Struct(">I")
@@ -182,6 +185,7 @@ class FrameReader:
         self._header = bytearray(_HEADER.size)
         self._got = 0                  # bytes of the current header, then of the current body
         self._size: int | None = None  # body size once the header is complete
+        self._lowat = 1                # the socket's SO_RCVLOWAT while waiting for the rest of a body
         self._watching = False
         self.done: asyncio.Future[BaseException] = loop.create_future()
 
@@ -221,6 +225,8 @@ class FrameReader:
         try:
             n = self._sock.recv_into(target)
         except (BlockingIOError, InterruptedError):
+            if self._size is not None and self._size >= RCVLOWAT_FROM:  # wake when the rest is in, not per segment
+                self._lowat = set_rcvlowat(self._sock, min(self._size - self._got, RCVLOWAT_MAX))
             return False
         finally:
             target.release()
@@ -241,6 +247,8 @@ class FrameReader:
             return True
         if self._got < self._size:
             return True
+        if self._lowat != 1:  # the next frame's header is 4 bytes
+            self._lowat = set_rcvlowat(self._sock, 1)
         frame = self._decode(memoryview(self.buffer)[:self._size])
         self._size, self._got = None, 0
         if not self._on_frame(frame):

@@ -44,6 +44,8 @@ FRAME_ALIGN = 16           # the first large tensor's data starts at a multiple 
 
 _HEADER = struct.Struct(">I")
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
+RCVLOWAT_FROM = 64 * 1024  # frame bodies this large are awaited whole (SO_RCVLOWAT), not segment by segment
+RCVLOWAT_MAX = 1 << 20     # ... up to this many bytes at a time
 
 
 class ConnectionClosed(ProtocolError):
@@ -145,14 +147,40 @@ def send_segments(sock: socket.socket, pieces: list[BytesLike]) -> int:
 
 
 def _recv_exactly(sock: socket.socket, view: memoryview) -> int:
-    """Fill ``view`` from ``sock``; return the bytes received, fewer only if the peer closed."""
-    got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            break
-        got += n
+    """Fill ``view`` from ``sock``; return the bytes received, fewer only if the peer closed.
+
+    For a large ``view`` the socket's low-water mark is the bytes still missing while it waits
+    (see :func:`set_rcvlowat`): one wake-up when the frame is in, not one per TCP segment.
+    """
+    got, total, lowat = 0, view.nbytes, 1
+    try:
+        while got < total:
+            want = min(total - got, RCVLOWAT_MAX)
+            if total >= RCVLOWAT_FROM and want != lowat:
+                lowat = set_rcvlowat(sock, want)
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                break
+            got += n
+    finally:
+        if lowat != 1:
+            set_rcvlowat(sock, 1)
     return got
+
+
+def set_rcvlowat(sock: socket.socket, nbytes: int) -> int:
+    """Wake readers of ``sock`` only once ``nbytes`` are queued (SO_RCVLOWAT); returns the mark in force.
+
+    Only ever set to bytes the peer has announced (the rest of a frame), so a reader never waits
+    for bytes that are not coming; a closed connection wakes it all the same. Linux caps the
+    mark at half the largest receive buffer and grows the buffer to hold it, so the sender
+    cannot stall. Where the option is missing, nothing changes (1 is returned).
+    """
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+    except (OSError, AttributeError):
+        return 1
+    return nbytes
 
 
 def claim_buffer(buffer: bytearray | None, size: int) -> bytearray:
@@ -260,5 +288,6 @@ __all__ = [
     "recv_frame",
     "send_frame",
     "send_segments",
+    "set_rcvlowat",
     "write_frame",
 ]

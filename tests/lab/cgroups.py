@@ -88,11 +88,29 @@ class Cgroup:
             directory.mkdir(parents=True, exist_ok=True)
         log.debug("cgroup %s created", self.relpath)
 
-    def set_cpu_quota(self, cpus: float, period_us: int = CFS_PERIOD_US) -> None:
-        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 20 ms per 100 ms)."""
+    def set_cpu_quota(self, cpus: float, period_us: int = CFS_PERIOD_US, *, burst_periods: float = 0.0) -> bool:
+        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 20 ms per 100 ms).
+
+        ``burst_periods`` > 0 lets the group carry quota it could not use (other groups held the
+        host's cores) into later periods, up to that many periods' quota, one at most
+        (``cpu.cfs_burst_us``, Linux 5.14+): over time it still gets ``cpus`` at most, as a real board's own CPU would
+        give, but a moment of contention on the shared host no longer costs it CPU for good.
+        Returns False if the kernel has no burst (the quota is set all the same).
+        """
         directory = self.path("cpu")
+        quota = max(1000, round(cpus * period_us))
+        burst = directory / "cpu.cfs_burst_us"
+        if burst.exists():
+            _write(burst, "0")  # a burst above a new, smaller quota would be refused
         _write(directory / "cpu.cfs_period_us", str(period_us))
-        _write(directory / "cpu.cfs_quota_us", str(max(1000, round(cpus * period_us))))
+        _write(directory / "cpu.cfs_quota_us", str(quota))
+        if burst_periods <= 0:
+            return True
+        if not burst.exists():
+            log.debug("cgroup %s: no cpu.cfs_burst_us on this kernel; no burst", self.relpath)
+            return False
+        _write(burst, str(min(quota, round(burst_periods * quota))))
+        return True
 
     def set_cpu_shares(self, shares: int) -> None:
         """The group's weight against its siblings when CPUs are contended (not a cap)."""

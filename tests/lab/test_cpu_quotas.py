@@ -56,3 +56,19 @@ def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> No
     assert out["allowed"] == pytest.approx(lab.board("pi4-1").spec.cpu)
     assert out["cpu_percent"] >= 85.0, out      # busy for 2 s: the whole 0.2-CPU board
     assert sum(out["cpu_percent_per_core"]) <= 100 * lab.board("pi4-1").spec.cpu * (1 + TOLERANCE) + 5
+
+
+def test_a_burst_keeps_a_busy_board_at_its_quota(lab: Lab) -> None:
+    """The selection benchmark's ``--cfs-burst``: carried-over quota must not lift a busy board's average."""
+    board = lab.board("pi5-1")
+    quota_us = round(board.spec.cpu * 10_000)
+    try:
+        if not board.cgroup.set_cpu_quota(board.spec.cpu, period_us=10_000, burst_periods=1.0):
+            pytest.skip("this kernel has no cpu.cfs_burst_us")
+        assert int((board.cgroup.path("cpu") / "cpu.cfs_burst_us").read_text()) == quota_us
+        m = measure_cpu(lab, ["pi5-1"])["pi5-1"]
+        print(f"\npi5-1 with a burst of one 10 ms period: {m.used_cores:.3f} cores for {m.quota:.2f} (ratio {m.ratio:.3f})")
+        assert abs(m.ratio - 1) <= TOLERANCE
+    finally:
+        board.cgroup.set_cpu_quota(board.spec.cpu)
+    assert int((board.cgroup.path("cpu") / "cpu.cfs_burst_us").read_text()) == 0  # back to the fleet file's quota
