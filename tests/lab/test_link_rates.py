@@ -14,7 +14,7 @@ from tests.lab.fixtures import MIXED4
 from tests.lab.fleet_file import parse_fleet
 from tests.lab.lab import Lab
 from tests.lab.links import qdisc_rate_bps
-from tests.lab.measurements import measure_link
+from tests.lab.measurements import measure_link, skip_if_stolen
 from tests.lab.units import format_rate
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ def test_link_runs_at_its_set_rate(lab: Lab, board_id: str, direction: str) -> N
     print(f"\n{board_id} {direction}: {format_rate(m.goodput_bps)} goodput for {format_rate(m.set_bps)} set "
           f"(ratio {m.ratio:.3f}, {m.bytes / 1e6:.1f} MB in {m.seconds:.2f} s)")
     assert m.seconds >= 1.0 and m.bytes > 0
+    skip_if_stolen(m)
     assert abs(m.ratio - 1) <= TOLERANCE, f"{board_id} {direction}: {m.goodput_bps / 1e6:.2f} Mbit/s for {m.set_bps / 1e6:.0f} set"
 
 
@@ -47,5 +48,6 @@ def test_a_rate_changed_while_the_board_runs_takes_effect(lab: Lab) -> None:
         m = measure_link(lab, "pi5-1", "up")
     finally:
         lab.set_link_rate("pi5-1", rate_up_bps=board.spec.rate_up_bps)
+    skip_if_stolen(m)
     assert abs(m.goodput_bps / 10e6 - 1) <= TOLERANCE, m
     assert qdisc_rate_bps("eth0", netns=board.netns) == board.spec.rate_up_bps
