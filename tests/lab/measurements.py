@@ -72,7 +72,7 @@ STOLEN_LIMIT = 0.10  # above this, the host's CPU was not the lab's to measure
 
 
 class HostSteal:
-    """The share of the host's CPU time the hypervisor took between :meth:`start` and :attr:`share`.
+    """The share of the host's CPU time the hypervisor took between its creation and a read of :attr:`share`.
 
     A virtual machine whose hypervisor steals CPU (``steal`` in ``/proc/stat``; ``st`` in vmstat)
     cannot give its emulated boards their quotas, and their links slow with them: what the lab
