@@ -23,7 +23,6 @@ out into a new ``bytes``. For a 45 MB gradient frame that is two extra passes ov
 
 from __future__ import annotations
 
-import secrets
 import struct
 import threading
 from typing import Any
@@ -340,60 +339,6 @@ def _fast_unpack(view: memoryview) -> Any:
     return obj
 
 
-_TAIL_TOKEN = secrets.token_bytes(16)
-_TAIL_MARKER = b"\xc4\x10" + _TAIL_TOKEN  # a 16-byte bin: stands in for the big one
-TAIL_SEARCH_BYTES = 512  # how far into a frame its one big bin may start for the fast path
-
-
-def _fast_unpack_tail_bin(view: memoryview) -> Any:
-    """The C unpacker for a frame whose one big bin ends it at an aligned offset (grad and avg frames).
-
-    Looks for a bin32 header whose data starts at a multiple of 16 within ``TAIL_SEARCH_BYTES``
-    and runs exactly to the end (what ``pack_segments(..., align=16)`` makes of a frame whose
-    tensor comes last), unpacks what precedes it followed by a 16-byte stand-in bin, and puts a
-    view of the data where the stand-in is. Exact: the stand-in must come back as one bin value
-    (not swallowed by a string), exactly once, with nothing left over; else ``_Refused`` and the
-    walker decodes the frame.
-    """
-    end = len(view)
-    for start in range(16, min(end, TAIL_SEARCH_BYTES + 1), 16):
-        if view[start - 5] == 0xC6 and _U32.unpack_from(view, start - 4)[0] == end - start:
-            break
-    else:
-        raise _Refused
-    if end - start < ZERO_COPY_MIN_BYTES:
-        raise _Refused
-    try:
-        obj = msgpack.unpackb(bytes(view[:start - 5]) + _TAIL_MARKER, raw=False, strict_map_key=False,
-                              object_pairs_hook=_pairs, max_str_len=MAX_STR_BYTES, max_bin_len=TAIL_SEARCH_BYTES,
-                              max_ext_len=0, max_array_len=MAX_CONTAINER_LEN, max_map_len=MAX_CONTAINER_LEN)
-    except (ValueError, msgpack.UnpackException, _Refused):
-        raise _Refused from None
-    if type(obj) is not dict:
-        raise _Refused
-    found: list[int] = []
-    _put_back(obj, view[start:].toreadonly(), found, 0)
-    if len(found) != 1:
-        raise _Refused
-    return obj
-
-
-def _put_back(obj: dict[str, Any] | list[Any], data: memoryview, found: list[int], depth: int) -> None:
-    """Put ``data`` where the stand-in bin is (counted in ``found``), checking the rules ``_plain_within`` checks."""
-    if depth >= MAX_DEPTH:
-        raise _Refused
-    items = obj.items() if type(obj) is dict else enumerate(obj)  # type: ignore[union-attr]
-    for key, value in items:
-        kind = type(value)
-        if kind is dict or kind is list:
-            _put_back(value, data, found, depth + 1)
-        elif kind is bytes and value == _TAIL_TOKEN:
-            found.append(1)
-            obj[key] = data  # type: ignore[index]  # replacing a value: the dict's size does not change
-        elif kind not in _SCALARS:
-            raise _Refused
-
-
 def unpack_view(data: BytesLike) -> Any:
     """Decode one msgpack object that must span all of ``data``.
 
@@ -408,10 +353,11 @@ def unpack_view(data: BytesLike) -> Any:
     view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    try:
-        return _fast_unpack(view) if len(view) < ZERO_COPY_MIN_BYTES else _fast_unpack_tail_bin(view)
-    except _Refused:
-        pass
+    if len(view) < ZERO_COPY_MIN_BYTES:
+        try:
+            return _fast_unpack(view)
+        except _Refused:
+            pass
     reader = _Reader(view.toreadonly())
     obj, end = reader.read(0, 0)
     if end != len(view):
