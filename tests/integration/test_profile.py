@@ -47,7 +47,7 @@ def fleet(mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> I
         factory.stop_all()
 
 
-def _profile(broker: LocalBroker, key: Path, *args: str, timeout_s: float = 120,
+def _profile(broker: LocalBroker, key: Path, *args: str, timeout_s: float = 240,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "profile", "--fleet-key", str(key),
            "--threads", "1", *args]
