@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,13 +123,15 @@ def _watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
     from coordinator.render import fleet_table, make_console
 
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
-    with Live(fleet_table(view.rows(), title=title), console=make_console(), refresh_per_second=4) as live:
-        try:
-            while time.monotonic() < deadline:
-                time.sleep(0.5)
+    # Ctrl-C only sets a flag, so it ends the view cleanly wherever it lands (even mid-draw).
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        with Live(fleet_table(view.rows(), title=title), console=make_console(), refresh_per_second=4) as live:
+            while not stop.wait(0.5) and time.monotonic() < deadline:
                 live.update(fleet_table(view.rows(), title=title))
-        except KeyboardInterrupt:
-            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -88,6 +88,8 @@ class FleetView:
     messages: int = 0
     bad_messages: int = 0
     clock: Callable[[], float] = time.monotonic
+    # Set by the monitor once the broker has delivered what it retained when we subscribed.
+    replayed: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def ingest(self, topic: str, payload: bytes, retained: bool = False) -> None:

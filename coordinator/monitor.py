@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -13,10 +14,15 @@ from coordinator.fleet import FleetView
 from protocol.errors import BrokerError
 from protocol.mqtt_link import MqttLink
 from protocol.settings import BrokerSettings
-from protocol.topics import fleet_filter
+from protocol.topics import cmd_topic, fleet_filter
+
+log = logging.getLogger(__name__)
 
 MONITOR_KEEPALIVE_S = 60
-SETTLE_S = 0.3  # retained status and caps arrive right after the subscription; give them this long
+# The replay marker goes to the command topic of a board that cannot exist (ids start with a letter
+# or digit), which the coordinator's ACL lets it write and read and no agent listens on.
+_MARKER_BOARD = "_replayed"
+REPLAY_TIMEOUT_S = 5.0  # the marker normally returns in milliseconds; a busy machine may take seconds
 
 
 @contextmanager
@@ -27,6 +33,7 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0) -
         BrokerError: the broker could not be reached or refused us within ``connect_timeout_s``.
     """
     view = FleetView(settings.topic_prefix)
+    marker_topic = cmd_topic(settings.topic_prefix, f"{_MARKER_BOARD}-{socket.gethostname()}-{os.getpid()}")
     # A subscriber busy folding thousands of messages a second can miss paho's ping deadline and
     # reconnect with a clean session, losing what the broker had queued: give it a longer keepalive.
     settings = dataclasses.replace(settings, keepalive_s=max(settings.keepalive_s, MONITOR_KEEPALIVE_S))
@@ -34,9 +41,19 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0) -
     def subscribe(link: MqttLink) -> None:
         for kind in ("status", "caps", "telemetry"):
             link.subscribe(fleet_filter(settings.topic_prefix, kind), qos=1)
+        # The broker answers a connection's packets in order: this marker comes back after every
+        # retained message the subscriptions above replay, however slow the machine is.
+        link.subscribe(marker_topic, qos=1)
+        link.publish(marker_topic, b"", qos=1)
+
+    def ingest(topic: str, payload: bytes, retained: bool = False) -> None:
+        if topic == marker_topic:
+            view.replayed.set()
+        else:
+            view.ingest(topic, payload, retained)
 
     link = MqttLink(settings, client_id=f"edge-coordinator-{socket.gethostname()}-{os.getpid()}",
-                    on_connect=subscribe, on_message=view.ingest)
+                    on_connect=subscribe, on_message=ingest)
     link.start()
     try:
         if not link.wait_connected(connect_timeout_s):
@@ -48,8 +65,11 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0) -
 
 
 def wait_for_snapshot(view: FleetView, *, timeout_s: float) -> None:
-    """Wait for retained messages, then until every online board has sent a sample or time runs out."""
-    start = time.monotonic()
-    time.sleep(SETTLE_S)
-    while view.waiting_for_samples() and time.monotonic() - start < timeout_s:
+    """Wait for the retained messages, then until every online board has sent a sample or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    replay_s = max(timeout_s, REPLAY_TIMEOUT_S)
+    if not view.replayed.wait(replay_s):
+        log.warning("the broker did not return our replay marker within %.0f s (does its ACL forbid this user "
+                    "to write boards/+/cmd?); the fleet shown may miss boards", replay_s)
+    while view.waiting_for_samples() and time.monotonic() < deadline:
         time.sleep(0.05)
