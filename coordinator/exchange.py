@@ -44,7 +44,8 @@ from protocol.exchange_io import (
     async_recv_frame,
     async_send_frame,
     frame_segments,
-    send_to_all,
+    send_now,
+    send_rest,
 )
 from protocol.hot_frames import HotFrame
 
@@ -99,6 +100,16 @@ class StepResult:
     batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's sample count n
 
 
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """A reduced step whose result is on its way to the boards."""
+
+    result: StepResult
+    wire: np.ndarray                                # the average as it travelled
+    unsent: list[tuple[_Board, list[memoryview]]]   # boards whose send buffer could not take all of it at once
+    frame_bytes: int
+
+
 class ExchangeServer:
     """Serves one job.
 
@@ -127,7 +138,7 @@ class ExchangeServer:
         self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self._step: int | None = None
-        self._arrived = asyncio.Event()
+        self._gathering: tuple[int, float, asyncio.Future[_Finished]] | None = None  # the open step, its start, its outcome
         self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
         self._changed = asyncio.Event()   # a board joined, left or failed
         self._server_sock: socket.socket | None = None
@@ -265,7 +276,7 @@ class ExchangeServer:
         board.flags.append(f"left: {reason}")
         log.warning("exchange: board %s left: %s", board.board_id, reason)
         self._changed.set()
-        self._arrived.set()
+        self._finish_if_ready()  # it may have been the last one the step waited for
 
     def fail(self, board_id: str, reason: str) -> None:
         """Mark a board as failed from outside (its agent reported that the job failed)."""
@@ -376,9 +387,9 @@ class ExchangeServer:
         raise reason
 
     def _on_frame(self, board: _Board, frame: dict[str, Any]) -> bool:
-        """A frame arrived from ``board``; read on."""
+        """A frame arrived from ``board``: keep it, finish the step if it was the last; read on."""
         self._accept_grad(board, frame)
-        self._arrived.set()
+        self._finish_if_ready()
         return True
 
     def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
@@ -506,7 +517,12 @@ class ExchangeServer:
         return self._applied
 
     async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:
-        """Gather, reduce, let ``apply`` update the replica, and return the average to every board.
+        """Gather, reduce, return the average to every board, and let ``apply`` update the replica.
+
+        The step is reduced and its result sent as soon as it can be: in the reader callback of
+        the last gradient (no task wakes between the last gradient and the result going out), at
+        the deadline, or when the last pending board leaves. ``apply`` runs after the result is on
+        its way, while the boards compute the next step.
 
         Raises:
             ExchangeError: no board is left, or none contributed.
@@ -516,46 +532,67 @@ class ExchangeServer:
         deadline = started + self.deadline_for_next_step(minimum_deadline_s)
         async with self._boundary:
             self._step = step  # gradients that arrived early for this step are already kept
-            # One timer per step wakes the wait at the deadline (asyncio.wait_for would make a Task per wake-up).
-            expired = [False]
-
-            def expire() -> None:
-                expired[0] = True
-                self._arrived.set()
-
-            timer = loop.call_later(max(0.0, deadline - time.monotonic()), expire)
+            gathered: asyncio.Future[_Finished] = loop.create_future()
+            self._gathering = (step, started, gathered)
+            timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._finish_if_ready, True)
             try:
-                while self._pending():
-                    if not any(b.welcomed for b in self.boards.values()):
-                        raise ExchangeError(f"step {step}: every board has left the job")
-                    if expired[0]:
-                        break
-                    self._arrived.clear()
-                    await self._arrived.wait()
+                self._finish_if_ready()
+                finished = await gathered
             finally:
                 timer.cancel()
-            result, avg = self._reduce(step, started)
-            wire = self._to_wire(avg)
-            values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
-            tensor = encode_array(wire)
-            segments = self._hot_avg.encode(values, tensor) if self._unsent_split is None else None  # encoded once
-            if segments is None:  # a re-split travels with it: the general encoder
-                frame = {"type": "avg", **values, "g": tensor}
-                if self._unsent_split is not None:
-                    frame["split"], self._unsent_split = self._unsent_split, None
-                segments = frame_segments(frame)
-            self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
-            targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
-            self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
-            outcomes = await send_to_all(loop, [b.sock for b in targets], segments)  # type: ignore[misc]
-            for board, outcome in zip(targets, outcomes):
-                if isinstance(outcome, BaseException):
-                    self._gone(board, f"could not receive the step's result ({outcome})")
-                else:
-                    self.bytes_out += outcome
+                self._gathering = None
+            if finished.unsent:  # a large result the send buffers could not take at once
+                waiting = [(board, rest) for board, rest in finished.unsent if board.sock is not None]
+                failures = await send_rest(loop, [(board.sock, rest) for board, rest in waiting])  # type: ignore[misc]
+                for (board, _), failure in zip(waiting, failures):
+                    if failure is not None:
+                        self._gone(board, f"could not receive the step's result ({failure})")
+                    else:
+                        self.bytes_out += finished.frame_bytes
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
-            apply(self.wire_to_float32(wire))
-        return result
+            apply(self.wire_to_float32(finished.wire))
+        return finished.result
+
+    def _finish_if_ready(self, expired: bool = False) -> None:
+        """Reduce the open step and send its result, if every board answered or time is up."""
+        if self._gathering is None or (self._pending() and not expired):
+            return
+        step, started, gathered = self._gathering
+        self._gathering = None  # a board failing while its result is sent must not finish the step again
+        if gathered.done():  # run_step was cancelled
+            return
+        try:
+            gathered.set_result(self._finish_step(step, started))
+        except Exception as exc:  # noqa: BLE001 - raised by run_step, never into a board's reader callback
+            gathered.set_exception(exc)
+
+    def _finish_step(self, step: int, started: float) -> _Finished:
+        """Reduce ``step``, encode the result once, and hand it to every board's socket."""
+        result, avg = self._reduce(step, started)
+        wire = self._to_wire(avg)
+        values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
+        tensor = encode_array(wire)
+        segments = self._hot_avg.encode(values, tensor) if self._unsent_split is None else None  # encoded once
+        if segments is None:  # a re-split travels with it: the general encoder
+            frame = {"type": "avg", **values, "g": tensor}
+            if self._unsent_split is not None:
+                frame["split"], self._unsent_split = self._unsent_split, None
+            segments = frame_segments(frame)
+        self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
+        self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
+        frame_bytes = sum(memoryview(segment).nbytes for segment in segments)
+        unsent: list[tuple[_Board, list[memoryview]]] = []
+        for board in [b for b in self.boards.values() if b.welcomed and b.sock is not None]:
+            try:
+                rest = send_now(board.sock, segments)  # type: ignore[arg-type]
+            except OSError as exc:
+                self._gone(board, f"could not receive the step's result ({exc})")
+                continue
+            if rest:
+                unsent.append((board, rest))
+            else:
+                self.bytes_out += frame_bytes
+        return _Finished(result=result, wire=wire, unsent=unsent, frame_bytes=frame_bytes)
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}

@@ -50,11 +50,15 @@ def frame_segments(message: dict[str, Any]) -> list[bytes | memoryview]:
     return out
 
 
-def _send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[memoryview]:
-    """Send what the socket takes at once, in one ``sendmsg`` per 1024 segments; return what is left.
+def send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[memoryview]:
+    """Send what a non-blocking socket takes at once, in one ``sendmsg`` per 1024 segments; return what is left.
 
     A frame usually fits the socket's send buffer: one system call, one TCP push, and the
-    receiver wakes once for the whole frame instead of once per segment.
+    receiver wakes once for the whole frame instead of once per segment. Finish a non-empty
+    rest with :func:`send_rest`.
+
+    Raises:
+        OSError: the socket failed (the peer is gone).
     """
     views = [memoryview(segment).cast("B") for segment in segments]
     while views:
@@ -78,11 +82,23 @@ def _send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[m
     return views
 
 
+async def send_rest(loop: asyncio.AbstractEventLoop,
+                    pending: list[tuple[socket.socket, list[memoryview]]]) -> list[BaseException | None]:
+    """Finish what :func:`send_now` left on each socket, all at once: None or the exception, per socket."""
+
+    async def finish(sock: socket.socket, rest: list[memoryview]) -> None:
+        for view in rest:
+            await loop.sock_sendall(sock, view)
+
+    done = await asyncio.gather(*(finish(sock, rest) for sock, rest in pending), return_exceptions=True)
+    return [outcome if isinstance(outcome, BaseException) else None for outcome in done]
+
+
 async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.socket,
                               segments: list[bytes | memoryview]) -> int:
     """Send a frame from ``frame_segments``; returns the bytes sent."""
     total = sum(memoryview(segment).nbytes for segment in segments)
-    for rest in _send_now(sock, segments):
+    for rest in send_now(sock, segments):
         await loop.sock_sendall(sock, rest)
     return total
 
@@ -99,23 +115,18 @@ async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket
     waits: dict[int, list[memoryview]] = {}
     for i, sock in enumerate(socks):
         try:
-            rest = _send_now(sock, segments)
+            rest = send_now(sock, segments)
         except OSError as exc:
             outcomes.append(exc)
             continue
         outcomes.append(total)
         if rest:
             waits[i] = rest
-
-    async def finish(sock: socket.socket, rest: list[memoryview]) -> None:
-        for view in rest:
-            await loop.sock_sendall(sock, view)
-
     if waits:
-        done = await asyncio.gather(*(finish(socks[i], rest) for i, rest in waits.items()), return_exceptions=True)
-        for i, outcome in zip(waits, done):
-            if isinstance(outcome, BaseException):
-                outcomes[i] = outcome
+        failures = await send_rest(loop, [(socks[i], rest) for i, rest in waits.items()])
+        for i, failure in zip(waits, failures):
+            if failure is not None:
+                outcomes[i] = failure
     return outcomes
 
 
@@ -257,4 +268,4 @@ class FrameReader:
 
 
 __all__ = ["ConnectionClosed", "FrameReader", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments",
-           "send_to_all"]
+           "send_now", "send_rest", "send_to_all"]
