@@ -44,7 +44,7 @@ from protocol.exchange_io import (
     async_recv_frame,
     async_send_frame,
     frame_segments,
-    send_now,
+    send_now_to_all,
     send_rest,
 )
 from protocol.hot_frames import HotFrame
@@ -581,14 +581,12 @@ class ExchangeServer:
         self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
         self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
         frame_bytes = sum(memoryview(segment).nbytes for segment in segments)
+        targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
         unsent: list[tuple[_Board, list[memoryview]]] = []
-        for board in [b for b in self.boards.values() if b.welcomed and b.sock is not None]:
-            try:
-                rest = send_now(board.sock, segments)  # type: ignore[arg-type]
-            except OSError as exc:
-                self._gone(board, f"could not receive the step's result ({exc})")
-                continue
-            if rest:
+        for board, rest in zip(targets, send_now_to_all([b.sock for b in targets], segments)):  # type: ignore[misc]
+            if isinstance(rest, OSError):
+                self._gone(board, f"could not receive the step's result ({rest})")
+            elif rest:
                 unsent.append((board, rest))
             else:
                 self.bytes_out += frame_bytes

@@ -103,6 +103,17 @@ async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.sock
     return total
 
 
+def send_now_to_all(socks: list[socket.socket], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
+    """:func:`send_now` on every socket: per socket, what it left to send, or the error it raised."""
+    left: list[list[memoryview] | OSError] = []
+    for sock in socks:
+        try:
+            left.append(send_now(sock, segments))
+        except OSError as exc:
+            left.append(exc)
+    return left
+
+
 async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
                       segments: list[bytes | memoryview]) -> list[int | BaseException]:
     """Send one frame to every socket: bytes sent per socket, or the exception that socket raised.
@@ -111,19 +122,11 @@ async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket
     a round whose frames fit the send buffers costs no task and no wake-up.
     """
     total = sum(memoryview(segment).nbytes for segment in segments)
-    outcomes: list[int | BaseException] = []
-    waits: dict[int, list[memoryview]] = {}
-    for i, sock in enumerate(socks):
-        try:
-            rest = send_now(sock, segments)
-        except OSError as exc:
-            outcomes.append(exc)
-            continue
-        outcomes.append(total)
-        if rest:
-            waits[i] = rest
+    left = send_now_to_all(socks, segments)
+    outcomes: list[int | BaseException] = [rest if isinstance(rest, OSError) else total for rest in left]
+    waits = [i for i, rest in enumerate(left) if rest and not isinstance(rest, OSError)]
     if waits:
-        failures = await send_rest(loop, [(socks[i], rest) for i, rest in waits.items()])
+        failures = await send_rest(loop, [(socks[i], left[i]) for i in waits])  # type: ignore[misc]
         for i, failure in zip(waits, failures):
             if failure is not None:
                 outcomes[i] = failure
@@ -268,4 +271,4 @@ class FrameReader:
 
 
 __all__ = ["ConnectionClosed", "FrameReader", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments",
-           "send_now", "send_rest", "send_to_all"]
+           "send_now", "send_now_to_all", "send_rest", "send_to_all"]
