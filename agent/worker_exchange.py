@@ -17,9 +17,20 @@ import torch
 
 from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
 from protocol.errors import DecodeError, EdgeTrainError
-from protocol.framing import recv_frame, send_frame, send_segments
+from protocol.framing import (
+    FrameReceiver,
+    decode_frame,
+    send_frame,
+    send_segments,
+    set_os_timeouts,
+)
 from protocol.hot_frames import HotFrame
-from workloads.params import assign_grads, flatten_grads, restore_optimizer_state, trainable_params
+from workloads.params import (
+    assign_grads,
+    flatten_grads,
+    restore_optimizer_state,
+    trainable_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,28 +75,32 @@ class StopTraining(Exception):
 class ExchangeClient:
     """One connection to the coordinator's exchange endpoint."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 30.0,
+                 result_timeout_s: float = RESULT_TIMEOUT_S) -> None:
         try:
             self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:
             raise ExchangeRefused(f"cannot reach the coordinator's exchange at {host}:{port} ({exc.strerror or exc}); "
                                   "check the coordinator's --exchange-host and the firewall") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(RESULT_TIMEOUT_S)
-        self.buffer = bytearray()  # reused for every result: no new large allocation per step
+        self.result_timeout_s = result_timeout_s
+        set_os_timeouts(self.sock, result_timeout_s)  # blocking: no poll before every read and write
+        self._receiver = FrameReceiver(self.sock)  # its buffer is reused for every result
         self.param_count = 0
         self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
         self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
+        self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
+        self._sent_tensor: dict[str, Any] | None = None
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
         send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
                                "token": token, "param_count": param_count})
-        reply = recv_frame(self.sock, buffer=self.buffer)
+        reply = self._recv()
         if reply["type"] == "error":
             raise ExchangeRefused(f"the coordinator refused this board: {reply.get('message')}")
         if reply["type"] != "welcome" or not isinstance(reply.get("step"), int):
             raise DecodeError(f"expected a welcome frame, got {reply['type']!r}")
-        self.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
+        self._receiver.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
         self.param_count = param_count
         return reply
 
@@ -94,30 +109,50 @@ class ExchangeClient:
 
         A re-split announced with the result is left in :attr:`split` (None when there was none).
 
+        ``grad`` may be the same array at every step (it is described for the wire once); change
+        its values in place, not its shape or dtype.
+
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.
+            TimeoutError: the coordinator did not answer within ``result_timeout_s``.
         """
-        tensor = encode_array(grad)
+        tensor = self._sent_tensor if grad is self._sent_array else None  # the worker sends from one buffer every step
+        if tensor is None:
+            tensor = encode_array(grad)
+            in_place = np.may_share_memory(np.frombuffer(tensor["data"], np.uint8), grad)  # not a converted copy
+            self._sent_array, self._sent_tensor = (grad, tensor) if in_place else (None, None)
         hot = self._hot.get(tensor["dtype"])
         if hot is None:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
+            self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a step's result
         values = {"step": step, "n": n, "loss": loss, "compute_s": compute_s}
         segments = hot[0].encode(values, tensor)  # fixed layout: one struct.pack; None: a general frame
-        if segments is None:
-            send_frame(self.sock, {"type": "grad", **values, "g": tensor})
-        else:
-            send_segments(self.sock, segments)
-        reply = recv_frame(self.sock, buffer=self.buffer, decode=hot[1].decode_any)
+        try:
+            if segments is None:
+                send_frame(self.sock, {"type": "grad", **values, "g": tensor})
+            else:
+                send_segments(self.sock, segments)
+        except BlockingIOError:
+            raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:.0f} s") from None
+        reply = self._recv(hot[1].decode_any_array)
         if reply["type"] == "stop":
             raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
         if reply["type"] != "avg" or reply.get("step") != step:
             raise DecodeError(f"expected the result of step {step}, got {reply['type']!r} for step {reply.get('step')!r}")
-        avg = decode_array(reply["g"], max_elements=self.param_count)
+        avg = reply["g"]
+        if not isinstance(avg, np.ndarray):  # a general frame (the fixed layout's arrives as an array)
+            avg = decode_array(avg, max_elements=self.param_count)
         if avg.shape != (self.param_count,) or avg.dtype != grad.dtype:
             raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
                               f"({self.param_count},) {grad.dtype}")
         self.split = parse_split(reply["split"]) if "split" in reply else None
         return avg
+
+    def _recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
+        try:
+            return self._receiver.recv(decode)
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:.0f} s") from None
 
     def close(self) -> None:
         self.sock.close()

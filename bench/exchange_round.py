@@ -158,8 +158,7 @@ def board_main(index: int, conn: Any) -> None:
 
 
 def board_ours(client_class: Any, index: int, cmd: dict[str, Any], grad: np.ndarray, v: np.ndarray) -> dict[str, Any]:
-    client = client_class(cmd["host"], cmd["port"], connect_timeout_s=cmd["timeout"])
-    client.sock.settimeout(cmd["timeout"])
+    client = client_class(cmd["host"], cmd["port"], connect_timeout_s=cmd["timeout"], result_timeout_s=cmd["timeout"])
     try:
         welcome = client.hello(job_id=cmd["job_id"], board_id=f"board-{index}", token=cmd["token"],
                                param_count=grad.size)

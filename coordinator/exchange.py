@@ -135,8 +135,10 @@ class ExchangeServer:
         self._sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
         self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
+        self._sum_tensor, self._wire_tensor = encode_array(self._sum), encode_array(self._wire_out)
         self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
+        self._grad_frame_bytes = self._hot_grad.prefix_bytes + param_count * self._hot_grad.itemsize  # a step's gradient frame
         self._step: int | None = None
         self._gathering: tuple[int, float, asyncio.Future[_Finished]] | None = None  # the open step, its start, its outcome
         self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
@@ -378,7 +380,7 @@ class ExchangeServer:
         """
         assert board.sock is not None
         reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame),
-                             decode=self._hot_grad.decode_any)
+                             decode=self._hot_grad.decode_any_array, expected_bytes=self._grad_frame_bytes)
         board.reader = reader
         reader.resume()
         reason = await reader.done
@@ -404,7 +406,9 @@ class ExchangeServer:
             raise DecodeError(f"grad for step {step!r} while the exchange is at step {self._step}")
         board.answered_step = step
         try:
-            grad = decode_array(frame.get("g"), max_elements=self.param_count)  # type: ignore[arg-type]
+            grad = frame.get("g")
+            if not isinstance(grad, np.ndarray):  # a general frame (the fixed layout's arrives as an array)
+                grad = decode_array(grad, max_elements=self.param_count)  # type: ignore[arg-type]
             n = frame.get("n")
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
                 raise DecodeError(f"sample count {n!r} is not a positive integer")
@@ -571,7 +575,7 @@ class ExchangeServer:
         result, avg = self._reduce(step, started)
         wire = self._to_wire(avg)
         values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
-        tensor = encode_array(wire)
+        tensor = self._sum_tensor if wire is self._sum else self._wire_tensor  # fixed arrays: described once
         segments = self._hot_avg.encode(values, tensor) if self._unsent_split is None else None  # encoded once
         if segments is None:  # a re-split travels with it: the general encoder
             frame = {"type": "avg", **values, "g": tensor}

@@ -15,6 +15,7 @@ from typing import Any
 
 from protocol.errors import DecodeError, ProtocolError
 from protocol.framing import (
+    FRAME_ALIGN,
     MAX_FRAME_BYTES,
     RCVLOWAT_FROM,
     RCVLOWAT_MAX,
@@ -26,6 +27,7 @@ from protocol.framing import (
 )
 
 _HEADER = struct.Struct(">I")
+_BODY_AT = FRAME_ALIGN  # a frame's body starts here in a reader's buffer (aligned as FRAME_ALIGN asks); its header just before
 
 
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
@@ -189,16 +191,25 @@ class FrameReader:
     frame). ``on_frame`` returns True to go on reading, or False to pause until :meth:`resume`. Reading ends
     with :attr:`done` holding the reason: ``ConnectionClosed`` (between frames), ``DecodeError``
     (truncated, oversized or malformed; also an exception ``on_frame`` raised) or ``OSError``.
+
+    With ``expected_bytes`` (the payload size of the frame the peer usually sends, such as a
+    step's gradient frame), a new frame's header and body are read by one ``recv_into``, and the
+    callback returns to the loop once the frame is handled instead of reading again to learn
+    that nothing more has arrived: a frame that has fully arrived costs one system call. Bytes
+    read past a shorter frame are kept and begin the next one.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytearray,
                  on_frame: Callable[[dict[str, Any]], bool], *, max_bytes: int = MAX_FRAME_BYTES,
-                 decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> None:
+                 decode: Callable[[memoryview], dict[str, Any]] = decode_frame,
+                 expected_bytes: int | None = None) -> None:
         self._loop, self._sock, self.buffer, self._on_frame = loop, sock, buffer, on_frame
         self._max_bytes, self._decode = max_bytes, decode
+        self.expected_bytes = expected_bytes if expected_bytes and expected_bytes <= max_bytes else None
         self._header = bytearray(_HEADER.size)
         self._got = 0                  # bytes of the current header, then of the current body
         self._size: int | None = None  # body size once the header is complete
+        self._carry = b""              # bytes read past the end of the last frame: the next one's start
         self._lowat = 1                # the socket's SO_RCVLOWAT while waiting for the rest of a body
         self._watching = False
         self.done: asyncio.Future[BaseException] = loop.create_future()
@@ -208,6 +219,8 @@ class FrameReader:
         if not self._watching and not self.done.done():
             self._watching = True
             self._loop.add_reader(self._sock.fileno(), self._readable)
+            if self._carry:  # a frame may be waiting in what was read already: no readiness will announce it
+                self._loop.call_soon(self._readable)
 
     def stop(self, reason: BaseException | None = None) -> None:
         """Stop reading for good; ``done`` gets ``reason`` (ConnectionClosed by default)."""
@@ -224,24 +237,41 @@ class FrameReader:
         try:
             while self._watching:
                 if not self._read_some():
-                    return  # nothing more has arrived yet: wait for the next callback
+                    return  # wait for the next callback
         except (ProtocolError, OSError) as exc:  # ConnectionClosed, DecodeError, a socket error
             self.stop(exc)
         except Exception as exc:  # noqa: BLE001 - on_frame failed: end this connection, never the loop
             self.stop(DecodeError(f"{type(exc).__name__}: {exc}"))
 
     def _read_some(self) -> bool:
-        """Read once; True if a frame completed or more may be readable at once."""
+        """Take one step; True to go on at once, False to wait for the socket (or a completed frame's wake-up)."""
+        between_frames = self._size is None and self._got == 0
+        if between_frames and self._carry:
+            return self._take_carry()
+        if between_frames and self.expected_bytes is not None:
+            return self._read_header_and_body(self.expected_bytes)
         if self._size is None:
             target = memoryview(self._header)[self._got:]
         else:
-            target = memoryview(self.buffer)[self._got:self._size]
+            target = memoryview(self.buffer)[_BODY_AT + self._got:_BODY_AT + self._size]
+        n = self._recv(target)
+        if n is None:
+            return False
+        self._got += n
+        if self._size is None:
+            if self._got == _HEADER.size:
+                self._begin_body(_HEADER.unpack(self._header)[0])
+            return True
+        return self._complete() if self._got == self._size else True
+
+    def _recv(self, target: memoryview) -> int | None:
+        """``recv_into`` the target: the bytes read, or None if nothing has arrived (ConnectionClosed/DecodeError at the end)."""
         try:
             n = self._sock.recv_into(target)
         except (BlockingIOError, InterruptedError):
             if self._size is not None and self._size >= RCVLOWAT_FROM:  # wake when the rest is in, not per segment
                 self._lowat = set_rcvlowat(self._sock, min(self._size - self._got, RCVLOWAT_MAX))
-            return False
+            return None
         finally:
             target.release()
         if n == 0:
@@ -249,25 +279,63 @@ class FrameReader:
                 raise ConnectionClosed("the peer closed the connection")
             raise DecodeError(f"truncated frame: the peer closed after {self._got} bytes of "
                               f"{'the header' if self._size is None else f'a {self._size}-byte frame'}")
-        self._got += n
-        if self._size is None:
-            if self._got < _HEADER.size:
-                return True
-            (size,) = _HEADER.unpack(self._header)
-            if size == 0 or size > self._max_bytes:
-                raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
-            self.buffer = claim_buffer(self.buffer, size)  # a fresh one while views of the last frame are alive
-            self._size, self._got = size, 0
+        return n
+
+    def _read_header_and_body(self, expected: int) -> bool:
+        """Read a new frame's header and (up to ``expected`` bytes of) its body in one call."""
+        self.buffer = claim_buffer(self.buffer, _BODY_AT + expected)  # a fresh one while views of the last frame are alive
+        n = self._recv(memoryview(self.buffer)[_BODY_AT - _HEADER.size:_BODY_AT + expected])
+        if n is None:
+            return False
+        if n < _HEADER.size:
+            self._header[:n] = self.buffer[_BODY_AT - _HEADER.size:_BODY_AT - _HEADER.size + n]
+            self._got = n
             return True
-        if self._got < self._size:
-            return True
+        (size,) = _HEADER.unpack_from(self.buffer, _BODY_AT - _HEADER.size)
+        self._begin_body(size)  # the buffer is this frame's already: it grows in place if need be
+        body = n - _HEADER.size
+        if body > size:  # a shorter frame than expected, and the next one began
+            self._carry = bytes(self.buffer[_BODY_AT + size:_BODY_AT + body])
+            body = size
+        self._got = body
+        return self._complete() if body == size else True
+
+    def _begin_body(self, size: int) -> None:
+        if size == 0 or size > self._max_bytes:
+            raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
+        self.buffer = claim_buffer(self.buffer, _BODY_AT + size)  # a fresh one while views of the last frame are alive
+        self._size, self._got = size, 0
+
+    def _take_carry(self) -> bool:
+        """Go on with bytes already read past the last frame, as if they had just arrived."""
+        data, self._carry = memoryview(self._carry), b""
+        while data:
+            if self._size is None:
+                take = min(_HEADER.size - self._got, len(data))
+                self._header[self._got:self._got + take] = data[:take]
+                self._got += take
+                if self._got == _HEADER.size:
+                    self._begin_body(_HEADER.unpack(self._header)[0])
+            else:
+                take = min(self._size - self._got, len(data))
+                self.buffer[_BODY_AT + self._got:_BODY_AT + self._got + take] = data[:take]
+                self._got += take
+                if self._got == self._size:
+                    self._carry = bytes(data[take:])
+                    return self._complete()
+            data = data[take:]
+        return True
+
+    def _complete(self) -> bool:
+        """Decode the frame in the buffer and hand it on; True only if bytes of the next one are already here."""
+        assert self._size is not None
         if self._lowat != 1:  # the next frame's header is 4 bytes
             self._lowat = set_rcvlowat(self._sock, 1)
-        frame = self._decode(memoryview(self.buffer)[:self._size])
+        frame = self._decode(memoryview(self.buffer)[_BODY_AT:_BODY_AT + self._size])
         self._size, self._got = None, 0
         if not self._on_frame(frame):
             self._pause()
-        return True
+        return bool(self._carry)
 
 
 __all__ = ["ConnectionClosed", "FrameReader", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments",

@@ -43,6 +43,7 @@ MAX_FRAME_BYTES = 1 << 30  # 1 GiB; both ends may pass a smaller max_bytes
 FRAME_ALIGN = 16           # the first large tensor's data starts at a multiple of this in the payload
 
 _HEADER = struct.Struct(">I")
+_BODY_AT = FRAME_ALIGN  # where a receiver puts a frame's body in its buffer (aligned); the header just before
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
 RCVLOWAT_FROM = 64 * 1024  # frame bodies this large are awaited whole (SO_RCVLOWAT), not segment by segment
 RCVLOWAT_MAX = 1 << 20     # ... up to this many bytes at a time
@@ -153,12 +154,18 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> int:
     (see :func:`set_rcvlowat`): one wake-up when the frame is in, not one per TCP segment.
     """
     got, total, lowat = 0, view.nbytes, 1
+    # The mark only serves a socket with a timeout (Python polls for it before each read). A blocking
+    # read copies what has arrived and then waits, but Linux wakes it only once the mark's worth of
+    # bytes is queued, counting none it already copied: it would wait for bytes that never come.
+    # There MSG_WAITALL does the job: one call, returning when the view is full.
+    polled = sock.gettimeout() is not None
+    flags = 0 if polled else socket.MSG_WAITALL
     try:
         while got < total:
             want = min(total - got, RCVLOWAT_MAX)
-            if total >= RCVLOWAT_FROM and want != lowat:
+            if polled and total >= RCVLOWAT_FROM and want != lowat:
                 lowat = set_rcvlowat(sock, want)
-            n = sock.recv_into(view[got:])
+            n = sock.recv_into(view[got:], 0, flags)
             if n == 0:
                 break
             got += n
@@ -234,6 +241,91 @@ def recv_frame(sock: socket.socket, *, max_bytes: int = MAX_FRAME_BYTES, buffer:
     if got < size:
         raise DecodeError(f"truncated frame: {got} of {size} bytes before the peer closed")
     return decode(view)
+
+
+class FrameReceiver:
+    """Receives frames from one blocking socket in as few system calls as it can.
+
+    For the frame the peer usually sends (``expected_bytes`` of payload, such as a step's result),
+    one ``recv_into`` takes the header with whatever of the body has arrived, and one more with
+    ``MSG_WAITALL`` the rest: two calls a frame, no poll and no socket option changes. Give the
+    socket no Python timeout (``settimeout(None)``) and bound waits with :func:`set_os_timeouts`;
+    with a Python timeout it still works, one poll per read. Bytes read past a frame shorter than
+    expected are kept and begin the next one. Large bins in a frame are read-only views of
+    :attr:`buffer` (reused for the next frame unless a view is still alive, as :func:`recv_frame`).
+
+    Args:
+        sock: a connected stream socket, blocking.
+        expected_bytes: the usual payload size, or None to read the header alone first.
+        max_bytes: largest payload accepted; checked against the header before allocating.
+    """
+
+    def __init__(self, sock: socket.socket, *, expected_bytes: int | None = None,
+                 max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.sock, self.max_bytes = sock, max_bytes
+        self.expected_bytes = expected_bytes if expected_bytes and expected_bytes <= max_bytes else None
+        self.buffer = bytearray()
+        self._carry = b""  # bytes read past the last frame: the start of the next
+
+    def recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
+        """Receive and decode one frame.
+
+        Raises:
+            ConnectionClosed: the peer closed the connection before a new frame began.
+            DecodeError: truncated, too large, or does not decode; the connection is then unusable.
+            OSError: the socket failed (``BlockingIOError``/``TimeoutError`` when a timeout ran out).
+        """
+        first = self.expected_bytes or 0
+        self.buffer = claim_buffer(self.buffer, _BODY_AT + first)
+        view = memoryview(self.buffer)
+        start = _BODY_AT - _HEADER.size  # the header goes just before the body
+        got = self._take_carry(view[start:_BODY_AT + first])
+        while got < _HEADER.size:
+            n = self.sock.recv_into(view[start + got:_BODY_AT + first])
+            if n == 0:
+                if got == 0:
+                    raise ConnectionClosed("the peer closed the connection")
+                raise DecodeError(f"truncated frame header: {got} of {_HEADER.size} bytes before the peer closed")
+            got += n
+        (size,) = _HEADER.unpack_from(self.buffer, start)
+        _check_length(size, self.max_bytes)
+        body = got - _HEADER.size
+        if body > size:  # a shorter frame than expected, and the next one began
+            self._carry = bytes(view[_BODY_AT + size:_BODY_AT + body]) + self._carry
+            body = size
+        if size > first:
+            view.release()
+            self.buffer = claim_buffer(self.buffer, _BODY_AT + size)  # this frame's buffer: it grows in place
+            view = memoryview(self.buffer)
+            body += self._take_carry(view[_BODY_AT + body:_BODY_AT + size])
+        while body < size:
+            n = self.sock.recv_into(view[_BODY_AT + body:_BODY_AT + size], 0, socket.MSG_WAITALL)
+            if n == 0:
+                raise DecodeError(f"truncated frame: {body} of {size} bytes before the peer closed")
+            body += n
+        return decode(view[_BODY_AT:_BODY_AT + size])
+
+    def _take_carry(self, target: memoryview) -> int:
+        """Copy kept bytes of the next frame into ``target``; how many (the rest stays kept)."""
+        if not self._carry:
+            return 0
+        take = min(len(self._carry), len(target))
+        target[:take] = self._carry[:take]
+        self._carry = self._carry[take:]
+        return take
+
+
+def set_os_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Bound a blocking socket's reads and writes in the kernel (SO_RCVTIMEO/SO_SNDTIMEO), not by polling.
+
+    The socket stays blocking (``settimeout(None)``); a read or write that waits longer raises
+    ``BlockingIOError`` (EAGAIN).
+    """
+    sock.settimeout(None)
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 async def read_frame(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:

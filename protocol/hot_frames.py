@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 from protocol._msgpack_view import ALIGN_KEY
+from protocol.codec import WIRE_DTYPES
 from protocol.framing import FRAME_ALIGN, decode_frame
 
 _U32_MAX = (1 << 32) - 1
@@ -54,6 +55,9 @@ class HotFrame:
         if kind not in _FIELDS or dtype not in _WIRE_ITEMSIZE:
             raise ValueError(f"no fixed layout for a {kind!r} frame of {dtype!r}")
         self.kind, self.dtype, self.itemsize = kind, dtype, _WIRE_ITEMSIZE[dtype]
+        import numpy  # here, not at import: the agent imports protocol while idle, numpy only to train
+
+        self._np, self._np_dtype = numpy, numpy.dtype(WIRE_DTYPES[dtype])
         parts: list[tuple[str, Any]] = []  # ("c", bytes) a constant, or ("u32" | "f64", key) a number
         for key, how in _FIELDS[kind]:
             parts.append(("c", msgpack.packb(key)))
@@ -107,10 +111,12 @@ class HotFrame:
         row[self._elements_at], row[self._bytes_at] = shape[0], nbytes
         return [_HEADER.pack(self.prefix_bytes + nbytes) + self._struct.pack(*row), data]
 
-    def decode(self, payload: memoryview) -> dict[str, Any] | None:
+    def decode(self, payload: memoryview, *, array: bool = False) -> dict[str, Any] | None:
         """The frame as ``decode_frame`` gives it (the tensor's data a view of ``payload``), or None.
 
-        None means the payload is not in this layout: decode it with ``decode_frame``.
+        None means the payload is not in this layout: decode it with ``decode_frame``. With
+        ``array``, ``g`` is already the flat read-only numpy array over the payload (what
+        ``protocol.codec.decode_array`` would make of the tensor map; bfloat16 as uint16 bits).
         """
         if len(payload) < self.prefix_bytes:
             return None
@@ -122,12 +128,18 @@ class HotFrame:
             return None
         frame: dict[str, Any] = {"type": self.kind}
         frame.update(zip(self.keys, self._numbers_at(row)))
-        frame["g"] = {"dtype": self.dtype, "shape": [elements], "data": payload[self.prefix_bytes:].toreadonly()}
+        data = payload[self.prefix_bytes:].toreadonly()
+        frame["g"] = (self._np.frombuffer(data, dtype=self._np_dtype) if array
+                      else {"dtype": self.dtype, "shape": [elements], "data": data})
         return frame
 
     def decode_any(self, payload: memoryview) -> dict[str, Any]:
         """Any frame: this layout's fast path, else ``decode_frame`` (which raises ``DecodeError`` on bad input)."""
         return self.decode(payload) or decode_frame(payload)
+
+    def decode_any_array(self, payload: memoryview) -> dict[str, Any]:
+        """:meth:`decode_any`, the fast path's tensor already an array (``decode(payload, array=True)``)."""
+        return self.decode(payload, array=True) or decode_frame(payload)
 
 
 __all__ = ["HotFrame"]

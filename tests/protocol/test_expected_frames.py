@@ -1,0 +1,174 @@
+"""Readers that expect a frame size: header and body in one read, bytes past a shorter frame kept.
+
+Real sockets. ``FrameReceiver`` (the board's blocking side) and ``FrameReader`` with
+``expected_bytes`` (the exchange server's event-loop side) must deliver every frame intact
+whatever its size relative to the expected one, however the bytes are cut, and a blocking socket
+without a Python timeout must never wait for bytes that are not coming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import socket
+import struct
+import termios
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from protocol.codec import decode_array, encode_array
+from protocol.errors import DecodeError
+from protocol.exchange_io import FrameReader
+from protocol.framing import (
+    ConnectionClosed,
+    FrameReceiver,
+    encode_frame,
+    recv_frame,
+    set_os_timeouts,
+)
+from tests.helpers import wait_until
+
+TIMEOUT_S = 10.0
+
+
+def _wire(step: int, elements: int) -> bytes:
+    grad = np.arange(elements, dtype=np.float32) + step
+    return b"".join(bytes(s) for s in encode_frame({"type": "grad", "step": step, "g": encode_array(grad)}))
+
+
+def _check(frame: dict[str, Any], step: int, elements: int) -> None:
+    assert frame["step"] == step
+    assert np.array_equal(decode_array(frame["g"], max_elements=elements), np.arange(elements, dtype=np.float32) + step)
+
+
+def _queued(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+@pytest.fixture()
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    listener.close()
+    set_os_timeouts(receiver, TIMEOUT_S)  # blocking, as the board's connection
+    try:
+        yield sender, receiver
+    finally:
+        sender.close()
+        receiver.close()
+
+
+@pytest.mark.parametrize("read", ["recv_frame", "FrameReceiver"])
+def test_a_blocking_socket_gets_a_frame_whose_second_half_comes_after_the_first_was_read(tcp_pair, read) -> None:
+    # Linux wakes a blocked reader only when SO_RCVLOWAT bytes are queued, not counting what it already
+    # copied: a mark of the whole body on a blocking socket never wakes for the second half.
+    sender, receiver = tcp_pair
+    set_os_timeouts(receiver, 3 * TIMEOUT_S)  # a reader that hangs is not rescued by its timeout before we look
+    wire = _wire(7, 100_000)  # 400 kB
+    got: dict[str, Any] = {}
+
+    def reader() -> None:
+        try:
+            got["frame"] = recv_frame(receiver) if read == "recv_frame" else FrameReceiver(receiver).recv()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            got["error"] = exc
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    sender.sendall(wire[:len(wire) // 2])
+    wait_until(lambda: _queued(receiver) == 0, timeout_s=TIMEOUT_S, what="the reader to take the first half")
+    sender.sendall(wire[len(wire) // 2:])
+    thread.join(TIMEOUT_S)
+    hung = thread.is_alive()
+    if hung:
+        receiver.shutdown(socket.SHUT_RDWR)  # release the thread
+        thread.join(TIMEOUT_S)
+    assert not hung, "the reader did not wake for the second half of the frame"
+    assert "error" not in got, got.get("error")
+    _check(got["frame"], 7, 100_000)
+
+
+@pytest.mark.parametrize("sizes", [
+    [1000, 1000, 1000],       # the expected size every time
+    [10, 1000, 3, 1000],      # shorter frames: the next frame's bytes are read with them
+    [1000, 5000, 1000],       # a longer frame: the rest is read after the header says so
+    [3, 3, 3, 3, 1000],       # several whole frames inside one expected-size read
+])
+@pytest.mark.parametrize("cut", [None, 1, 4093])
+def test_the_blocking_receiver_delivers_frames_of_any_size_cut_anywhere(tcp_pair, sizes, cut) -> None:
+    sender, receiver = tcp_pair
+    wires = [_wire(step, n) for step, n in enumerate(sizes)]
+    stream = b"".join(wires)
+    expected = len(wires[0]) - 4 if sizes[0] == 1000 else len(_wire(0, 1000)) - 4
+    sink = FrameReceiver(receiver, expected_bytes=expected)
+    writer = threading.Thread(target=lambda: [sender.sendall(stream[i:i + (cut or len(stream))])
+                                              for i in range(0, len(stream), cut or len(stream))])
+    writer.start()
+    for step, n in enumerate(sizes):
+        frame = sink.recv()
+        _check(frame, step, n)
+        del frame
+    writer.join(TIMEOUT_S)
+    sender.close()
+    with pytest.raises(ConnectionClosed):
+        sink.recv()
+
+
+def test_the_blocking_receiver_names_a_truncated_or_oversized_frame(tcp_pair) -> None:
+    sender, receiver = tcp_pair
+    wire = _wire(0, 1000)
+    sender.sendall(wire[:2000])
+    sender.close()
+    with pytest.raises(DecodeError, match="truncated frame: 1996 of"):
+        FrameReceiver(receiver, expected_bytes=len(wire) - 4).recv()
+
+
+def test_the_blocking_receiver_refuses_an_announced_size_over_the_limit_before_reading_it(tcp_pair) -> None:
+    sender, receiver = tcp_pair
+    sender.sendall(struct.pack(">I", 1 << 30) + b"x" * 100)
+    with pytest.raises(DecodeError, match="over the limit"):
+        FrameReceiver(receiver, expected_bytes=100, max_bytes=1 << 20).recv()
+
+
+@pytest.mark.parametrize("sizes", [[1000, 1000], [10, 1000, 3, 1000], [1000, 5000, 1000], [3, 3, 3, 3, 1000]])
+@pytest.mark.parametrize("pause", [False, True])
+def test_the_event_loop_reader_with_an_expected_size_delivers_every_frame(sizes, pause) -> None:
+    """Sent in one write, so shorter frames leave whole frames among the bytes already read;
+    with ``pause`` the reader stops after each frame and must find them again on resume."""
+    stream = b"".join(_wire(step, n) for step, n in enumerate(sizes))
+
+    async def main() -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        left, right = socket.socketpair()
+        left.setblocking(False)
+        right.setblocking(False)
+        frames: list[dict[str, Any]] = []
+        arrived = asyncio.Event()
+
+        def on_frame(frame: dict[str, Any]) -> bool:
+            frames.append({"step": frame["step"], "g": decode_array(frame["g"], max_elements=10_000).copy()})
+            arrived.set()
+            return not pause
+
+        reader = FrameReader(loop, right, bytearray(), on_frame, expected_bytes=len(_wire(0, 1000)) - 4)
+        reader.resume()
+        await loop.sock_sendall(left, stream)
+        while len(frames) < len(sizes):
+            await asyncio.wait_for(arrived.wait(), TIMEOUT_S)
+            arrived.clear()
+            if pause:
+                reader.resume()
+        left.close()
+        assert isinstance(await asyncio.wait_for(reader.done, TIMEOUT_S), ConnectionClosed)
+        right.close()
+        return frames
+
+    frames = asyncio.run(main())
+    assert [f["step"] for f in frames] == list(range(len(sizes)))
+    for frame, n in zip(frames, sizes):
+        assert np.array_equal(frame["g"], np.arange(n, dtype=np.float32) + frame["step"])
