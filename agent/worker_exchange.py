@@ -133,7 +133,7 @@ class ExchangeClient:
             else:
                 send_segments(self.sock, segments)
         except BlockingIOError:
-            raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:.0f} s") from None
+            raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
         reply = self._recv(hot[1].decode_any_array)
         if reply["type"] == "stop":
             raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
@@ -152,7 +152,7 @@ class ExchangeClient:
         try:
             return self._receiver.recv(decode)
         except BlockingIOError:  # SO_RCVTIMEO ran out
-            raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:.0f} s") from None
+            raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:g} s") from None
 
     def close(self) -> None:
         self.sock.close()

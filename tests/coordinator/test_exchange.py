@@ -279,3 +279,32 @@ def test_a_resumed_exchange_welcomes_boards_with_the_split_in_force() -> None:
     with pytest.raises(ExchangeError, match="would come before"):
         ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
                        welcome_state=lambda: (0, None, None), splits=[(9, [16, 16, 16]), (4, [16, 16, 16])])
+
+
+def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wait() -> None:
+    from protocol.framing import recv_frame, send_frame
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[str] = []
+
+    def silent_coordinator() -> None:  # welcomes the board, takes its gradient, never answers
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(10)
+            seen.append(recv_frame(conn)["type"])
+            send_frame(conn, {"type": "welcome", "step": 0, "model": {}, "optimizer": {}})
+            seen.append(recv_frame(conn)["type"])
+            conn.recv(1)  # until the board gives up and closes
+
+    coordinator = threading.Thread(target=silent_coordinator, daemon=True)
+    coordinator.start()
+    client = ExchangeClient("127.0.0.1", listener.getsockname()[1], result_timeout_s=0.5)
+    try:
+        client.hello(job_id="job", board_id="b0", token="secret", param_count=P)
+        with pytest.raises(TimeoutError, match="no answer from the coordinator within 0.5 s"):
+            client.exchange(step=0, grad=np.zeros(P, np.float32), n=8, loss=1.0, compute_s=0.01)
+    finally:
+        client.close()
+        listener.close()
+    coordinator.join(10)
+    assert seen == ["hello", "grad"]
