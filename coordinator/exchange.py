@@ -30,6 +30,7 @@ import logging
 import socket
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 EXCHANGE_VERSION = 1
 HELLO_TIMEOUT_S = 10.0
 REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratch stay in the CPU cache
+FOLD_MAX_ELEMENTS = 1 << 19  # gradients up to this size (2 MB of float32) are summed as they arrive
 # A split announced in the avg frame of step t takes effect at step t + SPLIT_LEAD_STEPS. When that
 # frame arrives the board has trained on step t, and Lightning's fetcher may already have drawn
 # step t + 1: it prefetches one batch to learn whether it is the last, whenever the loader has no
@@ -82,6 +84,7 @@ class _Board:
     reader: FrameReader | None = None     # reads its frames in loop callbacks
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
+    last_n: int = 0                         # its sample count the last time its gradient was in the average
     refusal: str = ""                       # why its gradient for that step was refused
     gone_reason: str = ""
     flags: list[str] = field(default_factory=list)
@@ -108,6 +111,25 @@ class _Finished:
     wire: np.ndarray                                # the average as it travelled
     unsent: list[tuple[_Board, list[memoryview]]]   # boards whose send buffer could not take all of it at once
     frame_bytes: int
+
+
+@dataclass(slots=True)
+class _Fold:
+    """The open step's average, summed in board order as gradients arrive (small gradients only).
+
+    Weights come from each board's sample count at its last contribution; if a board answers with
+    another count, is refused or is missing, the fold stops and the step is summed in full at the end.
+    """
+
+    step: int
+    boards: list[_Board]          # welcomed at the step's start, in board order
+    ns: list[int]                 # the sample counts the weights assume
+    weights: list[np.float32]
+    squares: list[float] = field(default_factory=list)  # of the gradients summed so far
+
+    @property
+    def complete(self) -> bool:
+        return len(self.squares) == len(self.boards)
 
 
 class ExchangeServer:
@@ -145,7 +167,8 @@ class ExchangeServer:
         self._changed = asyncio.Event()   # a board joined, left or failed
         self._server_sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._recent_s: list[float] = []
+        self._recent_s: deque[float] = deque(maxlen=20)  # the last steps' wall times, for the deadline
+        self._fold: _Fold | None = None
         self._global_batch = sum(b for _, b in boards)
         self._splits: list[dict[str, Any]] = []
         self._unsent_split: dict[str, Any] | None = None  # goes out in the next avg frame
@@ -389,10 +412,49 @@ class ExchangeServer:
         raise reason
 
     def _on_frame(self, board: _Board, frame: dict[str, Any]) -> bool:
-        """A frame arrived from ``board``: keep it, finish the step if it was the last; read on."""
+        """A frame arrived from ``board``: keep it, add it to the sum, finish the step if it was the last; read on."""
         self._accept_grad(board, frame)
+        if self._fold is not None:
+            self._fold_arrived()
         self._finish_if_ready()
         return True
+
+    def _start_fold(self, step: int) -> None:
+        """Sum this step's gradients as they arrive, when they are small and every board's count is known."""
+        self._fold = None
+        boards = [b for b in self._in_order if b.welcomed]
+        ns = [b.last_n for b in boards]
+        if self.param_count > FOLD_MAX_ELEMENTS or not boards or 0 in ns:
+            return
+        total = sum(ns)
+        self._fold = _Fold(step, boards, ns, [np.float32(n / total) for n in ns])
+        self._fold_arrived()  # gradients that came early
+
+    def _fold_arrived(self) -> None:
+        """Add the gradients that arrived, as far as board order allows (a later board waits for an earlier one)."""
+        fold = self._fold
+        if fold is None or fold.step != self._step:
+            return
+        while not fold.complete:
+            i = len(fold.squares)
+            board = fold.boards[i]
+            if board.grad is None or board.n != fold.ns[i]:
+                return  # not here yet, refused, or another count: summed in full at the end if need be
+            fold.squares.append(self._add_weighted(board.grad, fold.weights[i], first=i == 0))
+
+    def _add_weighted(self, grad: np.ndarray, weight: np.float32, *, first: bool) -> float:
+        """``sum (+)= weight * grad`` for a small gradient, the same operations as :meth:`_weighted_sum`; its squared norm."""
+        target = self._sum if first else self._scratch
+        if grad.dtype == np.float32:
+            square = float(np.dot(grad, grad))
+            np.multiply(grad, weight, out=target)
+        else:
+            np.copyto(target, from_bf16_bits(grad) if grad.dtype == np.uint16 else grad)
+            square = float(np.dot(target, target))
+            target *= weight
+        if not first:
+            self._sum += self._scratch
+        return square
 
     def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
         """Keep a board's gradient for the current step, or flag why not."""
@@ -433,7 +495,7 @@ class ExchangeServer:
         """The step deadline: generous at first, then five times the recent median step."""
         if len(self._recent_s) < 3:
             return max(minimum_s, 60.0)
-        return max(minimum_s, 5 * statistics.median(self._recent_s[-20:]))
+        return max(minimum_s, 5 * statistics.median(self._recent_s))
 
     def _weighted_sum(self, grads: list[tuple[np.ndarray, int]], total: int) -> list[float]:
         """``sum = Σ (n_i / total) g_i`` in board order, in one cache-blocked pass over memory.
@@ -476,9 +538,16 @@ class ExchangeServer:
                 board.flags.append(f"step {step}: missed the deadline")
             else:
                 refused[board.board_id] = board.refusal
+        fold, self._fold = self._fold, None
+        folded = (fold is not None and fold.step == step and fold.complete and fold.boards == kept
+                  and all(b.n == n for b, n in zip(kept, fold.ns)))
         while kept:
             total = sum(b.n for b in kept)
-            squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
+            if folded:  # summed as the gradients arrived, with these very weights
+                assert fold is not None
+                squares, folded = fold.squares, False
+            else:
+                squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
             bad = [(b, q) for b, q in zip(kept, squares) if not np.isfinite(q) or q > self.max_grad_norm ** 2]
             if not bad:
                 break
@@ -490,6 +559,8 @@ class ExchangeServer:
                 kept.remove(board)
         for board in self.boards.values():
             board.grad = None
+        for board in kept:
+            board.last_n = board.n
         if not kept:
             raise ExchangeError(f"step {step}: no board contributed a usable gradient "
                                 f"(late: {late or 'none'}; refused: {refused or 'none'})")
@@ -538,6 +609,7 @@ class ExchangeServer:
             self._step = step  # gradients that arrived early for this step are already kept
             gathered: asyncio.Future[_Finished] = loop.create_future()
             self._gathering = (step, started, gathered)
+            self._start_fold(step)
             timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._finish_if_ready, True)
             try:
                 self._finish_if_ready()

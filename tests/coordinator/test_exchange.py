@@ -308,3 +308,69 @@ def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wai
         listener.close()
     coordinator.join(10)
     assert seen == ["hello", "grad"]
+
+
+def _reference_sum(grads: dict[str, np.ndarray], counts: dict[str, int]) -> np.ndarray:
+    """The average as the server defines it: weights n_i / sum(n) in float32, added in board order."""
+    total = sum(counts.values())
+    acc = None
+    for board, _ in BOARDS:
+        part = grads[board] * np.float32(counts[board] / total)
+        acc = part if acc is None else acc + part
+    assert acc is not None
+    return acc
+
+
+def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_order() -> None:
+    """b2 starts sending first and b0 last; from step 1 on the server adds each gradient as it arrives (the
+    counts of step 0 give the weights), and at step 3 b1 sends another count: summed in full again."""
+    steps = 5
+    sent = {board: [threading.Event() for _ in range(steps)] for board, _ in BOARDS}
+    after = {"b2": None, "b1": "b2", "b0": "b1"}  # who waits for whom
+
+    def make(board: str) -> Callable[[int], np.ndarray]:
+        return lambda step: _grads(step)[board]
+
+    def before_send(board: str) -> Callable[[int], None]:
+        def wait(step: int) -> None:
+            if after[board] is not None:
+                sent[after[board]][step].wait(10)
+            sent[board][step].set()  # just before its send: the next board is likely, not sure, to arrive later
+        return wait
+
+    class CountingBoard(Board):
+        def run(self) -> None:  # b1 sends 20 samples instead of 16 at step 3
+            client = ExchangeClient("127.0.0.1", self.port)
+            client.hello(job_id="job", board_id=self.board_id, token=self.token, param_count=P)
+            for step in range(self.steps):
+                self.before_send(step)
+                n = 20 if (self.board_id, step) == ("b1", 3) else dict(BOARDS)[self.board_id]
+                self.results.append(np.array(client.exchange(step=step, grad=self.make(step), n=n, loss=1.0,
+                                                             compute_s=0.01)))
+
+    async def main() -> tuple[list[np.ndarray], int]:
+        server = _server()
+        full_sums = 0
+        original = server._weighted_sum
+
+        def counting(*args: Any) -> list[float]:
+            nonlocal full_sums
+            full_sums += 1
+            return original(*args)
+
+        server._weighted_sum = counting  # type: ignore[method-assign]
+        port = await server.start("127.0.0.1", 0)
+        for b, _ in BOARDS:
+            CountingBoard(b, port, steps, make(b), before_send=before_send(b)).start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        applied: list[np.ndarray] = []
+        for s in range(steps):
+            await server.run_step(s, apply=lambda g: applied.append(g.copy()))
+        await server.close()
+        return applied, full_sums
+
+    applied, full_sums = _run(main())
+    for step in range(steps):
+        counts = dict(BOARDS) | ({"b1": 20} if step == 3 else {})
+        np.testing.assert_array_equal(applied[step], _reference_sum(_grads(step), counts))
+    assert full_sums == 3  # step 0 (no counts known yet), step 3 (b1's count changed), step 4 (after it)
