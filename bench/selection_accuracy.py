@@ -54,7 +54,14 @@ stole 16% of the CPU, so not comparable): 15/24 = 62.5% both for the estimates a
 picks, profiling 3.3% (4.4% with verification), MAPE 20.3% time / 15.4% energy. Verifying the 2 best
 estimates changed few picks: in most misses the best measured configuration was ranked 3rd to 13th
 by estimate. The burst is therefore off by default again (0, as in the 79.2% run) until a quiet
-machine shows it helps; check ``vmstat 2`` first (the "st" column near 0).
+machine shows it helps; check ``vmstat 2`` first (the "st" column near 0). On 2026-11-24 again,
+quiet (steal 3%), defaults with ``--verify 3`` (33.6 min): estimates 17/24 = 70.8%, verified picks
+21/24 = 87.5%, profiling 2.9% (4.8% with verification), MAPE 9.6% step time / 11.2% energy over 212
+runs. All three verified misses are fleet8 resnet_small, where this host's run-to-run noise is as
+large as the gaps: the identical boards pi5-1 and pi5-2 ran 512 and 515 ms a step in verification
+and 521 and 448 ms in the ground truth; pi4-3+pi5-1+pi5-2+x86-1 ran 143 ms verified, 183 ms in
+the ground truth. In the time and edp misses the best measured configuration was the second
+estimate, which verification had run and measured slower than the first.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
