@@ -9,8 +9,8 @@ What is measured, all with ``torch.set_num_threads(1)`` in every process:
   (the Trainer flags the agent's worker uses);
 * distributed step: the real components of a training job without MQTT. This process runs the
   coordinator's side: ``coordinator.exchange.ExchangeServer`` on 127.0.0.1 (asyncio) with the real
-  ``coordinator.replica.Replica`` as ``apply`` (the coordinator's replica steps on the critical
-  path, as in ``coordinator.training``). Two board processes (spawned) each run what
+  ``coordinator.replica.Replica`` as ``apply`` (the coordinator's replica steps once the step's
+  result is on its way to the boards, while they compute the next step, as in ``coordinator.training``). Two board processes (spawned) each run what
   ``agent.worker.run_job`` runs: ``ExchangeClient.hello``, the welcome's model and optimizer state,
   a ``BoardBatchSampler`` over a ``GlobalBatchPlan`` with batch sizes (32, 32), and
   ``Trainer.fit`` with ``agent.worker_exchange.GradientExchange`` as the callback. The client's
@@ -353,7 +353,7 @@ def report(plain: list[float], lightning: list[float], lightning_compute: list[f
         ("  board: in client.exchange", f"{exch:.2f}", "", "", "", "", f"{100 * share:.0f} %"),
         ("    waiting for the other board", f"{wait:.2f}", "", "", "", "", f"{100 * wait / dist:.0f} %"),
         ("    round after the last board sent", f"{rnd:.2f}", "", "", "", "", f"{100 * rnd / dist:.0f} %"),
-        ("      of which the coordinator's replica apply", f"{app:.2f}", "", "", "", "", f"{100 * app / dist:.0f} %"),
+        ("  coordinator: replica apply, beside the next step", f"{app:.2f}", "", "", "", "", f"{100 * app / dist:.0f} %"),
     ]
     headers = ("measure", "ms / step", "samples / step", "samples / s", "vs local plain", "vs local Lightning",
                "share of the distributed step")
@@ -364,8 +364,8 @@ def report(plain: list[float], lightning: list[float], lightning_compute: list[f
                "GradientExchange + ExchangeClient), 127.0.0.1; boards and coordinator share the CPUs. Exchange share = "
                "time in client.exchange / step wall time (sums over the timed steps, mean of the boards). Waiting = "
                "last board's exchange start - this board's (mean of the boards); round = last board's start of "
-               "exchange to the last board having the average (it includes the replica's apply, which run_step does "
-               "before sending). Forward + backward: on_train_batch_start to the optimizer step (what GradientExchange reports as compute_s), locally and on the boards: the difference is CPU contention. Reference: plain about 8 ms, Lightning about 11 ms on this machine. " + args.cpu_note)
+               "exchange to the last board having the average. The coordinator's replica applies each average after "
+               "sending it, while the boards compute: on this machine it shares the CPUs with them. Forward + backward: on_train_batch_start to the optimizer step (what GradientExchange reports as compute_s), locally and on the boards: the difference is CPU contention. Reference: plain about 8 ms, Lightning about 11 ms on this machine. " + args.cpu_note)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right")
