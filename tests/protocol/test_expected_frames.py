@@ -14,7 +14,6 @@ import socket
 import struct
 import termios
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -50,24 +49,17 @@ def _queued(sock: socket.socket) -> int:
 
 
 @pytest.fixture()
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    sender = socket.create_connection(listener.getsockname())
-    receiver, _ = listener.accept()
-    listener.close()
-    set_os_timeouts(receiver, TIMEOUT_S)  # blocking, as the board's connection
-    try:
-        yield sender, receiver
-    finally:
-        sender.close()
-        receiver.close()
+def blocking_pair(tcp_pair: tuple[socket.socket, socket.socket]) -> tuple[socket.socket, socket.socket]:
+    """(sender, receiver) over TCP, the receiver blocking with kernel timeouts, as a board's connection."""
+    set_os_timeouts(tcp_pair[1], TIMEOUT_S)
+    return tcp_pair
 
 
 @pytest.mark.parametrize("read", ["recv_frame", "FrameReceiver"])
-def test_a_blocking_socket_gets_a_frame_whose_second_half_comes_after_the_first_was_read(tcp_pair, read) -> None:
+def test_a_blocking_socket_gets_a_frame_whose_second_half_comes_after_the_first_was_read(blocking_pair, read) -> None:
     # Linux wakes a blocked reader only when SO_RCVLOWAT bytes are queued, not counting what it already
     # copied: a mark of the whole body on a blocking socket never wakes for the second half.
-    sender, receiver = tcp_pair
+    sender, receiver = blocking_pair
     set_os_timeouts(receiver, 3 * TIMEOUT_S)  # a reader that hangs is not rescued by its timeout before we look
     wire = _wire(7, 100_000)  # 400 kB
     got: dict[str, Any] = {}
@@ -100,8 +92,8 @@ def test_a_blocking_socket_gets_a_frame_whose_second_half_comes_after_the_first_
     [3, 3, 3, 3, 1000],       # several whole frames inside one expected-size read
 ])
 @pytest.mark.parametrize("cut", [None, 1, 4093])
-def test_the_blocking_receiver_delivers_frames_of_any_size_cut_anywhere(tcp_pair, sizes, cut) -> None:
-    sender, receiver = tcp_pair
+def test_the_blocking_receiver_delivers_frames_of_any_size_cut_anywhere(blocking_pair, sizes, cut) -> None:
+    sender, receiver = blocking_pair
     wires = [_wire(step, n) for step, n in enumerate(sizes)]
     stream = b"".join(wires)
     expected = len(wires[0]) - 4 if sizes[0] == 1000 else len(_wire(0, 1000)) - 4
@@ -119,8 +111,8 @@ def test_the_blocking_receiver_delivers_frames_of_any_size_cut_anywhere(tcp_pair
         sink.recv()
 
 
-def test_the_blocking_receiver_names_a_truncated_or_oversized_frame(tcp_pair) -> None:
-    sender, receiver = tcp_pair
+def test_the_blocking_receiver_names_a_truncated_or_oversized_frame(blocking_pair) -> None:
+    sender, receiver = blocking_pair
     wire = _wire(0, 1000)
     sender.sendall(wire[:2000])
     sender.close()
@@ -128,8 +120,8 @@ def test_the_blocking_receiver_names_a_truncated_or_oversized_frame(tcp_pair) ->
         FrameReceiver(receiver, expected_bytes=len(wire) - 4).recv()
 
 
-def test_the_blocking_receiver_refuses_an_announced_size_over_the_limit_before_reading_it(tcp_pair) -> None:
-    sender, receiver = tcp_pair
+def test_the_blocking_receiver_refuses_an_announced_size_over_the_limit_before_reading_it(blocking_pair) -> None:
+    sender, receiver = blocking_pair
     sender.sendall(struct.pack(">I", 1 << 30) + b"x" * 100)
     with pytest.raises(DecodeError, match="over the limit"):
         FrameReceiver(receiver, expected_bytes=100, max_bytes=1 << 20).recv()

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
 
 import numpy as np
-import pytest
 
 from protocol.codec import encode_array
 from protocol.exchange_io import FrameReader
@@ -23,19 +21,6 @@ from tests.helpers import wait_until
 
 def _lowat(sock: socket.socket) -> int:
     return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
-
-
-@pytest.fixture()
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    sender = socket.create_connection(listener.getsockname())
-    receiver, _ = listener.accept()
-    listener.close()
-    try:
-        yield sender, receiver
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def _frame_bytes(elements: int) -> tuple[bytes, np.ndarray]:
