@@ -24,6 +24,7 @@ from protocol.framing import (
     send_segments,
     set_os_timeouts,
 )
+from protocol.half_cast import cast_into
 from protocol.hot_frames import HotFrame
 from workloads.params import (
     assign_grads,
@@ -213,7 +214,7 @@ class GradientExchange(pl.Callback):
         if self._wire is None:
             wire = self._flat
         elif self.wire_dtype == "float16":
-            np.copyto(self._wire, self._flat, casting="same_kind")
+            cast_into(self._wire, self._flat)
             wire = self._wire
         else:
             np.copyto(self._wire, to_bf16_bits(self._flat))
@@ -223,7 +224,10 @@ class GradientExchange(pl.Callback):
         if self.client.split is not None:
             self._follow_split(*self.client.split)
         if self._avg32 is not None:
-            np.copyto(self._avg32, avg if self.wire_dtype == "float16" else from_bf16_bits(avg))
+            if self.wire_dtype == "float16":
+                cast_into(self._avg32, avg)
+            else:
+                np.copyto(self._avg32, from_bf16_bits(avg))
             avg = self._avg32
         assign_grads(self._params, avg)
         self._on_step(self.step, self._loss, compute_s)

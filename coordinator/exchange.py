@@ -48,6 +48,7 @@ from protocol.exchange_io import (
     send_now_to_all,
     send_rest,
 )
+from protocol.half_cast import cast_into
 from protocol.hot_frames import HotFrame
 
 log = logging.getLogger(__name__)
@@ -449,7 +450,10 @@ class ExchangeServer:
             square = float(np.dot(grad, grad))
             np.multiply(grad, weight, out=target)
         else:
-            np.copyto(target, from_bf16_bits(grad) if grad.dtype == np.uint16 else grad)
+            if grad.dtype == np.uint16:
+                np.copyto(target, from_bf16_bits(grad))
+            else:
+                cast_into(target, grad)
             square = float(np.dot(target, target))
             target *= weight
         if not first:
@@ -517,7 +521,10 @@ class ExchangeServer:
                     squares[i] += float(np.dot(part, part))
                     np.multiply(part, weights[i], out=target)
                 else:
-                    np.copyto(target, from_bf16_bits(part) if part.dtype == np.uint16 else part)
+                    if part.dtype == np.uint16:
+                        np.copyto(target, from_bf16_bits(part))
+                    else:
+                        cast_into(target, part)
                     squares[i] += float(np.dot(target, target))
                     target *= weights[i]
                 if i:
@@ -578,7 +585,7 @@ class ExchangeServer:
         if self.wire_dtype == "float32":
             return avg
         if self.wire_dtype == "float16":
-            np.copyto(self._wire_out, avg, casting="same_kind")
+            cast_into(self._wire_out, avg)
         else:
             np.copyto(self._wire_out, to_bf16_bits(avg))
         return self._wire_out
@@ -588,7 +595,10 @@ class ExchangeServer:
             return wire
         if self._applied is None:
             self._applied = np.zeros(self.param_count, dtype=np.float32)
-        np.copyto(self._applied, from_bf16_bits(wire) if wire.dtype == np.uint16 else wire)
+        if wire.dtype == np.uint16:
+            np.copyto(self._applied, from_bf16_bits(wire))
+        else:
+            cast_into(self._applied, wire)
         return self._applied
 
     async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:
