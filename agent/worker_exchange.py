@@ -133,7 +133,7 @@ class ExchangeClient:
                 send_frame(self.sock, {"type": "grad", **values, "g": tensor})
             else:
                 send_segments(self.sock, segments)
-        except BlockingIOError:
+        except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
             raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
         reply = self._recv(hot[1].decode_any_array)
         if reply["type"] == "stop":
@@ -152,7 +152,7 @@ class ExchangeClient:
     def _recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
         try:
             return self._receiver.recv(decode)
-        except BlockingIOError:  # SO_RCVTIMEO ran out
+        except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out (or the Python timeout standing in for it)
             raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:g} s") from None
 
     def close(self) -> None:

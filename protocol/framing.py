@@ -315,17 +315,27 @@ class FrameReceiver:
         return take
 
 
-def set_os_timeouts(sock: socket.socket, seconds: float) -> None:
+def set_os_timeouts(sock: socket.socket, seconds: float) -> bool:
     """Bound a blocking socket's reads and writes in the kernel (SO_RCVTIMEO/SO_SNDTIMEO), not by polling.
 
     The socket stays blocking (``settimeout(None)``); a read or write that waits longer raises
-    ``BlockingIOError`` (EAGAIN).
+    ``BlockingIOError`` (EAGAIN). Where the kernel refuses the option (a ``struct timeval`` of
+    another size, e.g. 32-bit systems with a 64-bit ``time_t``), the socket gets a Python timeout
+    instead (``socket.timeout`` then, one poll per call) and False is returned.
     """
-    sock.settimeout(None)
     whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    micros = int((seconds - whole) * 1e6)
+    for layout in ("ll", "qq"):  # the C timeval: two longs, or two 64-bit fields
+        try:
+            timeval = struct.pack(layout, whole, micros)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        except OSError:
+            continue
+        sock.settimeout(None)
+        return True
+    sock.settimeout(seconds)
+    return False
 
 
 async def read_frame(reader: asyncio.StreamReader, *, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:

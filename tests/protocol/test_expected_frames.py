@@ -164,3 +164,20 @@ def test_the_event_loop_reader_with_an_expected_size_delivers_every_frame(sizes,
     assert [f["step"] for f in frames] == list(range(len(sizes)))
     for frame, n in zip(frames, sizes):
         assert np.array_equal(frame["g"], np.arange(n, dtype=np.float32) + frame["step"])
+
+
+def test_where_the_kernel_refuses_its_timeouts_the_socket_gets_a_python_timeout_instead() -> None:
+    class NoKernelTimeouts(socket.socket):
+        def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:  # type: ignore[override]
+            if option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                raise OSError(22, "Invalid argument")
+            super().setsockopt(level, option, value, *rest)
+
+    with NoKernelTimeouts(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        assert set_os_timeouts(sock, 2.5) is False
+        assert sock.gettimeout() == 2.5
+    with socket.socket() as sock:
+        assert set_os_timeouts(sock, 2.5) is True
+        assert sock.gettimeout() is None
+        sec, usec = struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.calcsize("ll")))
+        assert (sec, usec) == (2, 500_000)
