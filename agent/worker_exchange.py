@@ -15,7 +15,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
+from protocol.codec import decode_array, encode_array
 from protocol.errors import DecodeError, EdgeTrainError
 from protocol.framing import (
     FrameReceiver,
@@ -211,23 +211,16 @@ class GradientExchange(pl.Callback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         compute_s = time.perf_counter() - self._started
         flatten_grads(self._params, self._flat)
-        if self._wire is None:
-            wire = self._flat
-        elif self.wire_dtype == "float16":
+        wire = self._flat
+        if self._wire is not None:
             cast_into(self._wire, self._flat)
-            wire = self._wire
-        else:
-            np.copyto(self._wire, to_bf16_bits(self._flat))
             wire = self._wire
         n = self._batch_size(self.step) * trainer.accumulate_grad_batches
         avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6))
         if self.client.split is not None:
             self._follow_split(*self.client.split)
         if self._avg32 is not None:
-            if self.wire_dtype == "float16":
-                cast_into(self._avg32, avg)
-            else:
-                np.copyto(self._avg32, from_bf16_bits(avg))
+            cast_into(self._avg32, avg)
             avg = self._avg32
         assign_grads(self._params, avg)
         self._on_step(self.step, self._loss, compute_s)

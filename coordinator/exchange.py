@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codec import decode_array, encode_array, from_bf16_bits, to_bf16_bits
+from protocol.codec import decode_array, encode_array
 from protocol.errors import DecodeError, EdgeTrainError
 from protocol.exchange_io import (
     ConnectionClosed,
@@ -65,6 +65,21 @@ FOLD_MAX_ELEMENTS = 1 << 19  # gradients up to this size (2 MB of float32) are s
 # installed Lightning; a board refuses a split for a step it has already drawn (SplitError).
 SPLIT_LEAD_STEPS = 2
 _WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _scale_into(target: np.ndarray, grad: np.ndarray, weight: np.float32) -> float:
+    """``target = weight * grad`` in float32 (a wire dtype widened first); the gradient's squared norm.
+
+    float32 is read in place, with no widening copy. NaN or Inf anywhere makes the norm non-finite.
+    """
+    if grad.dtype == np.float32:
+        square = float(np.dot(grad, grad))
+        np.multiply(grad, weight, out=target)
+        return square
+    cast_into(target, grad)
+    square = float(np.dot(target, target))
+    target *= weight
+    return square
 
 
 class ExchangeError(EdgeTrainError):
@@ -445,17 +460,7 @@ class ExchangeServer:
 
     def _add_weighted(self, grad: np.ndarray, weight: np.float32, *, first: bool) -> float:
         """``sum (+)= weight * grad`` for a small gradient, the same operations as :meth:`_weighted_sum`; its squared norm."""
-        target = self._sum if first else self._scratch
-        if grad.dtype == np.float32:
-            square = float(np.dot(grad, grad))
-            np.multiply(grad, weight, out=target)
-        else:
-            if grad.dtype == np.uint16:
-                np.copyto(target, from_bf16_bits(grad))
-            else:
-                cast_into(target, grad)
-            square = float(np.dot(target, target))
-            target *= weight
+        square = _scale_into(self._sum if first else self._scratch, grad, weight)
         if not first:
             self._sum += self._scratch
         return square
@@ -515,18 +520,7 @@ class ExchangeServer:
             end = min(start + REDUCE_BLOCK, self.param_count)
             acc, tmp = self._sum[start:end], self._scratch[:end - start]
             for i, (grad, _) in enumerate(grads):
-                target = acc if i == 0 else tmp
-                part = grad[start:end]
-                if part.dtype == np.float32:  # read in place: no widening copy
-                    squares[i] += float(np.dot(part, part))
-                    np.multiply(part, weights[i], out=target)
-                else:
-                    if part.dtype == np.uint16:
-                        np.copyto(target, from_bf16_bits(part))
-                    else:
-                        cast_into(target, part)
-                    squares[i] += float(np.dot(target, target))
-                    target *= weights[i]
+                squares[i] += _scale_into(acc if i == 0 else tmp, grad[start:end], weights[i])
                 if i:
                     acc += tmp
         return squares
@@ -584,10 +578,7 @@ class ExchangeServer:
         """The average as it travels, and as every replica (the coordinator's too) applies it."""
         if self.wire_dtype == "float32":
             return avg
-        if self.wire_dtype == "float16":
-            cast_into(self._wire_out, avg)
-        else:
-            np.copyto(self._wire_out, to_bf16_bits(avg))
+        cast_into(self._wire_out, avg)
         return self._wire_out
 
     def wire_to_float32(self, wire: np.ndarray) -> np.ndarray:
@@ -595,10 +586,7 @@ class ExchangeServer:
             return wire
         if self._applied is None:
             self._applied = np.zeros(self.param_count, dtype=np.float32)
-        if wire.dtype == np.uint16:
-            np.copyto(self._applied, from_bf16_bits(wire))
-        else:
-            cast_into(self._applied, wire)
+        cast_into(self._applied, wire)
         return self._applied
 
     async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:

@@ -15,7 +15,7 @@ from typing import Any
 
 from protocol.errors import DecodeError, ProtocolError
 from protocol.framing import (
-    FRAME_ALIGN,
+    BODY_AT,
     MAX_FRAME_BYTES,
     RCVLOWAT_FROM,
     RCVLOWAT_MAX,
@@ -27,7 +27,6 @@ from protocol.framing import (
 )
 
 _HEADER = struct.Struct(">I")
-_BODY_AT = FRAME_ALIGN  # a frame's body starts here in a reader's buffer (aligned as FRAME_ALIGN asks); its header just before
 
 
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
@@ -253,7 +252,7 @@ class FrameReader:
         if self._size is None:
             target = memoryview(self._header)[self._got:]
         else:
-            target = memoryview(self.buffer)[_BODY_AT + self._got:_BODY_AT + self._size]
+            target = memoryview(self.buffer)[BODY_AT + self._got:BODY_AT + self._size]
         n = self._recv(target)
         if n is None:
             return False
@@ -283,19 +282,19 @@ class FrameReader:
 
     def _read_header_and_body(self, expected: int) -> bool:
         """Read a new frame's header and (up to ``expected`` bytes of) its body in one call."""
-        self.buffer = claim_buffer(self.buffer, _BODY_AT + expected)  # a fresh one while views of the last frame are alive
-        n = self._recv(memoryview(self.buffer)[_BODY_AT - _HEADER.size:_BODY_AT + expected])
+        self.buffer = claim_buffer(self.buffer, BODY_AT + expected)  # a fresh one while views of the last frame are alive
+        n = self._recv(memoryview(self.buffer)[BODY_AT - _HEADER.size:BODY_AT + expected])
         if n is None:
             return False
         if n < _HEADER.size:
-            self._header[:n] = self.buffer[_BODY_AT - _HEADER.size:_BODY_AT - _HEADER.size + n]
+            self._header[:n] = self.buffer[BODY_AT - _HEADER.size:BODY_AT - _HEADER.size + n]
             self._got = n
             return True
-        (size,) = _HEADER.unpack_from(self.buffer, _BODY_AT - _HEADER.size)
+        (size,) = _HEADER.unpack_from(self.buffer, BODY_AT - _HEADER.size)
         self._begin_body(size)  # the buffer is this frame's already: it grows in place if need be
         body = n - _HEADER.size
         if body > size:  # a shorter frame than expected, and the next one began
-            self._carry = bytes(self.buffer[_BODY_AT + size:_BODY_AT + body])
+            self._carry = bytes(self.buffer[BODY_AT + size:BODY_AT + body])
             body = size
         self._got = body
         return self._complete() if body == size else True
@@ -303,7 +302,7 @@ class FrameReader:
     def _begin_body(self, size: int) -> None:
         if size == 0 or size > self._max_bytes:
             raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
-        self.buffer = claim_buffer(self.buffer, _BODY_AT + size)  # a fresh one while views of the last frame are alive
+        self.buffer = claim_buffer(self.buffer, BODY_AT + size)  # a fresh one while views of the last frame are alive
         self._size, self._got = size, 0
 
     def _take_carry(self) -> bool:
@@ -318,7 +317,7 @@ class FrameReader:
                     self._begin_body(_HEADER.unpack(self._header)[0])
             else:
                 take = min(self._size - self._got, len(data))
-                self.buffer[_BODY_AT + self._got:_BODY_AT + self._got + take] = data[:take]
+                self.buffer[BODY_AT + self._got:BODY_AT + self._got + take] = data[:take]
                 self._got += take
                 if self._got == self._size:
                     self._carry = bytes(data[take:])
@@ -331,7 +330,7 @@ class FrameReader:
         assert self._size is not None
         if self._lowat != 1:  # the next frame's header is 4 bytes
             self._lowat = set_rcvlowat(self._sock, 1)
-        frame = self._decode(memoryview(self.buffer)[_BODY_AT:_BODY_AT + self._size])
+        frame = self._decode(memoryview(self.buffer)[BODY_AT:BODY_AT + self._size])
         self._size, self._got = None, 0
         if not self._on_frame(frame):
             self._pause()

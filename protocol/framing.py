@@ -43,7 +43,7 @@ MAX_FRAME_BYTES = 1 << 30  # 1 GiB; both ends may pass a smaller max_bytes
 FRAME_ALIGN = 16           # the first large tensor's data starts at a multiple of this in the payload
 
 _HEADER = struct.Struct(">I")
-_BODY_AT = FRAME_ALIGN  # where a receiver puts a frame's body in its buffer (aligned); the header just before
+BODY_AT = FRAME_ALIGN  # where the receivers put a frame's body in their buffer (aligned); the header just before
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
 RCVLOWAT_FROM = 64 * 1024  # frame bodies this large are awaited whole (SO_RCVLOWAT), not segment by segment
 RCVLOWAT_MAX = 1 << 20     # ... up to this many bytes at a time
@@ -276,12 +276,12 @@ class FrameReceiver:
             OSError: the socket failed (``BlockingIOError``/``TimeoutError`` when a timeout ran out).
         """
         first = self.expected_bytes or 0
-        self.buffer = claim_buffer(self.buffer, _BODY_AT + first)
+        self.buffer = claim_buffer(self.buffer, BODY_AT + first)
         view = memoryview(self.buffer)
-        start = _BODY_AT - _HEADER.size  # the header goes just before the body
-        got = self._take_carry(view[start:_BODY_AT + first])
+        start = BODY_AT - _HEADER.size  # the header goes just before the body
+        got = self._take_carry(view[start:BODY_AT + first])
         while got < _HEADER.size:
-            n = self.sock.recv_into(view[start + got:_BODY_AT + first])
+            n = self.sock.recv_into(view[start + got:BODY_AT + first])
             if n == 0:
                 if got == 0:
                     raise ConnectionClosed("the peer closed the connection")
@@ -291,19 +291,19 @@ class FrameReceiver:
         _check_length(size, self.max_bytes)
         body = got - _HEADER.size
         if body > size:  # a shorter frame than expected, and the next one began
-            self._carry = bytes(view[_BODY_AT + size:_BODY_AT + body]) + self._carry
+            self._carry = bytes(view[BODY_AT + size:BODY_AT + body]) + self._carry
             body = size
         if size > first:
             view.release()
-            self.buffer = claim_buffer(self.buffer, _BODY_AT + size)  # this frame's buffer: it grows in place
+            self.buffer = claim_buffer(self.buffer, BODY_AT + size)  # this frame's buffer: it grows in place
             view = memoryview(self.buffer)
-            body += self._take_carry(view[_BODY_AT + body:_BODY_AT + size])
+            body += self._take_carry(view[BODY_AT + body:BODY_AT + size])
         while body < size:
-            n = self.sock.recv_into(view[_BODY_AT + body:_BODY_AT + size], 0, socket.MSG_WAITALL)
+            n = self.sock.recv_into(view[BODY_AT + body:BODY_AT + size], 0, socket.MSG_WAITALL)
             if n == 0:
                 raise DecodeError(f"truncated frame: {body} of {size} bytes before the peer closed")
             body += n
-        return decode(view[_BODY_AT:_BODY_AT + size])
+        return decode(view[BODY_AT:BODY_AT + size])
 
     def _take_carry(self, target: memoryview) -> int:
         """Copy kept bytes of the next frame into ``target``; how many (the rest stays kept)."""
@@ -379,10 +379,12 @@ def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any], *,
 
 
 __all__ = [
+    "BODY_AT",
     "FRAME_ALIGN",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "ConnectionClosed",
+    "FrameReceiver",
     "claim_buffer",
     "decode_frame",
     "encode_frame",
@@ -390,6 +392,7 @@ __all__ = [
     "recv_frame",
     "send_frame",
     "send_segments",
+    "set_os_timeouts",
     "set_rcvlowat",
     "write_frame",
 ]

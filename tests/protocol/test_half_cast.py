@@ -43,3 +43,15 @@ def test_other_dtypes_and_strided_arrays_fall_back_to_numpy() -> None:
     wide = np.zeros(20, np.float64)
     cast_into(wide, src)
     assert np.array_equal(wide, src)
+
+
+def test_bfloat16_bits_go_through_the_codec_both_ways() -> None:
+    from protocol.codec import from_bf16_bits, to_bf16_bits
+
+    src = _values()
+    bits = np.empty(src.shape, np.uint16)
+    cast_into(bits, src)
+    assert np.array_equal(bits, to_bf16_bits(src))
+    back = np.empty(src.shape, np.float32)
+    cast_into(back, bits)
+    assert np.array_equal(back.view(np.uint32), from_bf16_bits(bits).view(np.uint32))
