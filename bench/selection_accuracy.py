@@ -98,11 +98,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._table import print_table
+from coordinator.planning.cost_model import OBJECTIVE_KEY, OBJECTIVES
 
 ANCHOR_HIT_RATE = 0.7667
 HIT_TOLERANCE = 0.03
 TARGET_HITS, TARGET_OVERHEAD, TARGET_ERROR = 0.90, 0.05, 0.15
-OBJECTIVES = ("time", "energy", "edp")
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "lenet5": ("lenet5", {}),
     "mlp-2": ("mlp", {"layers": 2}),
@@ -249,14 +249,13 @@ async def _verify(candidate: Any, ranked: dict[str, list[tuple[str, ...]]], args
     the best measured. Returns the picks by objective and the wall time, which counts as profiling."""
     if args.verify <= 0:
         return {}, 0.0
-    objective_key = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}
     started = time.monotonic()
     trials: dict[tuple[str, ...], dict[str, float]] = {}
     for subset in dict.fromkeys(s for objective in OBJECTIVES for s in ranked[objective][:args.verify]):
         trials[subset] = await run(subset, candidate(subset))
         print(f"  verify {'+'.join(subset)}: step {trials[subset]['step_time_s'] * 1e3:.0f} ms",
               file=sys.stderr, flush=True)
-    verified = {objective: min(ranked[objective][:args.verify], key=lambda s: trials[s][objective_key[objective]])
+    verified = {objective: min(ranked[objective][:args.verify], key=lambda s: trials[s][OBJECTIVE_KEY[objective]])
                 for objective in OBJECTIVES}
     return verified, time.monotonic() - started
 
@@ -296,7 +295,7 @@ def score(fleet: str, case_result: dict[str, Any], *, picks: str = "picks") -> l
     runs = case_result["runs"]
     rows = []
     for objective in OBJECTIVES:
-        key = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}[objective]
+        key = OBJECTIVE_KEY[objective]
         pick = case_result[picks][objective]
         ordered = sorted(runs, key=lambda r: r["measured"][key])
         best = ordered[0]["measured"][key]

@@ -58,7 +58,7 @@ from protocol.errors import PlanError
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("time", "energy", "edp")
-_OBJECTIVE_FIELD = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}
+OBJECTIVE_KEY = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}  # the Estimate field each minimises
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,7 +105,7 @@ class Estimate:
 
     def objective_value(self, objective: str) -> float:
         """The figure ``objective`` minimises: epoch_time_s, energy_per_epoch_j or edp_j_s."""
-        return float(getattr(self, _OBJECTIVE_FIELD[objective]))
+        return float(getattr(self, OBJECTIVE_KEY[objective]))
 
 
 def allocate_batches(boards: Sequence[BoardProfile], *, global_batch: int | None = None,

@@ -27,6 +27,7 @@ from coordinator.planning.cost_model import (
     CONSTRAINT_NAMES,
     DEADLINE,
     MEMORY,
+    OBJECTIVE_KEY,
     OBJECTIVES,
     OK,
     POWER,
@@ -369,7 +370,6 @@ def _least_exact(blocks: list[Block], rows: np.ndarray, key: str, limits: Limits
 
 FIGURES = ("compute_s", "exchange_s", "step_time_s", "samples_per_s", "epoch_time_s", "power_w",
            "energy_per_epoch_j", "edp_j_s")
-OBJECTIVE_KEY = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}
 _PENALTY = 1e30           # score of a row that misses power or deadline: worse than any feasible one
 
 
