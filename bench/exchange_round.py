@@ -27,11 +27,13 @@ K = ``--rounds`` at 45 MB, 3x that at 4.6 MB and 10x at 0.25 MB. Times come from
 which all processes (and namespaces) share. The figure reported per cell is the median over the
 timed rounds of the round's span, max_i(board i has the average) - min_i(board i starts sending),
 pooled over ``--passes`` passes in which ours and raw alternate which goes first (slow drift of a
-shared machine hits both). The table also gives the steady-state period (timed rounds / wall time
-of the slowest board) and the CPU time per round of the server process and of the boards: on a
-2-CPU machine shared with other work, a round's wall time follows the CPU it needs, and the CPU
-columns show on which side of the wire it goes. The caption says how much CPU other processes
-took during the run.
+shared machine hits both); within a pass they take turns 5 times at 0.25 MB and twice at 4.6 MB
+(``ALTERNATIONS``: 200 rounds of 0.25 MB last a fifth of a second, and a burst of the hypervisor's
+steal that long would otherwise land on one side only). The table also gives the steady-state
+period (timed rounds / wall time of the slowest board) and the CPU time per round of the server
+process and of the boards: on a 2-CPU machine shared with other work, a round's wall time follows
+the CPU it needs, and the CPU columns show on which side of the wire it goes. The caption says how
+much CPU other processes took during the run.
 
 ``--wire-dtype`` float32, float16 or both (default): with float16 the gradients and the average
 travel as fp16 (the server accumulates in fp32 as it does in production); its raw baseline moves
@@ -79,6 +81,7 @@ from coordinator.exchange import ExchangeServer  # noqa: E402
 
 SIZES: dict[str, int] = {"0.25 MB": 61_706, "4.6 MB": 1_150_000, "45 MB": 11_250_000}  # float32 elements
 ROUNDS_FACTOR: dict[str, int] = {"0.25 MB": 10, "4.6 MB": 3, "45 MB": 1}  # short rounds get more repeats
+ALTERNATIONS: dict[str, int] = {"0.25 MB": 5, "4.6 MB": 2, "45 MB": 1}  # turns of ours and raw per pass and cell
 BATCH = 32
 TARGET_RATIO = 1.3
 _NUMPY = {"float32": np.float32, "float16": np.float16}
@@ -588,7 +591,9 @@ def measure(args: argparse.Namespace, cells: dict[tuple[int, str, str], Cell]) -
                     elements, total = SIZES[label], args.warmup + rounds_for(args, label)
                     for dtype in args.dtypes:
                         cell = cells.setdefault((n, label, dtype), Cell(n, label, dtype))
-                        order = ("raw", "ours") if p % 2 == 0 else ("ours", "raw")
+                        turns = ALTERNATIONS[label]
+                        order = [impl for t in range(turns)
+                                 for impl in (("raw", "ours") if (p * turns + t) % 2 == 0 else ("ours", "raw"))]
                         for impl in order:
                             if impl == "raw":
                                 replies, cpu = raw_cell(boards, n, elements, dtype, total, args.warmup, args.timeout)
@@ -627,7 +632,8 @@ def report(cells: dict[tuple[int, str, str], Cell], gloo: dict[str, Any], args: 
     print()
     for dtype in args.dtypes:
         title = (f"one exchange round on loopback, {dtype} on the wire, {os.cpu_count()} CPUs: median over "
-                 f"{args.passes} passes x {', '.join(str(rounds_for(args, k)) for k in args.sizes)} timed rounds of "
+                 f"{args.passes} passes x {', '.join(f'{ALTERNATIONS[k]} x {rounds_for(args, k)}' for k in args.sizes)} "
+                 "timed rounds of "
                  "(last board has the average - first board starts sending); ms")
         caption = ("period: steady-state time per round, back to back (slowest board). CPU: ms of CPU per timed round "
                    "of the server process (ours: the asyncio ExchangeServer; raw: the selector loop) and of all N boards "

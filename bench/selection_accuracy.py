@@ -461,7 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.drive:
-        result = asyncio.run(_drive(args))
+        try:
+            result = asyncio.run(_drive(args))
+        except KeyboardInterrupt:
+            return 130  # the orchestrator says so
+        except RuntimeError as exc:  # a run that did not complete (Ctrl-C reaches its boards too)
+            print(f"selection_accuracy: {exc}", file=sys.stderr)
+            return 2
         Path(args.out).write_text(json.dumps(result))
         return 0
     if os.geteuid() != 0:
