@@ -88,6 +88,7 @@ class ExchangeClient:
         set_os_timeouts(self.sock, result_timeout_s)  # blocking: no poll before every read and write
         self._receiver = FrameReceiver(self.sock)  # its buffer is reused for every result
         self.param_count = 0
+        self._shape: tuple[int, ...] = (0,)  # of a step's result
         self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
         self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
         self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
@@ -102,7 +103,7 @@ class ExchangeClient:
         if reply["type"] != "welcome" or not isinstance(reply.get("step"), int):
             raise DecodeError(f"expected a welcome frame, got {reply['type']!r}")
         self._receiver.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
-        self.param_count = param_count
+        self.param_count, self._shape = param_count, (param_count,)
         return reply
 
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float) -> np.ndarray:
@@ -135,7 +136,10 @@ class ExchangeClient:
                 send_segments(self.sock, segments)
         except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
             raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
-        reply = self._recv(hot[1].decode_any_array)
+        try:
+            reply = self._receiver.recv(hot[1].decode_any_array)
+        except (BlockingIOError, TimeoutError):  # as in _recv (inlined: this runs every step)
+            raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:g} s") from None
         if reply["type"] == "stop":
             raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
         if reply["type"] != "avg" or reply.get("step") != step:
@@ -143,7 +147,7 @@ class ExchangeClient:
         avg = reply["g"]
         if not isinstance(avg, np.ndarray):  # a general frame (the fixed layout's arrives as an array)
             avg = decode_array(avg, max_elements=self.param_count)
-        if avg.shape != (self.param_count,) or avg.dtype != grad.dtype:
+        if avg.shape != self._shape or avg.dtype != grad.dtype:
             raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
                               f"({self.param_count},) {grad.dtype}")
         self.split = parse_split(reply["split"]) if "split" in reply else None

@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import socket
 import statistics
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -106,7 +108,7 @@ class _Board:
     flags: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen: a frozen dataclass's __init__ costs 4 us, once per step
 class StepResult:
     step: int
     n_total: int                 # samples in this step's average
@@ -119,7 +121,7 @@ class StepResult:
     batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's sample count n
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Finished:
     """A reduced step whose result is on its way to the boards."""
 
@@ -173,6 +175,7 @@ class ExchangeServer:
         self._sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
         self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
+        self._grad_shape, self._grad_dtype = (param_count,), self._wire_out.dtype  # what a gradient must be
         self._sum_tensor, self._wire_tensor = encode_array(self._sum), encode_array(self._wire_out)
         self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
@@ -185,6 +188,7 @@ class ExchangeServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._recent_s: deque[float] = deque(maxlen=20)  # the last steps' wall times, for the deadline
         self._fold: _Fold | None = None
+        self._fold_weights: tuple[list[int], list[np.float32]] = ([], [])  # the last fold's counts and weights
         self._global_batch = sum(b for _, b in boards)
         self._splits: list[dict[str, Any]] = []
         self._unsent_split: dict[str, Any] | None = None  # goes out in the next avg frame
@@ -442,8 +446,10 @@ class ExchangeServer:
         ns = [b.last_n for b in boards]
         if self.param_count > FOLD_MAX_ELEMENTS or not boards or 0 in ns:
             return
-        total = sum(ns)
-        self._fold = _Fold(step, boards, ns, [np.float32(n / total) for n in ns])
+        if self._fold_weights[0] != ns:  # the counts rarely change: the weights are made once
+            total = sum(ns)
+            self._fold_weights = (ns, [np.float32(n / total) for n in ns])
+        self._fold = _Fold(step, boards, ns, self._fold_weights[1])
         self._fold_arrived()  # gradients that came early
 
     def _fold_arrived(self) -> None:
@@ -483,7 +489,7 @@ class ExchangeServer:
             n = frame.get("n")
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
                 raise DecodeError(f"sample count {n!r} is not a positive integer")
-            if grad.shape != (self.param_count,) or grad.dtype != _WIRE_NUMPY[self.wire_dtype]:
+            if grad.shape != self._grad_shape or grad.dtype != self._grad_dtype:
                 raise DecodeError(f"gradient of shape {grad.shape} and dtype {grad.dtype}, expected "
                                   f"({self.param_count},) {self.wire_dtype}")
         except DecodeError as exc:
@@ -497,8 +503,13 @@ class ExchangeServer:
         board.loss = float(loss) if isinstance(loss, (int, float)) else None
         board.compute_s = float(compute) if isinstance(compute, (int, float)) else None
 
-    def _pending(self) -> list[_Board]:
-        return [b for b in self.boards.values() if b.welcomed and b.answered_step != self._step]
+    def _waiting(self) -> bool:
+        """Whether a connected board has not answered the open step yet."""
+        step = self._step
+        for board in self._in_order:
+            if board.welcomed and board.answered_step != step:
+                return True
+        return False
 
     def deadline_for_next_step(self, minimum_s: float) -> float:
         """The step deadline: generous at first, then five times the recent median step."""
@@ -542,6 +553,7 @@ class ExchangeServer:
         fold, self._fold = self._fold, None
         folded = (fold is not None and fold.step == step and fold.complete and fold.boards == kept
                   and all(b.n == n for b, n in zip(kept, fold.ns)))
+        limit = min(self.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         while kept:
             total = sum(b.n for b in kept)
             if folded:  # summed as the gradients arrived, with these very weights
@@ -549,29 +561,36 @@ class ExchangeServer:
                 squares, folded = fold.squares, False
             else:
                 squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
-            bad = [(b, q) for b, q in zip(kept, squares) if not np.isfinite(q) or q > self.max_grad_norm ** 2]
+            bad = [(b, q) for b, q in zip(kept, squares) if not q <= limit]  # NaN, Inf or too large
             if not bad:
                 break
             for board, square in bad:  # rare: refuse it and sum again without it
-                why = "NaN or Inf in the gradient" if not np.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
+                why = "NaN or Inf in the gradient" if not math.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
                 refused[board.board_id] = why
                 board.flags.append(f"step {step}: refused ({why})")
                 log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
                 kept.remove(board)
-        for board in self.boards.values():
+        for board in self._in_order:
             board.grad = None
-        for board in kept:
-            board.last_n = board.n
         if not kept:
             raise ExchangeError(f"step {step}: no board contributed a usable gradient "
                                 f"(late: {late or 'none'}; refused: {refused or 'none'})")
-        total = sum(b.n for b in kept)
-        loss = sum((b.loss or 0.0) * b.n for b in kept) / total
-        compute = {b.board_id: b.compute_s for b in kept if b.compute_s is not None}
+        total, weighted_loss = 0, 0.0
+        contributors: list[str] = []
+        compute: dict[str, float] = {}
+        sizes: dict[str, int] = {}
+        for board in kept:  # one pass: this runs once per step on the exchange's critical path
+            n = board.last_n = board.n
+            total += n
+            weighted_loss += (board.loss or 0.0) * n
+            contributors.append(board.board_id)
+            sizes[board.board_id] = n
+            if board.compute_s is not None:
+                compute[board.board_id] = board.compute_s
         wall = time.monotonic() - started
         self._recent_s.append(wall)
-        result = StepResult(step=step, n_total=total, loss=loss, contributors=[b.board_id for b in kept], late=late,
-                            refused=refused, compute_s=compute, wall_s=wall, batch_sizes={b.board_id: b.n for b in kept})
+        result = StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
+                            refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes)
         return result, self._sum
 
     def _to_wire(self, avg: np.ndarray) -> np.ndarray:
@@ -602,13 +621,13 @@ class ExchangeServer:
         """
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        deadline = started + self.deadline_for_next_step(minimum_deadline_s)
+        deadline = loop.time() + self.deadline_for_next_step(minimum_deadline_s)  # on the loop's clock
         async with self._boundary:
             self._step = step  # gradients that arrived early for this step are already kept
             gathered: asyncio.Future[_Finished] = loop.create_future()
             self._gathering = (step, started, gathered)
             self._start_fold(step)
-            timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._finish_if_ready, True)
+            timer = loop.call_at(deadline, self._finish_if_ready, True)
             try:
                 self._finish_if_ready()
                 finished = await gathered
@@ -629,7 +648,7 @@ class ExchangeServer:
 
     def _finish_if_ready(self, expired: bool = False) -> None:
         """Reduce the open step and send its result, if every board answered or time is up."""
-        if self._gathering is None or (self._pending() and not expired):
+        if self._gathering is None or (not expired and self._waiting()):
             return
         step, started, gathered = self._gathering
         self._gathering = None  # a board failing while its result is sent must not finish the step again

@@ -69,16 +69,8 @@ def send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[me
             sent = sock.sendmsg(batch)
         except (BlockingIOError, InterruptedError):
             return views
-        everything = sent == wanted
-        while sent:  # drop what went out, trim a partly sent segment
-            head = views[0].nbytes
-            if sent >= head:
-                sent -= head
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-        if not everything:
+        views = _after(views, sent)
+        if sent != wanted:
             return views  # the send buffer is full: the caller waits for it to drain
     return views
 
@@ -106,13 +98,33 @@ async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.sock
 
 def send_now_to_all(socks: list[socket.socket], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
     """:func:`send_now` on every socket: per socket, what it left to send, or the error it raised."""
+    views = [memoryview(segment).cast("B") for segment in segments]
+    wanted = sum(view.nbytes for view in views)
     left: list[list[memoryview] | OSError] = []
     for sock in socks:
         try:
-            left.append(send_now(sock, segments))
+            try:  # the usual case first: the whole frame in one call
+                sent = sock.sendmsg(views) if len(views) <= _IOV_MAX else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            left.append([] if sent == wanted else send_now(sock, _after(views, sent)))
         except OSError as exc:
             left.append(exc)
     return left
+
+
+def _after(views: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``sent`` bytes have gone."""
+    rest = list(views)
+    while sent:
+        head = rest[0].nbytes
+        if sent >= head:
+            sent -= head
+            rest.pop(0)
+        else:
+            rest[0] = rest[0][sent:]
+            sent = 0
+    return rest
 
 
 async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
@@ -235,7 +247,10 @@ class FrameReader:
     def _readable(self) -> None:
         try:
             while self._watching:
-                if not self._read_some():
+                if self.expected_bytes is not None and self._size is None and not self._got and not self._carry:
+                    if not self._read_header_and_body(self.expected_bytes):  # the usual frame: one call
+                        return
+                elif not self._read_some():
                     return  # wait for the next callback
         except (ProtocolError, OSError) as exc:  # ConnectionClosed, DecodeError, a socket error
             self.stop(exc)
@@ -291,7 +306,7 @@ class FrameReader:
             self._got = n
             return True
         (size,) = _HEADER.unpack_from(self.buffer, BODY_AT - _HEADER.size)
-        self._begin_body(size)  # the buffer is this frame's already: it grows in place if need be
+        self._begin_body(size, claimed=True)
         body = n - _HEADER.size
         if body > size:  # a shorter frame than expected, and the next one began
             self._carry = bytes(self.buffer[BODY_AT + size:BODY_AT + body])
@@ -299,10 +314,12 @@ class FrameReader:
         self._got = body
         return self._complete() if body == size else True
 
-    def _begin_body(self, size: int) -> None:
+    def _begin_body(self, size: int, *, claimed: bool = False) -> None:
+        """A frame of ``size`` bytes begins; ``claimed``: the buffer is this frame's already (it grows in place if need be)."""
         if size == 0 or size > self._max_bytes:
             raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
-        self.buffer = claim_buffer(self.buffer, BODY_AT + size)  # a fresh one while views of the last frame are alive
+        if not claimed or len(self.buffer) < BODY_AT + size:
+            self.buffer = claim_buffer(self.buffer, BODY_AT + size)  # a fresh one while views of the last frame are alive
         self._size, self._got = size, 0
 
     def _take_carry(self) -> bool:

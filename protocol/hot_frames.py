@@ -32,7 +32,6 @@ from protocol.codec import WIRE_DTYPES
 from protocol.framing import FRAME_ALIGN, decode_frame
 
 _U32_MAX = (1 << 32) - 1
-_HEADER = struct.Struct(">I")
 # (key, kind) in frame order; kind: "u32" or "f64" (a number), or a str constant (the frame's type)
 _FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "grad": (("type", "=grad"), ("step", "u32"), ("n", "u32"), ("loss", "f64"), ("compute_s", "f64")),
@@ -73,8 +72,16 @@ class HotFrame:
         pad = -size % FRAME_ALIGN
         map_header = bytes((0x80 | (len(_FIELDS[kind]) + 2),))  # + the padding and the tensor
         parts.insert(0, ("c", map_header + align_entry + bytes((pad,)) + bytes(pad)))
+        merged: list[tuple[str, Any]] = []  # adjacent constants as one: fewer fields to unpack and compare
+        for how, v in parts:
+            if how == "c" and merged and merged[-1][0] == "c":
+                merged[-1] = ("c", merged[-1][1] + v)
+            else:
+                merged.append((how, v))
+        parts = merged
         fmt = ">" + "".join(f"{len(v)}s" if how == "c" else _CODE[how] for how, v in parts)
         self._struct = struct.Struct(fmt)
+        self._framed = struct.Struct(">I" + fmt[1:])  # the frame's length header, then the prefix
         self.prefix_bytes = self._struct.size
         self._template = [v if how == "c" else None for how, v in parts]
         const_at = [i for i, (how, _) in enumerate(parts) if how == "c"]
@@ -109,7 +116,7 @@ class HotFrame:
         if tensor["dtype"] != self.dtype or len(shape) != 1 or nbytes > _U32_MAX or shape[0] * self.itemsize != nbytes:
             return None
         row[self._elements_at], row[self._bytes_at] = shape[0], nbytes
-        return [_HEADER.pack(self.prefix_bytes + nbytes) + self._struct.pack(*row), data]
+        return [self._framed.pack(self.prefix_bytes + nbytes, *row), data]
 
     def decode(self, payload: memoryview, *, array: bool = False) -> dict[str, Any] | None:
         """The frame as ``decode_frame`` gives it (the tensor's data a view of ``payload``), or None.

@@ -6,7 +6,11 @@ and 0.25 core: every board takes about 1.2 s a step). After the rebalancer has i
 test cuts the 0.25 board to a third. Its steps take three times as long and hold up the fleet until
 the re-balance, announced two steps ahead, moves most of its samples to the others. The fleet then
 has 1.28 instead of 1.45 cores, so the best a re-split can do is 1.13x the step time before the
-cut; the test asks for 1.25x. The assertion message gives the measured figures.
+cut. The test asks for a split near that optimum (the cut board keeps at most 1.5x its share of
+the remaining CPU) and for a step time within 1.35x. The host adds its own share: twice, with
+splits within 3% of the optimum (87,62,31 -> 96,72,12), the step time came back at 1.28x and 1.29x,
+the fleet's 1.28 cores then competing with the coordinator and the hypervisor's steal on 2 cores.
+The assertion message gives the measured figures.
 
 Step time is the interval between consecutive steps in metrics.jsonl (``elapsed_s``), which also
 counts the coordinator's share of a step; the per-step medians absorb single outliers.
@@ -45,7 +49,8 @@ STARTUP_QUOTA = 1.0
 # The lab machine is shared; measured speeds wander by up to ~20% between windows of steps. The cut
 # is a +200% drift, so a higher threshold than the default 0.15 loses nothing and keeps noise out.
 THRESHOLD = 0.3
-MAX_RATIO = 1.25
+MAX_RATIO = 1.35
+SPLIT_SLACK = 1.5         # the cut board's new batch may be this many times its share of the CPU left
 
 
 def _fleet_toml() -> str:
@@ -136,6 +141,8 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
     old, new = rebalance["old_batch_sizes"], rebalance["new_batch_sizes"]
     assert CUT in rebalance["drift"] and rebalance["drift"][CUT] > THRESHOLD, rebalance
     assert new[CUT] < old[CUT] and sum(new.values()) == sum(old.values()) == sum(BATCHES.values()), rebalance
+    fair = sum(BATCHES.values()) * (QUOTAS[CUT] / 3) / (sum(QUOTAS.values()) - QUOTAS[CUT] * 2 / 3)
+    assert new[CUT] <= SPLIT_SLACK * fair, f"{CUT} keeps {new[CUT]} samples, its share of the CPU is {fair:.1f}: {rebalance}"
     assert rebalance["step"] <= cut_step + WINDOW, f"the re-balance came at step {rebalance['step']}, the cut at {cut_step}"
     from_step = rebalance["from_step"]
     assert from_step == rebalance["step"] + SPLIT_LEAD_STEPS + 1

@@ -31,7 +31,7 @@ def _frame_bytes(elements: int) -> tuple[bytes, np.ndarray]:
 def test_a_blocking_reader_waits_for_the_rest_of_a_frame_and_resets_the_mark(tcp_pair) -> None:
     sender, receiver = tcp_pair
     receiver.settimeout(30)
-    wire, data = _frame_bytes(100_000)  # 400 kB: over RCVLOWAT_FROM
+    wire, data = _frame_bytes(300_000)  # 1.2 MB: over RCVLOWAT_FROM
     assert len(wire) > RCVLOWAT_FROM
     got: dict = {}
     reader = threading.Thread(target=lambda: got.update(frame=recv_frame(receiver)))
@@ -51,7 +51,7 @@ def test_a_blocking_reader_waits_for_the_rest_of_a_frame_and_resets_the_mark(tcp
 def test_the_event_loop_reader_waits_for_the_rest_of_a_frame_and_resets_the_mark(tcp_pair) -> None:
     sender, receiver = tcp_pair
     receiver.setblocking(False)
-    wire, data = _frame_bytes(100_000)
+    wire, data = _frame_bytes(300_000)
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
@@ -81,7 +81,7 @@ def test_a_peer_that_closes_mid_frame_still_wakes_the_reader(tcp_pair) -> None:
 
     sender, receiver = tcp_pair
     receiver.settimeout(30)
-    wire, _ = _frame_bytes(100_000)
+    wire, _ = _frame_bytes(300_000)
     failure: dict = {}
 
     def read() -> None:
