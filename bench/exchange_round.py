@@ -41,9 +41,9 @@ the same fp16 bytes, and its gloo ratio is against gloo's float32 all_reduce.
 
 Measured 2026-11-24 (defaults, the hypervisor stole 8%): every cell passes. float32 0.25 MB: 1.15x (N=2)
 and 1.23x (N=3); 4.6 MB 0.95x and 0.98x; 45 MB 0.93x and 0.80x; float16 0.41x-0.73x of raw's fp16 round. The
-0.25 MB cells move with the host: six 1-pass runs of N=2 that hour gave 1.04x-1.30x (median 1.18x), the
-build before (which awaited a whole 0.25 MB frame with SO_RCVLOWAT, so the server's copy began only once
-the board had sent it all) 1.18x-1.44x (median 1.34x) in the same alternation.
+0.25 MB cells move with the host: 11 runs of N=2 alone that hour gave 1.04x-1.30x, one 1.65x in a burst of
+steal (median 1.25x); the build before (which awaited a whole 0.25 MB frame with SO_RCVLOWAT, so the
+server's copy began only once the board had sent it all), run in turn with it, 1.05x-1.44x (median 1.37x).
 
 Target (issue): ours <= 1.3x raw in every cell. The gloo ratio is printed too. ``--profile``
 prints a cProfile of the coordinator process during one extra (untimed) run of the largest cell.
