@@ -74,6 +74,13 @@ three times spread by 17% (median of max/min - 1; one by 2.6x) between their own
 3% hit tolerance; fleet8 lenet5 lost all three verified picks to it (pi5-1 measured 117, 196 and
 241 ms a step alone, pi5-2 115 to 167 ms). On this host the figures above follow the hypervisor
 more than the planner: compare runs only at a similar "stole" figure.
+On 2026-11-24 again, quiet (steal 2%), ``--verify 3`` (37.6 min): estimates 17/24 = 70.8%, verified
+17/24 = 70.8%, profiling 2.7% (4.4% with verification), MAPE 12.9% time / 13.7% energy over 217 runs.
+So quiet is not enough: fleet8 resnet_small missed all three objectives because its measured/predicted
+step time grows with the number of boards computing at once (median 1.17-1.24 with one or two boards,
+1.28 with three or four, 1.38 with five, 1.5 with six to eight; the other models stay at 0.85-1.0),
+which the 3-at-a-time profile cannot see. The other misses were near ties (3.1-8.3%), half of them
+between the identical pi5-1 and pi5-2.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
