@@ -61,14 +61,20 @@ def send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[me
     Raises:
         OSError: the socket failed (the peer is gone).
     """
-    views = [memoryview(segment).cast("B") for segment in segments]
+    return _send_views(sock, [memoryview(segment).cast("B") for segment in segments])
+
+
+def _send_views(sock: socket.socket, views: list[memoryview]) -> list[memoryview]:
+    """:func:`send_now` of byte views; ``views`` itself is left as it was (several sockets may share it)."""
     while views:
-        batch = views[:_IOV_MAX]
+        batch = views if len(views) <= _IOV_MAX else views[:_IOV_MAX]
         wanted = sum(view.nbytes for view in batch)
         try:
             sent = sock.sendmsg(batch)
         except (BlockingIOError, InterruptedError):
             return views
+        if sent == wanted and batch is views:
+            return []  # the usual frame: all of it in one call
         views = _after(views, sent)
         if sent != wanted:
             return views  # the send buffer is full: the caller waits for it to drain
@@ -98,16 +104,11 @@ async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.sock
 
 def send_now_to_all(socks: list[socket.socket], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
     """:func:`send_now` on every socket: per socket, what it left to send, or the error it raised."""
-    views = [memoryview(segment).cast("B") for segment in segments]
-    wanted = sum(view.nbytes for view in views)
+    views = [memoryview(segment).cast("B") for segment in segments]  # made once for every socket
     left: list[list[memoryview] | OSError] = []
     for sock in socks:
         try:
-            try:  # the usual case first: the whole frame in one call
-                sent = sock.sendmsg(views) if len(views) <= _IOV_MAX else 0
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            left.append([] if sent == wanted else send_now(sock, _after(views, sent)))
+            left.append(_send_views(sock, views))
         except OSError as exc:
             left.append(exc)
     return left
@@ -247,10 +248,7 @@ class FrameReader:
     def _readable(self) -> None:
         try:
             while self._watching:
-                if self.expected_bytes is not None and self._size is None and not self._got and not self._carry:
-                    if not self._read_header_and_body(self.expected_bytes):  # the usual frame: one call
-                        return
-                elif not self._read_some():
+                if not self._read_some():
                     return  # wait for the next callback
         except (ProtocolError, OSError) as exc:  # ConnectionClosed, DecodeError, a socket error
             self.stop(exc)

@@ -292,8 +292,7 @@ class FrameReceiver:
                 raise DecodeError(f"truncated frame header: {got} of {_HEADER.size} bytes before the peer closed")
             got += n
         (size,) = _HEADER.unpack_from(self.buffer, start)
-        if not 0 < size <= self.max_bytes:
-            _check_length(size, self.max_bytes)
+        _check_length(size, self.max_bytes)
         body = got - _HEADER.size
         if body > size:  # a shorter frame than expected, and the next one began
             self._carry = bytes(view[BODY_AT + size:BODY_AT + body]) + self._carry
