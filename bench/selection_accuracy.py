@@ -42,14 +42,14 @@ default). Earlier runs profiled 3 at a time, believing eight boards timed togeth
 timed alternately on 2026-11-24 (fleet8, resnet_small), pi5-1 alone took 519-580 ms a step at batch 64
 and 442-587 ms with all eight at once: this host's speed drifts by 10-20% over tens of seconds, more
 than the other boards cost. Waves of 3 timed each board in a different spell of that drift (two
-identical Pi 5 boards 10-25% apart); all at once times them in the same spell, under the load of the
+Pi 5 boards of the same quota 10-25% apart); all at once times them in the same spell, under the load of the
 multi-board configurations, and costs about half as much.
 
 Measured on 2026-11-22 (28.8 min, profiles at 8/32 x 8 steps): hits 17/24 = 70.8%. On 2026-11-23
 with the defaults above (8/32/64 x 20 steps, no burst; 29.3 min, hypervisor steal low): hits
 19/24 = 79.2% (target 90%, anchor 76.67%), profiling 2.8% of a 10-epoch job (mean over the
 picks), MAPE 10.7% step time and 12.4% energy over 214 runs. The misses: fleet8 lenet5 time
-(6.7% gap) and energy (5.5%: two identical Pi 5 boards profiled 20% apart, 100 vs 82 ms at batch
+(6.7% gap) and energy (5.5%: two Pi 5 boards of the same quota profiled 20% apart, 100 vs 82 ms at batch
 64); resnet_small time on both fleets and edp on fleet8 (picks of 4-7 boards that measured 1.2-1.5x
 their prediction: on fleet8 the measured/predicted step time rises with the number of boards
 computing at once, 1.02 alone to 1.25 with seven, the shared host's contention that the 3-at-a-time
@@ -62,7 +62,7 @@ machine shows it helps; check ``vmstat 2`` first (the "st" column near 0). On 20
 quiet (steal 3%), defaults with ``--verify 3`` (33.6 min): estimates 17/24 = 70.8%, verified picks
 21/24 = 87.5%, profiling 2.9% (4.8% with verification), MAPE 9.6% step time / 11.2% energy over 212
 runs. All three verified misses are fleet8 resnet_small, where this host's run-to-run noise is as
-large as the gaps: the identical boards pi5-1 and pi5-2 ran 512 and 515 ms a step in verification
+large as the gaps: pi5-1 and pi5-2 (the same quota) ran 512 and 515 ms a step in verification
 and 521 and 448 ms in the ground truth; pi4-3+pi5-1+pi5-2+x86-1 ran 143 ms verified, 183 ms in
 the ground truth. In the time and edp misses the best measured configuration was the second
 estimate, which verification had run and measured slower than the first.
@@ -84,7 +84,7 @@ So quiet is not enough: fleet8 resnet_small missed all three objectives because 
 step time grows with the number of boards computing at once (median 1.17-1.24 with one or two boards,
 1.28 with three or four, 1.38 with five, 1.5 with six to eight; the other models stay at 0.85-1.0),
 which the 3-at-a-time profile cannot see. The other misses were near ties (3.1-8.3%), half of them
-between the identical pi5-1 and pi5-2.
+between pi5-1 and pi5-2.
 Later on 2026-11-24 (steal 6%), ``--profile-parallel 0 --verify 3``, 37.9 min: estimates 19/24 = 79.2%,
 verified 21/24 = 87.5%, profiling 2.0% (3.7% with verification), MAPE 11.3% / 13.2%; fleet8
 resnet_small's measured/predicted step time no longer grew with the boards computing at once (1.0-1.2
@@ -101,6 +101,15 @@ the best 159-208 ms). Verification made it worse: 18/24 = 75.0% (4.0% with verif
 real steps per candidate are noisier here than the estimate (mixed4 resnet_small: the 4-board
 configuration verified at 138 ms against the 3-board one's 119 ms, then measured 90-99 against
 100-122 ms), so ``--verify`` is off by default and its row is printed only when asked for.
+The next run, the committed defaults (no ``--verify``; steal 3%, 37.6 min): 21/24 = 87.5%, profiling
+1.9%, MAPE 16.0% step time / 14.5% energy over 215 runs. Misses: fleet8 lenet5 energy and edp
+(pi5-2 picked; pi5-1 measured 107-126 ms and 5.6-5.9 W a step against pi5-2's 114-138 ms and 6.4-6.5
+W, all three times, although pi5-1 is on the slower link: note that the two Pi 5 boards of fleet8
+are not the same board: pi5-1 is on 60/90 Mbit/s Wi-Fi, pi5-2 on 100 Mbit/s Ethernet), and fleet8
+resnet_small time (22.2%). The error came from two noisy profile figures: fleet8 resnet_small
+trained 1.39x slower than profiled (the profile fell in a fast spell of the host), and fleet8 mlp-2's
+link probe measured pi5-2's uplink at 6.6 MB/s, half its 12.5 in every other profile, so its MAPE
+was 28% (the other six cases 3-15%). Both runs together: 43/48 = 89.6%.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
