@@ -100,7 +100,7 @@ configurations measured within 159-244 ms, each one's own runs 10-30% apart (the
 the best 159-208 ms). Verification made it worse: 18/24 = 75.0% (4.0% with verification): a few
 real steps per candidate are noisier here than the estimate (mixed4 resnet_small: the 4-board
 configuration verified at 138 ms against the 3-board one's 119 ms, then measured 90-99 against
-100-122 ms), so ``--verify`` is off by default and its row is printed only when asked for.
+100-122 ms), so ``--verify`` stays off by default (its rows are printed only when asked for).
 The next run, the committed defaults (no ``--verify``; steal 3%, 37.6 min): 21/24 = 87.5%, profiling
 1.9%, MAPE 16.0% step time / 14.5% energy over 215 runs. Misses: fleet8 lenet5 energy and edp
 (pi5-2 picked; pi5-1 measured 107-126 ms and 5.6-5.9 W a step against pi5-2's 114-138 ms and 6.4-6.5
@@ -296,10 +296,8 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
         if not again:
             break
         for rep in range(2, args.repeats + 1):  # round-robin, so that a slow spell of the host hits them alike
-            for i in again:
+            for i in again:  # each measured once so far: earlier rounds' runs have all their samples
                 run = runs[i]
-                if len(run.samples) >= rep:
-                    continue
                 run.samples.append(await _run_config(broker, key, run.boards, run.batch_sizes, model, options, info,
                                                      args, steps_per_epoch, warmup=args.warmup, timed=args.steps))
                 print(f"  {case}: again ({rep}/{args.repeats}) {'+'.join(run.boards)}: step "
