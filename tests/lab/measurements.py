@@ -13,8 +13,10 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tests.lab.lab import Lab
 from tests.lab.naming import SERVER, SERVER_ADDRESS
@@ -69,6 +71,9 @@ class CpuMeasurement:
 
 
 STOLEN_LIMIT = 0.10  # above this, the host's CPU was not the lab's to measure
+ATTEMPTS = 3         # a measurement off its mark is taken again up to this many times in all
+
+M = TypeVar("M")
 
 
 class HostSteal:
@@ -111,6 +116,27 @@ def skip_if_stolen(*measurements: CpuMeasurement | LinkMeasurement | float) -> N
 
         pytest.skip(f"the hypervisor took {stolen:.0%} of this machine's CPU during the measurement (over "
                     f"{STOLEN_LIMIT:.0%}): the boards' quotas and rates cannot be checked on a CPU that is not ours")
+
+
+def first_that_holds(measure: Callable[[], M], holds: Callable[[M], bool], *, attempts: int = ATTEMPTS) -> M:
+    """Take ``measure()`` up to ``attempts`` times; the first result that ``holds``, else the last one.
+
+    A lab setting that is wrong (a tbf burst too small, a quota not written) is off on every
+    attempt, so the check still fails; a host whose hypervisor took the CPU for a second (steal
+    just under ``STOLEN_LIMIT`` is enough to slow a 90 Mbit/s link by a fifth) is off on one.
+    A result that holds counts however much was stolen meanwhile. When none holds and the
+    hypervisor took over ``STOLEN_LIMIT`` during the last, the calling test is skipped, saying so.
+    ``measure`` returns a measurement or a dict of them (one per board).
+    """
+    result = measure()
+    for attempt in range(2, attempts + 1):
+        if holds(result):
+            return result
+        log.warning("measurement off its mark (%r); taking it again (%d of %d)", result, attempt, attempts)
+        result = measure()
+    if not holds(result):
+        skip_if_stolen(*(result.values() if isinstance(result, dict) else [result]))
+    return result
 
 
 def _expect_line(bp: BoardProcess, prefix: str, *, timeout_s: float) -> str:
