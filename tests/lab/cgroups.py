@@ -34,6 +34,15 @@ CFS_PERIOD_US = 100_000
 # them, so the host keeps what the fleet file reserved).
 LAB_PARENT_SHARES = 1024 * 64
 
+# A board's own cpu.shares per core of quota. With equal weights (the default 1024 each) a board's
+# share of a contended host core does not depend on its quota, so when every board computes at
+# once the large ones (an x86 box of 0.6 CPU beside a Pi of 0.2 on the same core) fall below their
+# quotas first, and a board's speed depends on which others are busy: measured on mixed4, the
+# Pi 5 and the x86 box ran ResNet steps 20-30% slower while profiled with the others than alone,
+# the small boards not at all. Weights in proportion to the quotas share a contended core in the
+# same proportion as the quotas, so every board slows alike, if at all.
+SHARES_PER_CPU = 10_240
+
 
 def find_controller_mounts(mounts_file: Path = Path("/proc/self/mounts")) -> dict[str, Path]:
     """``{"cpu": Path("/sys/fs/cgroup/cpu"), ...}`` for the v1 controllers the lab uses."""
@@ -89,7 +98,7 @@ class Cgroup:
         log.debug("cgroup %s created", self.relpath)
 
     def set_cpu_quota(self, cpus: float, period_us: int = CFS_PERIOD_US, *, burst_periods: float = 0.0) -> bool:
-        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 20 ms per 100 ms).
+        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 20 ms per 100 ms), and weigh it as much.
 
         ``burst_periods`` > 0 lets the group carry quota it could not use (other groups held the
         host's cores) into later periods, up to that many periods' quota, one at most
@@ -99,6 +108,7 @@ class Cgroup:
         """
         directory = self.path("cpu")
         quota = max(1000, round(cpus * period_us))
+        _write(directory / "cpu.shares", str(max(2, round(cpus * SHARES_PER_CPU))))
         burst = directory / "cpu.cfs_burst_us"
         if burst.exists():
             _write(burst, "0")  # a burst above a new, smaller quota would be refused
