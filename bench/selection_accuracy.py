@@ -110,6 +110,18 @@ resnet_small time (22.2%). The error came from two noisy profile figures: fleet8
 trained 1.39x slower than profiled (the profile fell in a fast spell of the host), and fleet8 mlp-2's
 link probe measured pi5-2's uplink at 6.6 MB/s, half its 12.5 in every other profile, so its MAPE
 was 28% (the other six cases 3-15%). Both runs together: 43/48 = 89.6%.
+Link probes are now 4 MB each way (``--probe-bytes``, the product's default; 1 MB lasted 80 ms on
+100 Mbit/s). 2026-11-24 again, the hypervisor stealing 18% (up to 46% under load), 44.9 min:
+20/24 = 83.3%, profiling 2.5%, MAPE 20.0% / 17.4%; some probes still fell under the load (pi4-2 up
+1.1 instead of 2.4 MB/s). Then with each board's cpu.shares in proportion to its quota (the lab
+change of that day: an oversubscribed host now slows every board alike; before, x86-1 lost a quarter
+of its quota while the small boards lost nothing), steal 9%, 39.8 min: 19/24 = 79.2%, profiling 2.3%,
+MAPE 12.9% / 12.5%, every probe within 10% of its link. Misses: fleet8 lenet5 energy and edp (pi5-2
+picked, pi5-1 best by 31% and 57%), fleet8 resnet_small time, energy (6.5%) and edp. pi5-1 alone on
+LeNet-5 trains 20-30% faster than predicted in four runs out of five (r2 92-108 ms against 119, r3
+107-126 against 152, r5 102-130 against 148) while pi5-2 meets its prediction: pi5-1's link is
+asymmetric (60 up / 90 down) and the model adds upload and download, which a streamed exchange may
+overlap. That is the next thing to check (offline, from the saved JSON).
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
