@@ -118,10 +118,11 @@ change of that day: an oversubscribed host now slows every board alike; before, 
 of its quota while the small boards lost nothing), steal 9%, 39.8 min: 19/24 = 79.2%, profiling 2.3%,
 MAPE 12.9% / 12.5%, every probe within 10% of its link. Misses: fleet8 lenet5 energy and edp (pi5-2
 picked, pi5-1 best by 31% and 57%), fleet8 resnet_small time, energy (6.5%) and edp. pi5-1 alone on
-LeNet-5 trains 20-30% faster than predicted in four runs out of five (r2 92-108 ms against 119, r3
-107-126 against 152, r5 102-130 against 148) while pi5-2 meets its prediction: pi5-1's link is
-asymmetric (60 up / 90 down) and the model adds upload and download, which a streamed exchange may
-overlap. That is the next thing to check (offline, from the saved JSON).
+LeNet-5 trains 15-30% faster than predicted (92-108 ms against 119, 107-126 against 152, 102-130
+against 148 in three runs) while pi5-2 meets its prediction, though the two profile alike (61/61,
+96/101 ms at batch 64; once 91/77). Not the model's upload + download: overlapping them (the time of
+the slower only) fits the single-board runs worse (MAPE 20% against 10-15%, checked offline on
+three runs' JSON). The cause is open.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
