@@ -40,7 +40,8 @@ LAB_PARENT_SHARES = 1024 * 64
 # quotas first, and a board's speed depends on which others are busy: measured on mixed4, the
 # Pi 5 and the x86 box ran ResNet steps 20-30% slower while profiled with the others than alone,
 # the small boards not at all. Weights in proportion to the quotas share a contended core in the
-# same proportion as the quotas, so every board slows alike, if at all.
+# same proportion as the quotas, so every board slows alike, if at all (mixed4's quotas x 1.6 on 2
+# cores: each board 0.88-0.91 of its quota; with equal shares x86-1 0.71-0.75, the small boards 1.0).
 SHARES_PER_CPU = 10_240
 
 

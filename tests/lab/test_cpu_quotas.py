@@ -1,4 +1,5 @@
-"""Self-check: a CPU-bound loop inside each board gets its quota within 15 %, alone and all together.
+"""Self-check: a CPU-bound loop inside each board gets its quota within 15 %, alone and all together;
+on an oversubscribed host every board loses the same share of its quota.
 
 Usage is the board cgroup's cpuacct.usage over wall time while the loop runs (the agent's own
 share included: the quota caps the cgroup, not the loop).
@@ -90,7 +91,7 @@ def test_an_oversubscribed_host_slows_every_board_alike(lab: Lab) -> None:
     shares = shares_of_quota(measured)
     print("\noversubscribed: " + ", ".join(f"{b} {share:.2f} of its quota" for b, share in shares.items()))
     assert spread(measured) <= ALIKE, f"boards slowed unevenly on an oversubscribed host: {shares}"
-    assert max(shares.values()) < 1 - 0.05, f"the host was not oversubscribed after all: {shares}"
+    assert min(shares.values()) < 0.95, f"the host was not oversubscribed after all: {shares}"
 
 
 def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> None:
