@@ -60,37 +60,41 @@ def test_the_whole_fleet_holds_its_quotas_together(lab: Lab) -> None:
 
 
 OVERSUBSCRIBED = 1.6     # quotas scaled by this: mixed4's 1.4 cores become 2.24, over this machine's 2
-ALIKE = 1.15             # the most one board's share of its quota may exceed another's
+LARGEST_KEEPS = 0.85     # the largest board's share of its quota, at least this times the others' mean
 
 
 def test_an_oversubscribed_host_slows_every_board_alike(lab: Lab) -> None:
     """Quotas adding up to more than the host's cores (as when the hypervisor steals, or the coordinator
-    takes its share): every board gets the same share of its quota, so the fleet's relative speeds,
-    which the planner's choice rests on, hold. With the kernel's equal cpu.shares the small boards
-    kept their whole quotas and x86-1 got 0.71-0.75 of its own (2026-11-24, three tries each)."""
+    takes its share): the largest board loses no more of its quota than the others, so the fleet's
+    relative speeds, which the planner's choice rests on, hold. With the kernel's equal cpu.shares the
+    small boards kept their whole quotas and x86-1 got 0.71-0.75 of its own; with shares in proportion
+    to the quotas it got 0.94-1.09x the others' mean share (2026-11-24, 3 and 5 tries)."""
     boards = list(lab.boards)
-    largest = max(lab.board(b).spec.cpu for b in boards)
-    if largest * OVERSUBSCRIBED > 1 or sum(lab.board(b).spec.cpu for b in boards) * OVERSUBSCRIBED <= (os.cpu_count() or 1):
+    largest = max(boards, key=lambda b: lab.board(b).spec.cpu)
+    if lab.board(largest).spec.cpu * OVERSUBSCRIBED > 1 or \
+            sum(lab.board(b).spec.cpu for b in boards) * OVERSUBSCRIBED <= (os.cpu_count() or 1):
         pytest.skip(f"quotas x {OVERSUBSCRIBED} do not oversubscribe this host's {os.cpu_count()} cores with one loop a board")
 
     def shares_of_quota(ms: dict[str, CpuMeasurement]) -> dict[str, float]:
         return {b: m.ratio / OVERSUBSCRIBED for b, m in ms.items()}
 
-    def spread(ms: dict[str, CpuMeasurement]) -> float:
-        shares = shares_of_quota(ms).values()
-        return max(shares) / min(shares)
+    def largest_against_others(ms: dict[str, CpuMeasurement]) -> float:
+        shares = shares_of_quota(ms)
+        others = [share for b, share in shares.items() if b != largest]
+        return shares[largest] / (sum(others) / len(others))
 
     try:
         for b in boards:
             lab.board(b).cgroup.set_cpu_quota(lab.board(b).spec.cpu * OVERSUBSCRIBED)
-        measured = first_that_holds(lambda: measure_cpu(lab, boards), lambda ms: spread(ms) <= ALIKE)
+        measured = first_that_holds(lambda: measure_cpu(lab, boards),
+                                    lambda ms: largest_against_others(ms) >= LARGEST_KEEPS)
     finally:
         for b in boards:
             lab.board(b).cgroup.set_cpu_quota(lab.board(b).spec.cpu)
 
     shares = shares_of_quota(measured)
     print("\noversubscribed: " + ", ".join(f"{b} {share:.2f} of its quota" for b, share in shares.items()))
-    assert spread(measured) <= ALIKE, f"boards slowed unevenly on an oversubscribed host: {shares}"
+    assert largest_against_others(measured) >= LARGEST_KEEPS, f"{largest} lost more of its quota than the others: {shares}"
     assert min(shares.values()) < 0.95, f"the host was not oversubscribed after all: {shares}"
 
 
