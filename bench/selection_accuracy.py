@@ -37,92 +37,62 @@ gives the hit rate next to the published framework's 76.67%, the profiling time 
 step time and energy per epoch over every run. Targets (issue 5): >= 90% hits, <= 5% profiling
 overhead, <= 15% error, the whole run within an hour.
 
-Every board is profiled at once (``--profile-parallel 0``, as ``edge-coordinator profile`` does by
-default). Earlier runs profiled 3 at a time, believing eight boards timed together slow each other;
-timed alternately on 2026-11-24 (fleet8, resnet_small), pi5-1 alone took 519-580 ms a step at batch 64
-and 442-587 ms with all eight at once: this host's speed drifts by 10-20% over tens of seconds, more
-than the other boards cost. Waves of 3 timed each board in a different spell of that drift (two
-Pi 5 boards of the same quota 10-25% apart); all at once times them in the same spell, under the load of the
-multi-board configurations, and costs about half as much.
+Every board is profiled at once (``--profile-parallel 0``, as ``edge-coordinator profile`` does),
+so all are timed in the same spell of this host, whose speed drifts by 10-20% over tens of seconds
+(pi5-1 alone: 519-580 ms a step; with all eight at once: 442-587 ms). Profiling 3 at a time timed
+each board in a different spell, and two Pi 5 boards of the same quota came out 10-25% apart. Each
+board's link is probed with 4 MB each way (``--probe-bytes``, the product's default). 1 MB lasted
+80 ms on 100 Mbit/s, and one stall of the host halved a reading.
 
-Measured on 2026-11-22 (28.8 min, profiles at 8/32 x 8 steps): hits 17/24 = 70.8%. On 2026-11-23
-with the defaults above (8/32/64 x 20 steps, no burst; 29.3 min, hypervisor steal low): hits
-19/24 = 79.2% (target 90%, anchor 76.67%), profiling 2.8% of a 10-epoch job (mean over the
-picks), MAPE 10.7% step time and 12.4% energy over 214 runs. The misses: fleet8 lenet5 time
-(6.7% gap) and energy (5.5%: two Pi 5 boards of the same quota profiled 20% apart, 100 vs 82 ms at batch
-64); resnet_small time on both fleets and edp on fleet8 (picks of 4-7 boards that measured 1.2-1.5x
-their prediction: on fleet8 the measured/predicted step time rises with the number of boards
-computing at once, 1.02 alone to 1.25 with seven, the shared host's contention that the 3-at-a-time
-profile does not see). On 2026-11-24 with ``--cfs-burst 1 --verify 2`` (41.1 min, the hypervisor
-stole 16% of the CPU, so not comparable): 15/24 = 62.5% both for the estimates and for the verified
-picks, profiling 3.3% (4.4% with verification), MAPE 20.3% time / 15.4% energy. Verifying the 2 best
-estimates changed few picks: in most misses the best measured configuration was ranked 3rd to 13th
-by estimate. The burst is therefore off by default again (0, as in the 79.2% run) until a quiet
-machine shows it helps; check ``vmstat 2`` first (the "st" column near 0). On 2026-11-24 again,
-quiet (steal 3%), defaults with ``--verify 3`` (33.6 min): estimates 17/24 = 70.8%, verified picks
-21/24 = 87.5%, profiling 2.9% (4.8% with verification), MAPE 9.6% step time / 11.2% energy over 212
-runs. All three verified misses are fleet8 resnet_small, where this host's run-to-run noise is as
-large as the gaps: pi5-1 and pi5-2 (the same quota) ran 512 and 515 ms a step in verification
-and 521 and 448 ms in the ground truth; pi4-3+pi5-1+pi5-2+x86-1 ran 143 ms verified, 183 ms in
-the ground truth. In the time and edp misses the best measured configuration was the second
-estimate, which verification had run and measured slower than the first.
+Front runners are measured again (``--repeats``, 3). The best of ~40 single measurements is as often
+as not a lucky one, since the minimum of many noisy figures is biased low. A pick within 3% of the
+true best then scores a miss. So the configurations within ``--recheck-within`` (10%) of an
+objective's best (at most ``--recheck-most``, 3 per objective) and every pick run twice more,
+round-robin, and their median counts. Front runners are re-chosen after each round of medians
+(``RECHECK_ROUNDS``): one that loses its lucky first figure hands the lead to the next. ``--verify K``
+times each candidate for at least ``--verify-min-s`` (1.5 s). It stays off by default: a few real
+steps per candidate are noisier on this host than the estimate.
 
-Front runners measured again (``--repeats``, 3 by default): the best of ~40 single measurements is
-as often as not a lucky one (the minimum of many noisy figures is biased low), and a pick within 3%
-of the true best then scores a miss. So the configurations within ``--recheck-within`` (10%) of an
-objective's best (at most ``--recheck-most``, 3, per objective) and every pick run twice more,
-round-robin, and their median counts. First run so, 2026-11-24 (42.1 min, the hypervisor stole 11%:
-a noisy hour): estimates 19/24 = 79.2%, verified picks 17/24 = 70.8%, profiling 2.8% (4.2% with
-verification), MAPE 18.6% step time / 15.2% energy over 210 runs. The 33 configurations measured
-three times spread by 17% (median of max/min - 1; one by 2.6x) between their own runs, against a
-3% hit tolerance; fleet8 lenet5 lost all three verified picks to it (pi5-1 measured 117, 196 and
-241 ms a step alone, pi5-2 115 to 167 ms). On this host the figures above follow the hypervisor
-more than the planner: compare runs only at a similar "stole" figure.
-On 2026-11-24 again, quiet (steal 2%), ``--verify 3`` (37.6 min): estimates 17/24 = 70.8%, verified
-17/24 = 70.8%, profiling 2.7% (4.4% with verification), MAPE 12.9% time / 13.7% energy over 217 runs.
-So quiet is not enough: fleet8 resnet_small missed all three objectives because its measured/predicted
-step time grows with the number of boards computing at once (median 1.17-1.24 with one or two boards,
-1.28 with three or four, 1.38 with five, 1.5 with six to eight; the other models stay at 0.85-1.0),
-which the 3-at-a-time profile cannot see. The other misses were near ties (3.1-8.3%), half of them
-between pi5-1 and pi5-2.
-Later on 2026-11-24 (steal 6%), ``--profile-parallel 0 --verify 3``, 37.9 min: estimates 19/24 = 79.2%,
-verified 21/24 = 87.5%, profiling 2.0% (3.7% with verification), MAPE 11.3% / 13.2%; fleet8
-resnet_small's measured/predicted step time no longer grew with the boards computing at once (1.0-1.2
-throughout). But its front runners showed the flaw of measuring only the first three again: the two
-best single figures (145 and 149 ms) measured 188-197 and 181-182 ms the next times, and the next
-three, measured once (160-166 ms), became "the best" with their own lucky figures. Front runners are
-now re-chosen after each round of medians (``RECHECK_ROUNDS``) until every one has three, and a
-verified candidate is timed for at least ``--verify-min-s`` (1.5 s; six LeNet-5 steps are 0.4 s).
-With those, the same day (steal 5%, ``--verify 3``, 37.6 min): estimates 22/24 = 91.7% (target 90%),
-profiling 2.0% of a 10-epoch job, MAPE 10.1% step time / 10.6% energy over 213 runs: every target
-met by the planner's own picks. The two misses are fleet8 resnet_small time and energy, where 14
-configurations measured within 159-244 ms, each one's own runs 10-30% apart (the pick 226-242 ms,
-the best 159-208 ms). Verification made it worse: 18/24 = 75.0% (4.0% with verification): a few
-real steps per candidate are noisier here than the estimate (mixed4 resnet_small: the 4-board
-configuration verified at 138 ms against the 3-board one's 119 ms, then measured 90-99 against
-100-122 ms), so ``--verify`` stays off by default (its rows are printed only when asked for).
-The next run, the committed defaults (no ``--verify``; steal 3%, 37.6 min): 21/24 = 87.5%, profiling
-1.9%, MAPE 16.0% step time / 14.5% energy over 215 runs. Misses: fleet8 lenet5 energy and edp
-(pi5-2 picked; pi5-1 measured 107-126 ms and 5.6-5.9 W a step against pi5-2's 114-138 ms and 6.4-6.5
-W, all three times, although pi5-1 is on the slower link: note that the two Pi 5 boards of fleet8
-are not the same board: pi5-1 is on 60/90 Mbit/s Wi-Fi, pi5-2 on 100 Mbit/s Ethernet), and fleet8
-resnet_small time (22.2%). The error came from two noisy profile figures: fleet8 resnet_small
-trained 1.39x slower than profiled (the profile fell in a fast spell of the host), and fleet8 mlp-2's
-link probe measured pi5-2's uplink at 6.6 MB/s, half its 12.5 in every other profile, so its MAPE
-was 28% (the other six cases 3-15%). Both runs together: 43/48 = 89.6%.
-Link probes are now 4 MB each way (``--probe-bytes``, the product's default; 1 MB lasted 80 ms on
-100 Mbit/s). 2026-11-24 again, the hypervisor stealing 18% (up to 46% under load), 44.9 min:
-20/24 = 83.3%, profiling 2.5%, MAPE 20.0% / 17.4%; some probes still fell under the load (pi4-2 up
-1.1 instead of 2.4 MB/s). Then with each board's cpu.shares in proportion to its quota (the lab
-change of that day: an oversubscribed host now slows every board alike; before, x86-1 lost a quarter
-of its quota while the small boards lost nothing), steal 9%, 39.8 min: 19/24 = 79.2%, profiling 2.3%,
-MAPE 12.9% / 12.5%, every probe within 10% of its link. Misses: fleet8 lenet5 energy and edp (pi5-2
-picked, pi5-1 best by 31% and 57%), fleet8 resnet_small time, energy (6.5%) and edp. pi5-1 alone on
-LeNet-5 trains 15-30% faster than predicted (92-108 ms against 119, 107-126 against 152, 102-130
-against 148 in three runs) while pi5-2 meets its prediction, though the two profile alike (61/61,
-96/101 ms at batch 64; once 91/77). Not the model's upload + download: overlapping them (the time of
-the slower only) fits the single-board runs worse (MAPE 20% against 10-15%, checked offline on
-three runs' JSON). The cause is open.
+Runs (estimate hits of 24; "stole" is the hypervisor's share of the CPU, which moves these figures
+more than any planner change; compare runs only at a similar figure):
+
+=====================================================  =====  =====  =========  ============  ====
+run (date; settings beyond the defaults of that day)   stole  hits   profiling  MAPE t / E    min
+=====================================================  =====  =====  =========  ============  ====
+11-22, profiles 8/32 x 8 steps                           -    70.8%      -           -        28.8
+11-23, 8/32/64 x 20 steps, 3 at a time                  low   79.2%    2.8%     10.7 / 12.4%  29.3
+11-24, --cfs-burst 1 --verify 2                         16%   62.5%    3.3%     20.3 / 15.4%  41.1
+11-24, --verify 3 (verified picks 87.5%)                 3%   70.8%    2.9%      9.6 / 11.2%  33.6
+11-24, front runners x3, --verify 3 (verified 70.8%)    11%   79.2%    2.8%     18.6 / 15.2%  42.1
+11-24, the same (verified 70.8%)                         2%   70.8%    2.7%     12.9 / 13.7%  37.6
+11-24, all boards at once, --verify 3 (verified 87.5%)   6%   79.2%    2.0%     11.3 / 13.2%  37.9
+11-24, re-chosen front runners, --verify 3 (ver. 75%)    5%   91.7%    2.0%     10.1 / 10.6%  37.6
+11-24, those defaults                                    3%   87.5%    1.9%     16.0 / 14.5%  37.6
+11-24, 4 MB link probes                                 18%   83.3%    2.5%     20.0 / 17.4%  44.9
+11-24, cpu.shares in proportion to the quotas            9%   79.2%    2.3%     12.9 / 12.5%  39.8
+=====================================================  =====  =====  =========  ============  ====
+
+What the misses taught:
+
+- Most misses are near ties on this noisy host. In fleet8 resnet_small, 14 configurations measured
+  within 159-244 ms, and each one's own runs were 10-30% apart.
+- Three verified misses were fleet8 resnet_small. pi5-1 and pi5-2 ran 512 and 515 ms a step in
+  verification, then 521 and 448 ms in the ground truth.
+- With 3 boards profiled at a time, fleet8 resnet_small's measured/predicted step time grew with the
+  number of boards computing at once (1.17 with one or two, 1.5 with six to eight). Profiled all at
+  once, it stays at 1.0-1.2.
+- The two Pi 5 boards of fleet8 have the same quota but different links: pi5-1 is on 60/90 Mbit/s
+  Wi-Fi, pi5-2 on 100 Mbit/s Ethernet.
+- pi5-1 alone on LeNet-5 trains 15-30% faster than predicted (92-108 ms against 119, 107-126 against
+  152, 102-130 against 148). pi5-2 meets its prediction, though the two profile alike (61/61 and
+  96/101 ms at batch 64; once 91/77). This costs fleet8 lenet5 energy and edp in most runs (pi5-2
+  picked; pi5-1 best by 20-57%).
+- That gap is not from adding upload and download. Counting only the slower of the two fits the
+  single-board runs worse (MAPE 20% against 10-15%, checked offline on three runs' JSON). The cause
+  is open.
+- The largest MAPE came from two noisy profile figures. fleet8 resnet_small trained 1.39x slower
+  than profiled. A 1 MB probe read pi5-2's uplink at 6.6 instead of 12.5 MB/s. With 4 MB probes,
+  the quieter run had every probe within 10% of its link.
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS
