@@ -71,6 +71,7 @@ class CpuMeasurement:
 
 
 STOLEN_LIMIT = 0.10  # above this, the host's CPU was not the lab's to measure
+TOLERANCE = 0.15     # the issue's tolerance for the whole lab: a rate or quota within 15 % of its setting
 ATTEMPTS = 3         # a measurement off its mark is taken again up to this many times in all
 
 M = TypeVar("M")
@@ -116,6 +117,11 @@ def skip_if_stolen(*measurements: CpuMeasurement | LinkMeasurement | float) -> N
 
         pytest.skip(f"the hypervisor took {stolen:.0%} of this machine's CPU during the measurement (over "
                     f"{STOLEN_LIMIT:.0%}): the boards' quotas and rates cannot be checked on a CPU that is not ours")
+
+
+def on_mark(*measurements: CpuMeasurement | LinkMeasurement) -> bool:
+    """Every measurement within ``TOLERANCE`` of what it was set to."""
+    return all(abs(m.ratio - 1) <= TOLERANCE for m in measurements)
 
 
 def first_that_holds(measure: Callable[[], M], holds: Callable[[M], bool], *, attempts: int = ATTEMPTS) -> M:

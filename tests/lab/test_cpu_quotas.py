@@ -19,19 +19,16 @@ from tests.lab.fleet_file import parse_fleet
 from tests.lab.lab import Lab
 from tests.lab.measurements import (
     START_TIMEOUT_S,
+    TOLERANCE,
     CpuMeasurement,
     HostSteal,
     first_that_holds,
     measure_cpu,
+    on_mark,
     skip_if_stolen,
 )
 
-TOLERANCE = 0.15
 BOARDS = [b.id for b in parse_fleet(MIXED4.read_text(), host_cores=64).boards]
-
-
-def _on_quota(m: CpuMeasurement) -> bool:
-    return abs(m.ratio - 1) <= TOLERANCE
 
 
 @pytest.mark.parametrize("board_id", BOARDS)
@@ -41,7 +38,7 @@ def test_a_busy_board_gets_its_quota(lab: Lab, board_id: str) -> None:
     # Weighed as much as its quota: on a contended host every board then slows alike.
     assert int((board.cgroup.path("cpu") / "cpu.shares").read_text()) == round(board.spec.cpu * SHARES_PER_CPU)
 
-    m = first_that_holds(lambda: measure_cpu(lab, [board_id])[board_id], lambda m: _on_quota(m) and m.throttled_periods > 0)
+    m = first_that_holds(lambda: measure_cpu(lab, [board_id])[board_id], lambda m: on_mark(m) and m.throttled_periods > 0)
 
     print(f"\n{board_id} alone: {m.used_cores:.3f} cores for a {m.quota:.2f} quota (ratio {m.ratio:.3f}, "
           f"throttled in {m.throttled_periods} periods)")
@@ -50,7 +47,7 @@ def test_a_busy_board_gets_its_quota(lab: Lab, board_id: str) -> None:
 
 
 def test_the_whole_fleet_holds_its_quotas_together(lab: Lab) -> None:
-    measured = first_that_holds(lambda: measure_cpu(lab, list(lab.boards)), lambda ms: all(map(_on_quota, ms.values())))
+    measured = first_that_holds(lambda: measure_cpu(lab, list(lab.boards)), lambda ms: on_mark(*ms.values()))
 
     for board_id, m in measured.items():
         print(f"\n{board_id} together: {m.used_cores:.3f} cores for {m.quota:.2f} (ratio {m.ratio:.3f})", end="")
@@ -124,7 +121,7 @@ def test_a_burst_keeps_a_busy_board_at_its_quota(lab: Lab) -> None:
         if not board.cgroup.set_cpu_quota(board.spec.cpu, period_us=10_000, burst_periods=1.0):
             pytest.skip("this kernel has no cpu.cfs_burst_us")
         assert int((board.cgroup.path("cpu") / "cpu.cfs_burst_us").read_text()) == quota_us
-        m = first_that_holds(lambda: measure_cpu(lab, ["pi5-1"])["pi5-1"], _on_quota)
+        m = first_that_holds(lambda: measure_cpu(lab, ["pi5-1"])["pi5-1"], on_mark)
         print(f"\npi5-1 with a burst of one 10 ms period: {m.used_cores:.3f} cores for {m.quota:.2f} (ratio {m.ratio:.3f})")
         assert abs(m.ratio - 1) <= TOLERANCE
     finally:

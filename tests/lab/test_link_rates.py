@@ -14,18 +14,13 @@ from tests.lab.fixtures import MIXED4
 from tests.lab.fleet_file import parse_fleet
 from tests.lab.lab import Lab
 from tests.lab.links import qdisc_rate_bps
-from tests.lab.measurements import LinkMeasurement, first_that_holds, measure_link
+from tests.lab.measurements import TOLERANCE, first_that_holds, measure_link, on_mark
 from tests.lab.units import format_rate
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 0.15
 # The ids for parametrising, read without the machine checks (the fixture does those).
 BOARDS = [b.id for b in parse_fleet(MIXED4.read_text(), host_cores=64).boards]
-
-
-def _on_rate(m: LinkMeasurement) -> bool:
-    return abs(m.ratio - 1) <= TOLERANCE
 
 
 @pytest.mark.parametrize("direction", ["up", "down"])
@@ -36,7 +31,7 @@ def test_link_runs_at_its_set_rate(lab: Lab, board_id: str, direction: str) -> N
     held = qdisc_rate_bps("eth0", netns=board.netns) if direction == "up" else qdisc_rate_bps(board.host_if)
     assert held == (board.spec.rate_up_bps if direction == "up" else board.spec.rate_down_bps)
 
-    m = first_that_holds(lambda: measure_link(lab, board_id, direction), _on_rate)
+    m = first_that_holds(lambda: measure_link(lab, board_id, direction), on_mark)
 
     print(f"\n{board_id} {direction}: {format_rate(m.goodput_bps)} goodput for {format_rate(m.set_bps)} set "
           f"(ratio {m.ratio:.3f}, {m.bytes / 1e6:.1f} MB in {m.seconds:.2f} s)")

@@ -8,10 +8,14 @@ import pytest
 
 from tests.lab.lab import Lab
 from tests.lab.links import qdisc_rate_bps
-from tests.lab.measurements import first_that_holds, measure_cpu, measure_link
+from tests.lab.measurements import (
+    TOLERANCE,
+    first_that_holds,
+    measure_cpu,
+    measure_link,
+    on_mark,
+)
 from tests.lab.naming import SERVER, SERVER_ADDRESS
-
-TOLERANCE = 0.15
 
 
 def test_all_eight_boards_reach_the_coordinator_in_its_own_namespace(lab8: Lab) -> None:
@@ -38,7 +42,7 @@ def test_the_server_link_runs_at_gigabit(lab8: Lab, direction: str) -> None:
     held = qdisc_rate_bps("eth0", netns=lab8.server_netns) if direction == "up" else qdisc_rate_bps("efl-v0")
     assert held == 10**9
 
-    m = first_that_holds(lambda: measure_link(lab8, SERVER, direction), lambda m: abs(m.ratio - 1) <= TOLERANCE)
+    m = first_that_holds(lambda: measure_link(lab8, SERVER, direction), on_mark)
 
     print(f"\nserver {direction}: {m.goodput_bps / 1e6:.1f} Mbit/s goodput for 1000 set (ratio {m.ratio:.3f})")
     assert abs(m.ratio - 1) <= TOLERANCE
@@ -46,7 +50,7 @@ def test_the_server_link_runs_at_gigabit(lab8: Lab, direction: str) -> None:
 
 def test_eight_boards_hold_their_quotas_together(lab8: Lab) -> None:
     measured = first_that_holds(lambda: measure_cpu(lab8, list(lab8.boards)),
-                                lambda ms: all(abs(m.ratio - 1) <= TOLERANCE for m in ms.values()))
+                                lambda ms: on_mark(*ms.values()))
     for board_id, m in measured.items():
         print(f"\n{board_id} together: {m.used_cores:.3f} cores for {m.quota:.2f} (ratio {m.ratio:.3f})", end="")
     bad = {b: round(m.ratio, 3) for b, m in measured.items() if abs(m.ratio - 1) > TOLERANCE}
