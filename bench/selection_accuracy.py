@@ -119,6 +119,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -164,6 +165,33 @@ def _dataset_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cpu_ns(path: str) -> int:
     return int(Path(path).read_text())
+
+
+async def _least_stolen(measure: Callable[[], Awaitable[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
+    """``measure()``, taken again while the hypervisor stole more than ``--steal-limit`` of this
+    machine's CPU during it (at most ``--steal-retakes`` more times, none after the retake deadline);
+    the least stolen attempt is kept, with its ``stolen`` share and the number of ``attempts``.
+
+    A stolen spell slows every board of the lab at once and by no fixed amount: a configuration
+    timed in one is not the configuration, and a profile taken in one predicts another host."""
+    from tests.lab.measurements import HostSteal
+
+    kept: dict[str, Any] | None = None
+    tries: list[list[float | None]] = []  # [stolen, step time] of every attempt, for a look at the noise
+    while True:
+        steal = HostSteal()
+        figures = await measure()
+        figures["stolen"] = round(steal.share, 4)
+        tries.append([figures["stolen"], figures.get("step_time_s")])
+        if kept is None or figures["stolen"] < kept["stolen"]:
+            kept = figures
+        if (figures["stolen"] <= args.steal_limit or len(tries) > args.steal_retakes
+                or time.time() >= args.retake_deadline):
+            kept["attempts"], kept["tries"] = len(tries), tries
+            return kept
+        step = f" (step {figures['step_time_s'] * 1e3:.0f} ms)" if "step_time_s" in figures else ""
+        print(f"  the hypervisor stole {figures['stolen']:.0%} of the CPU during that measurement{step}: taken again",
+              file=sys.stderr, flush=True)
 
 
 async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[int], model: str, options: dict[str, Any],
@@ -222,16 +250,21 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
 
     model, options = CASES[case]
     boards = sorted(info)
-    started = time.monotonic()
-    profiles = await profile_fleet(broker, key, boards, ProfileRequest(
-        model=model, variants=[options], dataset="synthetic", dataset_options=_dataset_options(args),
-        batch_sizes=args.profile_batches,
-        warmup_steps=args.profile_warmup, timed_steps=args.profile_steps, threads=1, probe_bytes=args.probe_bytes,
-        parallel=args.profile_parallel),
-        on_note=lambda note: log.debug("%s", note))
-    profile_s = time.monotonic() - started
+
+    async def profile() -> dict[str, Any]:
+        started = time.monotonic()
+        profiles = await profile_fleet(broker, key, boards, ProfileRequest(
+            model=model, variants=[options], dataset="synthetic", dataset_options=_dataset_options(args),
+            batch_sizes=args.profile_batches,
+            warmup_steps=args.profile_warmup, timed_steps=args.profile_steps, threads=1, probe_bytes=args.probe_bytes,
+            parallel=args.profile_parallel),
+            on_note=lambda note: log.debug("%s", note))
+        return {"profiles": profiles, "profile_s": time.monotonic() - started}
+
+    profiled = await _least_stolen(profile, args)
+    profile_s = profiled["profile_s"]  # the kept profile's: a real fleet's profile is taken once
     label = variant_label(options)
-    fleet = profiles[label]
+    fleet = profiled["profiles"][label]
     G = args.global_batch
     steps_per_epoch = math.ceil(fleet.dataset_len / G)
 
@@ -264,15 +297,18 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
         est = candidate(tuple(subset))
         if est is None or not est.feasible:
             continue
-        measured = await _run_config(broker, key, list(subset), list(est.candidate.batch_sizes), model, options,
-                                     info, args, steps_per_epoch, warmup=args.warmup, timed=args.steps)
+        batches = list(est.candidate.batch_sizes)
+        measured = await _least_stolen(lambda subset=subset, batches=batches: _run_config(
+            broker, key, list(subset), batches, model, options, info, args, steps_per_epoch,
+            warmup=args.warmup, timed=args.steps), args)
         runs.append(RunFigures(list(subset), list(est.candidate.batch_sizes),
                                {"step_time_s": est.step_time_s, "energy_per_epoch_j": est.energy_per_epoch_j,
                                 "epoch_time_s": est.epoch_time_s, "edp_j_s": est.edp_j_s, "power_w": est.power_w},
                                measured, [measured]))
         print(f"  {case}: run {n}/{len(subsets)} {'+'.join(subset)} b={list(est.candidate.batch_sizes)}: "
               f"step {measured['step_time_s'] * 1e3:.0f} ms (predicted {est.step_time_s * 1e3:.0f}), "
-              f"{measured['power_w']:.1f} W (predicted {est.power_w:.1f})", file=sys.stderr, flush=True)
+              f"{measured['power_w']:.1f} W (predicted {est.power_w:.1f}); stole {measured['stolen']:.0%}",
+              file=sys.stderr, flush=True)
     for _ in range(RECHECK_ROUNDS):  # until every front runner (by its median so far) has been measured enough
         again = [i for i in contenders(runs, [picks, verified], within=args.recheck_within, most=args.recheck_most)
                  if len(runs[i].samples) < args.repeats]
@@ -281,13 +317,16 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
         for rep in range(2, args.repeats + 1):  # round-robin, so that a slow spell of the host hits them alike
             for i in again:  # each measured once so far: earlier rounds' runs have all their samples
                 run = runs[i]
-                run.samples.append(await _run_config(broker, key, run.boards, run.batch_sizes, model, options, info,
-                                                     args, steps_per_epoch, warmup=args.warmup, timed=args.steps))
+                run.samples.append(await _least_stolen(lambda run=run: _run_config(
+                    broker, key, run.boards, run.batch_sizes, model, options, info, args, steps_per_epoch,
+                    warmup=args.warmup, timed=args.steps), args))
                 print(f"  {case}: again ({rep}/{args.repeats}) {'+'.join(run.boards)}: step "
-                      f"{run.samples[-1]['step_time_s'] * 1e3:.0f} ms", file=sys.stderr, flush=True)
+                      f"{run.samples[-1]['step_time_s'] * 1e3:.0f} ms; stole {run.samples[-1]['stolen']:.0%}",
+                      file=sys.stderr, flush=True)
         for i in again:
             runs[i].measured = {k: statistics.median(s[k] for s in runs[i].samples) for k in MEASURED_KEYS}
-    return {"case": case, "profile_s": profile_s, "steps_per_epoch": steps_per_epoch, "profile": fleet.to_json(),
+    return {"case": case, "profile_s": profile_s, "profile_stolen": profiled["stolen"],
+            "profile_attempts": profiled["attempts"], "steps_per_epoch": steps_per_epoch, "profile": fleet.to_json(),
             "picks": {o: list(p) for o, p in picks.items()}, "verify_s": verify_s,
             "verified": {o: list(p) for o, p in verified.items()}, "verify_trials": verify_trials,
             "runs": [vars(r) for r in runs]}
@@ -439,7 +478,8 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
                    "--verify-warmup", str(args.verify_warmup), "--verify-steps", str(args.verify_steps),
                    "--verify-min-s", str(args.verify_min_s),
                    "--repeats", str(args.repeats), "--recheck-within", str(args.recheck_within),
-                   "--recheck-most", str(args.recheck_most)]
+                   "--recheck-most", str(args.recheck_most), "--steal-limit", str(args.steal_limit),
+                   "--steal-retakes", str(args.steal_retakes), "--retake-deadline", str(args.retake_deadline)]
             if lab.coordinator_netns is not None:
                 cmd = ["nsenter", f"--net=/run/netns/{lab.coordinator_netns}", "--", *cmd]
             done = subprocess.run(cmd, cwd=ROOT, timeout=args.max_seconds, check=False)
@@ -486,6 +526,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="front runners: measured within this share of an objective's best (default 0.10)")
     parser.add_argument("--recheck-most", type=int, default=3, metavar="N",
                         help="front runners: at most the N best measured of each objective (default 3)")
+    parser.add_argument("--steal-limit", type=float, default=0.10, metavar="SHARE",
+                        help="a profile or run during which the hypervisor stole more than this share of the CPU is "
+                             "taken again, the least stolen attempt kept (default 0.10)")
+    parser.add_argument("--steal-retakes", type=int, default=2, metavar="N",
+                        help="at most N more attempts per measurement (default 2; 0 = measure once)")
+    parser.add_argument("--retake-minutes", type=float, default=45, metavar="MIN",
+                        help="no retakes after this many minutes from the start, so that a host stolen all along "
+                             "still finishes (default 45)")
+    parser.add_argument("--retake-deadline", type=float, default=math.inf, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=3600)
     parser.add_argument("--json", type=Path, help="also write every figure here")
@@ -512,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.lab.measurements import STOLEN_LIMIT, HostSteal
 
     started, steal = time.monotonic(), HostSteal()
+    args.retake_deadline = time.time() + args.retake_minutes * 60
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="efl-sel-key-") as tmp:
         from protocol.signing import generate_key_hex
@@ -550,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         return [row["pick"], str(row["rank"] or "-"), gap, "yes" if row["hit"] else "NO"]
 
     rechecked = sum(1 for case in cases for r in case["runs"] if len(r["samples"]) > 1)
+    kept = [m for case in cases for m in [{"stolen": case["profile_stolen"], "attempts": case["profile_attempts"]},
+                                          *(s for r in case["runs"] for s in r["samples"])]]
+    over = sum(1 for m in kept if m["stolen"] > args.steal_limit)
+    retaken = sum(m["attempts"] - 1 for m in kept)
     verify_columns = [f"verify {args.verify} pick", "rank", "gap", "hit"] if verified_rows else []
     print_table(
         f"planner picks vs measured runs (global batch {args.global_batch}, {args.warmup}+{args.steps} steps per run; "
@@ -569,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
                     ["profiling + verify / 10-epoch job", f"{overhead * 100:.1f}%", "<= 5%", "mean over the picks"]]
     summary += [["MAPE step time", f"{err_time * 100:.1f}%", "<= 15%", f"{sum(len(c['runs']) for c in cases)} runs"],
                 ["MAPE energy per epoch", f"{err_energy * 100:.1f}%", "<= 15%", "power model x measured CPU"],
+                ["stolen measurements kept", f"{over} of {len(kept)}", "",
+                 f"over {args.steal_limit:.0%} steal after {retaken} retakes (profiles and runs)"],
                 ["wall time", f"{wall / 60:.1f} min", "<= 60 min", ""]]
     print_table(
         f"selection accuracy on the emulated lab ({wall / 60:.1f} min in all; warm workers, CFS period "
