@@ -82,6 +82,7 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-24, those defaults                                    3%   87.5%    1.9%     16.0 / 14.5%  37.6
 11-24, 4 MB link probes                                 18%   83.3%    2.5%     20.0 / 17.4%  44.9
 11-24, cpu.shares in proportion to the quotas            9%   79.2%    2.3%     12.9 / 12.5%  39.8
+11-24, stolen measurements taken again (41/292 kept)    11%   91.7%    2.4%     11.3 / 13.0%  48.8
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
