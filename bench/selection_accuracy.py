@@ -61,9 +61,9 @@ at 1% steal, 71 at 16%, 99 at 34%). So a profile or run during which it took mor
 the least stolen attempt is kept. A profile's cost is its kept attempt's wall time: a real fleet
 is profiled once. Retakes pause while none of the last 6 measurements came under the limit (the
 host is then stolen throughout and a retake buys nothing), and stop ``--retake-minutes`` (45)
-after the start, so that the run still finishes near the hour. Every sample in ``--json`` has its ``stolen`` share and
-its ``tries`` ([steal, step time] of every attempt); the summary counts the kept measurements still
-over the limit, which says how far a run's figures are the lab's.
+after the start, so that the run still finishes near the hour. Every sample in ``--json`` has its
+``stolen`` share and its ``tries`` ([steal, step time] of every attempt); the summary counts the
+kept measurements still over the limit, which says how far a run's figures are the lab's.
 
 Runs (estimate hits of 24; "stole" is the hypervisor's share of the CPU, which moves these figures
 more than any planner change; compare runs only at a similar figure):
