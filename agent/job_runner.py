@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from agent.config import AgentConfig
+from agent.heap import worker_environment
 from protocol.errors import DecodeError, ProtocolError
 from protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
@@ -164,7 +165,7 @@ class JobRunner:
 
     def _spawn(self) -> _Worker:
         proc = subprocess.Popen([sys.executable, "-m", "agent.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment())
         worker = _Worker(proc)
         assert proc.stderr is not None
         threading.Thread(target=_drain, args=(proc.stderr, worker.stderr_tail), name=f"worker-{proc.pid}-stderr",

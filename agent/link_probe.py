@@ -4,7 +4,8 @@ After its steps are measured, the first profile job of a board connects to the c
 probe endpoint (``coordinator.link_probe.LinkProbeServer``, frames ``protocol.jobs.PROBE_VERSION``),
 waits for its turn (the coordinator serves one board at a time so that each board's figures are
 its own), sends ``nbytes`` of zeros and then receives as many: the two rates are the board's
-own link. If the coordinator then asks for it, the board uploads once more together with the other
+own link. Given a power meter, it also reads the board's draw while the bytes move: moving a
+gradient costs CPU (the TCP stack, copies), and on a slow board that is well above idle. If the coordinator then asks for it, the board uploads once more together with the other
 boards, which measures the coordinator's link.
 
 :class:`ProfileError`, which the whole profile job raises, is defined here rather than in
@@ -16,7 +17,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.errors import EdgeTrainError
 from protocol.framing import recv_frame, send_frame
@@ -31,10 +32,19 @@ class ProfileError(EdgeTrainError):
     """The profile cannot be measured here; the message says why and what to do."""
 
 
+class Meter(Protocol):
+    """Average power over a window (``agent.board_resources.PowerMeter``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class LinkFigures:
     up_bytes_per_s: float      # board -> coordinator, this board alone
     down_bytes_per_s: float    # coordinator -> board, this board alone
+    power_w: float | None = None  # the board's draw during the upload and download; None: no meter
 
 
 def _recv_discard(sock: socket.socket, nbytes: int) -> None:
@@ -65,8 +75,11 @@ def _expect(sock: socket.socket, kind: str) -> dict[str, Any]:
     return frame
 
 
-def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, nbytes: int) -> LinkFigures:
+def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, nbytes: int,
+               meter: Meter | None = None) -> LinkFigures:
     """Upload then download ``nbytes`` to the coordinator's probe endpoint and time both.
+
+    ``meter``, if given, runs over the upload and the download only (not the wait for the turn).
 
     Raises:
         ProfileError: the endpoint cannot be reached, refused this board, or broke the exchange.
@@ -83,6 +96,8 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
         sock.settimeout(PROBE_WAIT_S)
         _expect(sock, "go")
         sock.settimeout(PROBE_CONNECT_TIMEOUT_S + nbytes / 10_000)  # at least 10 kB/s
+        if meter is not None:
+            meter.start()
         started = time.perf_counter()
         _send_zeros(sock, nbytes)
         _expect(sock, "got")
@@ -91,12 +106,13 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
         send_frame(sock, {"type": "down"})
         _recv_discard(sock, nbytes)
         down_s = time.perf_counter() - started
+        power_w = meter.stop() if meter is not None else None
         sock.settimeout(PROBE_WAIT_S)
         if _next(sock) == "aggregate":
             _send_zeros(sock, nbytes)
             _expect(sock, "got")
             _expect(sock, "done")
-        return LinkFigures(nbytes / max(up_s, 1e-9), nbytes / max(down_s, 1e-9))
+        return LinkFigures(nbytes / max(up_s, 1e-9), nbytes / max(down_s, 1e-9), power_w)
     except (OSError, EdgeTrainError) as exc:
         if isinstance(exc, ProfileError):
             raise
@@ -112,4 +128,4 @@ def _next(sock: socket.socket) -> str:
     return str(frame["type"])
 
 
-__all__ = ["LinkFigures", "ProfileError", "probe_link"]
+__all__ = ["LinkFigures", "Meter", "ProfileError", "probe_link"]

@@ -139,21 +139,22 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
             events.emit("progress", f"batch {batch_size}: {point['step_time_s'] * 1000:.1f} ms/step, "
                                     f"{point['samples_per_s']:.0f} samples/s, peak {point['peak_memory_bytes'] / 1e6:.0f} MB, "
                                     f"{point['power_w']:.2f} W ({meter.label})")
+        link = None
+        if job.probe_bytes:  # after the steps: another board's probe traffic must not slow this board's timing
+            link = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
+                              board_id=job.board_id, nbytes=job.probe_bytes, meter=meter)
+            events.emit("progress", f"link up {link.up_bytes_per_s * 8e-6:.1f} Mbit/s, "
+                                    f"down {link.down_bytes_per_s * 8e-6:.1f} Mbit/s, {link.power_w:.2f} W ({meter.label})")
     finally:
         meter.close()
-    link = None
-    if job.probe_bytes:  # after the steps: another board's probe traffic must not slow this board's timing
-        link = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
-                          board_id=job.board_id, nbytes=job.probe_bytes)
-        events.emit("progress", f"link up {link.up_bytes_per_s * 8e-6:.1f} Mbit/s, "
-                                f"down {link.down_bytes_per_s * 8e-6:.1f} Mbit/s")
     windows = [p["step_time_s"] * job.timed_steps for p in points]
     active_w = sum(p["power_w"] * w for p, w in zip(points, windows)) / sum(windows)
     data = {"agent_version": __version__, "worker_pid": pid, "torch_threads": torch.get_num_threads(),
             "param_count": count, "points": points, "active_power_w": active_w, "idle_power_w": idle_w,
             "power_source": meter.label, "memory_total_bytes": memory_total_bytes(),
             "link": None if link is None else {"up_bytes_per_s": link.up_bytes_per_s,
-                                               "down_bytes_per_s": link.down_bytes_per_s, "bytes": job.probe_bytes}}
+                                               "down_bytes_per_s": link.down_bytes_per_s, "bytes": job.probe_bytes,
+                                               "power_w": link.power_w}}
     try:
         size = len(json.dumps(data, allow_nan=False))  # the coordinator refuses non-finite numbers
     except ValueError:

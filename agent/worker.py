@@ -19,6 +19,7 @@ import time
 import traceback
 from typing import IO, Any
 
+from agent.heap import release_free_heap
 from protocol.errors import DecodeError, EdgeTrainError
 from protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
@@ -183,6 +184,7 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
         return 1
     finally:
         gc.collect()  # a kept worker waits for the next job with what the last one freed given back
+        release_free_heap()  # to the kernel too: the heap keeps freed memory while a job runs (agent.heap)
 
 
 def main() -> int:

@@ -97,7 +97,7 @@ def profile_table(label: str, fleet: Any) -> Any:
     table.add_column("board")
     for size in sizes:
         table.add_column(f"batch {size}", justify="right")
-    for name in ("power W active/idle", "source", "peak memory / total", "link Mbit/s up/down"):
+    for name in ("power W active/link/idle", "source", "peak memory / total", "link Mbit/s up/down"):
         table.add_column(name, justify="left" if name == "source" else "right")
     for board in fleet.boards.values():
         by_size = {p.batch_size: p for p in board.points}
@@ -106,7 +106,9 @@ def profile_table(label: str, fleet: Any) -> Any:
         star = "*" if board.power_source == "estimated" else ""
         peak = max(p.peak_memory_bytes for p in board.points)
         down = board.link_down_bytes_per_s or board.link_bytes_per_s
-        table.add_row(board.board_id, *cells, f"{board.active_power_w:.2f}{star} / {board.idle_power_w:.2f}{star}",
+        link_w = "-" if board.link_power_w is None else f"{board.link_power_w:.2f}{star}"
+        table.add_row(board.board_id, *cells,
+                      f"{board.active_power_w:.2f}{star} / {link_w} / {board.idle_power_w:.2f}{star}",
                       board.power_source, f"{_si(peak, 'B')} / {_si(board.memory_total_bytes, 'B')}",
                       f"{_mbit(board.link_bytes_per_s)} / {_mbit(down)}")
     if any(b.power_source == "estimated" for b in fleet.boards.values()):

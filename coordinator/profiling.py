@@ -176,7 +176,8 @@ def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: di
                             idle_power_w=float(data["idle_power_w"]), power_source=str(data["power_source"]),
                             memory_total_bytes=int(data["memory_total_bytes"]),
                             link_bytes_per_s=float(link["up_bytes_per_s"]),
-                            link_down_bytes_per_s=float(link["down_bytes_per_s"]))
+                            link_down_bytes_per_s=float(link["down_bytes_per_s"]),
+                            link_power_w=None if link.get("power_w") is None else float(link["power_w"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFailed(f"board {board} sent an unreadable profile of {variant.label} ({type(exc).__name__}: {exc}); "
                             "run the same edgefleet version on the board and the coordinator") from None

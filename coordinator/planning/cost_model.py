@@ -3,7 +3,7 @@
 Notation for a candidate: participants S (|S| = N), batch sizes b_i, fleet profile of the
 candidate's model variant. Per board i the profile gives the fitted lines
 ``t_i(b) = a_i + c_i * b`` (s) and ``m_i(b) = m0_i + m1_i * b`` (bytes), its memory M_i (bytes),
-its link up/down rates (bytes/s), and its active and idle power (W). G is the gradient size on
+its link up/down rates (bytes/s), and its active, link and idle power (W). G is the gradient size on
 the wire (bytes), L the coordinator's link (bytes/s), D the samples per epoch.
 
 Formulas (units in brackets):
@@ -19,8 +19,10 @@ Formulas (units in brackets):
 * epoch_time = D / samples_per_s                           [s]
 * power = sum_{i in S} P_i(active)  (+ sum_{j not in S} P_j(idle) with count_idle)  [W]
   the draw while every participant computes: the peak, and what --max-power caps
-* mean_power = sum_{i in S} ( P_i(idle) + (P_i(active) - P_i(idle)) * compute_i / step_time )
-  (a board that waits for a slower one's link computes for compute_i only, not the whole step)
+* mean_power = sum_{i in S} ( P_i(idle) + (P_i(active) - P_i(idle)) * compute_i / step_time
+                              + (P_i(link) - P_i(idle)) * (G / up_i + G / down_i) / step_time )
+  (a board that waits for a slower one's link computes for compute_i only, not the whole step;
+  P_i(link) is its draw while it moves bytes, measured during the link probe, idle if unmeasured)
                (+ sum_{j not in S} P_j(idle) with count_idle)   [W]
 * energy_per_epoch = mean_power * epoch_time               [J]
 * edp = energy_per_epoch * epoch_time                      [J*s]
@@ -29,9 +31,12 @@ Formulas (units in brackets):
 The batch allocation equalises ``ready_i``: a board on a slow uplink gets fewer samples, so that
 its gradient arrives with the others (measured on the emulated lab: charging up + down after the
 slowest compute overestimated a 3-board LeNet-5 step by 60-170%). For energy, a participant draws
-its active power while it computes and its idle power while it waits or gradients travel. Charging active power for the whole step overestimated
+its active power while it computes, its link power while its gradient goes up and the average comes
+down, and its idle power while it waits. Charging active power for the whole step overestimated
 the energy of link-bound configurations by up to 35% on the emulated lab (a board on 20 Mbit/s
-Wi-Fi rates spends most of a LeNet-5 step sending its gradient).
+Wi-Fi rates spends most of a LeNet-5 step sending its gradient); charging idle power for the
+transfers underestimated a slow board's: a Jetson Nano at 0.15 of a core drew 5.1 W on an MLP
+whose compute alone predicts 2.8 W, since moving 1.2 MB a step is a quarter of its CPU.
 
 A candidate is ruled out, in this order, by: ``batch`` (fewer samples than boards), ``memory``
 (some m_i(b_i) > M_i * max_memory_fraction; the board is named), ``power`` (power > max_power_w),
@@ -295,6 +300,7 @@ class FleetArrays:
     max_batch: np.ndarray    # largest batch within the memory limit per board (int64; 0 = none fits)
     link_s: np.ndarray       # the average down over the board's own link, s per step (its upload is in ``a``)
     up_s: np.ndarray         # the gradient up over the board's own link, s per step
+    link_j: np.ndarray       # (link - idle power) x (up + down time) per board, J per step
     coord_s: float           # grad_bytes / coordinator link, s per participant per step (the broadcast)
     active_w: np.ndarray
     idle_w: np.ndarray
@@ -319,6 +325,8 @@ class FleetArrays:
             max_batch=np.array([b.max_batch(max_memory_fraction) for b in boards], dtype=np.int64),
             link_s=np.array([fleet.grad_bytes / (b.link_down_bytes_per_s or b.link_bytes_per_s) for b in boards]),
             up_s=np.array([fleet.grad_bytes / b.link_bytes_per_s for b in boards]),
+            link_j=np.array([max(0.0, (b.link_power_w if b.link_power_w is not None else b.idle_power_w) - b.idle_power_w)
+                             * fleet.grad_bytes * b.exchange_link_s_per_byte for b in boards]),
             coord_s=fleet.grad_bytes / fleet.coordinator_link_bytes_per_s,
             active_w=np.array([b.active_power_w for b in boards]),
             idle_w=np.array([b.idle_power_w for b in boards]),
@@ -343,6 +351,7 @@ class SubsetStats:
     active_w: np.ndarray     # sum of the participants' active power, W
     idle_out_w: np.ndarray   # sum of the other boards' idle power, W
     up_j: np.ndarray         # sum of (active - idle) power x upload time, J: energy not spent computing
+    link_j: np.ndarray       # sum of (link - idle) power x transfer time, J: energy of moving the gradients
 
     @classmethod
     def of(cls, fa: FleetArrays, masks: np.ndarray) -> SubsetStats:
@@ -350,7 +359,7 @@ class SubsetStats:
         w = masks.astype(np.float64)
         return cls(masks, False, masks.sum(axis=1), _masked_max(masks, fa.link_s), _masked_max(masks, fa.a + fa.c),
                    _masked_max(masks, fa.c), w @ fa.active_w, fa.idle_w.sum() - w @ fa.idle_w,
-                   w @ ((fa.active_w - fa.idle_w) * fa.up_s))
+                   w @ ((fa.active_w - fa.idle_w) * fa.up_s), w @ fa.link_j)
 
     @classmethod
     def all_subsets(cls, fa: FleetArrays) -> SubsetStats:
@@ -360,7 +369,7 @@ class SubsetStats:
         return cls(all_subsets(n), True, members, _doubling(fa.link_s, np.maximum, -np.inf),
                    _doubling(fa.a + fa.c, np.maximum, -np.inf), _doubling(fa.c, np.maximum, -np.inf),
                    _doubling(fa.active_w, np.add, 0.0), fa.idle_w.sum() - _doubling(fa.idle_w, np.add, 0.0),
-                   _doubling((fa.active_w - fa.idle_w) * fa.up_s, np.add, 0.0))
+                   _doubling((fa.active_w - fa.idle_w) * fa.up_s, np.add, 0.0), _doubling(fa.link_j, np.add, 0.0))
 
     @classmethod
     def concat(cls, parts: list[SubsetStats]) -> SubsetStats:
@@ -369,7 +378,8 @@ class SubsetStats:
             return parts[0]
         return cls(np.concatenate([p.masks for p in parts]), False,
                    *(np.concatenate([getattr(p, name) for p in parts])
-                     for name in ("members", "link_max", "lo_max", "c_max", "active_w", "idle_out_w", "up_j")))
+                     for name in ("members", "link_max", "lo_max", "c_max", "active_w", "idle_out_w", "up_j",
+                                  "link_j")))
 
     def subset_sum(self, values: np.ndarray) -> np.ndarray:
         """Per row, the sum over its members of ``values`` (boards, or boards x columns)."""
@@ -557,7 +567,7 @@ def _row_figures(fa: FleetArrays, stats: SubsetStats, makespan: np.ndarray, glob
     # sum_i (active_i - idle_i) * compute_i with compute_i = makespan - up_i (every gradient ready together)
     if busy_j is None:
         busy_j = np.maximum((stats.active_w[rows] - idle_in) * makespan - stats.up_j[rows], 0.0)
-    mean_power = idle_in + busy_j / step + idle_out
+    mean_power = idle_in + (busy_j + stats.link_j[rows]) / step + idle_out
     energy = mean_power * epoch
     return {"compute_s": makespan, "exchange_s": exchange, "step_time_s": step, "samples_per_s": samples_per_s,
             "epoch_time_s": epoch, "power_w": power, "energy_per_epoch_j": energy, "edp_j_s": energy * epoch}

@@ -99,6 +99,7 @@ class BoardProfile:
     memory_total_bytes: int      # what the board's training process may use (RAM or cgroup limit)
     link_bytes_per_s: float      # measured throughput board -> exchange endpoint
     link_down_bytes_per_s: float | None = None  # endpoint -> board when measured apart; None = same
+    link_power_w: float | None = None  # draw while moving bytes over the link (the probe's); None = idle
     time_fit: LineFit = field(init=False, repr=False, compare=False)
     memory_fit: LineFit = field(init=False, repr=False, compare=False)
 
@@ -114,6 +115,8 @@ class BoardProfile:
                 raise PlanError(f"board {self.board_id!r}: {name} = {value} is not a usable figure; {REPROFILE_HINT}")
         if self.link_down_bytes_per_s is not None and not self.link_down_bytes_per_s > 0:
             raise PlanError(f"board {self.board_id!r}: link_down_bytes_per_s = {self.link_down_bytes_per_s}; {REPROFILE_HINT}")
+        if self.link_power_w is not None and not (math.isfinite(self.link_power_w) and self.link_power_w >= 0):
+            raise PlanError(f"board {self.board_id!r}: link_power_w = {self.link_power_w}; {REPROFILE_HINT}")
         if not self.power_source:
             raise PlanError(f"board {self.board_id!r}: power_source is empty (say 'estimated' or name the sensor)")
         xs = [float(p.batch_size) for p in self.points]
@@ -154,12 +157,14 @@ class BoardProfile:
             "active_power_w": self.active_power_w, "idle_power_w": self.idle_power_w,
             "power_source": self.power_source, "memory_total_bytes": self.memory_total_bytes,
             "link_bytes_per_s": self.link_bytes_per_s, "link_down_bytes_per_s": self.link_down_bytes_per_s,
+            "link_power_w": self.link_power_w,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BoardProfile:
         fields = _known(data, ("board_id", "agent_version", "model_key", "points", "active_power_w", "idle_power_w",
-                               "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s"),
+                               "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s",
+                               "link_power_w"),
                         "a board profile")
         points = tuple(BatchPoint(int(p["batch_size"]), float(p["step_time_s"]), int(p["peak_memory_bytes"]))
                        for p in fields.pop("points"))

@@ -114,8 +114,9 @@ def test_two_boards_probe_their_links_one_at_a_time_then_together(probe_server) 
     results: dict[str, Any] = {}
 
     def board(board_id: str) -> None:
+        meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=10.0)) if board_id == "b1" else None
         results[board_id] = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id=board_id,
-                                       nbytes=2_000_000)
+                                       nbytes=2_000_000, meter=meter)
 
     threads = [threading.Thread(target=board, args=(b,)) for b in ("b1", "b2")]
     for t in threads:
@@ -126,6 +127,8 @@ def test_two_boards_probe_their_links_one_at_a_time_then_together(probe_server) 
     for figures in results.values():
         assert figures.up_bytes_per_s > 1e6 and figures.down_bytes_per_s > 1e6  # loopback: well above 1 MB/s
     assert server.aggregate_bytes_per_s is not None and server.aggregate_bytes_per_s > 1e6
+    # b1's meter ran over its own upload and download only: moving bytes costs CPU, so above idle
+    assert 2.0 < results["b1"].power_w <= 10.0 and results["b2"].power_w is None
 
 
 def test_a_wrong_token_or_an_unreachable_endpoint_is_a_clear_error(probe_server) -> None:

@@ -20,12 +20,13 @@ KEY = 'mlp{"layers":2}[1,32,32]'
 def board(board_id: str, *, a: float = 0.05, c: float = 0.01, m0: float = 200 * MB, m1: float = 1 * MB,
           memory: int = 2 * GB, active_w: float = 6.0, idle_w: float = 2.5, link: float = 10 * MB,
           link_down: float | None = None, key: str = KEY, version: str = "0.1.0", power_source: str = "estimated",
-          sizes: tuple[int, ...] = (8, 32)) -> BoardProfile:
+          sizes: tuple[int, ...] = (8, 32), link_w: float | None = None) -> BoardProfile:
     """A board whose profile points lie exactly on the given lines."""
     return BoardProfile(board_id=board_id, agent_version=version, model_key=key,
                         points=tuple(BatchPoint(b, a + c * b, round(m0 + m1 * b)) for b in sizes),
                         active_power_w=active_w, idle_power_w=idle_w, power_source=power_source,
-                        memory_total_bytes=memory, link_bytes_per_s=link, link_down_bytes_per_s=link_down)
+                        memory_total_bytes=memory, link_bytes_per_s=link, link_down_bytes_per_s=link_down,
+                        link_power_w=link_w)
 
 
 def fleet(*boards: BoardProfile, grad_bytes: int = 1 * MB, coordinator_link: float = 125 * MB,
@@ -53,7 +54,8 @@ def random_fleet(rng: np.random.Generator, n: int, *, grad_bytes: int = 250_000,
         boards.append(board(f"{kind}-{i}", a=float(rng.uniform(0.01, 0.06)),
                             c=per_sample_s / speed * float(rng.uniform(0.8, 1.25)),
                             m0=250 * MB, m1=2 * MB, memory=memory, active_w=active * float(rng.uniform(0.85, 1.15)),
-                            idle_w=idle, link=link * float(rng.uniform(0.6, 1.0)), key=key))
+                            idle_w=idle, link=link * float(rng.uniform(0.6, 1.0)), key=key,
+                            link_w=idle + 0.25 * (active - idle)))
     return fleet(*boards, grad_bytes=grad_bytes, coordinator_link=125 * MB, dataset_len=60_000, key=key,
                  variant=variant)
 

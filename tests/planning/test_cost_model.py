@@ -45,6 +45,24 @@ def test_estimate_by_hand() -> None:
     assert est.feasible and est.power_estimated
 
 
+def test_moving_the_gradients_is_charged_at_the_link_power() -> None:
+    profile = _two_boards()
+    a, b = profile.boards["a"], profile.boards["b"]
+    measured = fleet(board("a", a=0.1, c=0.01, m0=100 * MB, m1=1 * MB, memory=1 * GB, active_w=5.0, idle_w=2.0,
+                           link=10 * MB, link_w=3.0),
+                     board("b", a=0.1, c=0.02, m0=100 * MB, m1=1 * MB, memory=1 * GB, active_w=7.0, idle_w=2.5,
+                           link=5 * MB, link_down=10 * MB, link_w=4.5),
+                     grad_bytes=1 * MB, coordinator_link=100 * MB, dataset_len=6000)
+    assert (a.link_power_w, b.link_power_w) == (None, None)
+    est = estimate(Candidate(boards=("a", "b"), batch_sizes=(40, 20), variant={}), measured)
+    assert est.step_time_s == pytest.approx(0.8) and est.power_w == pytest.approx(12.0)  # time and peak unchanged
+    # test_estimate_by_hand's 7.35 J a step, plus a (3 - 2) W x (0.1 s up + 0.1 s down) and b (4.5 - 2.5) W x (0.2 + 0.1 s)
+    assert est.energy_per_epoch_j == pytest.approx((7.35 + 0.2 + 0.6) * 100)
+    result = search.plan({"default": measured}, objective="energy", global_batches=(60,))
+    row = next(e for e in result.ranked if e.candidate.boards == ("a", "b"))  # the search's arrays agree
+    assert row.energy_per_epoch_j == pytest.approx(estimate(row.candidate, measured).energy_per_epoch_j)
+
+
 def test_idle_boards_are_charged_when_counted_and_the_coordinator_link_can_dominate() -> None:
     est = estimate(Candidate(boards=("a", "b"), batch_sizes=(40, 20), variant={}), _two_boards(10 * MB), count_idle=True)
     assert est.exchange_s == pytest.approx(0.4)                  # 0.2 s up (in ready) + 1 MB * 2 boards / 10 MB/s

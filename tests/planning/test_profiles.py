@@ -60,6 +60,12 @@ def test_a_profile_needs_two_batch_sizes() -> None:
                      memory_total_bytes=GB, link_bytes_per_s=MB)
 
 
+@pytest.mark.parametrize("link_w", [-1.0, float("nan"), float("inf")])
+def test_an_unusable_link_power_is_refused(link_w: float) -> None:
+    with pytest.raises(PlanError, match=r"'pi4-1': link_power_w = .*run `edge-coordinator profile` again"):
+        board("pi4-1", link_w=link_w)
+
+
 def test_boards_of_one_fleet_must_share_the_model_key() -> None:
     with pytest.raises(PlanError, match="'pi5-1' was profiled for lenet5"):
         fleet(board("pi4-1"), board("pi5-1", key="lenet5{}[1,32,32]"))
@@ -74,7 +80,8 @@ def test_model_key_ignores_cost_neutral_options() -> None:
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
-    original = {"layers=2": fleet(board("pi4-1"), board("x86-1", c=0.002, link_down=20 * MB), variant={"layers": 2})}
+    original = {"layers=2": fleet(board("pi4-1"), board("x86-1", c=0.002, link_down=20 * MB, link_w=9.5),
+                                  variant={"layers": 2})}
     path = tmp_path / "profile.json"
     save_profiles(path, original)
     doc = json.loads(path.read_text())
