@@ -4,9 +4,9 @@ glibc's malloc serves blocks above its mmap threshold (128 kB at start, raised a
 freed) with fresh ``mmap`` pages, and returns the top of the heap to the kernel once 128 kB are
 free there. A training step allocates and frees the same activations every step, so by default
 every step page-faults and zero-fills them again. With PyTorch CPU training of the small residual
-CNN at batch 64 that is 3,000-8,000 faults a step: 51 ms a step instead of 37 on a free core of
-this machine, and 120 ms instead of 80 at 0.45 of a core, with two to four times the spread
-(``bench/worker_heap.py``). The cost is CPU time, so it grows on a slow board.
+CNN at batch 64 that is 7,000-13,000 faults a step: 55 ms a step instead of 33 on a free core of
+this machine, 103 instead of 71 at 0.45 of a core and 366 instead of 242 at 0.15, with two to six
+times the spread (``bench/worker_heap.py``). The cost is CPU time, so it grows on a slow board.
 
 The worker therefore starts with both thresholds raised (:func:`worker_environment`): blocks up
 to 32 MB (glibc's largest threshold on 64-bit) come from the heap, and free memory stays there.

@@ -5,8 +5,9 @@ probe endpoint (``coordinator.link_probe.LinkProbeServer``, frames ``protocol.jo
 waits for its turn (the coordinator serves one board at a time so that each board's figures are
 its own), sends ``nbytes`` of zeros and then receives as many: the two rates are the board's
 own link. Given a power meter, it also reads the board's draw while the bytes move: moving a
-gradient costs CPU (the TCP stack, copies), and on a slow board that is well above idle. If the coordinator then asks for it, the board uploads once more together with the other
-boards, which measures the coordinator's link.
+gradient costs CPU (the TCP stack, copies), and on a slow board that is well above idle. If the
+coordinator then asks for it, the board uploads once more together with the other boards, which
+measures the coordinator's link.
 
 :class:`ProfileError`, which the whole profile job raises, is defined here rather than in
 ``agent.profile_worker`` so that this module needs neither torch nor Lightning.
