@@ -83,6 +83,9 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-24, 4 MB link probes                                 18%   83.3%    2.5%     20.0 / 17.4%  44.9
 11-24, cpu.shares in proportion to the quotas            9%   79.2%    2.3%     12.9 / 12.5%  39.8
 11-24, stolen measurements taken again (41/292 kept)    11%   91.7%    2.4%     11.3 / 13.0%  48.8
+11-24, the same on a quiet host                          0%   75.0%    2.8%     15.8 / 13.3%  17.8
+11-24, --steps 30 --repeats 5                            0%   83.3%    2.5%     17.3 / 11.2%  27.9
+11-24, link power; the worker keeps freed memory         0%   75.0%    2.7%     16.1 /  8.0%  16.3
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -106,6 +109,23 @@ What the misses taught:
 - The largest MAPE came from two noisy profile figures. fleet8 resnet_small trained 1.39x slower
   than profiled. A 1 MB probe read pi5-2's uplink at 6.6 instead of 12.5 MB/s. With 4 MB probes,
   the quieter run had every probe within 10% of its link.
+- Not all misses are noise. Re-drawing every configuration's figure from its own repeats (the
+  quiet run of 11-24), the best measured configuration of each case still scored a hit in 94% of
+  the draws, the planner's picks in 75%; four picks missed in every draw.
+- Those were resnet_small time in both fleets, in every run of the day: the pick adds 0.09-0.15
+  core boards at a few samples each, and in fleet8 a step with one of them took 1.09-1.29x its
+  prediction, 0.91-0.94x without. Their steps also paged: glibc gave a conv net's activations
+  back to the kernel after every step, which costs a slow board most (nano-1 alone: 747 ms a step,
+  311 ms once the worker kept its freed memory; ``agent/heap.py``, ``bench/worker_heap.py``).
+- A board is busy while it moves gradients: nano-1 drew 5.1 W on mlp-2, 2.8 W predicted from its
+  compute alone. The profile now measures the draw during the link probe, and the energy MAPE fell
+  from 13.3% to 8.0%.
+- The step-time MAPE comes mostly from single boards, measured 5-35% under prediction (several
+  boards: 1-25%). A board limited by a CFS quota idles while the gradients travel and then computes
+  a short step at full speed on the quota it saved in that period, while the profile times steps
+  back to back: fleet8 x86-1 computed LeNet-5 at batch 64 in 7 ms in a run, 22-26 profiled. A real
+  board has no quota to save. The bias favours two boards over one in the link-bound time cases
+  (fleet8 lenet5 and the MLPs: pi5-2+x86-1 picked, 3-8.5% off).
 
 Agents run with ``[training] keep_worker = true`` (one warm worker per board for all runs; a
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), and every board's CFS

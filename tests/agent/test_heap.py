@@ -58,8 +58,9 @@ def test_training_steps_stop_faulting_their_memory_in_again() -> None:
     bare = {k: v for k, v in worker_environment().items() if k not in HEAP_SETTINGS}
     default = float(_python(STEP_FAULTS, bare))
     kept = float(_python(STEP_FAULTS, worker_environment()))
-    # glibc 2.36 here: ~2,500 faults a step by default (10 MB zero-filled again), none with the settings
-    assert kept <= 10 and kept < default, (kept, default)
+    # glibc 2.36 here: 2,500-3,500 faults a step by default (10-14 MB zero-filled again); with the
+    # settings none alone, ~100 while the whole suite runs beside it
+    assert kept * 10 < default, (kept, default)
 
 
 def test_a_kept_worker_gives_freed_memory_back_between_jobs() -> None:
