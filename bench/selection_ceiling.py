@@ -23,11 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-OBJECTIVE_KEY = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}
-HIT_WITHIN = 1.03
+from bench._table import print_table
+from bench.selection_accuracy import HIT_TOLERANCE
+from coordinator.planning.cost_model import OBJECTIVE_KEY
 
 
 def _redraw(samples: dict[str, list[float]], rng: random.Random) -> dict[str, float]:
@@ -44,7 +46,7 @@ def ceiling(row: dict[str, Any], case: dict[str, Any], draws: int, rng: random.R
     oracle = pick = 0
     for _ in range(draws):
         drawn = _redraw(samples, rng)
-        floor = HIT_WITHIN * min(drawn.values())
+        floor = (1 + HIT_TOLERANCE) * min(drawn.values())
         oracle += drawn[best] <= floor
         pick += drawn.get(row["pick"], float("inf")) <= floor
     return oracle / draws, pick / draws
@@ -63,20 +65,18 @@ def main() -> int:
         print(f"{args.json}: not a selection_accuracy.py --json file ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
-    table = Table(title=f"{args.json.name}: hits over {args.draws} re-drawn runs", title_justify="left")
-    for name in ("fleet", "model", "objective", "measured", "oracle", "pick"):
-        table.add_column(name, justify="left" if name in ("fleet", "model", "objective") else "right")
+    table: list[list[str]] = []
     oracle_sum = pick_sum = 0.0
     for row in rows:
         case = next(c for c in results[row["fleet"]]["cases"] if c["case"] == row["case"])
         oracle, pick = ceiling(row, case, args.draws, rng)
         oracle_sum, pick_sum = oracle_sum + oracle, pick_sum + pick
-        table.add_row(row["fleet"], row["case"], row["objective"], "hit" if row["hit"] else "MISS",
-                      f"{oracle:.0%}", f"{pick:.0%}")
-    table.add_section()
-    table.add_row("expected", "hit rate", "", f"{sum(r['hit'] for r in rows) / len(rows):.1%}",
-                  f"{oracle_sum / len(rows):.1%}", f"{pick_sum / len(rows):.1%}")
-    Console(width=120).print(table)
+        table.append([row["fleet"], row["case"], row["objective"], "hit" if row["hit"] else "MISS",
+                      f"{oracle:.0%}", f"{pick:.0%}"])
+    table.append(["expected", "hit rate", "", f"{sum(r['hit'] for r in rows) / len(rows):.1%}",
+                  f"{oracle_sum / len(rows):.1%}", f"{pick_sum / len(rows):.1%}"])
+    print_table(f"{args.json.name}: hits over {args.draws} re-drawn runs",
+                ["fleet", "model", "objective", "measured", "oracle", "pick"], table, left_columns=3)
     return 0
 
 

@@ -25,16 +25,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 from agent.heap import HEAP_SETTINGS, worker_environment
+from bench._table import print_table
+from tests.lab.cgroups import Cgroup
 
-CGROUP = Path("/sys/fs/cgroup/cpu/efl-bench-heap")
-PERIOD_US = 10_000
+PERIOD_US = 10_000  # as the lab's boards in bench/selection_accuracy.py
 
 CHILD = """
 import json, resource, sys, time
@@ -80,16 +79,17 @@ def _run(env: dict[str, str], cgroup: str, args: argparse.Namespace, model: str)
     return Steps(data["times"], data["faults"])
 
 
-def _set_quota(cpus: float) -> str:
+def _set_quota(group: Cgroup, cpus: float) -> str:
+    """The cpu directory the measuring process joins for ``cpus`` cores; "" for a free core."""
     if cpus <= 0:
         return ""
-    if os.geteuid() != 0 or not CGROUP.parent.is_dir():
-        raise SystemExit(f"--cpus {cpus:g} needs root and cgroup v1's cpu controller at {CGROUP.parent}; "
+    if os.geteuid() != 0 or "cpu" not in group.mounts:
+        raise SystemExit(f"--cpus {cpus:g} needs root and cgroup v1's cpu controller; "
                          "run with --cpus 0 for a free core only")
-    CGROUP.mkdir(exist_ok=True)
-    (CGROUP / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-    (CGROUP / "cpu.cfs_quota_us").write_text(str(max(1000, round(cpus * PERIOD_US))))
-    return str(CGROUP)
+    if not group.exists():
+        group.create()
+    group.set_cpu_quota(cpus, period_us=PERIOD_US)
+    return str(group.path("cpu"))
 
 
 def main() -> int:
@@ -105,15 +105,12 @@ def main() -> int:
 
     bare = {k: v for k, v in worker_environment().items() if k not in HEAP_SETTINGS}
     heaps = {"glibc default": bare, "worker": worker_environment()}
-    table = Table(title=f"training steps at batch {args.batch}, one torch thread ({args.steps} steps x {args.rounds} "
-                        "processes per heap)", title_justify="left")
-    for name in ("model", "cpu", "default: median (p10-p90)", "worker: median (p10-p90)", "faults/step default / worker",
-                 "default / worker"):
-        table.add_column(name, justify="left" if name == "model" else "right")
+    group = Cgroup("efl-bench-heap")
+    table: list[list[str]] = []
     try:
         for model in args.models:
             for cpus in args.cpus:
-                cgroup = _set_quota(cpus)
+                cgroup = _set_quota(group, cpus)
                 got: dict[str, Steps] = {name: Steps([], []) for name in heaps}
                 for _ in range(args.rounds):
                     for name, env in heaps.items():
@@ -123,15 +120,18 @@ def main() -> int:
                 d, w = got["glibc default"], got["worker"]
                 print(f"{model} at {cpus or 'a free'} core(s): default {statistics.median(d.times) * 1e3:.0f} ms, "
                       f"worker {statistics.median(w.times) * 1e3:.0f} ms", flush=True)
-                table.add_row(model, f"{cpus:g}" if cpus else "free",
+                table.append([model, f"{cpus:g}" if cpus else "free",
                               *(f"{statistics.median(s.times) * 1e3:.0f} ms ({s.pct(0.1) * 1e3:.0f}-{s.pct(0.9) * 1e3:.0f})"
                                 for s in (d, w)),
                               f"{statistics.median(d.faults):.0f} / {statistics.median(w.faults):.0f}",
-                              f"{statistics.median(d.times) / statistics.median(w.times):.2f}x")
+                              f"{statistics.median(d.times) / statistics.median(w.times):.2f}x"])
     finally:
-        if CGROUP.is_dir():
-            CGROUP.rmdir()
-    Console(width=160).print(table)
+        if group.exists():
+            group.remove()
+    print_table(f"training steps at batch {args.batch}, one torch thread ({args.steps} steps x {args.rounds} "
+                "processes per heap)",
+                ["model", "cpu", "default: median (p10-p90)", "worker: median (p10-p90)",
+                 "faults/step default / worker", "default / worker"], table, min_width=160)
     return 0
 
 
