@@ -89,6 +89,7 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, the same code                                     0%   87.5%    2.8%     15.3 /  7.7%  24.9
 11-25, --ballast (idle boards busy, as when profiled)    0%   95.8%    2.5%      8.0 /  6.7%  26.3
 11-25, the same                                          0%   87.5%    2.6%      8.3 /  7.0%  27.2
+11-25, the same                                          0%   91.7%    2.7%      9.8 /  5.9%  27.0
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -137,11 +138,11 @@ What the misses taught:
   boards ran at 0.73-0.94 of their predicted step time, four or more at 0.82-0.97 (medians per
   case, 11-25), which favoured configurations of many boards. With ``--ballast`` (the default
   since 11-25) every board that takes no part in a run spins at its quota meanwhile, and the
-  ratios flattened to 0.80-0.98 and 0.84-0.98; step-time MAPE 15.3% -> 8.0% and 8.3% (two runs).
-  ``bench/selection_ceiling.py`` gives the picks 86.6% without it (oracle 96.5%), 83.6% and 87.2%
-  with it (oracle 91.0% and 94.3%), against 74.6-78.2% in the runs of 11-24. The misses left are
-  mostly resnet_small time (both fleets, 8-9% off in the second run): configurations of four or
-  five boards within 10% of each other, each one's repeats 10-25% apart.
+  ratios flattened to 0.80-0.98 and 0.84-0.98; step-time MAPE 15.3% -> 8.0-9.8% (three runs).
+  ``bench/selection_ceiling.py`` gives the picks 86.6% without it (oracle 96.5%), 83.6%, 87.2%
+  and 89.9% with it (oracle 91.0%, 94.3% and 98.0%), against 74.6-78.2% in the runs of 11-24. The
+  misses left are mostly resnet_small (both fleets, 7-9% off): configurations of three to five
+  boards within 10% of each other, each one's repeats 10-25% apart.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms
   of quota, the kernel's minimum: 2.8 ms for 0.36 core) spends less of a period's quota it saved
   while waiting (bare spin: 0.27 core, 10 ms of work after 15 ms idle took 24.9 ms at a 10 ms
