@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +41,24 @@ def worker_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def release_free_heap() -> bool:
-    """Return the heap's free memory to the kernel (glibc ``malloc_trim(0)``); False where there is none."""
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once (``find_library`` runs ldconfig); None where there is none."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError, TypeError):
         log.debug("no malloc_trim in %s; the heap keeps its free memory", name)
-        return False
+        return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_free_heap() -> bool:
+    """Return the heap's free memory to the kernel (glibc ``malloc_trim(0)``); False where there is none."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
     trim(0)
     return True
 

@@ -153,7 +153,7 @@ Agents run with ``[training] keep_worker = true`` (one warm worker per board for
 board limited to 0.09 CPU needs ~30 s to import torch and Lightning), every board's CFS period
 is set to 10 ms (``--cfs-period-us``) so that a step of a few tens of ms is not quantised by 100
 ms throttling windows, and every board that takes no part in a run spins at its quota while the
-run lasts (``--ballast``; a Python loop in the board's cgroup, killed after the run); all three
+run lasts (``--ballast``; the lab's busy loop in the board's cpu group, killed after the run); all three
 are stated in the output.
 
 Needs root, cgroup v1 and ``ip netns`` (the lab). Run from the repository root:
@@ -172,6 +172,7 @@ import math
 import os
 import random
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,9 +206,7 @@ NEXT_BY_ESTIMATE, RANDOM_DRAWS = 10, 20
 RECHECK_ROUNDS = 4  # rounds of re-measuring front runners, each after the previous round's medians
 RECENT_MEASUREMENTS = 6  # retakes pause while none of this many latest measurements was under the steal limit
 MEASURED_KEYS = ("step_time_s", "epoch_time_s", "power_w", "energy_per_epoch_j", "edp_j_s")  # a run's medians
-# What a board that takes no part in a run does with ``--ballast``: joins its own cgroup, then spins
-# within the board's quota, so that the host's cores are as busy as while every board is profiled.
-BALLAST = "import sys\nwith open(sys.argv[1] + '/cgroup.procs', 'w') as f:\n    f.write('0')\nwhile True:\n    pass\n"
+BALLAST_S = 86_400  # how long a ballast would spin if nothing stopped it; it is killed after its run
 log = logging.getLogger("bench.selection_accuracy")
 
 
@@ -224,13 +223,20 @@ class RunFigures:
 
 @contextlib.contextmanager
 def _ballast(info: dict[str, dict[str, Any]], idle: list[str]) -> Iterator[None]:
-    """Every board in ``idle`` spins at its quota while the block runs (``--ballast``)."""
-    procs = [subprocess.Popen([sys.executable, "-c", BALLAST, info[b]["cpu_dir"]]) for b in idle]
+    """Every board in ``idle`` spins at its quota while the block runs (``--ballast``): the lab's
+    busy loop in the board's cpu group (its memory limit stays the training worker's), one process
+    per core of quota, killed as a process group."""
+    from tests.lab.measurements import BUSY_LOOP
+    from tests.lab.supervisor import in_cgroups
+
+    procs = [subprocess.Popen(in_cgroups(info[b]["procs_files"], [
+        sys.executable, str(BUSY_LOOP), "--seconds", str(BALLAST_S), "--workers", str(max(1, math.ceil(info[b]["cpus"])))],
+        name=f"ballast@{b}"), stdout=subprocess.DEVNULL, start_new_session=True) for b in idle]
     try:
         yield
     finally:
         for proc in procs:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         for proc in procs:
             proc.wait()
 
@@ -565,7 +571,7 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
             if args.cfs_burst > 0 and not burst:
                 log.warning("this kernel has no cpu.cfs_burst_us: boards run without burst")
             info[board_id] = {"cpuacct": str(board.cgroup.path("cpuacct") / "cpuacct.usage"), "cpus": board.spec.cpu,
-                              "cpu_dir": str(board.cgroup.path("cpu")),
+                              "procs_files": [str(board.cgroup.path("cpu") / "cgroup.procs")],  # not its memory
                               "idle_w": board.spec.idle_w, "max_w": board.spec.max_w}
         with tempfile.TemporaryDirectory(prefix="efl-sel-") as tmp:
             boards_json, out_json = Path(tmp) / "boards.json", Path(tmp) / "out.json"

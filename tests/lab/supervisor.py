@@ -34,6 +34,13 @@ from tests.lab.units import format_size
 log = logging.getLogger(__name__)
 
 _ENTER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def in_cgroups(procs_files: list[Path] | list[str], argv: list[str], *, name: str = "process") -> list[str]:
+    """``argv`` as a command that first joins the groups of ``procs_files`` (exit 125 if it cannot)."""
+    return ["sh", "-c", _ENTER, name, *map(str, procs_files), "--", *argv]
+
+
 _EXIT_MEANINGS = {78: " (bad configuration)", 125: " (could not join the board's cgroups)", 126: " (not executable)",
                   127: " (command not found)"}
 
@@ -125,8 +132,8 @@ class Supervisor:
         ``expect_exit``: the process is a job that ends by itself, so exit code 0 is not reported
         (any other end still is). A daemon such as the agent is expected to run until stopped.
         """
-        cmd = ["sh", "-c", _ENTER, f"{name}@{board_id}", *map(str, cgroup.procs_files()), "--",
-               "nsenter", f"--net=/run/netns/{netns}", "--", *argv]
+        cmd = in_cgroups(cgroup.procs_files(), ["nsenter", f"--net=/run/netns/{netns}", "--", *argv],
+                         name=f"{name}@{board_id}")
         with self._changed:
             # OOM kills already counted in this group belong to processes before this one.
             key = cgroup.relpath
@@ -251,4 +258,4 @@ class Supervisor:
             self.stop(bp, timeout_s=timeout_s)
 
 
-__all__ = ["BoardProcess", "Report", "Supervisor"]
+__all__ = ["BoardProcess", "Report", "Supervisor", "in_cgroups"]
