@@ -26,6 +26,8 @@ Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues 
 When a board's time per sample drifts by more than --rebalance-threshold (a Pi throttling under
 heat), the batch sizes are re-balanced at a step boundary with the same global batch: a note
 "step N: re-balancing from step M: ..." and a "rebalance" entry in that step's metrics.jsonl line.
+Once the new sizes have run a few steps they are checked in turn: a board still the slowest by a
+margin (it slowed further meanwhile) gets a second re-balance, "... still the slowest at the new sizes".
 """
 
 

@@ -7,10 +7,18 @@ The training driver feeds every step's per-board compute times (``StepResult.com
 * recent: the median over the last ``window`` steps (a median, so one slow step is not a trend).
 
 A board drifts when ``|recent / reference - 1| > threshold``. The rebalancer then proposes
-new batch sizes with the same sum, proportional to each board's current throughput
-(``1 / recent``; the integer split minimising the slowest board's predicted time, capped by
-``max_batch``), and applies them only if the predicted compute time of a step falls by at least
-``min_gain``. Hysteresis, so that it does not oscillate:
+new batch sizes with the same sum, proportional to each board's current throughput (the integer
+split minimising the slowest board's predicted time, capped by ``max_batch``), and applies them
+only if the predicted compute time of a step falls by at least ``min_gain``. A drifting board's
+current time per sample is the median of its newest steps past the threshold (the steps since the
+change), not of the whole window: when the window's median only just turns, it is half old steps,
+and a split from it would leave the board far too many samples.
+
+After a change, the fresh reference at the new sizes is itself checked: a split that still leaves
+one board the slowest by more than ``min_gain`` (the drift was misjudged, or a board's time per
+sample depends on its batch size) is corrected at once, instead of becoming the new normal.
+
+Hysteresis, so that it does not oscillate:
 
 * noise inside the threshold never triggers (the medians absorb single outliers);
 * after a change it measures a fresh reference at the new sizes before judging again;
@@ -73,6 +81,7 @@ class Rebalancer:
         self._caps = {b: (max_batch or {}).get(b, sum(batch_sizes.values())) for b in batch_sizes}
         self._recent: dict[str, deque[float]] = {b: deque(maxlen=window) for b in batch_sizes}
         self._reference: dict[str, float] = {}
+        self._check_split = False     # the next reference is at sizes this rebalancer chose: judge them
         self.decisions: list[RebalanceDecision] = []
 
     @property
@@ -105,12 +114,26 @@ class Rebalancer:
         if not self._reference:
             self._reference = recent
             log.debug("rebalancer reference (s/sample): %s", recent)
+            if self._check_split:
+                self._check_split = False
+                return self._propose(recent, {}, step)
             return None
         drift = {b: recent[b] / self._reference[b] - 1.0 for b in self._batches}
         drift = {b: d for b, d in drift.items() if abs(d) > self.threshold}
         if not drift:
             return None
-        return self._propose(recent, drift, step)
+        return self._propose({**recent, **{b: self._since_change(b, d) for b, d in drift.items()}}, drift, step)
+
+    def _since_change(self, board: str, drift: float) -> float:
+        """The median of ``board``'s newest run of steps past the threshold on ``drift``'s side (>= 2 steps),
+        else of the whole window."""
+        reference, q = self._reference[board], list(self._recent[board])
+        run: list[float] = []
+        for seconds in reversed(q):
+            if (seconds / reference - 1.0) * math.copysign(1.0, drift) <= self.threshold:
+                break
+            run.append(seconds)
+        return statistics.median(run if len(run) >= 2 else q)
 
     def _propose(self, recent: dict[str, float], drift: dict[str, float], step: int | None) -> RebalanceDecision | None:
         boards = list(self._batches)
@@ -132,15 +155,23 @@ class Rebalancer:
         decision = RebalanceDecision(
             step=step, old_batch_sizes=dict(self._batches), new_batch_sizes=dict(zip(boards, map(int, new))),
             drift=drift, current_step_s=current, predicted_step_s=predicted,
-            message=f"{_describe(drift)}: batches {','.join(map(str, old))} -> {','.join(map(str, new))}")
+            message=f"{_describe(drift) if drift else _describe_imbalance(boards, per_sample_s * old)}: batches {','.join(map(str, old))} -> {','.join(map(str, new))}")
         self._batches = decision.new_batch_sizes
         for q in self._recent.values():
             q.clear()
         self._reference = {}
+        self._check_split = True
         self.decisions.append(decision)
         log.info("re-balance%s: %s (predicted step %.3f s -> %.3f s)",
                  f" at step {step}" if step is not None else "", decision.message, current, predicted)
         return decision
+
+
+def _describe_imbalance(boards: list[str], step_s: np.ndarray) -> str:
+    slowest = int(np.argmax(step_s))
+    others = np.delete(step_s, slowest)
+    return (f"{boards[slowest]} still the slowest at the new sizes "
+            f"({step_s[slowest]:.3f} s a step, the others {others.max() if len(others) else 0.0:.3f} s)")
 
 
 def _describe(drift: Mapping[str, float]) -> str:

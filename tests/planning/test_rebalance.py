@@ -94,3 +94,41 @@ def test_steps_run_with_old_sizes_and_missing_boards_are_handled() -> None:
     assert rebalancer.observe(_times(BATCHES, PER_SAMPLE), batch_sizes=BATCHES) is None
     with pytest.raises(ValueError):
         Rebalancer({"pi4-1": 0})
+
+
+def test_a_drift_first_seen_through_one_slow_outlier_is_split_by_the_steps_since_the_change() -> None:
+    # Arrange: a spike (1.4x) two steps before pi4-1 drops to a third of its speed; the window's
+    # median turns at the second slow step, on the spike, not on the new speed.
+    rebalancer = Rebalancer(BATCHES, threshold=0.3, window=5)
+    slow = dict(PER_SAMPLE, **{"pi4-1": PER_SAMPLE["pi4-1"] * 3})
+    spike = dict(PER_SAMPLE, **{"pi4-1": PER_SAMPLE["pi4-1"] * 1.4})
+    decision = None
+    # Act
+    for step in range(20):
+        speeds = PER_SAMPLE if step < 7 or step == 8 else spike if step == 7 else slow
+        decision = rebalancer.observe(_times(rebalancer.batch_sizes, speeds), step=step)
+        if decision:
+            break
+    # Assert: decided on the spike's step window, split for the real speed (80 samples in proportion
+    # 1/0.09 : 1/0.03 : 1/0.01), not for 1.4x (which would leave pi4-1 13 samples).
+    assert decision is not None and decision.step == 10
+    assert decision.new_batch_sizes == {"pi4-1": 6, "pi5-1": 18, "x86-1": 56}
+
+
+def test_a_split_that_leaves_a_board_the_slowest_is_corrected_once_its_reference_is_measured() -> None:
+    # Arrange: pi4-1 slows to 1.5x, is re-balanced for that, then slows on to 3x before the new
+    # sizes run: the fresh reference at the new sizes already has it at 3x, so no drift shows.
+    rebalancer = Rebalancer(BATCHES, threshold=0.15, window=5)
+    warm = dict(PER_SAMPLE, **{"pi4-1": PER_SAMPLE["pi4-1"] * 1.5})
+    hot = dict(PER_SAMPLE, **{"pi4-1": PER_SAMPLE["pi4-1"] * 3})
+    # Act
+    for step in range(40):
+        speeds = PER_SAMPLE if step < 10 else hot if rebalancer.decisions else warm
+        rebalancer.observe(_times(rebalancer.batch_sizes, speeds), step=step)
+    # Assert: the first decision was for 1.5x; the check of its reference moved the rest, once.
+    first, second = rebalancer.decisions
+    assert first.new_batch_sizes["pi4-1"] == 11 and first.drift
+    assert second.drift == {} and second.step == first.step + 5
+    assert second.new_batch_sizes == {"pi4-1": 6, "pi5-1": 18, "x86-1": 56}
+    assert second.message == ("pi4-1 still the slowest at the new sizes (0.990 s a step, the others 0.520 s): "
+                              "batches 11,17,52 -> 6,18,56")
