@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation, for normally spread step times
+
 
 # ---------------------------------------------------------------------------------------- steps
 
@@ -105,8 +107,9 @@ def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMet
         raise ProfileError(f"the model trained only {len(clock.starts)} of {len(batches)} steps at batch size "
                            f"{batch_size}; does its training_step skip batches?")
     median = statistics.median(periods)
+    spread = MAD_TO_SIGMA * statistics.median(abs(p - median) for p in periods)
     return {"batch_size": batch_size, "step_time_s": median, "step_time_min_s": min(periods),
-            "step_time_max_s": max(periods), "samples_per_s": batch_size / median,
+            "step_time_max_s": max(periods), "step_time_spread_s": spread, "samples_per_s": batch_size / median,
             "peak_memory_bytes": peak_rss_bytes(), "power_w": clock.power_w}
 
 

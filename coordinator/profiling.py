@@ -169,8 +169,7 @@ def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: di
         raise ProfileFailed(f"board {board} built {variant.label} with {data.get('param_count')} trainable parameters, "
                             f"the coordinator with {variant.param_count}: install the same model code on both")
     try:
-        points = tuple(BatchPoint(int(p["batch_size"]), float(p["step_time_s"]), int(p["peak_memory_bytes"]))
-                       for p in data["points"])
+        points = tuple(BatchPoint.from_json(p) for p in data["points"])
         return BoardProfile(board_id=board, agent_version=str(data["agent_version"]), model_key=variant.model_key,
                             points=points, active_power_w=float(data["active_power_w"]),
                             idle_power_w=float(data["idle_power_w"]), power_source=str(data["power_source"]),

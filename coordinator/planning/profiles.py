@@ -77,12 +77,20 @@ class BatchPoint:
     batch_size: int            # samples per step
     step_time_s: float         # median forward+backward time of one step (warm-up excluded)
     peak_memory_bytes: int     # peak resident memory of the training process during the steps
+    # How far single steps stray from the median: 1.4826 x their median absolute deviation (a standard
+    # deviation that ignores outliers); 0.0 where unknown (profiles saved before it was kept).
+    step_time_spread_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or not (math.isfinite(self.step_time_s) and self.step_time_s > 0) \
-                or self.peak_memory_bytes < 0:
+                or self.peak_memory_bytes < 0 or not (math.isfinite(self.step_time_spread_s) and self.step_time_spread_s >= 0):
             raise PlanError(f"invalid profile point {self}: need batch_size >= 1, step_time_s > 0, "
-                            f"peak_memory_bytes >= 0; {REPROFILE_HINT}")
+                            f"peak_memory_bytes >= 0, step_time_spread_s >= 0; {REPROFILE_HINT}")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BatchPoint:
+        return cls(int(data["batch_size"]), float(data["step_time_s"]), int(data["peak_memory_bytes"]),
+                   float(data.get("step_time_spread_s", 0.0)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,7 +161,8 @@ class BoardProfile:
         return {
             "board_id": self.board_id, "agent_version": self.agent_version, "model_key": self.model_key,
             "points": [{"batch_size": p.batch_size, "step_time_s": p.step_time_s,
-                        "peak_memory_bytes": p.peak_memory_bytes} for p in self.points],
+                        "peak_memory_bytes": p.peak_memory_bytes, "step_time_spread_s": p.step_time_spread_s}
+                       for p in self.points],
             "active_power_w": self.active_power_w, "idle_power_w": self.idle_power_w,
             "power_source": self.power_source, "memory_total_bytes": self.memory_total_bytes,
             "link_bytes_per_s": self.link_bytes_per_s, "link_down_bytes_per_s": self.link_down_bytes_per_s,
@@ -166,8 +175,7 @@ class BoardProfile:
                                "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s",
                                "link_power_w"),
                         "a board profile")
-        points = tuple(BatchPoint(int(p["batch_size"]), float(p["step_time_s"]), int(p["peak_memory_bytes"]))
-                       for p in fields.pop("points"))
+        points = tuple(BatchPoint.from_json(p) for p in fields.pop("points"))
         return cls(points=points, **fields)
 
 

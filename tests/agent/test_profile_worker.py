@@ -150,6 +150,7 @@ def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     assert [p["batch_size"] for p in data["points"]] == [4, 8]  # ascending
     for point in data["points"]:
         assert 0 < point["step_time_min_s"] <= point["step_time_s"] <= point["step_time_max_s"]
+        assert 0 <= point["step_time_spread_s"] <= point["step_time_max_s"] - point["step_time_min_s"]
         assert point["peak_memory_bytes"] > 10_000_000 and 2.7 <= point["power_w"] <= 6.4
     assert data["power_source"] == "estimated" and data["idle_power_w"] == 2.7
     assert data["memory_total_bytes"] > 0 and data["link"] is None and data["worker_pid"] == os.getpid()

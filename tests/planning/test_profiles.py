@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -133,3 +134,23 @@ def test_a_matching_profile_is_accepted_and_can_be_narrowed() -> None:
     assert list(profile.select(["nano-1", "pi4-1"]).boards) == ["nano-1", "pi4-1"]
     with pytest.raises(PlanError, match="no profile for board.*x86-9"):
         profile.select(["x86-9"])
+
+
+def test_a_points_step_time_spread_is_kept_and_older_profiles_without_it_still_load(tmp_path: Path) -> None:
+    # Arrange: a board whose points carry their spread, saved; then the same file without the field.
+    spread = fleet(board("pi4-1"))
+    pi4 = spread.boards["pi4-1"]
+    points = tuple(BatchPoint(p.batch_size, p.step_time_s, p.peak_memory_bytes, p.step_time_s * 0.05) for p in pi4.points)
+    spread = fleet(dataclasses.replace(pi4, points=points))
+    path = tmp_path / "profile.json"
+    save_profiles(path, {"default": spread})
+    # Act / Assert: the spread comes back as saved ...
+    assert load_profiles(path)["default"].boards["pi4-1"].points == points
+    # ... and a profile saved before the spread was kept loads with none.
+    doc = json.loads(path.read_text())
+    for point in doc["variants"]["default"]["boards"][0]["points"]:
+        del point["step_time_spread_s"]
+    path.write_text(json.dumps(doc))
+    assert all(p.step_time_spread_s == 0.0 for p in load_profiles(path)["default"].boards["pi4-1"].points)
+    with pytest.raises(PlanError, match="step_time_spread_s >= 0"):
+        BatchPoint(16, 0.2, 300 * MB, -0.01)
