@@ -90,6 +90,8 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, --ballast (idle boards busy, as when profiled)    0%   95.8%    2.5%      8.0 /  6.7%  26.3
 11-25, the same                                          0%   87.5%    2.6%      8.3 /  7.0%  27.2
 11-25, the same                                          0%   91.7%    2.7%      9.8 /  5.9%  27.0
+11-25, the same (rebalancer fix; profiles keep spread)   0%   95.8%    2.6%     11.6 /  6.5%  25.3
+11-25, a torch ballast instead of the spin (not kept)    0%   87.5%    2.7%     11.0 /  6.6%  27.0
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
