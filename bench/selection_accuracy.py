@@ -140,9 +140,11 @@ What the misses taught:
   boards ran at 0.73-0.94 of their predicted step time, four or more at 0.82-0.97 (medians per
   case, 11-25), which favoured configurations of many boards. With ``--ballast`` (the default
   since 11-25) every board that takes no part in a run spins at its quota meanwhile, and the
-  ratios flattened to 0.80-0.98 and 0.84-0.98; step-time MAPE 15.3% -> 8.0-9.8% (three runs).
-  ``bench/selection_ceiling.py`` gives the picks 86.6% without it (oracle 96.5%), 83.6%, 87.2%
-  and 89.9% with it (oracle 91.0%, 94.3% and 98.0%), against 74.6-78.2% in the runs of 11-24. The
+  ratios flattened to 0.80-0.98 and 0.84-0.98; step-time MAPE 15.3% -> 8.0-11.6% (four runs).
+  ``bench/selection_ceiling.py`` gives the picks 86.6% without it (oracle 96.5%), 83.6%, 87.2%,
+  89.9% and 91.3% with it (oracle 91.0%, 94.3%, 98.0% and 96.5%), against 74.6-78.2% in the runs
+  of 11-24. Every run still over-predicts, single boards most (+9-16% mean signed error, six
+  boards +3-6%); neither a torch ballast nor profiling one board at a time changed that. The
   misses left are mostly resnet_small (both fleets, 7-9% off): configurations of three to five
   boards within 10% of each other, each one's repeats 10-25% apart.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms

@@ -49,7 +49,7 @@ WARMUP_STEPS = 2          # coordinator.training.REBALANCE_WARMUP_STEPS
 WINDOW = 5                # the rebalancer's window (its default)
 STEPS_AFTER = 10          # steps measured after the re-balance took effect
 # A 20 ms CFS period instead of the kernel's 100 ms: a throttled board then waits at most 20 ms for
-# its next slice, not up to 100 ms, which at ~1 s steps would be noise the size of the effect.
+# its next slice, not up to 100 ms, which at ~0.5 s steps would be noise the size of the effect.
 CFS_PERIOD_US = 20_000
 # While the workers import torch and Lightning (~9 s of CPU each), every board may use a whole core.
 STARTUP_QUOTA = 1.0
