@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.plan_cli import (
+    DEFAULT_FEWER_BOARDS_PCT,
     PlanRequest,
     add_objective_args,
     deadline_text,
@@ -70,6 +71,7 @@ def planner_flags_given(args: argparse.Namespace) -> list[str]:
         "--max-power": args.max_power is not None,
         "--deadline": args.deadline is not None,
         "--count-idle": args.count_idle,
+        "--fewer-boards-within": args.fewer_boards_within != DEFAULT_FEWER_BOARDS_PCT,
         "--reprofile": args.reprofile,
         "--verify": bool(args.verify),
     }
@@ -166,7 +168,12 @@ def run_auto(args: argparse.Namespace) -> int:
     """``train --auto``; returns the exit code (raises EdgeTrainError with a clear message)."""
     from coordinator.config import load_coordinator_config
     from coordinator.plan_fleet import check_fleet, restrict_to
-    from coordinator.plan_render import plan_table, ruled_out_lines, summary_of
+    from coordinator.plan_render import (
+        fewer_boards_line,
+        plan_table,
+        ruled_out_lines,
+        summary_of,
+    )
     from coordinator.render import make_console
     from protocol.address import parse_host_port
     from protocol.signing import load_fleet_key
@@ -199,8 +206,9 @@ def run_auto(args: argparse.Namespace) -> int:
         say(note)
     result = request.run(restrict_to(selected, check), deadline_text=deadline_text(args, epochs))
     console.print(plan_table(result, request))
-    for line in ruled_out_lines(result):
-        say(line)
+    for line in [*ruled_out_lines(result), fewer_boards_line(result)]:
+        if line:
+            say(line)
     chosen, verify_s = result.chosen, 0.0
     if args.verify:
         chosen, verify_s = _verify(args, result, selected, cfg, fleet_key, base_options, dataset_options, check, console)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PROFILE = Path("edgefleet-profile.json")
 DEFAULT_GLOBAL_BATCHES = "32,64,128"
 OBJECTIVES = ("time", "energy", "edp")  # planning.OBJECTIVES, without importing numpy for --help
+DEFAULT_FEWER_BOARDS_PCT = 2.0          # planning.search.FEWER_BOARDS_WITHIN, in percent
 
 PLAN_EPILOG = """\
 examples:
@@ -59,6 +60,7 @@ class PlanRequest:
     count_idle: bool
     max_memory_fraction: float
     top: int
+    fewer_boards_within: float = DEFAULT_FEWER_BOARDS_PCT / 100  # near ties go to fewer boards (a fraction)
 
     def run(self, profiles: dict[str, Any], *, deadline_text: str = "") -> PlanResult:
         """plan() over ``profiles``; ``deadline_text`` explains the per-epoch deadline in a refusal."""
@@ -67,7 +69,8 @@ class PlanRequest:
         try:
             return plan(profiles, objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
                         global_batches=self.global_batches, count_idle=self.count_idle,
-                        max_memory_fraction=self.max_memory_fraction, top=self.top)
+                        max_memory_fraction=self.max_memory_fraction, top=self.top,
+                        fewer_boards_within=self.fewer_boards_within)
         except PlanError as exc:
             if deadline_text and "--deadline" in str(exc):
                 raise PlanError(f"{exc} ({deadline_text})") from None
@@ -96,6 +99,10 @@ def add_objective_args(p: argparse.ArgumentParser) -> None:
                    help="charge the idle power of the boards left out (they stay on) to the energy")
     p.add_argument("--max-memory-fraction", type=float, default=0.9, metavar="F",
                    help="share of a board's memory a predicted peak may use (default 0.9)")
+    p.add_argument("--fewer-boards-within", type=float, default=DEFAULT_FEWER_BOARDS_PCT, metavar="PCT",
+                   help="of the configurations within PCT%% of the best estimate, choose the one with the fewest "
+                        f"boards (default {DEFAULT_FEWER_BOARDS_PCT:g}; 0 = always the best estimate): an estimate "
+                        "is not exact to a few percent, and every board added is one more link to wait for")
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, metavar="FILE",
                    help=f"profile file from `edge-coordinator profile` (default ./{DEFAULT_PROFILE})")
     add_variant_args(p)
@@ -135,9 +142,13 @@ def request_from_args(args: argparse.Namespace, global_batches: list[int], epoch
     if not epochs > 0:
         raise ConfigError(f"--epochs {epochs:g} must be positive")
     deadline_s = None if args.deadline is None else args.deadline * 60.0 / epochs
+    if not 0 <= args.fewer_boards_within < 100:
+        raise ConfigError(f"--fewer-boards-within {args.fewer_boards_within:g}: give a percentage from 0 (always the "
+                          f"best estimate) to under 100; the default is {DEFAULT_FEWER_BOARDS_PCT:g}")
     return PlanRequest(objective=args.objective, max_power_w=args.max_power, deadline_s=deadline_s,
                        global_batches=tuple(global_batches), count_idle=args.count_idle,
-                       max_memory_fraction=args.max_memory_fraction, top=max(1, getattr(args, "top", 10)))
+                       max_memory_fraction=args.max_memory_fraction, top=max(1, getattr(args, "top", 10)),
+                       fewer_boards_within=args.fewer_boards_within / 100)
 
 
 def requested_variants(args: argparse.Namespace, base_options: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -249,14 +260,20 @@ def _console() -> Any:
 
 
 def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png: Path | None) -> None:
-    from coordinator.plan_render import plan_table, ruled_out_lines, summary_of
+    from coordinator.plan_render import (
+        fewer_boards_line,
+        plan_table,
+        ruled_out_lines,
+        summary_of,
+    )
 
     console = _console()
     for note in notes:
         console.print(note, markup=False, soft_wrap=True)
     console.print(plan_table(result, request))
-    for line in ruled_out_lines(result):
-        console.print(line, markup=False, soft_wrap=True)
+    for line in [*ruled_out_lines(result), fewer_boards_line(result)]:
+        if line:
+            console.print(line, markup=False, soft_wrap=True)
     console.print(summary_of(result.chosen, "chosen"), markup=False, soft_wrap=True)
     if png is not None:
         console.print(f"Pareto front: {png}", markup=False, soft_wrap=True)
@@ -270,6 +287,8 @@ def _print_json(result: PlanResult, check: FleetCheck, notes: list[str], png: Pa
     doc: dict[str, Any] = {
         "objective": result.objective, "method": result.method, "evaluated": result.evaluated,
         "feasible": result.feasible, "chosen": estimate_json(result.chosen),
+        "passed_over": None if result.passed_over is None else estimate_json(result.passed_over),
+        "fewer_boards_within": result.fewer_boards_within,
         "ranked": [estimate_json(e) for e in result.ranked], "front": [estimate_json(e) for e in result.front],
         "ruled_out": [{"constraint": x.constraint, "board_id": x.board_id, "count": x.count, "example": x.example}
                       for x in result.ruled_out],

@@ -57,7 +57,7 @@ def _constraints(request: Any) -> str:
 
 
 def plan_table(result: PlanResult, request: Any) -> Table:
-    """The best candidates, best first, the chosen one marked; ``request`` is a PlanRequest."""
+    """The chosen candidate first (marked), then the best others by estimate; ``request`` is a PlanRequest."""
     title = (f"plan: minimise {_OBJECTIVE_TEXT[result.objective]} subject to {_constraints(request)} - "
              f"{result.evaluated} candidates, {result.feasible} feasible ({result.method})")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -91,6 +91,19 @@ def ruled_out_lines(result: PlanResult) -> list[str]:
     return lines
 
 
+def fewer_boards_line(result: PlanResult) -> str:
+    """Why the chosen candidate is not the best estimate (a near tie went to fewer boards), or ""."""
+    best = result.passed_over
+    if best is None:
+        return ""
+    chosen, objective = result.chosen, result.objective
+    gain = 1.0 - best.objective_value(objective) / chosen.objective_value(objective)
+    return (f"fewer boards chosen: {batches_text(best)} is {gain:.1%} better by estimate "
+            f"({_OBJECTIVE_TEXT[objective]}) but takes {len(best.candidate.boards)} boards; within "
+            f"--fewer-boards-within {result.fewer_boards_within * 100:g}% the {len(chosen.candidate.boards)}-board "
+            f"configuration is chosen, with fewer links and stragglers to wait for (0 takes the best estimate)")
+
+
 def estimate_json(e: Estimate) -> dict[str, Any]:
     c = e.candidate
     return {"boards": list(c.boards), "batch_sizes": list(c.batch_sizes), "global_batch": c.global_batch,
@@ -101,5 +114,5 @@ def estimate_json(e: Estimate) -> dict[str, Any]:
             "memory_headroom": list(e.memory_headroom), "power_estimated": e.power_estimated}
 
 
-__all__ = ["CHOSEN_MARK", "batches_text", "estimate_json", "fmt_power", "fmt_si", "fmt_step", "plan_table",
+__all__ = ["CHOSEN_MARK", "batches_text", "estimate_json", "fewer_boards_line", "fmt_power", "fmt_si", "fmt_step", "plan_table",
            "ruled_out_lines", "summary_of"]

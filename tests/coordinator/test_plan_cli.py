@@ -66,7 +66,8 @@ def test_plan_marks_the_chosen_row_and_draws_the_pareto_front(tmp_path: Path) ->
     assert doc["chosen"] == doc["ranked"][0]
     expected = " ".join(f"{b}:{n}" for b, n in zip(doc["chosen"]["boards"], doc["chosen"]["batch_sizes"]))
     assert expected in chosen_rows[0]
-    # The chosen one has the least EDP of every feasible candidate listed.
+    # The chosen one has the least EDP of every feasible candidate listed (no near tie here).
+    assert doc["passed_over"] is None and doc["fewer_boards_within"] == 0.02
     assert doc["chosen"]["edp_j_s"] == min(r["edp_j_s"] for r in doc["ranked"])
     # c cannot hold a global batch of 128 alone: ruled out by memory, on c.
     assert any(x["constraint"] == "memory" for x in doc["ruled_out"])
@@ -74,6 +75,28 @@ def test_plan_marks_the_chosen_row_and_draws_the_pareto_front(tmp_path: Path) ->
     for png in (tmp_path / "edgefleet-profile-pareto.png", tmp_path / "front.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert f"Pareto front: {tmp_path / 'edgefleet-profile-pareto.png'}" in shown.stdout
+
+
+def test_a_near_tie_goes_to_fewer_boards_and_says_so(tmp_path: Path) -> None:
+    # c at 3 samples makes the step 0.4% shorter by estimate: not worth a third board by default.
+    boards = [board(i, key=LENET, a=0.01, c=0.001, link=100 * MB) for i in ("a", "b")]
+    profile = fleet(*boards, board("c", key=LENET, a=0.005, c=0.01, link=100 * MB), key=LENET,
+                    dataset_len=DIGITS_TRAIN, grad_bytes=100_000)
+    path = tmp_path / "edgefleet-profile.json"
+    save_profiles(path, {"default": profile}, meta=ProfileMeta(model="lenet5", dataset="digits", batch_sizes=[8, 32]))
+
+    shown = _plan(path, "--objective", "time", "--batch", "64")
+    default = json.loads(_plan(path, "--objective", "time", "--batch", "64", "--json").stdout)
+    best = json.loads(_plan(path, "--objective", "time", "--batch", "64", "--json", "--fewer-boards-within", "0").stdout)
+    wrong = _plan(path, "--fewer-boards-within", "150")
+
+    assert best["chosen"]["boards"] == ["a", "b", "c"] and best["passed_over"] is None
+    assert default["chosen"]["boards"] == ["a", "b"]
+    assert default["passed_over"] == best["chosen"] == default["ranked"][1]
+    assert shown.returncode == 0, shown.stderr
+    assert "fewer boards chosen: a:31 b:30 c:3 is 0.4% better by estimate (time per epoch) but takes 3 boards" in shown.stdout
+    assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
+    assert "--fewer-boards-within 150: give a percentage from 0" in wrong.stderr
 
 
 def test_a_power_cap_no_configuration_meets_names_the_constraint_and_the_gap(tmp_path: Path) -> None:

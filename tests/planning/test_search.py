@@ -16,7 +16,7 @@ from coordinator.planning.cost_model import (
     format_duration,
 )
 from coordinator.planning.profiles import BoardProfile, FleetProfile
-from coordinator.planning.search import heuristic_gap, plan
+from coordinator.planning.search import FEWER_BOARDS_WITHIN, heuristic_gap, plan
 from protocol.errors import PlanError
 from tests.planning import (
     GB,
@@ -107,9 +107,11 @@ def test_exhaustive_search_finds_the_true_optimum(seed: int) -> None:
                 with pytest.raises(PlanError):
                     plan(fleets, objective=objective, global_batches=batches, method="exhaustive", **constraints)
                 continue
-            result = plan(fleets, objective=objective, global_batches=batches, method="exhaustive", **constraints)
+            result = plan(fleets, objective=objective, global_batches=batches, method="exhaustive",
+                          fewer_boards_within=0.0, **constraints)
             chosen = result.chosen
             assert chosen.objective_value(objective) == pytest.approx(ref[0][0], rel=1e-9)
+            assert result.passed_over is None
             if len(ref) == 1 or ref[1][0] > ref[0][0] * (1 + 1e-9):  # a unique optimum: the same configuration
                 assert (chosen.variant_label, set(chosen.candidate.boards), chosen.candidate.global_batch) == \
                        (ref[0][4], set(ref[0][5]), ref[0][6])
@@ -120,6 +122,24 @@ def test_exhaustive_search_finds_the_true_optimum(seed: int) -> None:
             want = _front(ref)
             assert len(got) == len(want)
             assert np.allclose(np.array(got), np.array(want), rtol=1e-9, atol=0)
+            _check_near_ties_go_to_fewer_boards(fleets, objective, batches, constraints, ref)
+
+
+def _check_near_ties_go_to_fewer_boards(fleets: dict[str, FleetProfile], objective: str, batches: tuple[int, ...],
+                                        constraints: dict[str, Any], ref: list[Row]) -> None:
+    result = plan(fleets, objective=objective, global_batches=batches, method="exhaustive", **constraints)
+    within = [r for r in ref if r[0] <= ref[0][0] * (1 + FEWER_BOARDS_WITHIN)]
+    fewest = min(r[3] for r in within)
+    chosen = result.chosen
+    assert len(chosen.candidate.boards) == fewest
+    assert chosen.objective_value(objective) == pytest.approx(min(r[0] for r in within if r[3] == fewest), rel=1e-9)
+    if ref[0][3] == fewest:
+        assert result.passed_over is None
+    else:  # the best estimate is passed over, and listed right after the chosen one
+        assert result.passed_over is result.ranked[1]
+        assert result.passed_over.objective_value(objective) == pytest.approx(ref[0][0], rel=1e-9)
+    assert [e.objective_value(objective) for e in result.ranked[1:]] == \
+           sorted(e.objective_value(objective) for e in result.ranked[1:])
 
 
 def test_identical_boards_tie_and_the_optimum_is_still_exact() -> None:
@@ -262,3 +282,30 @@ def test_bad_requests_are_refused() -> None:
     big = {"default": random_fleet(np.random.default_rng(1), 19)}
     with pytest.raises(PlanError, match="2\\^19 subsets"):
         plan(big, objective="time", method="exhaustive")
+
+
+def _two_fast_and_a_slow(slow_c: float) -> dict[str, FleetProfile]:
+    fast = [board(f"x86-{i}", a=0.01, c=0.001, link=100 * MB) for i in (1, 2)]
+    return {"default": fleet(*fast, board("nano-1", a=0.005, c=slow_c, link=100 * MB), grad_bytes=100_000)}
+
+
+def test_a_slow_board_that_buys_less_than_the_margin_is_left_out() -> None:
+    fleets = _two_fast_and_a_slow(0.01)  # nano-1 at 3 samples: 0.5% faster by estimate
+    best = plan(fleets, objective="time", global_batches=(64,), fewer_boards_within=0.0).chosen
+    assert best.candidate.boards == ("x86-1", "x86-2", "nano-1")
+    result = plan(fleets, objective="time", global_batches=(64,))
+    assert result.chosen.candidate.boards == ("x86-1", "x86-2")
+    assert result.passed_over is not None and result.passed_over.candidate == best.candidate
+    assert result.chosen.epoch_time_s <= best.epoch_time_s * (1 + FEWER_BOARDS_WITHIN)
+    assert result.ranked[:2] == (result.chosen, result.passed_over)
+
+
+def test_a_slow_board_that_buys_more_than_the_margin_takes_part() -> None:
+    result = plan(_two_fast_and_a_slow(0.005), objective="time", global_batches=(64,))  # 5% faster with nano-1
+    assert result.chosen.candidate.boards == ("x86-1", "x86-2", "nano-1")
+    assert result.passed_over is None
+
+
+def test_the_margin_must_be_a_fraction() -> None:
+    with pytest.raises(PlanError, match="fewer_boards_within 2 must be a fraction"):
+        plan(_two_fast_and_a_slow(0.01), objective="time", global_batches=(64,), fewer_boards_within=2)
