@@ -168,12 +168,7 @@ def run_auto(args: argparse.Namespace) -> int:
     """``train --auto``; returns the exit code (raises EdgeTrainError with a clear message)."""
     from coordinator.config import load_coordinator_config
     from coordinator.plan_fleet import check_fleet, restrict_to
-    from coordinator.plan_render import (
-        fewer_boards_line,
-        plan_table,
-        ruled_out_lines,
-        summary_of,
-    )
+    from coordinator.plan_render import plan_notes, plan_table, summary_of
     from coordinator.render import make_console
     from protocol.address import parse_host_port
     from protocol.signing import load_fleet_key
@@ -206,9 +201,8 @@ def run_auto(args: argparse.Namespace) -> int:
         say(note)
     result = request.run(restrict_to(selected, check), deadline_text=deadline_text(args, epochs))
     console.print(plan_table(result, request))
-    for line in [*ruled_out_lines(result), fewer_boards_line(result)]:
-        if line:
-            say(line)
+    for line in plan_notes(result):
+        say(line)
     chosen, verify_s = result.chosen, 0.0
     if args.verify:
         chosen, verify_s = _verify(args, result, selected, cfg, fleet_key, base_options, dataset_options, check, console)
@@ -241,7 +235,7 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
         chosen board is still there).
     """
     from coordinator.plan_fleet import check_fleet, restrict_to
-    from coordinator.plan_render import summary_of
+    from coordinator.plan_render import fewer_boards_line, summary_of
 
     now = check_fleet(selected, _snapshot(broker, list(check.boards)), wanted=wanted)
     gone = [b for b in chosen.candidate.boards if b not in now.boards]
@@ -249,7 +243,11 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
         return chosen, check
     for board in gone:
         say(f"board {board} is left out and the plan recomputed: {now.left_out.get(board, 'it left the fleet')}")
-    chosen = request.run(restrict_to(selected, now), deadline_text=deadline).chosen
+    result = request.run(restrict_to(selected, now), deadline_text=deadline)
+    fewer = fewer_boards_line(result)
+    if fewer:
+        say(fewer)
+    chosen = result.chosen
     say(summary_of(chosen, "chosen now"))
     return chosen, now
 

@@ -260,20 +260,14 @@ def _console() -> Any:
 
 
 def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png: Path | None) -> None:
-    from coordinator.plan_render import (
-        fewer_boards_line,
-        plan_table,
-        ruled_out_lines,
-        summary_of,
-    )
+    from coordinator.plan_render import plan_notes, plan_table, summary_of
 
     console = _console()
     for note in notes:
         console.print(note, markup=False, soft_wrap=True)
     console.print(plan_table(result, request))
-    for line in [*ruled_out_lines(result), fewer_boards_line(result)]:
-        if line:
-            console.print(line, markup=False, soft_wrap=True)
+    for line in plan_notes(result):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(summary_of(result.chosen, "chosen"), markup=False, soft_wrap=True)
     if png is not None:
         console.print(f"Pareto front: {png}", markup=False, soft_wrap=True)

@@ -91,6 +91,12 @@ def ruled_out_lines(result: PlanResult) -> list[str]:
     return lines
 
 
+def plan_notes(result: PlanResult) -> list[str]:
+    """The lines under the table: what each constraint ruled out, and why a near tie went to fewer boards."""
+    fewer = fewer_boards_line(result)
+    return [*ruled_out_lines(result), *([fewer] if fewer else [])]
+
+
 def fewer_boards_line(result: PlanResult) -> str:
     """Why the chosen candidate is not the best estimate (a near tie went to fewer boards), or ""."""
     best = result.passed_over
@@ -114,5 +120,5 @@ def estimate_json(e: Estimate) -> dict[str, Any]:
             "memory_headroom": list(e.memory_headroom), "power_estimated": e.power_estimated}
 
 
-__all__ = ["CHOSEN_MARK", "batches_text", "estimate_json", "fewer_boards_line", "fmt_power", "fmt_si", "fmt_step", "plan_table",
-           "ruled_out_lines", "summary_of"]
+__all__ = ["CHOSEN_MARK", "batches_text", "estimate_json", "fewer_boards_line", "fmt_power", "fmt_si", "fmt_step", "plan_notes",
+           "plan_table", "ruled_out_lines", "summary_of"]
