@@ -163,6 +163,21 @@ What the misses taught:
   pi5-1 best by 7.4% and 3.5%; the nano's energy estimated 24% low, since moving 1.2 MB a step
   through the worker costs it about twice the CPU of its compute, more than the link probe's raw
   bytes show).
+- What a link costs depends on the size of a transfer, and the probe moves 4 MB at once while a
+  step moves one gradient each way (measured 11-25 on mixed4: bytes sent and received back in
+  rounds from the board's own namespace and cgroup, CPU from its cpuacct). At 100 Mbit/s, 4 MB
+  rounds ran at 97 Mbit/s and cost 0.8-1.1 ms of CPU per MB; 0.6 MB rounds (an MLP's gradient)
+  106 Mbit/s and 1.4-1.6 ms per MB; 0.25 MB rounds (LeNet-5's) 125 Mbit/s and 1.9-2.1 ms per MB:
+  the shaper's burst and each round's wake-ups weigh more in a short transfer. The probe's meter
+  (the worker's own CPU time, 0.6 ms per MB at 4 MB) sees less still. How the probe reads its
+  socket does not matter: receiving as the worker does (blocking, MSG_WAITALL) gave the same draw
+  (nano-1 2.56 W against 2.46). Uniform corrections do not fix the picks: re-scoring the six
+  ballast runs with these lab-wide factors lowered the MAPE (time 10.2% -> 7.1% with the rates,
+  energy 7.2% -> 6.0% with the draws) but not the misses (134 hits of 144 -> 125-131). Per board
+  they would:
+  with nano-1's link draw four times further above idle, mixed4 mlp-2 and mlp-4 predict nano-1 at
+  285 and 330 J (measured 275 and 321) and pi5-1 at 259 and 315 (256 and 310), and the energy
+  picks become right. What follows is a probe in rounds of the gradient's own size, per board.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms
   of quota, the kernel's minimum: 2.8 ms for 0.36 core) spends less of a period's quota it saved
   while waiting (bare spin: 0.27 core, 10 ms of work after 15 ms idle took 24.9 ms at a 10 ms
