@@ -4,8 +4,9 @@ Memory is the process's peak resident memory (VmHWM, which ``reset_peak_rss`` re
 worker's earlier jobs do not count) and what the worker may use: physical RAM, or the tightest
 cgroup memory limit (v1 or v2) if lower. Power is averaged over a window by :class:`PowerMeter`:
 the board's sensor sampled in a thread, or, with no sensor, ``idle_w + (max_w - idle_w) x`` the
-share of the CPU this board may use (its cgroup quota, else its cores) that the process's CPU time
-filled.
+share of the CPU this board may use (its cgroup quota, else its cores) that the agent's cgroup
+filled (every process of the agent, the kernel's work on their behalf included: what the board's
+telemetry estimates its power from), else this process's CPU time.
 
 Kept apart from ``agent.profile_worker`` because none of it needs torch or Lightning.
 """
@@ -18,6 +19,7 @@ import resource
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,17 +119,34 @@ def allowed_cores() -> float:
     return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def _board_cpu_clock() -> Callable[[], float]:
+    """The agent's cgroup's CPU seconds if its counters can be read, else this process's CPU time."""
+    group = CgroupCpuSource()
+    if group.available():
+        try:
+            group.usage_s()
+            return group.usage_s
+        except (OSError, ValueError) as exc:
+            log.info("cgroup CPU counters unreadable (%s); estimating power from the worker's CPU time", exc)
+    return time.process_time
+
+
 class PowerMeter:
     """Average power over a window, from the agent's power source.
 
     A sensor is read every ``SENSOR_PERIOD_S`` in a thread. Without one (``estimated``, ``none``,
     or ``auto`` finding nothing) the estimate is ``idle_w + (max_w - idle_w) x u`` where ``u`` is
-    this process's CPU time over the window divided by the window and ``allowed_cores()``.
+    the CPU time over the window divided by the window and ``allowed_cores()``. The CPU time is
+    the agent's cgroup's, as the board's telemetry reads it (``CgroupCpuSource``), where there is
+    one: moving a gradient costs CPU in the kernel's network stack too, which this process's own
+    clock did not see (on the lab, 0.6 ms per MB where the board's cgroup counted 0.8-1.1 ms).
+    ``cpu_seconds`` replaces that clock (tests).
     """
 
-    def __init__(self, context: WorkerContext) -> None:
+    def __init__(self, context: WorkerContext, *, cpu_seconds: Callable[[], float] | None = None) -> None:
         self.idle_model_w, self.max_model_w = context.idle_w, context.max_w
         self.cores = allowed_cores()
+        self._cpu_seconds = cpu_seconds or _board_cpu_clock()
         self.sensor: Any = None
         self.label = "estimated"
         if context.power_source not in ("estimated", "none"):
@@ -164,7 +183,7 @@ class PowerMeter:
                 self._readings.append(watts)
 
     def start(self) -> None:
-        self._t0, self._cpu0 = time.perf_counter(), time.process_time()
+        self._t0, self._cpu0 = time.perf_counter(), self._cpu_seconds()
         if self.sensor is not None and not self._failed:
             self._readings = []
             self._read_sensor()  # primes sensors that report the average since their last read (RAPL)
@@ -174,7 +193,7 @@ class PowerMeter:
 
     def stop(self) -> float:
         """Watts over the window since ``start()``."""
-        wall, cpu = time.perf_counter() - self._t0, time.process_time() - self._cpu0
+        wall, cpu = time.perf_counter() - self._t0, self._cpu_seconds() - self._cpu0
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

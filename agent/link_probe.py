@@ -1,13 +1,22 @@
 """The board's side of the link probe: time an upload and a download against the coordinator.
 
-After its steps are measured, the first profile job of a board connects to the coordinator's
-probe endpoint (``coordinator.link_probe.LinkProbeServer``, frames ``protocol.jobs.PROBE_VERSION``),
-waits for its turn (the coordinator serves one board at a time so that each board's figures are
-its own), sends ``nbytes`` of zeros and then receives as many: the two rates are the board's
-own link. Given a power meter, it also reads the board's draw while the bytes move: moving a
-gradient costs CPU (the TCP stack, copies), and on a slow board that is well above idle. If the
-coordinator then asks for it, the board uploads once more together with the other boards, which
-measures the coordinator's link.
+After its steps are measured, a profile job connects to the coordinator's probe endpoint
+(``coordinator.link_probe.LinkProbeServer``, frames ``protocol.jobs.PROBE_VERSION``) and waits for
+its turn (the coordinator serves one board at a time so that each board's figures are its own).
+
+* Bulk (a board's first job): it sends ``nbytes`` of zeros and then receives as many: the two
+  rates are the board's own link.
+* Rounds (every job): a gradient-sized frame goes up and comes straight back, as in a training
+  step, ``rounds`` times. What a link costs depends on the size of a transfer: on the lab, 4 MB
+  moved at 97 Mbit/s over a 100 Mbit/s link for 0.8-1.1 ms of CPU per MB, LeNet-5's 0.25 MB
+  gradient at 125 Mbit/s (the shaper's burst) for 1.9-2.1 ms per MB (each round's wake-ups). The
+  median round is the time one gradient's exchange takes this board; the planner scales the bulk
+  rates to it.
+
+Given a power meter, it also reads the board's draw while the bytes move (bulk and rounds apart):
+moving a gradient costs CPU (the TCP stack, copies, framing), and on a slow board that is well
+above idle. If the coordinator then asks for it (first job only), the board uploads once more
+together with the other boards, which measures the coordinator's link.
 
 :class:`ProfileError`, which the whole profile job raises, is defined here rather than in
 ``agent.profile_worker`` so that this module needs neither torch nor Lightning.
@@ -16,17 +25,20 @@ measures the coordinator's link.
 from __future__ import annotations
 
 import socket
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocol.errors import EdgeTrainError
-from protocol.framing import recv_frame, send_frame
+from protocol.framing import FrameReceiver, recv_frame, send_frame
 from protocol.jobs import PROBE_VERSION
 
 PROBE_CONNECT_TIMEOUT_S = 30.0
 PROBE_WAIT_S = 900.0      # for the coordinator to serve the boards before this one
 _CHUNK = 1 << 20
+ROUND_BUDGET_S = 1.0      # timed rounds stop early once they have taken this long ...
+MIN_TIMED_ROUNDS = 4      # ... and at least this many are timed
 
 
 class ProfileError(EdgeTrainError):
@@ -46,6 +58,22 @@ class LinkFigures:
     up_bytes_per_s: float      # board -> coordinator, this board alone
     down_bytes_per_s: float    # coordinator -> board, this board alone
     power_w: float | None = None  # the board's draw during the upload and download; None: no meter
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    """A gradient-sized frame up and straight back, as a training step moves it."""
+
+    round_bytes: int           # payload of each frame
+    rounds: int                # rounds timed (the first one, untimed, warms the connection)
+    round_s: float             # median time of one round
+    power_w: float | None = None  # the board's draw during the timed rounds; None: no meter
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    bulk: LinkFigures | None     # None: the job asked for no bulk transfer
+    rounds: RoundFigures | None  # None: the job asked for no rounds
 
 
 def _recv_discard(sock: socket.socket, nbytes: int) -> None:
@@ -77,10 +105,12 @@ def _expect(sock: socket.socket, kind: str) -> dict[str, Any]:
 
 
 def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, nbytes: int,
-               meter: Meter | None = None) -> LinkFigures:
-    """Upload then download ``nbytes`` to the coordinator's probe endpoint and time both.
+               round_bytes: int = 0, rounds: int = 0, meter: Meter | None = None) -> ProbeResult:
+    """Move ``nbytes`` up then down in bulk, then ``rounds`` frames of ``round_bytes`` up and back; time both.
 
-    ``meter``, if given, runs over the upload and the download only (not the wait for the turn).
+    ``meter``, if given, runs over the bulk transfers and over the timed rounds, apart (not over
+    the wait for the turn). Rounds stop early once ``MIN_TIMED_ROUNDS`` were timed over
+    ``ROUND_BUDGET_S``: a probe costs a slow link a second or two, not ``rounds`` gradients.
 
     Raises:
         ProfileError: the endpoint cannot be reached, refused this board, or broke the exchange.
@@ -93,33 +123,61 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         send_frame(sock, {"type": "probe-hello", "v": PROBE_VERSION, "job_id": job_id, "board_id": board_id,
-                          "token": token, "bytes": nbytes})
+                          "token": token, "bytes": nbytes, "round_bytes": round_bytes, "rounds": rounds})
         sock.settimeout(PROBE_WAIT_S)
         _expect(sock, "go")
-        sock.settimeout(PROBE_CONNECT_TIMEOUT_S + nbytes / 10_000)  # at least 10 kB/s
-        if meter is not None:
-            meter.start()
-        started = time.perf_counter()
-        _send_zeros(sock, nbytes)
-        _expect(sock, "got")
-        up_s = time.perf_counter() - started
-        started = time.perf_counter()
-        send_frame(sock, {"type": "down"})
-        _recv_discard(sock, nbytes)
-        down_s = time.perf_counter() - started
-        power_w = meter.stop() if meter is not None else None
+        sock.settimeout(PROBE_CONNECT_TIMEOUT_S + max(nbytes, round_bytes) / 10_000)  # at least 10 kB/s
+        bulk = _bulk(sock, nbytes, meter) if nbytes else None
+        timed = _rounds(sock, round_bytes, rounds, meter) if rounds else None
         sock.settimeout(PROBE_WAIT_S)
         if _next(sock) == "aggregate":
             _send_zeros(sock, nbytes)
             _expect(sock, "got")
             _expect(sock, "done")
-        return LinkFigures(nbytes / max(up_s, 1e-9), nbytes / max(down_s, 1e-9), power_w)
+        return ProbeResult(bulk, timed)
     except (OSError, EdgeTrainError) as exc:
         if isinstance(exc, ProfileError):
             raise
         raise ProfileError(f"the link probe with the coordinator at {host}:{port} failed: {exc}") from None
     finally:
         sock.close()
+
+
+def _bulk(sock: socket.socket, nbytes: int, meter: Meter | None) -> LinkFigures:
+    if meter is not None:
+        meter.start()
+    started = time.perf_counter()
+    _send_zeros(sock, nbytes)
+    _expect(sock, "got")
+    up_s = time.perf_counter() - started
+    started = time.perf_counter()
+    send_frame(sock, {"type": "down"})
+    _recv_discard(sock, nbytes)
+    down_s = time.perf_counter() - started
+    power_w = meter.stop() if meter is not None else None
+    return LinkFigures(nbytes / max(up_s, 1e-9), nbytes / max(down_s, 1e-9), power_w)
+
+
+def _rounds(sock: socket.socket, round_bytes: int, rounds: int, meter: Meter | None) -> RoundFigures:
+    """Send a ``round`` frame of ``round_bytes`` and receive it back, as the worker does a step's gradient."""
+    frame = {"type": "round", "data": bytes(round_bytes)}
+    receiver = FrameReceiver(sock, max_bytes=round_bytes + 1024)
+    times: list[float] = []
+    for i in range(rounds):
+        if i == 1 and meter is not None:
+            meter.start()
+        started = time.perf_counter()
+        send_frame(sock, frame)
+        echo = receiver.recv()
+        if echo.get("type") != "round" or len(echo.get("data", b"")) != round_bytes:
+            raise ProfileError(f"link probe: the coordinator sent back {echo.get('type')!r} instead of the round")
+        if i:
+            times.append(time.perf_counter() - started)
+        if len(times) >= MIN_TIMED_ROUNDS and sum(times) >= ROUND_BUDGET_S:
+            break
+    power_w = meter.stop() if meter is not None else None
+    send_frame(sock, {"type": "end"})
+    return RoundFigures(round_bytes, len(times), statistics.median(times), power_w)
 
 
 def _next(sock: socket.socket) -> str:
@@ -129,4 +187,4 @@ def _next(sock: socket.socket) -> str:
     return str(frame["type"])
 
 
-__all__ = ["LinkFigures", "Meter", "ProfileError", "probe_link"]
+__all__ = ["LinkFigures", "Meter", "ProbeResult", "ProfileError", "RoundFigures", "probe_link"]

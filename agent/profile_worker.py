@@ -8,8 +8,9 @@ the step time. Once per batch size it reads the process's peak resident memory (
 start of the job, so a kept worker's earlier jobs do not count; ascending order makes each
 reading that batch size's peak) and the power drawn during the timed steps: the board's sensor
 sampled in a thread, or, with no sensor, ``idle_w + (max_w - idle_w) x`` the share of the CPU
-this board may use (its cgroup quota, else its cores) that the worker's CPU time filled. With
-``probe_bytes`` set (a board's first job), it then probes the board's link to the coordinator.
+this board may use (its cgroup quota, else its cores) that the agent's cgroup filled. Then it
+probes the board's link to the coordinator: in bulk with ``probe_bytes`` set (a board's first
+job), and with ``probe_rounds`` set in rounds of the variant's gradient, as a training step moves it.
 
 The memory and power figures come from ``agent.board_resources``, the link probe from
 ``agent.link_probe``; neither needs torch. This module is imported only by the worker (it needs
@@ -142,12 +143,19 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
             events.emit("progress", f"batch {batch_size}: {point['step_time_s'] * 1000:.1f} ms/step, "
                                     f"{point['samples_per_s']:.0f} samples/s, peak {point['peak_memory_bytes'] / 1e6:.0f} MB, "
                                     f"{point['power_w']:.2f} W ({meter.label})")
-        link = None
-        if job.probe_bytes:  # after the steps: another board's probe traffic must not slow this board's timing
-            link = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
-                              board_id=job.board_id, nbytes=job.probe_bytes, meter=meter)
-            events.emit("progress", f"link up {link.up_bytes_per_s * 8e-6:.1f} Mbit/s, "
-                                    f"down {link.down_bytes_per_s * 8e-6:.1f} Mbit/s, {link.power_w:.2f} W ({meter.label})")
+        link = rounds = None
+        if job.probe_bytes or job.probe_rounds:  # after the steps: another board's probe traffic must not slow them
+            probed = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
+                                board_id=job.board_id, nbytes=job.probe_bytes, round_bytes=job.probe_round_bytes,
+                                rounds=job.probe_rounds, meter=meter)
+            link, rounds = probed.bulk, probed.rounds
+            if link is not None:
+                events.emit("progress", f"link up {link.up_bytes_per_s * 8e-6:.1f} Mbit/s, "
+                                        f"down {link.down_bytes_per_s * 8e-6:.1f} Mbit/s, {link.power_w:.2f} W ({meter.label})")
+            if rounds is not None:
+                events.emit("progress", f"gradient of {rounds.round_bytes / 1e6:.2f} MB up and back in "
+                                        f"{rounds.round_s * 1000:.1f} ms (median of {rounds.rounds}), "
+                                        f"{rounds.power_w:.2f} W ({meter.label})")
     finally:
         meter.close()
     windows = [p["step_time_s"] * job.timed_steps for p in points]
@@ -157,7 +165,9 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
             "power_source": meter.label, "memory_total_bytes": memory_total_bytes(),
             "link": None if link is None else {"up_bytes_per_s": link.up_bytes_per_s,
                                                "down_bytes_per_s": link.down_bytes_per_s, "bytes": job.probe_bytes,
-                                               "power_w": link.power_w}}
+                                               "power_w": link.power_w},
+            "link_rounds": None if rounds is None else {"round_bytes": rounds.round_bytes, "rounds": rounds.rounds,
+                                                        "round_s": rounds.round_s, "power_w": rounds.power_w}}
     try:
         size = len(json.dumps(data, allow_nan=False))  # the coordinator refuses non-finite numbers
     except ValueError:

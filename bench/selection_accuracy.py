@@ -398,7 +398,7 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
             model=model, variants=[options], dataset="synthetic", dataset_options=_dataset_options(args),
             batch_sizes=args.profile_batches,
             warmup_steps=args.profile_warmup, timed_steps=args.profile_steps, threads=1, probe_bytes=args.probe_bytes,
-            parallel=args.profile_parallel),
+            probe_rounds=args.probe_rounds, parallel=args.profile_parallel),
             on_note=lambda note: log.debug("%s", note))
         return {"profiles": profiles, "profile_s": time.monotonic() - started}
 
@@ -617,6 +617,7 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
                    "--global-batch", str(args.global_batch), "--seed", str(args.seed), "--dataset-n", str(args.dataset_n),
                    "--profile-batches", *map(str, args.profile_batches), "--profile-warmup", str(args.profile_warmup),
                    "--profile-steps", str(args.profile_steps), "--probe-bytes", str(args.probe_bytes),
+                   "--probe-rounds", str(args.probe_rounds),
                    "--profile-parallel", str(args.profile_parallel), "--verify", str(args.verify),
                    "--verify-warmup", str(args.verify_warmup), "--verify-steps", str(args.verify_steps),
                    "--verify-min-s", str(args.verify_min_s),
@@ -649,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-parallel", type=int, default=0,
                         help="boards profiled at once (default 0: all, as edge-coordinator profile does; every board "
                              "is then timed in the same spell of this shared host, under the load of training)")
+    parser.add_argument("--probe-rounds", type=int, default=17,
+                        help="gradient-sized rounds of every board's link probe (default 17, as edge-coordinator "
+                             "profile; 0: the bulk rates only, as before 11-25)")
     parser.add_argument("--probe-bytes", type=int, default=4_000_000,
                         help="bytes each way of every board's link probe (default 4000000, as edge-coordinator "
                              "profile; 1 MB lasts 80 ms on 100 Mbit/s, and one 40 ms stall of this host halved it)")

@@ -1,9 +1,10 @@
 """The endpoint the boards measure their link against during ``edge-coordinator profile``.
 
-Each board's first profile job connects here (frames: ``protocol.jobs.PROBE_VERSION``), uploads
-then downloads a given number of bytes, and times both (``agent.link_probe``). Boards are served
+Each profile job connects here (frames: ``protocol.jobs.PROBE_VERSION``). A board's first job
+uploads then downloads a given number of bytes in bulk; every job then sends gradient-sized
+frames that come straight back, and the board times both (``agent.link_probe``). Boards are served
 one at a time, so that one board's figures are not shared with another's. Then, unless the boards
-are profiled a few at a time, every board that has had its turn uploads at once: what the
+are profiled a few at a time, every board whose bulk transfer is done uploads at once: what the
 coordinator takes in is its own link, the profile's ``coordinator_link_bytes_per_s``. Started and
 closed by ``coordinator.profiling.profile_fleet``.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from protocol.errors import EdgeTrainError
 from protocol.framing import read_frame, write_frame
-from protocol.jobs import MAX_PROBE_BYTES, PROBE_VERSION
+from protocol.jobs import MAX_PROBE_BYTES, MAX_PROBE_ROUNDS, PROBE_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class LinkProbeServer:
     """The endpoint boards measure their link against (frames: ``protocol.jobs.PROBE_VERSION``).
 
     Args:
-        job_id: the profile's id; a board must name it.
+        job_id: the profile's first job id; a board must name it or another job of the same profile
+            (``<job_id minus its last "-N">-M``, one job per model variant).
         token: the secret sent to the boards in their signed commands.
         boards: the boards expected; the aggregate upload starts once all of them (but those
             :meth:`drop`-ped) have had their turn, or ``PROBE_WAIT_S`` after the first one did.
@@ -41,6 +43,7 @@ class LinkProbeServer:
 
     def __init__(self, *, job_id: str, token: str, boards: Iterable[str], aggregate: bool = True) -> None:
         self.job_id, self.token, self.aggregate = job_id, token, aggregate
+        self._job_prefix = job_id.rsplit("-", 1)[0] + "-"
         self.expected = set(boards)
         self._dropped: set[str] = set()
         self._waiting: set[str] = set()
@@ -87,13 +90,22 @@ class LinkProbeServer:
     def _refusal(self, hello: dict[str, Any]) -> str:
         if hello.get("type") != "probe-hello" or hello.get("v") != PROBE_VERSION:
             return f"expected probe-hello version {PROBE_VERSION}; upgrade the agent or the coordinator"
-        if hello.get("job_id") != self.job_id or not hmac.compare_digest(str(hello.get("token", "")), self.token):
+        job_id = str(hello.get("job_id"))
+        same_profile = job_id == self.job_id or (job_id.startswith(self._job_prefix)
+                                                 and job_id[len(self._job_prefix):].isdigit())
+        if not same_profile or not hmac.compare_digest(str(hello.get("token", "")), self.token):
             return "wrong profile job or token"
         if hello.get("board_id") not in self.expected:
             return f"board {hello.get('board_id')!r} is not part of this profile"
-        size = hello.get("bytes")
-        if not isinstance(size, int) or not 0 < size <= MAX_PROBE_BYTES:
-            return f"bytes must be 1-{MAX_PROBE_BYTES}"
+        size, round_bytes, rounds = hello.get("bytes"), hello.get("round_bytes"), hello.get("rounds")
+        if not isinstance(size, int) or not 0 <= size <= MAX_PROBE_BYTES:
+            return f"bytes must be 0-{MAX_PROBE_BYTES}"
+        if not isinstance(round_bytes, int) or not 0 <= round_bytes <= MAX_PROBE_BYTES:
+            return f"round_bytes must be 0-{MAX_PROBE_BYTES}"
+        if not isinstance(rounds, int) or not 0 <= rounds <= MAX_PROBE_ROUNDS or (rounds > 0) != (round_bytes > 0):
+            return f"rounds must be 0-{MAX_PROBE_ROUNDS}, and more than 0 exactly when round_bytes is"
+        if not size and not rounds:
+            return "nothing to measure: bytes and rounds are both 0"
         return ""
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -109,13 +121,16 @@ class LinkProbeServer:
             board, size = str(hello["board_id"]), int(hello["bytes"])
             async with self._solo:  # one board at a time: its figures are its own
                 await _send(writer, {"type": "go"})
-                await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
-                await _send(writer, {"type": "got"})
-                down = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
-                if down.get("type") != "down":
-                    raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
-                await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
-            if not self.aggregate:
+                if size:
+                    await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
+                    await _send(writer, {"type": "got"})
+                    down = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
+                    if down.get("type") != "down":
+                        raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
+                    await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
+                if hello["rounds"]:
+                    await _echo_rounds(reader, writer, int(hello["round_bytes"]), int(hello["rounds"]))
+            if not self.aggregate or not size:
                 await _send(writer, {"type": "done"})
                 return
             self._waiting.add(board)
@@ -142,6 +157,19 @@ class LinkProbeServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+async def _echo_rounds(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, round_bytes: int, rounds: int) -> None:
+    """Send every ``round`` frame straight back until the board says ``end`` (at most ``rounds``)."""
+    for _ in range(rounds + 1):
+        frame = await asyncio.wait_for(read_frame(reader, max_bytes=round_bytes + 1024), PROBE_IO_TIMEOUT_S)
+        if frame.get("type") == "end":
+            return
+        data = frame.get("data")
+        if frame.get("type") != "round" or not isinstance(data, (bytes, memoryview)) or len(data) != round_bytes:
+            raise EdgeTrainError(f"expected a round of {round_bytes} bytes or 'end', got {frame.get('type')!r}")
+        await _send(writer, {"type": "round", "data": data})
+    raise EdgeTrainError(f"the board sent more than the {rounds} rounds it announced")
 
 
 async def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:

@@ -48,7 +48,12 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads per board (default: torch's choice); use what train will use")
     p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the sampled batches (default 0)")
     p.add_argument("--probe-bytes", type=int, default=4_000_000, metavar="N",
-                   help="bytes each board uploads and downloads to measure its link (default 4000000)")
+                   help="bytes each board uploads and downloads in bulk to measure its link (default 4000000)")
+    p.add_argument("--probe-rounds", type=int, default=17, metavar="N",
+                   help="times each board sends the gradient up and gets it back, as a training step does, per "
+                        "variant; the first is not timed, and a slow link stops after about a second of rounds. "
+                        "Short transfers cost a link more than bulk ones; the planner uses the median round "
+                        "(default 17; 0: the bulk rates only)")
     p.add_argument("--parallel", type=int, default=0, metavar="N",
                    help="profile N boards at a time (default 0: all at once). For emulated fleets that share one "
                         "machine's cores: boards timed together there slow each other down; real boards do not")
@@ -68,7 +73,7 @@ def build_request(args: argparse.Namespace) -> Any:
                           dataset_options=parse_options(args.dataset_options),
                           batch_sizes=sorted(parse_int_list(args.batch, "--batch")), warmup_steps=args.warmup,
                           timed_steps=args.steps, wire_dtype=args.wire_dtype, threads=args.threads, seed=args.seed,
-                          probe_bytes=args.probe_bytes, exchange_host=args.exchange_host,
+                          probe_bytes=args.probe_bytes, probe_rounds=args.probe_rounds, exchange_host=args.exchange_host,
                           parallel=args.parallel)
 
 
@@ -97,7 +102,8 @@ def profile_table(label: str, fleet: Any) -> Any:
     table.add_column("board")
     for size in sizes:
         table.add_column(f"batch {size}", justify="right")
-    for name in ("power W active/link/idle", "source", "peak memory / total", "link Mbit/s up/down"):
+    for name in ("power W active/link/idle", "source", "peak memory / total", "link Mbit/s up/down",
+                 "gradient up+back"):
         table.add_column(name, justify="left" if name == "source" else "right")
     for board in fleet.boards.values():
         by_size = {p.batch_size: p for p in board.points}
@@ -110,7 +116,8 @@ def profile_table(label: str, fleet: Any) -> Any:
         table.add_row(board.board_id, *cells,
                       f"{board.active_power_w:.2f}{star} / {link_w} / {board.idle_power_w:.2f}{star}",
                       board.power_source, f"{_si(peak, 'B')} / {_si(board.memory_total_bytes, 'B')}",
-                      f"{_mbit(board.link_bytes_per_s)} / {_mbit(down)}")
+                      f"{_mbit(board.link_bytes_per_s)} / {_mbit(down)}",
+                      "-" if board.link_round_s is None else f"{board.link_round_s * 1000:.1f} ms")
     if any(b.power_source == "estimated" for b in fleet.boards.values()):
         table.caption = "* estimated from CPU load (power.idle_w, power.max_w), not measured"
     return table

@@ -2,10 +2,12 @@
 the :class:`~coordinator.planning.profiles.FleetProfile` of every model variant.
 
 Every board runs one profile job per variant, variants one after the other; boards run in
-parallel. The first job of each board also probes its link against
+parallel. The first job of each board also probes its link in bulk against
 :class:`~coordinator.link_probe.LinkProbeServer`, which serves one board at a time (so that one
 board's figures are not shared with another's), then lets every board that has finished upload at
-once: that aggregate is the coordinator's own link, ``coordinator_link_bytes_per_s``. The model is also built here, to count the gradient's
+once: that aggregate is the coordinator's own link, ``coordinator_link_bytes_per_s``. Every job
+also times the variant's gradient up and back (``--probe-rounds``), the size a training step
+moves, which the planner scales the bulk rates to. The model is also built here, to count the gradient's
 bytes and to name what was measured (:func:`~coordinator.planning.profiles.model_key`); a board
 that builds it with another parameter count is refused.
 """
@@ -32,6 +34,7 @@ from coordinator.planning.profiles import (
 from protocol.errors import ConfigError, EdgeTrainError
 from protocol.jobs import (
     MAX_PROBE_BYTES,
+    MAX_PROBE_ROUNDS,
     WIRE_DTYPES,
     JobEvent,
     ProfileCommand,
@@ -58,6 +61,8 @@ class ProfileRequest:
     threads: int = 0
     seed: int = 0
     probe_bytes: int = 4_000_000         # per direction; 0 skips the link probe (links then unmeasured: refused)
+    probe_rounds: int = 17               # gradient-sized rounds per variant (the first untimed; fewer on a slow
+                                         # link, see agent.link_probe.ROUND_BUDGET_S); 0 = the bulk rates only
     exchange_host: str = ""              # the address boards reach this machine at (default: towards the broker)
     parallel: int = 0                    # boards profiled at once; 0 = all. Emulated fleets sharing one host's
                                          # cores time slower together than apart; real boards do not
@@ -79,6 +84,9 @@ class ProfileRequest:
             raise ConfigError(f"--parallel {self.parallel} must be 0 (every board at once) or more")
         if not 1 <= self.probe_bytes <= MAX_PROBE_BYTES:
             raise ConfigError(f"--probe-bytes {self.probe_bytes} must be 1-{MAX_PROBE_BYTES}")
+        if self.probe_rounds == 1 or not 0 <= self.probe_rounds <= MAX_PROBE_ROUNDS:
+            raise ConfigError(f"--probe-rounds {self.probe_rounds} must be 0 (bulk rates only) or 2-{MAX_PROBE_ROUNDS} "
+                              "(the first round is not timed)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +172,19 @@ class _Jobs:
 
 
 def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: dict[str, Any]) -> BoardProfile:
-    """A board's result as a BoardProfile; ProfileFailed if it is unusable."""
+    """A board's result as a BoardProfile; ProfileFailed if it is unusable.
+
+    ``link`` is the bulk probe of the board's first job; ``data["link_rounds"]``, if present, the
+    variant's own gradient-sized rounds, whose draw is then the board's link power.
+    """
     if data.get("param_count") != variant.param_count:
         raise ProfileFailed(f"board {board} built {variant.label} with {data.get('param_count')} trainable parameters, "
                             f"the coordinator with {variant.param_count}: install the same model code on both")
     try:
+        rounds = data.get("link_rounds")
+        if rounds is not None and not isinstance(rounds, dict):
+            raise TypeError(f"link_rounds is a {type(rounds).__name__}")
+        link_power_w = link.get("power_w") if rounds is None or rounds.get("power_w") is None else rounds["power_w"]
         points = tuple(BatchPoint.from_json(p) for p in data["points"])
         return BoardProfile(board_id=board, agent_version=str(data["agent_version"]), model_key=variant.model_key,
                             points=points, active_power_w=float(data["active_power_w"]),
@@ -176,7 +192,9 @@ def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: di
                             memory_total_bytes=int(data["memory_total_bytes"]),
                             link_bytes_per_s=float(link["up_bytes_per_s"]),
                             link_down_bytes_per_s=float(link["down_bytes_per_s"]),
-                            link_power_w=None if link.get("power_w") is None else float(link["power_w"]))
+                            link_power_w=None if link_power_w is None else float(link_power_w),
+                            link_round_bytes=None if rounds is None else int(rounds["round_bytes"]),
+                            link_round_s=None if rounds is None else float(rounds["round_s"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileFailed(f"board {board} sent an unreadable profile of {variant.label} ({type(exc).__name__}: {exc}); "
                             "run the same edgefleet version on the board and the coordinator") from None
@@ -199,6 +217,7 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
     if not boards or len(set(boards)) != len(boards):
         raise ConfigError(f"--boards {','.join(boards)}: name each board once (and at least one)")
     variants, dataset_len = _prepare(request)
+    grad_bytes = {v.label: v.param_count * WIRE_BYTES[request.wire_dtype] for v in variants}
     run_id = f"profile-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
     channel = BoardChannel(broker, fleet_key, boards)
@@ -224,7 +243,9 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
                     dataset=request.dataset, dataset_options=request.dataset_options, batch_sizes=request.batch_sizes,
                     warmup_steps=request.warmup_steps, timed_steps=request.timed_steps, seed=request.seed,
                     threads=request.threads, probe_host=advertised, probe_port=port, probe_token=token,
-                    probe_bytes=request.probe_bytes if i == 0 else 0)
+                    probe_bytes=request.probe_bytes if i == 0 else 0,
+                    probe_round_bytes=grad_bytes[variant.label] if request.probe_rounds else 0,
+                    probe_rounds=request.probe_rounds)
                 try:
                     async with slots:
                         results.append(await jobs.run(board, command, variant.label))
@@ -258,7 +279,6 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         links[board] = link
     # Not measured (boards profiled apart): the boards' uplinks added up, i.e. no bottleneck of its own.
     coordinator_link = probe.aggregate_bytes_per_s or sum(float(link["up_bytes_per_s"]) for link in links.values())
-    grad_bytes = {v.label: v.param_count * WIRE_BYTES[request.wire_dtype] for v in variants}
     return {v.label: FleetProfile(model_key=v.model_key, grad_bytes=grad_bytes[v.label],
                                   coordinator_link_bytes_per_s=coordinator_link, dataset_len=dataset_len,
                                   boards={b: _board_profile(b, v, per_board[b][i], links[b]) for b in boards},

@@ -27,14 +27,18 @@ EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "fail
 MAX_EVENT_BYTES = 64 * 1024
 MAX_PROFILE_BATCH_SIZES = 32        # each one is a full Trainer run on the board
 MAX_PROBE_BYTES = 256 * 1024 * 1024  # per direction of the link probe
+MAX_PROBE_ROUNDS = 1000             # gradient-sized rounds of one link probe
 _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 # The link probe a profile job runs against the coordinator (TCP, ``protocol.framing`` frames
-# around raw payload bytes). Board -> ``probe-hello`` {v, job_id, board_id, token, bytes}; the
-# coordinator answers ``go`` when the board's turn comes (one board at a time) or ``error``;
-# the board sends ``bytes`` raw bytes, the coordinator answers ``got``; the board sends ``down``
-# and receives ``bytes`` raw bytes; then either ``done``, or ``aggregate`` (every board uploads
-# ``bytes`` again at once, answered by ``got``) followed by ``done``.
-PROBE_VERSION = 1
+# around raw payload bytes). Board -> ``probe-hello`` {v, job_id, board_id, token, bytes,
+# round_bytes, rounds}; the coordinator answers ``go`` when the board's turn comes (one board at a
+# time) or ``error``. If ``bytes`` > 0 (the board's first job): the board sends ``bytes`` raw bytes,
+# the coordinator answers ``got``; the board sends ``down`` and receives ``bytes`` raw bytes. Then
+# ``rounds`` times, as a training step moves a gradient: the board sends ``round_bytes`` raw bytes
+# and the coordinator sends as many back as soon as it has them all. Then either ``done``, or
+# (``bytes`` > 0 only) ``aggregate`` (every board uploads ``bytes`` again at once, answered by
+# ``got``) followed by ``done``.
+PROBE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,8 +114,9 @@ class ProfileCommand:
 
     The board trains ``model`` for ``warmup_steps + timed_steps`` real steps at each batch size
     (ascending), then reports one ``finished`` event whose ``data`` holds the step times, peak
-    memory, power and link throughput. With ``probe_bytes`` > 0 it first uploads and downloads
-    that many bytes to the coordinator's probe endpoint; 0 skips the probe.
+    memory, power and link throughput. With ``probe_bytes`` > 0 it then uploads and downloads
+    that many bytes to the coordinator's probe endpoint; with ``probe_rounds`` it moves a
+    gradient-sized ``probe_round_bytes`` up and back that many times, as a training step does.
     """
 
     kind: str = "profile"
@@ -129,7 +134,9 @@ class ProfileCommand:
     probe_host: str                 # the coordinator's link-probe endpoint
     probe_port: int
     probe_token: str                # per-profile secret the board shows to the probe endpoint
-    probe_bytes: int = 4_000_000    # bytes up and then down; 0 = no probe
+    probe_bytes: int = 4_000_000    # bytes up and then down in one go; 0 = none (a later variant's job)
+    probe_round_bytes: int = 0      # the gradient's size on the wire: rounds of it up and back; 0 = none
+    probe_rounds: int = 0           # how many rounds of probe_round_bytes (the first is not timed)
     schema_version: int = JOB_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -149,6 +156,12 @@ class ProfileCommand:
             raise ValueError(f"probe_port {self.probe_port} is outside 1-65535")
         if not 0 <= self.probe_bytes <= MAX_PROBE_BYTES:
             raise ValueError(f"probe_bytes = {self.probe_bytes} must be 0-{MAX_PROBE_BYTES}")
+        if not 0 <= self.probe_round_bytes <= MAX_PROBE_BYTES or not 0 <= self.probe_rounds <= MAX_PROBE_ROUNDS:
+            raise ValueError(f"probe_round_bytes = {self.probe_round_bytes} must be 0-{MAX_PROBE_BYTES} and "
+                             f"probe_rounds = {self.probe_rounds} 0-{MAX_PROBE_ROUNDS}")
+        if (self.probe_round_bytes > 0) != (self.probe_rounds > 1):
+            raise ValueError(f"probe_round_bytes = {self.probe_round_bytes} and probe_rounds = {self.probe_rounds}: "
+                             "give both (at least 2 rounds, the first untimed) or neither")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,5 +245,5 @@ class JobEvent:
         return dataclasses.replace(event, data=result)
 
 
-__all__ = ["COMMAND_KINDS", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
+__all__ = ["COMMAND_KINDS", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "MAX_PROBE_ROUNDS", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
            "ProfileCommand", "StopCommand", "TrainCommand", "command_from_dict"]

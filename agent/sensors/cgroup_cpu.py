@@ -138,6 +138,16 @@ class CgroupCpuSource:
         stats = dict(line.split(None, 1) for line in (self.location.usage_dir / "cpu.stat").read_text().splitlines() if " " in line)
         return _Reading(wall, int(stats["usage_usec"]) * 1000, ())
 
+    def usage_s(self) -> float:
+        """CPU seconds the group has used so far: all its processes, on every CPU.
+
+        Raises:
+            OSError, ValueError: no group was found, or its files vanished or are unreadable.
+        """
+        if self.location is None:
+            raise OSError("no cgroup CPU counters for this process")
+        return self._sample().usage_ns / 1e9
+
     def allowed_cores(self) -> float:
         """How many cores' worth of CPU the group may use: its quota, else the CPUs it may run on."""
         cpus = float(self._cpu_count or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -3,7 +3,9 @@
 Notation for a candidate: participants S (|S| = N), batch sizes b_i, fleet profile of the
 candidate's model variant. Per board i the profile gives the fitted lines
 ``t_i(b) = a_i + c_i * b`` (s) and ``m_i(b) = m0_i + m1_i * b`` (bytes), its memory M_i (bytes),
-its link up/down rates (bytes/s), and its active, link and idle power (W). G is the gradient size on
+its link up/down rates (bytes/s; where the probe timed gradient-sized rounds, scaled so that
+G / up_i + G / down_i is that round's time: ``BoardProfile.exchange_link_s_per_byte``), and its
+active, link and idle power (W). G is the gradient size on
 the wire (bytes), L the coordinator's link (bytes/s), D the samples per epoch.
 
 Formulas (units in brackets):
@@ -320,11 +322,11 @@ class FleetArrays:
         boards = list(fleet.boards.values())
         return cls(
             board_ids=tuple(b.board_id for b in boards),
-            a=np.array([b.time_fit.intercept + fleet.grad_bytes / b.link_bytes_per_s for b in boards]),
+            a=np.array([b.time_fit.intercept + fleet.grad_bytes * b.up_s_per_byte for b in boards]),
             c=np.array([b.time_fit.slope for b in boards]),
             max_batch=np.array([b.max_batch(max_memory_fraction) for b in boards], dtype=np.int64),
-            link_s=np.array([fleet.grad_bytes / (b.link_down_bytes_per_s or b.link_bytes_per_s) for b in boards]),
-            up_s=np.array([fleet.grad_bytes / b.link_bytes_per_s for b in boards]),
+            link_s=np.array([fleet.grad_bytes * b.down_s_per_byte for b in boards]),
+            up_s=np.array([fleet.grad_bytes * b.up_s_per_byte for b in boards]),
             link_j=np.array([max(0.0, (b.link_power_w if b.link_power_w is not None else b.idle_power_w) - b.idle_power_w)
                              * fleet.grad_bytes * b.exchange_link_s_per_byte for b in boards]),
             coord_s=fleet.grad_bytes / fleet.coordinator_link_bytes_per_s,

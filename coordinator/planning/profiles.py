@@ -108,6 +108,8 @@ class BoardProfile:
     link_bytes_per_s: float      # measured throughput board -> exchange endpoint
     link_down_bytes_per_s: float | None = None  # endpoint -> board when measured apart; None = same
     link_power_w: float | None = None  # draw while moving bytes over the link (the probe's); None = idle
+    link_round_bytes: int | None = None  # the probe's gradient-sized rounds: one frame's payload ...
+    link_round_s: float | None = None    # ... and the median time of it up and back; None: not measured
     time_fit: LineFit = field(init=False, repr=False, compare=False)
     memory_fit: LineFit = field(init=False, repr=False, compare=False)
 
@@ -125,6 +127,11 @@ class BoardProfile:
             raise PlanError(f"board {self.board_id!r}: link_down_bytes_per_s = {self.link_down_bytes_per_s}; {REPROFILE_HINT}")
         if self.link_power_w is not None and not (math.isfinite(self.link_power_w) and self.link_power_w >= 0):
             raise PlanError(f"board {self.board_id!r}: link_power_w = {self.link_power_w}; {REPROFILE_HINT}")
+        if (self.link_round_bytes is None) != (self.link_round_s is None) or (
+                self.link_round_s is not None and not (math.isfinite(self.link_round_s) and self.link_round_s > 0
+                                                       and self.link_round_bytes is not None and self.link_round_bytes >= 1)):
+            raise PlanError(f"board {self.board_id!r}: link_round_bytes = {self.link_round_bytes} and link_round_s = "
+                            f"{self.link_round_s} must both be positive, or both absent; {REPROFILE_HINT}")
         if not self.power_source:
             raise PlanError(f"board {self.board_id!r}: power_source is empty (say 'estimated' or name the sensor)")
         xs = [float(p.batch_size) for p in self.points]
@@ -152,10 +159,32 @@ class BoardProfile:
         return max(0, math.floor((limit - fit.intercept) / fit.slope))
 
     @property
+    def up_s_per_byte(self) -> float:
+        """Seconds per gradient byte for the board's upload (see :attr:`exchange_link_s_per_byte`)."""
+        return self._round_scale() / self.link_bytes_per_s
+
+    @property
+    def down_s_per_byte(self) -> float:
+        """Seconds per gradient byte for the board's download of the average."""
+        return self._round_scale() / (self.link_down_bytes_per_s or self.link_bytes_per_s)
+
+    @property
     def exchange_link_s_per_byte(self) -> float:
-        """Seconds per gradient byte for the board's upload plus its download of the average."""
+        """Seconds per gradient byte for the board's upload plus its download of the average.
+
+        The bulk rates' figure, or, where the probe timed gradient-sized rounds, the round's own
+        (``link_round_s / link_round_bytes``), split between up and down as the bulk rates are:
+        a short transfer pays each round's wake-ups and enjoys a shaper's burst, which a bulk
+        transfer averages away.
+        """
+        return self.up_s_per_byte + self.down_s_per_byte
+
+    def _round_scale(self) -> float:
+        """How much longer a gradient-sized round took than the bulk rates say (1.0 when not measured)."""
+        if self.link_round_s is None or self.link_round_bytes is None:
+            return 1.0
         down = self.link_down_bytes_per_s or self.link_bytes_per_s
-        return 1.0 / self.link_bytes_per_s + 1.0 / down
+        return self.link_round_s / (self.link_round_bytes * (1.0 / self.link_bytes_per_s + 1.0 / down))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,14 +195,15 @@ class BoardProfile:
             "active_power_w": self.active_power_w, "idle_power_w": self.idle_power_w,
             "power_source": self.power_source, "memory_total_bytes": self.memory_total_bytes,
             "link_bytes_per_s": self.link_bytes_per_s, "link_down_bytes_per_s": self.link_down_bytes_per_s,
-            "link_power_w": self.link_power_w,
+            "link_power_w": self.link_power_w, "link_round_bytes": self.link_round_bytes,
+            "link_round_s": self.link_round_s,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BoardProfile:
         fields = _known(data, ("board_id", "agent_version", "model_key", "points", "active_power_w", "idle_power_w",
                                "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s",
-                               "link_power_w"),
+                               "link_power_w", "link_round_bytes", "link_round_s"),
                         "a board profile")
         points = tuple(BatchPoint.from_json(p) for p in fields.pop("points"))
         return cls(points=points, **fields)

@@ -74,7 +74,7 @@ def test_the_memory_limit_is_the_tightest_of_the_group_and_its_parents(tmp_path:
 
 
 def test_the_estimated_power_follows_this_process_cpu_time() -> None:
-    meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=6.0))
+    meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=6.0), cpu_seconds=time.process_time)
     meter.cores = 1.0
     assert meter.idle_w() == 2.0 and meter.label == "estimated"
     meter.start()
@@ -86,6 +86,32 @@ def test_the_estimated_power_follows_this_process_cpu_time() -> None:
     time.sleep(0.2)  # idling is what is measured here, not a synchronisation
     idle = meter.stop()
     assert 2.0 <= idle < 2.5 and 3.0 < busy <= 6.0  # (a loaded test machine may give the loop less than a core)
+
+
+def test_the_estimated_power_counts_the_whole_cgroup_of_the_agent(tmp_path: Path, monkeypatch) -> None:
+    """The board's telemetry estimates from its cgroup's CPU: the kernel's network work, the agent's
+    own threads. The profile's meter reads the same counter (a cgroup v1 tree laid out here)."""
+    group = tmp_path / "cpu,cpuacct" / "board"
+    group.mkdir(parents=True)
+    (group / "cpuacct.usage").write_text("0\n")
+    (group / "cpu.cfs_quota_us").write_text("50000\n")
+    (group / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:cpu,cpuacct:/board\n")
+    from agent.sensors import cgroup_cpu
+
+    real = cgroup_cpu.CgroupCpuSource
+    monkeypatch.setattr("agent.board_resources.CgroupCpuSource",
+                        lambda: real(cgroup_root=tmp_path, proc_self_cgroup=proc, cpu_count=2))
+    meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=6.0))
+    assert meter.cores == 0.5  # the group's quota
+    meter.start()
+    started = time.perf_counter()
+    (group / "cpuacct.usage").write_text(f"{int(0.25 * 1e9)}\n")  # the group used 0.25 s of CPU ...
+    time.sleep(0.5)  # ... over about half a second: the window the meter measures, not a synchronisation
+    watts, wall = meter.stop(), time.perf_counter() - started
+    assert watts == pytest.approx(2.0 + 4.0 * min(1.0, 0.25 / (wall * 0.5)), rel=0.05)
+    assert watts > 5.0  # about the whole quota, though this process spent none of its CPU
 
 
 @pytest.fixture
@@ -116,7 +142,7 @@ def test_two_boards_probe_their_links_one_at_a_time_then_together(probe_server) 
     def board(board_id: str) -> None:
         meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=10.0)) if board_id == "b1" else None
         results[board_id] = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id=board_id,
-                                       nbytes=2_000_000, meter=meter)
+                                       nbytes=2_000_000, round_bytes=250_000, rounds=6, meter=meter)
 
     threads = [threading.Thread(target=board, args=(b,)) for b in ("b1", "b2")]
     for t in threads:
@@ -124,11 +150,27 @@ def test_two_boards_probe_their_links_one_at_a_time_then_together(probe_server) 
     for t in threads:
         t.join(30)
     assert set(results) == {"b1", "b2"}
-    for figures in results.values():
-        assert figures.up_bytes_per_s > 1e6 and figures.down_bytes_per_s > 1e6  # loopback: well above 1 MB/s
+    for probed in results.values():
+        assert probed.bulk.up_bytes_per_s > 1e6 and probed.bulk.down_bytes_per_s > 1e6  # loopback: well above 1 MB/s
+        assert probed.rounds.round_bytes == 250_000 and probed.rounds.rounds == 5  # the first round is not timed
+        assert 0 < probed.rounds.round_s < 1.0
     assert server.aggregate_bytes_per_s is not None and server.aggregate_bytes_per_s > 1e6
-    # b1's meter ran over its own upload and download only: moving bytes costs CPU, so above idle
-    assert 2.0 < results["b1"].power_w <= 10.0 and results["b2"].power_w is None
+    # b1's meter ran over its own transfers only: moving bytes costs CPU, so above idle
+    assert 2.0 < results["b1"].bulk.power_w <= 10.0 and results["b2"].bulk.power_w is None
+    assert 2.0 < results["b1"].rounds.power_w <= 10.0 and results["b2"].rounds.power_w is None
+
+
+def test_a_later_variant_times_only_its_own_gradient_and_stops_early_on_a_slow_link(probe_server, monkeypatch) -> None:
+    server, port, _ = probe_server
+    server.drop("b2")
+    first = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id="b1", nbytes=100_000,
+                       round_bytes=1000, rounds=3)
+    assert first.bulk is not None and first.rounds is not None and first.rounds.rounds == 2
+    monkeypatch.setattr("agent.link_probe.ROUND_BUDGET_S", 0.0)  # every round is "slow": stop at the minimum
+    later = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-1", board_id="b1", nbytes=0,
+                       round_bytes=40_000, rounds=50)
+    assert later.bulk is None and later.rounds is not None
+    assert later.rounds.round_bytes == 40_000 and later.rounds.rounds == 4  # MIN_TIMED_ROUNDS
 
 
 def test_a_wrong_token_or_an_unreachable_endpoint_is_a_clear_error(probe_server) -> None:
@@ -139,6 +181,12 @@ def test_a_wrong_token_or_an_unreachable_endpoint_is_a_clear_error(probe_server)
         probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id="stranger", nbytes=1000)
     with pytest.raises(ProfileError, match="cannot reach the coordinator's link probe at 127.0.0.1:9"):
         probe_link(host="127.0.0.1", port=9, token=TOKEN, job_id="p-0", board_id="b1", nbytes=1000)
+    with pytest.raises(ProfileError, match="wrong profile job or token"):  # another profile's job
+        probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="q-1", board_id="b1", nbytes=1000)
+    with pytest.raises(ProfileError, match="more than 0 exactly when round_bytes is"):
+        probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id="b1", nbytes=1000, rounds=3)
+    with pytest.raises(ProfileError, match="nothing to measure"):
+        probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-1", board_id="b1", nbytes=0)
 
 
 def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:

@@ -80,6 +80,9 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto
         assert 0 < board.step_time(8) < board.step_time(16) < board.step_time(64)
         assert small.peak_memory_bytes > 0 and large.peak_memory_bytes > 0 and board.memory_total_bytes > 0
         assert board.link_bytes_per_s > 0 and (board.link_down_bytes_per_s or 0) > 0
+        # every job timed LeNet-5's own gradient up and back, and the planner's exchange follows it
+        assert board.link_round_bytes == fleet_profile.grad_bytes and 0 < (board.link_round_s or 0) < 1.0
+        assert board.exchange_link_s_per_byte * fleet_profile.grad_bytes == pytest.approx(board.link_round_s)
         assert board.power_source == "estimated" and board.active_power_w >= board.idle_power_w > 0
     meta = load_profile_meta(path)
     assert meta is not None and (meta.model, meta.dataset, meta.batch_sizes) == ("lenet5", "digits", [8, 16])

@@ -20,13 +20,15 @@ KEY = 'mlp{"layers":2}[1,32,32]'
 def board(board_id: str, *, a: float = 0.05, c: float = 0.01, m0: float = 200 * MB, m1: float = 1 * MB,
           memory: int = 2 * GB, active_w: float = 6.0, idle_w: float = 2.5, link: float = 10 * MB,
           link_down: float | None = None, key: str = KEY, version: str = "0.1.0", power_source: str = "estimated",
-          sizes: tuple[int, ...] = (8, 32), link_w: float | None = None) -> BoardProfile:
+          sizes: tuple[int, ...] = (8, 32), link_w: float | None = None,
+          link_round: tuple[int, float] | None = None) -> BoardProfile:
     """A board whose profile points lie exactly on the given lines."""
     return BoardProfile(board_id=board_id, agent_version=version, model_key=key,
                         points=tuple(BatchPoint(b, a + c * b, round(m0 + m1 * b)) for b in sizes),
                         active_power_w=active_w, idle_power_w=idle_w, power_source=power_source,
                         memory_total_bytes=memory, link_bytes_per_s=link, link_down_bytes_per_s=link_down,
-                        link_power_w=link_w)
+                        link_power_w=link_w, link_round_bytes=None if link_round is None else link_round[0],
+                        link_round_s=None if link_round is None else link_round[1])
 
 
 def fleet(*boards: BoardProfile, grad_bytes: int = 1 * MB, coordinator_link: float = 125 * MB,

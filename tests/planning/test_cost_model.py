@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,26 @@ def test_moving_the_gradients_is_charged_at_the_link_power() -> None:
     result = search.plan({"default": measured}, objective="energy", global_batches=(60,))
     row = next(e for e in result.ranked if e.candidate.boards == ("a", "b"))  # the search's arrays agree
     assert row.energy_per_epoch_j == pytest.approx(estimate(row.candidate, measured).energy_per_epoch_j)
+
+
+def test_a_board_whose_gradient_rounds_were_slow_is_charged_their_time_and_draw() -> None:
+    # b's 1 MB gradient went up and back in 0.6 s, twice what its bulk rates say (0.2 s up + 0.1 s down)
+    def two(link_round: tuple[int, float] | None) -> Any:
+        return fleet(board("a", a=0.1, c=0.01, m0=100 * MB, m1=1 * MB, memory=1 * GB, active_w=5.0, idle_w=2.0,
+                           link=10 * MB, link_w=3.0),
+                     board("b", a=0.1, c=0.02, m0=100 * MB, m1=1 * MB, memory=1 * GB, active_w=7.0, idle_w=2.5,
+                           link=5 * MB, link_down=10 * MB, link_w=4.5, link_round=link_round),
+                     grad_bytes=1 * MB, coordinator_link=100 * MB, dataset_len=6000)
+    candidate = Candidate(boards=("a", "b"), batch_sizes=(40, 20), variant={})
+    bulk, slow = estimate(candidate, two(None)), estimate(candidate, two((1 * MB, 0.6)))
+    # b's gradient is ready at 0.1 + 0.4 + 0.4 s (not 0.1 + 0.4 + 0.2) and its average comes down in 0.2 s (not 0.1)
+    assert bulk.step_time_s == pytest.approx(0.8) and slow.step_time_s == pytest.approx(0.9 + 0.2)
+    # a step: idle 4.5 W x 1.1 s, computing 3 x 0.5 + 4.5 x 0.5, moving bytes a (3 - 2) W x 0.2 s, b (4.5 - 2.5) W x 0.6 s
+    assert bulk.energy_per_epoch_j == pytest.approx((7.35 + 0.2 + 0.6) * 100)
+    assert slow.energy_per_epoch_j == pytest.approx((4.5 * 1.1 + 3.75 + 0.2 + 1.2) * 100)
+    result = search.plan({"default": two((1 * MB, 0.6))}, objective="energy", global_batches=(60,))
+    row = next(e for e in result.ranked if e.candidate.boards == ("a", "b"))  # the search's arrays agree
+    assert row.energy_per_epoch_j == pytest.approx(estimate(row.candidate, two((1 * MB, 0.6))).energy_per_epoch_j)
 
 
 def test_idle_boards_are_charged_when_counted_and_the_coordinator_link_can_dominate() -> None:

@@ -67,6 +67,24 @@ def test_an_unusable_link_power_is_refused(link_w: float) -> None:
         board("pi4-1", link_w=link_w)
 
 
+def test_a_gradient_sized_round_scales_the_bulk_rates_and_keeps_their_split() -> None:
+    bulk = board("pi4-1", link=10 * MB, link_down=20 * MB)
+    assert bulk.exchange_link_s_per_byte == pytest.approx(1 / (10 * MB) + 1 / (20 * MB))
+    # 0.25 MB went up and back in 60 ms, where the bulk rates say 25 + 12.5 = 37.5 ms: 1.6 times as long
+    rounds = board("pi4-1", link=10 * MB, link_down=20 * MB, link_round=(250_000, 0.060))
+    assert rounds.exchange_link_s_per_byte * 250_000 == pytest.approx(0.060)
+    assert rounds.up_s_per_byte == pytest.approx(1.6 / (10 * MB)) and rounds.down_s_per_byte == pytest.approx(1.6 / (20 * MB))
+    assert BoardProfile.from_json(json.loads(json.dumps(rounds.to_json()))) == rounds
+
+
+@pytest.mark.parametrize("link_round", [(250_000, 0.0), (0, 0.06), (250_000, float("nan"))])
+def test_an_unusable_round_is_refused(link_round: tuple[int, float]) -> None:
+    with pytest.raises(PlanError, match=r"'pi4-1': link_round_bytes = .*both be positive"):
+        board("pi4-1", link_round=link_round)
+    with pytest.raises(PlanError, match="both be positive, or both absent"):
+        dataclasses.replace(board("pi4-1"), link_round_s=0.06)
+
+
 def test_boards_of_one_fleet_must_share_the_model_key() -> None:
     with pytest.raises(PlanError, match="'pi5-1' was profiled for lenet5"):
         fleet(board("pi4-1"), board("pi5-1", key="lenet5{}[1,32,32]"))

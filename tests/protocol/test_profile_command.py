@@ -48,6 +48,10 @@ def test_command_from_dict_dispatches_on_kind_and_names_the_known_kinds() -> Non
     ({"probe_port": 0}, "probe_port 0"),
     ({"probe_bytes": 1 << 40}, "probe_bytes"),
     ({"threads": -2}, "threads = -2"),
+    ({"probe_round_bytes": 1000}, "give both"),
+    ({"probe_round_bytes": 1000, "probe_rounds": 1}, "at least 2 rounds"),
+    ({"probe_rounds": 5}, "give both"),
+    ({"probe_round_bytes": 1000, "probe_rounds": 5000}, "probe_rounds = 5000"),
     ({"kind": "train"}, "is not 'profile'"),
     ({"batch_sizes": "8,16"}, "should be list[int]"),
 ])
