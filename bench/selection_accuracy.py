@@ -94,6 +94,7 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, a torch ballast instead of the spin (not kept)    0%   87.5%    2.7%     11.0 /  6.6%  27.0
 11-25, near ties to fewer boards (plan's default 2%)     0%   91.7%    2.6%     11.0 /  7.5%  23.7
 11-25, the same                                          0%   83.3%    2.7%     12.5 /  9.4%  24.0
+11-25, gradient-sized link rounds; cgroup power meter    0%   87.5%    3.1%      7.5 /  6.4%  40.7
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -178,6 +179,22 @@ What the misses taught:
   with nano-1's link draw four times further above idle, mixed4 mlp-2 and mlp-4 predict nano-1 at
   285 and 330 J (measured 275 and 321) and pi5-1 at 259 and 315 (256 and 310), and the energy
   picks become right. What follows is a probe in rounds of the gradient's own size, per board.
+- The probe now does that (``--probe-rounds``, 11-25): every profile job sends its variant's
+  gradient up and gets it straight back, framed as the worker frames it, and the planner scales the
+  board's bulk rates to the median round and charges the rounds' draw; the profile's estimated
+  power counts the board's whole cgroup, as the ground truth does (the worker's own clock missed the
+  kernel's network work). A round took 0.50-0.98 of what the bulk rates say (0.5 for
+  resnet_small's 39 KB gradient, 0.8 for LeNet-5's 0.25 MB on 100 Mbit/s, 0.92-0.98 for the MLPs'
+  0.6-0.7 MB), and the link draw rose most on the Jetsons (nano-1 on mlp-2: 4.1-5.8 W). First run:
+  step-time MAPE 7.5% and energy 6.4% (the lowest so far; 11.0-12.5 and 7.5-9.4% in the two runs
+  before), every MLP case and fleet8 lenet5 time hit, 21/24 (expected 84.6% by
+  ``selection_ceiling.py``, oracle 93.3%). Its misses: mixed4 lenet5 time (x86-1 alone best by
+  3.8%, estimated 11% slow: its steps computed in 28 ms in the run, 41 ms profiled: the saved CFS
+  quota), fleet8 resnet_small time (a near tie, 3.2%) and edp (pi5-1+pi5-2+x86-1 picked, 16% off).
+  In fleet8 resnet_small the measured/estimated step time grew with the number of boards (single
+  boards 0.99-1.01, without x86-1 0.98-1.18, with it 1.05-1.19 at three or four boards and
+  1.12-1.27 at five to eight), which the model's max over boards of their median steps does not
+  see. Profiling rose from 2.6% to 3.1% of a 10-epoch job.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms
   of quota, the kernel's minimum: 2.8 ms for 0.36 core) spends less of a period's quota it saved
   while waiting (bare spin: 0.27 core, 10 ms of work after 15 ms idle took 24.9 ms at a 10 ms
