@@ -115,6 +115,8 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
     Raises:
         ProfileError: the endpoint cannot be reached, refused this board, or broke the exchange.
     """
+    if rounds == 1:
+        raise ProfileError("a link probe of 1 round times nothing (the first is not timed); ask for 0 or at least 2")
     try:
         sock = socket.create_connection((host, port), timeout=PROBE_CONNECT_TIMEOUT_S)
     except OSError as exc:

@@ -102,8 +102,9 @@ class LinkProbeServer:
             return f"bytes must be 0-{MAX_PROBE_BYTES}"
         if not isinstance(round_bytes, int) or not 0 <= round_bytes <= MAX_PROBE_BYTES:
             return f"round_bytes must be 0-{MAX_PROBE_BYTES}"
-        if not isinstance(rounds, int) or not 0 <= rounds <= MAX_PROBE_ROUNDS or (rounds > 0) != (round_bytes > 0):
-            return f"rounds must be 0-{MAX_PROBE_ROUNDS}, and more than 0 exactly when round_bytes is"
+        if not isinstance(rounds, int) or rounds == 1 or not 0 <= rounds <= MAX_PROBE_ROUNDS or (rounds > 0) != (round_bytes > 0):
+            return (f"rounds must be 0 or 2-{MAX_PROBE_ROUNDS} (the first is not timed), and more than 0 exactly "
+                    "when round_bytes is")
         if not size and not rounds:
             return "nothing to measure: bytes and rounds are both 0"
         return ""

@@ -34,10 +34,10 @@ _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 # round_bytes, rounds}; the coordinator answers ``go`` when the board's turn comes (one board at a
 # time) or ``error``. If ``bytes`` > 0 (the board's first job): the board sends ``bytes`` raw bytes,
 # the coordinator answers ``got``; the board sends ``down`` and receives ``bytes`` raw bytes. Then
-# ``rounds`` times, as a training step moves a gradient: the board sends ``round_bytes`` raw bytes
-# and the coordinator sends as many back as soon as it has them all. Then either ``done``, or
-# (``bytes`` > 0 only) ``aggregate`` (every board uploads ``bytes`` again at once, answered by
-# ``got``) followed by ``done``.
+# at most ``rounds`` times, as a training step moves a gradient: the board sends a ``round`` frame
+# whose ``data`` holds ``round_bytes`` bytes and the coordinator sends it straight back; the board
+# ends them with ``end``. Then either ``done``, or (``bytes`` > 0 only) ``aggregate`` (every board
+# uploads ``bytes`` again at once, answered by ``got``) followed by ``done``.
 PROBE_VERSION = 2
 
 

@@ -185,6 +185,9 @@ def test_a_wrong_token_or_an_unreachable_endpoint_is_a_clear_error(probe_server)
         probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="q-1", board_id="b1", nbytes=1000)
     with pytest.raises(ProfileError, match="more than 0 exactly when round_bytes is"):
         probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id="b1", nbytes=1000, rounds=3)
+    with pytest.raises(ProfileError, match="1 round times nothing"):
+        probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-1", board_id="b1", nbytes=0, round_bytes=10,
+                   rounds=1)
     with pytest.raises(ProfileError, match="nothing to measure"):
         probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-1", board_id="b1", nbytes=0)
 
