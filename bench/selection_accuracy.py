@@ -95,6 +95,8 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, near ties to fewer boards (plan's default 2%)     0%   91.7%    2.6%     11.0 /  7.5%  23.7
 11-25, the same                                          0%   83.3%    2.7%     12.5 /  9.4%  24.0
 11-25, gradient-sized link rounds; cgroup power meter    0%   87.5%    3.1%      7.5 /  6.4%  40.7
+11-25, the same                                          0%   91.7%    3.1%      5.6 /  6.1%  40.9
+11-25, the same                                          0%   87.5%    3.0%      5.4 /  6.0%  42.4
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -194,7 +196,16 @@ What the misses taught:
   In fleet8 resnet_small the measured/estimated step time grew with the number of boards (single
   boards 0.99-1.01, without x86-1 0.98-1.18, with it 1.05-1.19 at three or four boards and
   1.12-1.27 at five to eight), which the model's max over boards of their median steps does not
-  see. Profiling rose from 2.6% to 3.1% of a 10-epoch job.
+  see. Profiling rose from 2.6% to 3.1% of a 10-epoch job. The second run hit 22/24 (expected
+  92.1%, oracle 96.4%; step-time MAPE 5.6%, energy 6.1%), and missed the same two cases:
+  fleet8 resnet_small time (all eight boards picked, 22.5% off: 199 ms estimated, 259-270
+  measured, while the best, seven boards, measured 216-262 in its three runs) and edp (4.8% off).
+  A third run hit 21/24 (expected 87.0%, oracle 95.0%; MAPE 5.4 / 6.0%): every miss was
+  resnet_small (mixed4 edp 7.3% off; fleet8 time 11.0% off, and energy 3.5% off between the two
+  Pi 5 boards of the same quota). Pooled, the three runs hit 64 of 72 (88.9%), all of the misses
+  but one resnet_small. The runs took 41-42 min, against 24-27 min for the runs before; this session's machine was slower
+  all round (the test suite took 14.7 min on it, 7 min on the machine before), and the probe's
+  rounds add about a second per board and case.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms
   of quota, the kernel's minimum: 2.8 ms for 0.36 core) spends less of a period's quota it saved
   while waiting (bare spin: 0.27 core, 10 ms of work after 15 ms idle took 24.9 ms at a 10 ms
