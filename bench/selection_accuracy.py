@@ -97,6 +97,7 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, gradient-sized link rounds; cgroup power meter    0%   87.5%    3.1%      7.5 /  6.4%  40.7
 11-25, the same                                          0%   91.7%    3.1%      5.6 /  6.1%  40.9
 11-25, the same                                          0%   87.5%    3.0%      5.4 /  6.0%  42.4
+11-25, time lines weighted by their points' spreads    0%   87.5%    3.0%      5.7 /  5.8%  41.5
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -206,6 +207,28 @@ What the misses taught:
   but one resnet_small. The runs took 41-42 min, against 24-27 min for the runs before; this session's machine was slower
   all round (the test suite took 14.7 min on it, 7 min on the machine before), and the probe's
   rounds add about a second per board and case.
+- Who gates a step: a timeline of fleet8 resnet_small (each gradient's arrival at the coordinator
+  over 30 steps, five configurations twice) put a Pi 4 last in 26-28 of 31 steps wherever one took
+  part, 25-35 ms after the others; the coordinator's reduce and send took 1.3 ms (one board) to
+  11-12 ms (eight). The model's finishing time for a Pi 4 is its time line at the 3-6 samples it
+  gets, below the profiled 8/32/64, and that line was pulled by the batch-64 point, whose steps
+  spread 8x as far as at batch 8 (r19's pi4-3: 219 against 25 ms): it put a step at 6 samples at
+  200 ms, the two precise points at 234, and the timeline measured 233. Since 11-25 each point
+  weighs ``1 / spread^2`` (``coordinator.planning.profiles``; spread at least 2% of the step).
+  Re-scored offline, the three runs before hit 66 of 72 (64), step-time MAPE 6.2% -> 5.5%,
+  energy 6.2% -> 5.5%. The first run with it hit 21/24 (expected 88.7%, oracle 94.7%; MAPE 5.7 /
+  5.8%): fleet8 resnet_small time hit for the first time in four runs; it missed mixed4
+  resnet_small time (four boards picked, three best by 6.2%) and edp (11.4%), and fleet8
+  resnet_small edp the other way round from before (pi5-1+pi5-2 picked, with x86-1 best by 4.3%;
+  in the runs before, the three were picked and the pair was best). Old and new lines pick alike
+  on its runs (MAPE 5.9 / 6.1% with the old).
+- Tried offline on those three runs and left out: a straggler term (the expected slowest of N
+  normal steps, each board's spread from its profile or a constant 3-10% of its step) gained 1-2
+  hits and raised the step-time MAPE to 8-10%, since LeNet-5's and the MLPs' profiled spreads are
+  10-40% of a step (CFS quantisation of short steps); in the runs a board's compute spread grows
+  with the boards computing at once (resnet_small: 2.4% alone, 12.5% with eight), which no
+  profile of a real board would show. Five or seven repeats of the front runners instead of
+  three (bootstrapped from the three) moved the picks' expected rate by under a point.
 - Shorter CFS periods do not help: each board at the shortest period that holds its quota (1 ms
   of quota, the kernel's minimum: 2.8 ms for 0.36 core) spends less of a period's quota it saved
   while waiting (bare spin: 0.27 core, 10 ms of work after 15 ms idle took 24.9 ms at a 10 ms

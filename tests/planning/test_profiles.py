@@ -36,6 +36,32 @@ def test_three_points_are_a_least_squares_fit() -> None:
     assert (fit.slope, fit.intercept) == pytest.approx((slope, intercept))
 
 
+def test_weights_are_inverse_variance_weights() -> None:
+    xs, ys, w = [8, 16, 64], [0.14, 0.20, 0.70], [4.0, 1.0, 0.25]
+    fit = fit_line(xs, ys, min_slope=0.0, weights=w)
+    slope, intercept = np.polyfit(xs, ys, 1, w=np.sqrt(w))  # numpy weighs the residuals, not their squares
+    assert (fit.slope, fit.intercept) == pytest.approx((slope, intercept))
+    same, plain = fit_line(xs, ys, min_slope=0.0, weights=[3.0] * 3), fit_line(xs, ys, min_slope=0.0)
+    assert (same.slope, same.intercept) == pytest.approx((plain.slope, plain.intercept))
+
+
+def test_a_noisy_point_bends_the_time_line_less() -> None:
+    # A Pi 4 of the emulated lab on resnet_small (profile of 11-25): its steps at batch 64 spread
+    # 219 ms, at 8 and 32 25-28 ms. The planner gave it 6 samples; run at 6, a step took ~234 ms.
+    def profile(spreads: tuple[float, float, float]) -> BoardProfile:
+        points = tuple(BatchPoint(b, t, 300 * MB, s) for b, t, s in zip((8, 32, 64), (0.284, 0.878, 1.839), spreads))
+        return BoardProfile(board_id="pi4-3", agent_version="0.1.0", model_key=KEY, points=points, active_power_w=6.4,
+                            idle_power_w=2.7, power_source="estimated", memory_total_bytes=2 * GB, link_bytes_per_s=12 * MB)
+    weighted = profile((0.025, 0.028, 0.219))
+    assert weighted.step_time(6) == pytest.approx(0.234, abs=0.004)       # the precise points' line: 0.2345
+    equal = profile((0.05, 0.05, 0.05))                                   # all three alike (above the floor) ...
+    assert equal.step_time(6) == pytest.approx(0.200, abs=0.004)          # ... the plain fit, 34 ms short
+    # A profile saved without spreads weighs each point by its relative precision (the floor).
+    old = profile((0.0, 0.0, 0.0))
+    rel = fit_line([8, 32, 64], [0.284, 0.878, 1.839], min_slope=0.0, weights=[1 / t**2 for t in (0.284, 0.878, 1.839)])
+    assert (old.time_fit.slope, old.time_fit.intercept) == pytest.approx((rel.slope, rel.intercept))
+
+
 def test_fits_are_clamped_so_predictions_stay_positive_and_rising() -> None:
     # Noise gave a falling time: the slope is held at a small positive value.
     falling = fit_line([8, 32], [0.30, 0.29], min_slope=1e-4)
