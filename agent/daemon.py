@@ -71,10 +71,12 @@ class Agent:
 
     def _announce(self, link: MqttLink) -> None:
         # Runs after every (re)connect, so the retained status and the subscription are renewed.
+        # Subscribed first: the broker handles one connection's packets in order, so a coordinator
+        # that has seen this status reaches the board with any command it sends after it.
         prefix = self.cfg.broker.topic_prefix
+        link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
         link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
-        link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
 
     def _on_command(self, topic: str, payload: bytes, retained: bool) -> None:
         if retained:  # a command is for now; a retained one is left over or planted

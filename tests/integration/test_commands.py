@@ -12,8 +12,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.local_broker import LocalBroker
 from protocol.jobs import JobEvent, TrainCommand
+from protocol.messages import BoardStatus
 from protocol.signing import generate_key_hex, sign_command
-from protocol.topics import cmd_topic, events_topic
+from protocol.topics import cmd_topic, events_topic, status_topic
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
 
@@ -21,17 +22,29 @@ PREFIX = "edgefleet/v1"
 
 
 class Client:
-    """A plain paho client: publishes commands, collects job events."""
+    """A plain paho client: publishes commands, collects job events and the board's status."""
 
     def __init__(self, broker: LocalBroker, board: str) -> None:
         self.events: list[JobEvent] = []
+        self.states: list[str] = []
         self.ready = threading.Event()
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{board}-{time.monotonic_ns()}")
-        self.c.on_connect = lambda c, *_: (c.subscribe(events_topic(PREFIX, board), qos=1), self.ready.set())
-        self.c.on_message = lambda c, u, m: self.events.append(JobEvent.from_msgpack(m.payload))
+        self.c.on_connect = lambda c, *_: (c.subscribe([(events_topic(PREFIX, board), 1), (status_topic(PREFIX, board), 1)]),
+                                           self.ready.set())
+        self.c.on_message = self._message
         self.c.connect(broker.host, broker.port)
         self.c.loop_start()
         assert self.ready.wait(10)
+
+    def _message(self, c: mqtt.Client, userdata: object, m: mqtt.MQTTMessage) -> None:
+        if m.topic.endswith("/status"):
+            self.states.append(BoardStatus.from_json(m.payload).state)
+        else:
+            self.events.append(JobEvent.from_msgpack(m.payload))
+
+    def wait_online(self) -> None:
+        """Until the board's status says online: as a coordinator does before it sends a command."""
+        wait_until(lambda: "online" in self.states, timeout_s=20, what="the board online")
 
     def publish(self, board: str, payload: bytes) -> None:
         self.c.publish(cmd_topic(PREFIX, board), payload, qos=1).wait_for_publish(5)
@@ -55,9 +68,9 @@ def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(tm
     key_file.chmod(0o600)
     key = bytes.fromhex(key_file.read_text())
     agent = agents.start("sec-1", mosquitto.address, config=f'board_id = "sec-1"\n[security]\nfleet_key_file = "{key_file}"\n')
-    wait_until(lambda: "connected to broker" in agent.log(), timeout_s=20, what="agent connected")
     client = Client(mosquitto, "sec-1")
     try:
+        client.wait_online()
         client.publish("sec-1", msgpack.packb(_command("sec-1")))                               # unsigned
         forged = bytearray(sign_command(_command("sec-1"), key=b"k" * 32))
         client.publish("sec-1", bytes(forged))                                                   # another key
@@ -84,10 +97,10 @@ def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(tm
 
 def test_without_a_fleet_key_every_command_is_refused(mosquitto: LocalBroker, agents: AgentFactory) -> None:
     agent = agents.start("nokey-1", mosquitto.address)
-    wait_until(lambda: "connected to broker" in agent.log(), timeout_s=20, what="agent connected")
-    assert "refuse every training command" in agent.log()
     client = Client(mosquitto, "nokey-1")
     try:
+        client.wait_online()
+        assert "refuse every training command" in agent.log()
         client.publish("nokey-1", sign_command(_command("nokey-1"), key=b"k" * 32))
         wait_until(lambda: "no fleet key configured" in agent.log(), timeout_s=20, what="refusal")
     finally:
