@@ -98,6 +98,7 @@ run (date; settings beyond the defaults of that day)   stole  hits   profiling  
 11-25, the same                                          0%   91.7%    3.1%      5.6 /  6.1%  40.9
 11-25, the same                                          0%   87.5%    3.0%      5.4 /  6.0%  42.4
 11-25, time lines weighted by their points' spreads    0%   87.5%    3.0%      5.7 /  5.8%  41.5
+11-25, the same                                          0%   95.8%    3.2%      5.4 /  4.9%  40.7
 =====================================================  =====  =====  =========  ============  ====
 
 What the misses taught:
@@ -221,7 +222,11 @@ What the misses taught:
   resnet_small time (four boards picked, three best by 6.2%) and edp (11.4%), and fleet8
   resnet_small edp the other way round from before (pi5-1+pi5-2 picked, with x86-1 best by 4.3%;
   in the runs before, the three were picked and the pair was best). Old and new lines pick alike
-  on its runs (MAPE 5.9 / 6.1% with the old).
+  on its runs (MAPE 5.9 / 6.1% with the old). The second run hit 23/24 (expected 93.9%, oracle
+  98.1%; MAPE 5.4 / 4.9%, profiling 3.2%, every target met); its one miss was fleet8 resnet_small
+  edp again (pi5-1+pi5-2+x86-1 picked, the pair best by 5.7%). With this line the five runs of
+  11-25 since the probe's rounds (three of them re-scored offline) hit 110 of 120 (91.7%),
+  single runs 87.5-95.8%; the two measured with it 44 of 48.
 - Tried offline on those three runs and left out: a straggler term (the expected slowest of N
   normal steps, each board's spread from its profile or a constant 3-10% of its step) gained 1-2
   hits and raised the step-time MAPE to 8-10%, since LeNet-5's and the MLPs' profiled spreads are
