@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from protocol.errors import EdgeTrainError
 from protocol.framing import FrameReceiver, recv_frame, send_frame
-from protocol.jobs import PROBE_VERSION
+from protocol.jobs import MAX_PROBE_ROUNDS, PROBE_VERSION, probe_rounds_ok
 
 PROBE_CONNECT_TIMEOUT_S = 30.0
 PROBE_WAIT_S = 900.0      # for the coordinator to serve the boards before this one
@@ -115,8 +115,9 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
     Raises:
         ProfileError: the endpoint cannot be reached, refused this board, or broke the exchange.
     """
-    if rounds == 1:
-        raise ProfileError("a link probe of 1 round times nothing (the first is not timed); ask for 0 or at least 2")
+    if not probe_rounds_ok(rounds):
+        raise ProfileError(f"a link probe of {rounds} rounds: ask for 0 or 2-{MAX_PROBE_ROUNDS} "
+                           "(1 round times nothing: the first is not timed)")
     try:
         sock = socket.create_connection((host, port), timeout=PROBE_CONNECT_TIMEOUT_S)
     except OSError as exc:

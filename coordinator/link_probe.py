@@ -19,7 +19,12 @@ from typing import Any
 
 from protocol.errors import EdgeTrainError
 from protocol.framing import read_frame, write_frame
-from protocol.jobs import MAX_PROBE_BYTES, MAX_PROBE_ROUNDS, PROBE_VERSION
+from protocol.jobs import (
+    MAX_PROBE_BYTES,
+    MAX_PROBE_ROUNDS,
+    PROBE_VERSION,
+    probe_rounds_ok,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,7 @@ class LinkProbeServer:
             return f"bytes must be 0-{MAX_PROBE_BYTES}"
         if not isinstance(round_bytes, int) or not 0 <= round_bytes <= MAX_PROBE_BYTES:
             return f"round_bytes must be 0-{MAX_PROBE_BYTES}"
-        if not isinstance(rounds, int) or rounds == 1 or not 0 <= rounds <= MAX_PROBE_ROUNDS or (rounds > 0) != (round_bytes > 0):
+        if not isinstance(rounds, int) or not probe_rounds_ok(rounds) or (rounds > 0) != (round_bytes > 0):
             return (f"rounds must be 0 or 2-{MAX_PROBE_ROUNDS} (the first is not timed), and more than 0 exactly "
                     "when round_bytes is")
         if not size and not rounds:

@@ -39,6 +39,7 @@ from protocol.jobs import (
     JobEvent,
     ProfileCommand,
     StopCommand,
+    probe_rounds_ok,
 )
 from protocol.settings import BrokerSettings
 
@@ -84,7 +85,7 @@ class ProfileRequest:
             raise ConfigError(f"--parallel {self.parallel} must be 0 (every board at once) or more")
         if not 1 <= self.probe_bytes <= MAX_PROBE_BYTES:
             raise ConfigError(f"--probe-bytes {self.probe_bytes} must be 1-{MAX_PROBE_BYTES}")
-        if self.probe_rounds == 1 or not 0 <= self.probe_rounds <= MAX_PROBE_ROUNDS:
+        if not probe_rounds_ok(self.probe_rounds):
             raise ConfigError(f"--probe-rounds {self.probe_rounds} must be 0 (bulk rates only) or 2-{MAX_PROBE_ROUNDS} "
                               "(the first round is not timed)")
 

@@ -41,6 +41,11 @@ _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 PROBE_VERSION = 2
 
 
+def probe_rounds_ok(rounds: int) -> bool:
+    """A link probe's round count: 0 (no rounds) or 2 to :data:`MAX_PROBE_ROUNDS` (the first is not timed)."""
+    return rounds == 0 or 2 <= rounds <= MAX_PROBE_ROUNDS
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainCommand:
     """Start (or join) a training job. The body of a signed ``train`` command."""
@@ -156,12 +161,11 @@ class ProfileCommand:
             raise ValueError(f"probe_port {self.probe_port} is outside 1-65535")
         if not 0 <= self.probe_bytes <= MAX_PROBE_BYTES:
             raise ValueError(f"probe_bytes = {self.probe_bytes} must be 0-{MAX_PROBE_BYTES}")
-        if not 0 <= self.probe_round_bytes <= MAX_PROBE_BYTES or not 0 <= self.probe_rounds <= MAX_PROBE_ROUNDS:
-            raise ValueError(f"probe_round_bytes = {self.probe_round_bytes} must be 0-{MAX_PROBE_BYTES} and "
-                             f"probe_rounds = {self.probe_rounds} 0-{MAX_PROBE_ROUNDS}")
-        if (self.probe_round_bytes > 0) != (self.probe_rounds > 1):
+        if not 0 <= self.probe_round_bytes <= MAX_PROBE_BYTES:
+            raise ValueError(f"probe_round_bytes = {self.probe_round_bytes} must be 0-{MAX_PROBE_BYTES}")
+        if not probe_rounds_ok(self.probe_rounds) or (self.probe_round_bytes > 0) != (self.probe_rounds > 0):
             raise ValueError(f"probe_round_bytes = {self.probe_round_bytes} and probe_rounds = {self.probe_rounds}: "
-                             "give both (at least 2 rounds, the first untimed) or neither")
+                             f"give both (at least 2 rounds, the first untimed, at most {MAX_PROBE_ROUNDS}) or neither")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
