@@ -88,7 +88,7 @@ def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMet
     from workloads.registry import build_model
 
     torch.manual_seed(job.seed)
-    model = build_model(job.model, tuple(dataset.input_shape), int(dataset.num_classes), job.model_options)
+    model = build_model(job.model, job.model_options, data=dataset)
     clock = StepClock(job.warmup_steps, job.timed_steps, meter)
     batches = _batches(len(dataset), batch_size, job.warmup_steps + job.timed_steps + 1, job.seed)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
@@ -120,7 +120,8 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     Raises:
         EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
     """
-    from workloads.params import param_count, single_optimizer, trainable_params
+    from workloads.params import param_count, trainable_params
+    from workloads.preflight import optimizer_setup
     from workloads.registry import build_dataset_cached, build_model
 
     if job.threads:
@@ -129,8 +130,8 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
         log.warning("cannot reset the peak RSS (/proc/self/clear_refs); memory figures include earlier jobs")
     pid = os.getpid()
     dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
-    model = build_model(job.model, tuple(dataset.input_shape), int(dataset.num_classes), job.model_options)
-    count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
+    model = build_model(job.model, job.model_options, data=dataset)
+    count = param_count(trainable_params(optimizer_setup(model).optimizer))
     del model
     events.emit("running", f"profiling {job.model} (worker pid {pid})", data={"worker_pid": pid})
     meter = PowerMeter(context)

@@ -10,6 +10,7 @@ could not run here (unknown model or dataset, refused by the exchange), 1 anythi
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -49,65 +50,61 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    import pytorch_lightning as pl
-    from torch.utils.data import DataLoader
 
-    from agent.worker_exchange import (
-        ExchangeClient,
-        GradientExchange,
-        StopTraining,
-        welcome_splits,
-    )
+    from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
     from protocol.codec import decode_value
-    from workloads.params import (
-        param_count,
-        single_optimizer,
-        to_torch_tree,
-        trainable_params,
-    )
-    from workloads.registry import build_dataset_cached, build_model
-    from workloads.sharding import (
-        BoardBatchSampler,
-        GlobalBatchPlan,
-        LocalBatchPlan,
-        LocalBatchSampler,
-    )
+    from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
+    from workloads.lightning_api import callback_class, package_of
+    from workloads.params import param_count, to_torch_tree, trainable_params
+    from workloads.preflight import optimizer_setup
+    from workloads.registry import build_model
+    from workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
+    from workloads.training_data import load_training_data
 
     options = dict(job.model_options)
     if job.lr is not None:
         options["lr"] = job.lr
-    dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
-    model = build_model(job.model, tuple(dataset.input_shape), int(dataset.num_classes), options)  # type: ignore[attr-defined]
-    count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
+    data = load_training_data(dataset=job.dataset, dataset_options=job.dataset_options, datamodule=job.datamodule,
+                              datamodule_options=job.datamodule_options, cached=True, with_val=False)
+    model = build_model(job.model, options, data=data.train)
+    count = param_count(trainable_params(optimizer_setup(model).optimizer))
+    trainer_options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches,
+                                     gradient_clip_val=job.gradient_clip_val,
+                                     gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic)
 
     client = ExchangeClient(job.exchange_host, job.exchange_port)
     try:
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=job.token, param_count=count)
         model.load_state_dict(to_torch_tree(decode_value(welcome["model"])))
         start = int(welcome["step"])
-        steps = job.total_steps - start
         if job.data_mode == "global":
             # The job's batch sizes are the initial split; the welcome lists later re-splits still in
-            # force or announced, and each step's result may announce another (the sampler follows them).
-            sampler: Any = BoardBatchSampler(GlobalBatchPlan(len(dataset), job.batch_sizes, job.seed), job.board_index, start, steps)  # type: ignore[arg-type]
+            # force or announced, and each step's result may announce another (the schedule follows them).
+            plan = GlobalBatchPlan(len(data.train), job.batch_sizes, job.seed)
+            batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
+            schedule = SplitSchedule(plan)
             for from_step, sizes in welcome_splits(welcome):
-                sampler.resplit(from_step, sizes)
-            batch_size: Any = sampler.batch_size_at
-            on_split: Any = sampler.resplit
+                schedule.add(from_step, sizes)
+            indices_of: Any = functools.partial(schedule.indices, board_index=job.board_index)
+            batch_size: Any = lambda step: schedule.batch_sizes_at(step)[job.board_index]  # noqa: E731
+            on_split: Any = schedule.add
         else:
-            plan = LocalBatchPlan(len(dataset), job.batch_size, job.seed, board_seed=job.board_index)  # type: ignore[arg-type]
-            sampler = LocalBatchSampler(plan, start, steps)
-            batch_size, on_split = job.batch_size, None
-        exchange = GradientExchange(client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
-                                    optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress,
-                                    on_split=on_split)
+            local = LocalBatchPlan(len(data.train), job.batch_size, job.seed, board_seed=job.board_index)
+            batches_per_epoch = job.batches_per_epoch or local.steps_per_epoch
+            indices_of, batch_size, on_split = local.indices, job.batch_size, None
+        position = position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches)
+        package = package_of(model)
+        exchange = callback_class(package, GradientExchange, "GradientExchange")(
+            client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
+            optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress, on_split=on_split,
+            scheduler_states=decode_value(welcome.get("schedulers", [])))
+        positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         events.emit("running", f"joined at step {start}", step=start)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max(steps, 0), logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
-                             callbacks=[exchange])
+        # accelerator "auto": a board with CUDA (a Jetson) trains on its GPU; gradients cross to the host once a step.
+        trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
+                               callbacks=[positioner, exchange], accelerator="auto")
         try:
-            trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=sampler))
+            trainer.fit(model, train_dataloaders=data.train_loader(EpochBatchSampler(indices_of, position)))
         except StopTraining as stop:
             events.emit("finished", f"stopped by the coordinator: {stop}", step=exchange.step)
             return 0
@@ -115,6 +112,19 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
         return 0
     finally:
         client.close()
+
+
+def _batches_per_epoch(job: TrainCommand, here: int, source: str) -> int:
+    """The job's batches per epoch, checked against this board's copy of the data.
+
+    Raises:
+        EdgeTrainError: the board's data gives another count: it is not the coordinator's data.
+    """
+    if job.batches_per_epoch and job.batches_per_epoch != here:
+        raise EdgeTrainError(f"{source} gives {here} global batches per epoch on this board, {job.batches_per_epoch} "
+                             "on the coordinator: every board needs the same data in global data mode (or use "
+                             "--data-mode local)")
+    return here
 
 
 def _die_with_parent() -> None:
@@ -151,7 +161,7 @@ def _read_job(line: str) -> tuple[Any, Any]:
 
 
 class _TorchDefaults:
-    """Puts back what one job may change for the next in a kept worker (torch's thread count)."""
+    """Puts back what one job may change for the next in a kept worker (torch's threads, deterministic algorithms)."""
 
     def __init__(self) -> None:
         self.threads: int | None = None
@@ -159,6 +169,7 @@ class _TorchDefaults:
     def restore(self) -> None:
         import torch  # every job needs it; the first import here costs the job nothing extra
 
+        torch.use_deterministic_algorithms(False)  # a job's Trainer(deterministic=True) sets it process-wide
         if self.threads is None:
             self.threads = torch.get_num_threads()
         elif torch.get_num_threads() != self.threads:

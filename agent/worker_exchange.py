@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 
 from protocol.codec import decode_array, encode_array
@@ -30,6 +29,7 @@ from workloads.params import (
     assign_grads,
     flatten_grads,
     restore_optimizer_state,
+    restore_scheduler_states,
     trainable_params,
 )
 
@@ -160,11 +160,12 @@ class ExchangeClient:
         self.sock.close()
 
 
-class GradientExchange(pl.Callback):
+class GradientExchange:
     """Sits between backward and the optimizer step: swaps this board's gradient for the fleet's.
 
     ``on_before_optimizer_step`` is the exchange point: gradients are accumulated and unscaled
-    there, not yet clipped, and the step that follows is the same on every replica.
+    there, not yet clipped, and the step that follows is the same on every replica. The hooks
+    are a Callback of the module's own Lightning package (``workloads.lightning_api.callback_class``).
 
     Args:
         client: The joined exchange connection.
@@ -172,6 +173,7 @@ class GradientExchange(pl.Callback):
         start_step: The global step of the first batch.
         wire_dtype: float32, float16 or bfloat16.
         optimizer_state: The welcome's optimizer state, restored at train start.
+        scheduler_states: The welcome's LR scheduler states, in Lightning's order, restored at train start.
         on_step: Called with (step, loss, compute_s) after every step.
         on_split: Called with (from_step, batch sizes) when the coordinator re-splits the global
             batch (the sampler's ``resplit``); None: this job's batches cannot be re-split.
@@ -179,10 +181,12 @@ class GradientExchange(pl.Callback):
 
     def __init__(self, client: ExchangeClient, *, batch_size: int | Callable[[int], int], start_step: int,
                  wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
-                 on_split: Callable[[int, list[int]], object] | None = None) -> None:
+                 on_split: Callable[[int, list[int]], object] | None = None,
+                 scheduler_states: list[Any] | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
         self._batch_size = batch_size if callable(batch_size) else (lambda step, b=batch_size: b)
         self._optimizer_state = optimizer_state
+        self._scheduler_states = scheduler_states or []
         self._on_step = on_step
         self._on_split = on_split
         self._loss: float | None = None
@@ -192,24 +196,25 @@ class GradientExchange(pl.Callback):
         self._wire: np.ndarray | None = None
         self._avg32: np.ndarray | None = None
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizer = trainer.optimizers[0]
         if self._optimizer_state:
             restore_optimizer_state(optimizer, self._optimizer_state)
+        restore_scheduler_states(trainer.lr_scheduler_configs, self._scheduler_states)
         self._params = trainable_params(optimizer)
         self._flat = np.zeros(sum(p.numel() for p in self._params), dtype=np.float32)
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._started = time.perf_counter()
 
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         self._loss = float(loss.detach())
 
     @torch.no_grad()
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         compute_s = time.perf_counter() - self._started
         flatten_grads(self._params, self._flat)
         wire = self._flat

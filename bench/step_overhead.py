@@ -124,7 +124,7 @@ def local_plain(steps: int, warmup: int) -> list[float]:
 
     torch.manual_seed(SEED)
     dataset = build_dataset(DATASET, "train", {})
-    model = build_model(MODEL, INPUT_SHAPE, CLASSES, {})
+    model = build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES)
     optimizer = model.configure_optimizers()
     loader = DataLoader(dataset, batch_sampler=BoardBatchSampler(GlobalBatchPlan(len(dataset), [BATCH], SEED), 0, 0,
                                                                  warmup + steps))
@@ -162,7 +162,7 @@ def local_lightning(steps: int, warmup: int) -> tuple[list[float], list[float]]:
 
     torch.manual_seed(SEED)
     dataset = build_dataset(DATASET, "train", {})
-    model = build_model(MODEL, INPUT_SHAPE, CLASSES, {})
+    model = build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES)
     timer = make_step_timer()
     trainer = pl.Trainer(**trainer_kwargs(warmup + steps), callbacks=[timer])
     sampler = BoardBatchSampler(GlobalBatchPlan(len(dataset), [BATCH], SEED), 0, 0, warmup + steps)
@@ -206,7 +206,7 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
                     self.calls.append((t0, time.perf_counter()))
 
         dataset = build_dataset(DATASET, "train", {})
-        model = build_model(MODEL, INPUT_SHAPE, CLASSES, {})
+        model = build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES)
         count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
         client = TimedClient(host, port)
         client.calls = []
@@ -240,7 +240,7 @@ async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]
     from workloads.registry import build_model
 
     torch.manual_seed(SEED)
-    replica = Replica(build_model(MODEL, INPUT_SHAPE, CLASSES, {}))
+    replica = Replica(build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES))
 
     def welcome_state() -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = replica.wire_state()

@@ -43,7 +43,7 @@ if cgroup:
 import torch
 torch.set_num_threads(1)
 from workloads.registry import build_model
-model = build_model(model_name, (1, 32, 32), 10, {})
+model = build_model(model_name, {}, input_shape=(1, 32, 32), num_classes=10)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(batch, 1, 32, 32), torch.randint(10, (batch,))
 times, faults = [], []

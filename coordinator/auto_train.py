@@ -310,7 +310,8 @@ def _spec(args: argparse.Namespace, chosen: Any, dataset_len: int, base_options:
               f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     return TrainSpec(run_id=run_id, boards=list(c.boards), batch_sizes=list(c.batch_sizes), model=args.model,
                      model_options=dict(base_options) | dict(c.variant), dataset=args.dataset,
-                     dataset_options=dataset_options, total_steps=total, steps_per_epoch=steps_per_epoch, seed=args.seed,
+                     dataset_options=dataset_options, total_steps=total, steps_per_epoch=steps_per_epoch,
+                     batches_per_epoch=steps_per_epoch, seed=args.seed,
                      lr=args.lr, wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
                      checkpoint_every=args.checkpoint_every, step_timeout_s=args.step_timeout,
                      exchange_host=args.exchange_host, exchange_port=args.exchange_port)

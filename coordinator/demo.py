@@ -109,4 +109,4 @@ def _demo_spec(ids: list[str]):  # type: ignore[no-untyped-def]
     threads = 1 if (os.cpu_count() or 1) <= len(ids) else 0
     return TrainSpec(run_id=f"demo-lenet5-digits-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}", boards=ids,
                      batch_sizes=batches, model="lenet5", dataset="digits", total_steps=DEMO_EPOCHS * steps_per_epoch,
-                     steps_per_epoch=steps_per_epoch, seed=0, lr=DEMO_LR, threads=threads, checkpoint_every=100)
+                     steps_per_epoch=steps_per_epoch, batches_per_epoch=steps_per_epoch, seed=0, lr=DEMO_LR, threads=threads, checkpoint_every=100)

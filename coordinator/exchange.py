@@ -9,7 +9,7 @@ gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step 
 
 Frames (msgpack maps, ``protocol.exchange_io``):
     board -> server  hello {job_id, board_id, token, param_count, v}
-    server -> board  welcome {step, model, optimizer, splits?}   | error {message}
+    server -> board  welcome {step, model, optimizer, schedulers?, splits?}   | error {message}
     board -> server  grad {step, n, loss, compute_s, g: tensor}
     server -> board  avg {step, n, boards, g: tensor, split?}    | stop {reason}
 
@@ -159,18 +159,21 @@ class ExchangeServer:
         param_count: length of the flat gradient vector.
         wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
         welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
+        welcome_extra: returns more fields of the welcome (``schedulers``: the LR schedulers' states).
         splits: re-splits already in force or announced, as (from_step, batch sizes), in step
             order (a resumed run's, from its checkpoint); boards learn them in their welcome.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
                  welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6,
-                 splits: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
+                 splits: Sequence[tuple[int, Sequence[int]]] = (),
+                 welcome_extra: Callable[[], dict[str, Any]] | None = None) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
         self._in_order = list(self.boards.values())  # by board index: the reduce's fixed order
         self._welcome_state = welcome_state
+        self._welcome_extra = welcome_extra
         self.max_grad_norm = max_grad_norm
         self._sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
@@ -296,6 +299,8 @@ class ExchangeServer:
             board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
             board.grad = None
             welcome = {"type": "welcome", "step": next_step, "model": model_state, "optimizer": optimizer_state}
+            if self._welcome_extra is not None:
+                welcome.update(self._welcome_extra())
             splits = self.splits_from(next_step)
             if splits:
                 welcome["splits"] = splits

@@ -102,16 +102,17 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     """Build the dataset and every variant here: (variants, dataset length). Raises ConfigError."""
     import torch
 
-    from workloads.params import param_count, single_optimizer, trainable_params
-    from workloads.registry import build_dataset, build_model
+    from workloads.params import param_count, trainable_params
+    from workloads.preflight import check_trainable
+    from workloads.registry import build_dataset, build_model, dataset_attribute
 
     dataset = build_dataset(request.dataset, "train", request.dataset_options)
-    shape, classes = tuple(dataset.input_shape), int(dataset.num_classes)
+    shape = dataset_attribute(dataset, "input_shape", f"dataset {request.dataset!r}")
     variants = []
     for options in request.variants:
         torch.manual_seed(request.seed)
-        model = build_model(request.model, shape, classes, options)
-        count = param_count(trainable_params(single_optimizer(model.configure_optimizers())))
+        model = build_model(request.model, options, data=dataset)
+        count = param_count(trainable_params(check_trainable(model).optimizer))
         variants.append(_Variant(variant_label(options), dict(options), model_key(request.model, options, shape), count))
     return variants, len(dataset)
 

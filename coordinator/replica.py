@@ -1,66 +1,277 @@
-"""The coordinator's own replica of the model: it applies every step's average like the boards do,
-so it can write checkpoints and hand the current state to a board that joins late."""
+"""The coordinator's own replica of the model: it takes every step the boards take, so it can write
+checkpoints, hand the current state to a board that joins late, and validate the model.
+
+The replica is the user's module in a Lightning Trainer of its own (``workloads.fleet_trainer``),
+run in a thread: the same loop as every board's, so Lightning's own code clips the averaged
+gradient, steps the optimizer, steps the LR schedulers (interval, frequency, the module's
+``lr_scheduler_step``), calls the module's hooks and runs its ``validation_step`` at the end of
+every epoch, logging with ``self.log`` to the run's logger. Only the forward and backward passes
+are left out: the replica's ``training_step`` does nothing, and at the optimizer step it takes
+the fleet's averaged gradient instead (:meth:`Replica.apply`).
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
-from workloads.params import (assign_grads, param_count, restore_optimizer_state, single_optimizer, to_numpy_tree,
-                              trainable_params)
+from protocol.errors import EdgeTrainError
+from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
+from workloads.lightning_api import callback_class, package_of
+from workloads.params import (
+    assign_grads,
+    param_count,
+    restore_optimizer_state,
+    restore_scheduler_states,
+    scheduler_states,
+    to_numpy_tree,
+    trainable_params,
+)
+from workloads.preflight import check_trainable
 
 log = logging.getLogger(__name__)
 
+# The replica's Trainer runs on this machine's CPU: it applies averaged gradients that arrive as
+# host arrays, and the coordinator is a laptop or a server, not a training board.
+REPLICA_ACCELERATOR = "cpu"
+_STOP = object()
 
-class Replica:
-    """A LightningModule and its optimizer, stepped with averaged gradients only."""
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.optimizer = single_optimizer(model.configure_optimizers())
-        self.params = trainable_params(self.optimizer)
-        self.param_count = param_count(self.params)
-        self.step = 0  # the next global step
+class ReplicaError(EdgeTrainError):
+    """The replica's Trainer failed (the module's own hook raised, or its code differs from the boards')."""
+
+
+class _Stopped(Exception):
+    """Ends the replica's fit when the run stops before its last step."""
+
+
+def _no_training_step(*args: Any, **kwargs: Any) -> None:
+    """The replica's training_step: the boards compute the gradient, the replica takes their average."""
+    return None
+
+
+class _Placeholders(torch.utils.data.Dataset[int]):
+    """The replica's "samples": every batch is ``[0]``; the boards hold the data."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class _ReplicaDriver:
+    """Callback hooks of the replica's Trainer: restore state at start, take each averaged gradient, note validation."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        replica = self.replica
+        optimizer = trainer.optimizers[0]
+        replica.optimizer, replica.schedulers = optimizer, list(trainer.lr_scheduler_configs)
+        replica.params = trainable_params(optimizer)
+        if replica._saved is not None:
+            restore_optimizer_state(optimizer, to_numpy_tree(replica._saved["optimizer"]))
+            restore_scheduler_states(replica.schedulers, replica._saved.get("schedulers", []))
+            replica._saved = None
 
     @torch.no_grad()
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        assign_grads(self.replica.params, self.replica._next_gradient())
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        metrics = {}
+        for name, value in trainer.callback_metrics.items():
+            try:
+                metrics[name] = float(value)
+            except (TypeError, ValueError):
+                continue
+        self.replica.val_metrics = metrics
+        self.replica._validated_at = trainer.global_step
+
+
+class Replica:
+    """A LightningModule in its own Trainer, stepped with averaged gradients only.
+
+    Args:
+        model: The user's module (the coordinator's copy, with the initial weights).
+        options: The job's Trainer flags (the boards' too).
+        batches_per_epoch: Global batches per epoch.
+        total_steps: Optimizer steps of the whole run.
+        val_loader: Makes the validation DataLoader, or None; used only if the module has a ``validation_step``.
+        logger: A Lightning logger of the module's package, or False.
+
+    Raises:
+        ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``).
+    """
+
+    def __init__(self, model: Any, *, options: TrainerOptions | None = None, batches_per_epoch: int = 1,
+                 total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False) -> None:
+        self.model = model
+        setup = check_trainable(model)
+        self.optimizer = setup.optimizer
+        self.schedulers: list[Any] = list(setup.schedulers)
+        self.params = trainable_params(self.optimizer)
+        self.param_count = param_count(self.params)
+        self.options = options or TrainerOptions()
+        self.batches_per_epoch, self.total_steps = batches_per_epoch, total_steps
+        self.package = package_of(model)
+        self.validates = val_loader is not None and _overrides_validation(model)
+        self._val_loader = val_loader if self.validates else None
+        self.logger = logger
+        self.step = 0  # the next global step
+        self.val_metrics: dict[str, float] = {}
+        self._validated_at = -1
+        self._saved: dict[str, Any] | None = None
+        self._gradients: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._waiting = threading.Event()   # the Trainer waits for the next gradient, or has ended
+        self._ended = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the replica's Trainer and wait until it waits for the gradient of :attr:`step`.
+
+        Raises:
+            ReplicaError: the Trainer failed while starting.
+        """
+        if self._thread is not None:
+            return
+        self.model.training_step = _no_training_step  # this copy only: the boards run the module's own
+        self._thread = threading.Thread(target=self._fit, name="edgefleet-replica", daemon=True)
+        self._thread.start()
+        self._wait()
+
+    def _fit(self) -> None:
+        position = position_of(self.step, self.batches_per_epoch, self.options.accumulate_grad_batches)
+        callbacks = [callback_class(self.package, LoopPositioner, "LoopPositioner")(position),
+                     callback_class(self.package, _ReplicaDriver, "ReplicaDriver")(self)]
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+                warnings.filterwarnings("ignore", message=".*training_step.*returned `None`.*")
+                trainer = make_trainer(self.package, options=self.options, total_steps=self.total_steps,
+                                       callbacks=callbacks, accelerator=REPLICA_ACCELERATOR, logger=self.logger,
+                                       validate=self.validates)
+                loader = DataLoader(_Placeholders(1), batch_sampler=EpochBatchSampler(lambda batch: [0], position))
+                val = self._val_loader() if self._val_loader is not None else None
+                trainer.fit(self.model, train_dataloaders=loader, val_dataloaders=val)
+                if val is not None and self._validated_at != trainer.global_step:  # the run ended mid-epoch
+                    trainer.validate(self.model, dataloaders=val, verbose=False)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the asyncio side, which reports it
+            log.exception("the replica's Trainer failed")
+            self._error = exc
+        finally:
+            self._ended = True
+            self._waiting.set()
+
+    def _next_gradient(self) -> np.ndarray:
+        """In the Trainer's thread: say it waits, then take the next averaged gradient (or stop)."""
+        self._waiting.set()
+        item = self._gradients.get()
+        if item is _STOP:
+            raise _Stopped
+        return item  # type: ignore[no-any-return]
+
+    def _wait(self) -> None:
+        self._waiting.wait()
+        if self._error is not None:
+            raise ReplicaError(f"the coordinator's replica failed: {type(self._error).__name__}: {self._error}")
+
     def apply(self, avg: np.ndarray) -> None:
-        """One optimizer step with the fleet's average gradient (the same step every board takes)."""
-        assign_grads(self.params, avg)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        """One optimizer step with the fleet's average gradient (the same step every board takes).
+
+        Returns when the step, the schedulers and (at an epoch's end) validation are done.
+
+        Raises:
+            ReplicaError: the replica's Trainer failed or has already ended.
+        """
+        if self._thread is None:
+            self.start()
+        if self._ended:
+            raise ReplicaError(f"the coordinator's replica ended before step {self.step}")
+        self._waiting.clear()
+        self._gradients.put(avg)
+        self._wait()
         self.step += 1
+
+    def close(self) -> None:
+        """Stop the replica's Trainer (at its next optimizer step, or it has ended already)."""
+        if self._thread is None:
+            return
+        if not self._ended:
+            self._gradients.put(_STOP)
+        self._thread.join(timeout=60)
+        self.model.__dict__.pop("training_step", None)
+
+    # ---------------------------------------------------------------------------------- state
 
     def wire_state(self) -> tuple[int, Any, Any]:
         """(next step, model state, optimizer state) as numpy trees for the exchange's welcome."""
         return self.step, to_numpy_tree(self.model.state_dict()), to_numpy_tree(self.optimizer.state_dict())
 
+    def scheduler_wire_state(self) -> list[Any]:
+        """The LR schedulers' states as numpy trees, in Lightning's order, for the exchange's welcome."""
+        return scheduler_states(self.schedulers)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedulers": [config.scheduler.state_dict() for config in self.schedulers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's state, before :meth:`start` (the optimizer and schedulers are restored once the Trainer made them)."""
         self.model.load_state_dict(state["model"])
-        restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))
         self.step = int(state["step"])
+        self._saved = {"optimizer": state["optimizer"],
+                       "schedulers": [to_numpy_tree(s) for s in state.get("schedulers", [])]}
+        restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))  # wire_state before start
 
     @torch.no_grad()
-    def evaluate(self, dataset: Any, batch_size: int = 256) -> tuple[float, float]:
-        """(mean loss, accuracy) of the replica on ``dataset``."""
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+    def evaluate(self, loader: Any) -> tuple[float, float] | None:
+        """(mean cross-entropy, accuracy) of a classifier on ``loader``; None if its batches are not (input, class label).
+
+        The fallback for a module without a ``validation_step``.
+        """
         self.model.eval()
         total, correct, loss_sum = 0, 0, 0.0
         try:
-            for x, y in loader:
+            for batch in loader:
+                if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                    return None
+                x, y = batch
+                if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.ndim != 1:
+                    return None
                 logits = self.model(x)
+                if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != len(y):
+                    return None
                 loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
                 correct += int((logits.argmax(dim=1) == y).sum())
                 total += len(y)
         finally:
             self.model.train()
-        return (loss_sum / total, correct / total) if total else (float("nan"), float("nan"))
+        return (loss_sum / total, correct / total) if total else None
 
 
+def _overrides_validation(model: Any) -> bool:
+    from workloads.lightning_api import overrides
 
-__all__ = ["Replica"]
+    return overrides(model, "validation_step")
+
+
+__all__ = ["REPLICA_ACCELERATOR", "Replica", "ReplicaError"]

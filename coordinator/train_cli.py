@@ -37,10 +37,18 @@ def add_train_parser(sub: Any) -> None:
                                    "averages the boards' gradients weighted by their batch sizes.",
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--boards", metavar="ID,ID,…", help="boards that take part (default: every online board that can train)")
-    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class (default lenet5)")
-    p.add_argument("--model-options", default="", metavar="K=V,…", help="model variant, e.g. layers=3,width=64")
-    p.add_argument("--dataset", default="digits", help="digits, synthetic, npz, an entry point or pkg.module:factory (default digits)")
+    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class, "
+                                                     "a LightningModule of pytorch_lightning or lightning.pytorch (default lenet5)")
+    p.add_argument("--model-options", default="", metavar="K=V,…",
+                   help="the model constructor's keyword arguments, e.g. lr=0.01,hidden=64 or layers=3,width=64")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--dataset", default="digits",
+                      help="digits, synthetic, npz, an entry point or pkg.module:factory (default digits)")
+    data.add_argument("--datamodule", metavar="PKG.MOD:CLASS",
+                      help="a LightningDataModule instead of a dataset: its train_dataloader()'s dataset and collate_fn "
+                           "are used (the fleet picks each board's samples), its val_dataloader() validates")
     p.add_argument("--dataset-options", default="", metavar="K=V,…", help="e.g. path=/data/train.npz for npz")
+    p.add_argument("--datamodule-options", default="", metavar="K=V,…", help="the DataModule constructor's keyword arguments")
     p.add_argument("--batch", default="32", metavar="B[,B,…]", help="batch size per board, one value for all or one per board (default 32)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=float, help="epochs over the dataset (default 5)")
@@ -53,6 +61,17 @@ def add_train_parser(sub: Any) -> None:
                    help="global: every board holds the whole dataset and takes its slice of each global batch; "
                         "local: each board trains on its own data (default global)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per board (default: torch's choice)")
+    lightning = p.add_argument_group("Lightning Trainer flags (the same on every board and on the coordinator's replica)")
+    lightning.add_argument("--accumulate-grad-batches", type=int, default=1, metavar="K",
+                           help="sum the gradients of K global batches before each optimizer step (default 1)")
+    lightning.add_argument("--gradient-clip-val", type=float, metavar="X",
+                           help="clip the averaged gradient (default: no clipping)")
+    lightning.add_argument("--gradient-clip-algorithm", choices=("norm", "value"), default="norm",
+                           help="norm: over all parameters together (default); value: each element")
+    lightning.add_argument("--deterministic", action="store_true", help="torch's deterministic algorithms on every replica")
+    lightning.add_argument("--logger", choices=("none", "csv", "tensorboard"), default="none",
+                           help="write what the module logs in validation_step, and the fleet's loss, with "
+                                "Lightning's CSVLogger or TensorBoardLogger into RUN_DIR/logs (default none)")
     p.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS", help="checkpoint interval (default 50)")
     p.add_argument("--step-timeout", type=float, default=10.0, metavar="S",
                    help="a board later than max(S, 5x the median step) is left out of that step (default 10)")
@@ -107,8 +126,10 @@ def parse_force_split(text: str, batches: list[int]) -> dict[str, Any]:
 def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
     from coordinator.fleet_select import online_trainers
     from coordinator.training import TrainSpec
-    from workloads.registry import build_dataset, parse_options
+    from workloads.fleet_trainer import TrainerOptions, steps_per_epoch
+    from workloads.registry import parse_options
     from workloads.sharding import GlobalBatchPlan
+    from workloads.training_data import load_training_data
 
     if args.resume is not None:
         config = args.resume / "config.json"
@@ -127,22 +148,34 @@ def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
     if force_split is not None and args.data_mode != "global":
         raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
     dataset_options = parse_options(args.dataset_options)
-    dataset = build_dataset(args.dataset, "train", dataset_options)
+    datamodule_options = parse_options(args.datamodule_options)
+    dataset_spec = "" if args.datamodule else args.dataset
+    if args.datamodule and dataset_options:
+        raise ConfigError("--dataset-options belong to --dataset; a DataModule takes --datamodule-options")
+    data = load_training_data(dataset=dataset_spec, dataset_options=dataset_options, datamodule=args.datamodule or "",
+                              datamodule_options=datamodule_options, with_val=False)
+    size = len(data.train)
     if args.data_mode == "global":
-        steps_per_epoch = GlobalBatchPlan(len(dataset), batches, args.seed).steps_per_epoch  # type: ignore[arg-type]
+        batches_per_epoch = GlobalBatchPlan(size, batches, args.seed).steps_per_epoch
     else:
-        steps_per_epoch = max(1, len(dataset) // max(batches))  # type: ignore[arg-type]
-    if steps_per_epoch < 1:
-        raise ConfigError(f"the global batch ({sum(batches)}) is larger than the dataset ({len(dataset)} samples)")  # type: ignore[arg-type]
-    total = args.steps if args.steps is not None else max(1, round((args.epochs or 5.0) * steps_per_epoch))
-    run_id = f"{args.model.split(':')[-1].lower()}-{args.dataset.split(':')[-1].lower()}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        batches_per_epoch = max(1, size // max(batches))
+    options = TrainerOptions(accumulate_grad_batches=args.accumulate_grad_batches, gradient_clip_val=args.gradient_clip_val,
+                             gradient_clip_algorithm=args.gradient_clip_algorithm, deterministic=args.deterministic)
+    per_epoch = steps_per_epoch(batches_per_epoch, options.accumulate_grad_batches)
+    total = args.steps if args.steps is not None else max(1, round((args.epochs or 5.0) * per_epoch))
+    data_name = args.datamodule or dataset_spec
+    run_id = f"{args.model.split(':')[-1].lower()}-{data_name.split(':')[-1].lower()}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     spec = TrainSpec(run_id=run_id, boards=boards, batch_sizes=batches, model=args.model,
-                     model_options=parse_options(args.model_options), dataset=args.dataset, dataset_options=dataset_options,
-                     total_steps=total, steps_per_epoch=steps_per_epoch, seed=args.seed, lr=args.lr,
-                     wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
+                     model_options=parse_options(args.model_options), dataset=dataset_spec, dataset_options=dataset_options,
+                     datamodule=args.datamodule or "", datamodule_options=datamodule_options,
+                     total_steps=total, steps_per_epoch=per_epoch, batches_per_epoch=batches_per_epoch, seed=args.seed,
+                     lr=args.lr, wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
                      checkpoint_every=args.checkpoint_every, step_timeout_s=args.step_timeout,
                      exchange_host=args.exchange_host, exchange_port=args.exchange_port, rebalance=args.rebalance,
-                     rebalance_threshold=args.rebalance_threshold, force_split=force_split)
+                     rebalance_threshold=args.rebalance_threshold, force_split=force_split,
+                     accumulate_grad_batches=options.accumulate_grad_batches,
+                     gradient_clip_val=options.gradient_clip_val, gradient_clip_algorithm=options.gradient_clip_algorithm,
+                     deterministic=options.deterministic, logger=args.logger)
     return spec, args.run_dir or Path("runs") / run_id
 
 

@@ -42,10 +42,12 @@ from coordinator.exchange import ExchangeError, ExchangeServer, StepResult
 from coordinator.fleet_select import check_boards_ready
 from coordinator.planning.rebalance import Rebalancer
 from coordinator.replica import Replica
+from coordinator.run_logger import make_logger
 from protocol.codec import encode_value
 from protocol.errors import ConfigError
 from protocol.jobs import StopCommand, TrainCommand
 from protocol.settings import BrokerSettings
+from workloads.fleet_trainer import TrainerOptions
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch a
 # The first steps after a (re)start are slow (allocations, caches, Lightning's first-batch work):
 # they would make a poor reference for the rebalancer, so it starts watching after them.
 REBALANCE_WARMUP_STEPS = 2
+ACCURACY_KEYS = ("val_acc", "val_accuracy", "val/acc", "val/accuracy")  # a validation_step's accuracy, as commonly logged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +66,19 @@ class TrainSpec:
     boards: list[str]
     batch_sizes: list[int]
     model: str
-    dataset: str
+    dataset: str                         # a dataset spec, or "" with a datamodule
     total_steps: int
-    steps_per_epoch: int
+    steps_per_epoch: int                 # optimizer steps in an epoch
     model_options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
+    datamodule: str = ""                 # "pkg.mod:Class", a LightningDataModule
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    batches_per_epoch: int = 0           # global batches in an epoch (0 in runs saved before: steps_per_epoch)
+    accumulate_grad_batches: int = 1     # Lightning's Trainer flags, the same on every replica
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    deterministic: bool = False
+    logger: str = "none"                 # the coordinator's Lightning logger: none, csv or tensorboard
     seed: int = 0
     lr: float | None = None
     wire_dtype: str = "float32"
@@ -83,6 +94,16 @@ class TrainSpec:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def trainer_options(self) -> TrainerOptions:
+        return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
+                              gradient_clip_val=self.gradient_clip_val,
+                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic)
+
+    @property
+    def data_name(self) -> str:
+        return self.datamodule or self.dataset
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainSpec:
@@ -139,7 +160,9 @@ class _Adaptation:
     def __init__(self, spec: TrainSpec, splits: list[dict[str, Any]], first_step: int) -> None:
         self.spec = spec
         self.splits = [{"from_step": int(s["from_step"]), "batch_sizes": [int(b) for b in s["batch_sizes"]]} for s in splits]
-        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
+        # With accumulation a step is several batches of each board: re-splits are not offered there (yet).
+        self.enabled = (spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
+                        and spec.accumulate_grad_batches == 1)
         self.watch_from = first_step + REBALANCE_WARMUP_STEPS
         self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
         self.records: list[dict[str, Any]] = []
@@ -193,21 +216,27 @@ class TrainingRun:
 
     def __init__(self, spec: TrainSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
-        from workloads.registry import build_dataset, build_model
+        from workloads.registry import build_model
+        from workloads.training_data import load_training_data
 
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.on_step, self.on_note = on_step, on_note
-        self.train_set = build_dataset(spec.dataset, "train", spec.dataset_options)
-        self.val_set = build_dataset(spec.dataset, "val", spec.dataset_options)
+        self.data = load_training_data(dataset=spec.dataset, dataset_options=spec.dataset_options,
+                                       datamodule=spec.datamodule, datamodule_options=spec.datamodule_options)
         options = dict(spec.model_options) | ({"lr": spec.lr} if spec.lr is not None else {})
         torch.manual_seed(spec.seed)  # the replica's initial weights; boards receive them, never re-draw them
-        model = build_model(spec.model, tuple(self.train_set.input_shape), int(self.train_set.num_classes), options)  # type: ignore[attr-defined]
-        self.replica = Replica(model)
+        model = build_model(spec.model, options, data=self.data.train)
+        self.batches_per_epoch = spec.batches_per_epoch or _batches_per_epoch(spec, len(self.data.train))
+        self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
+                               total_steps=spec.total_steps, val_loader=self.data.val_loader,
+                               logger=make_logger(spec.logger, model, run_dir))
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
+        self.val_metrics: dict[str, float] = {}
+        self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
         splits: list[dict[str, Any]] = []
         if resume:
@@ -215,6 +244,7 @@ class TrainingRun:
             self.replica.load_state_dict(state["replica"])
             torch.set_rng_state(state["torch_rng"])
             self.val_accuracy, self.val_loss = state.get("val_accuracy"), state.get("val_loss")
+            self.val_metrics = dict(state.get("val_metrics", {}))
             self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
             splits = list(state.get("splits", []))
             MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
@@ -229,22 +259,54 @@ class TrainingRun:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _evaluate(self) -> None:
+        """The epoch's validation figures: the module's own (its validation_step ran in the replica), else accuracy."""
+        if self.replica.validates:
+            metrics = self.replica.val_metrics
+            self.val_metrics = dict(metrics)
+            self.val_loss = metrics.get("val_loss")
+            self.val_accuracy = next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+        elif self.data.val_loader is not None and self._fallback_accuracy:
+            figures = self.replica.evaluate(self.data.val_loader())
+            if figures is None:
+                self._fallback_accuracy = False  # not a classifier of (input, label) batches: nothing to measure
+                self.on_note("no validation: the module has no validation_step and its data is not (input, class "
+                             "label) pairs; add a validation_step to see validation metrics")
+                return
+            self.val_loss, self.val_accuracy = figures
+            self.val_metrics = {"val_loss": self.val_loss, "val_acc": self.val_accuracy}
+
+    def _log_fleet_loss(self, step: int, loss: float | None) -> None:
+        """The step's loss (the boards' training_step losses, weighted by their samples) in the run's logger."""
+        logger = self.replica.logger
+        if logger and loss is not None:
+            logger.log_metrics({"fleet_loss": loss}, step=step)  # the replica's thread waits meanwhile
+
     def _checkpoint(self, elapsed_s: float) -> None:
         save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
-                                       "elapsed_s": elapsed_s, "splits": self.adapt.splits})
+                                       "val_metrics": self.val_metrics, "elapsed_s": elapsed_s, "splits": self.adapt.splits})
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = self.replica.wire_state()
         return step, encode_value(model_state), encode_value(optimizer_state)
 
+    def _welcome_extra(self) -> dict[str, Any]:
+        schedulers = self.replica.scheduler_wire_state()
+        return {"schedulers": encode_value(schedulers)} if schedulers else {}
+
     def _commands(self, host: str, port: int, token: str) -> dict[str, dict[str, Any]]:
         s = self.spec
         return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port, token=token,
                                     model=s.model, model_options=s.model_options, dataset=s.dataset,
-                                    dataset_options=s.dataset_options, board_index=i, batch_sizes=s.batch_sizes,
+                                    dataset_options=s.dataset_options, datamodule=s.datamodule,
+                                    datamodule_options=s.datamodule_options, board_index=i, batch_sizes=s.batch_sizes,
                                     seed=s.seed, total_steps=s.total_steps, data_mode=s.data_mode, lr=s.lr,
-                                    wire_dtype=s.wire_dtype, threads=s.threads).to_dict()
+                                    wire_dtype=s.wire_dtype, threads=s.threads, batches_per_epoch=self.batches_per_epoch,
+                                    accumulate_grad_batches=s.accumulate_grad_batches,
+                                    gradient_clip_val=s.gradient_clip_val,
+                                    gradient_clip_algorithm=s.gradient_clip_algorithm,
+                                    deterministic=s.deterministic).to_dict()
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -256,8 +318,9 @@ class TrainingRun:
         exchange = ExchangeServer(job_id=self.spec.run_id, token=token,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
-                                  welcome_state=self._welcome_state,
+                                  welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   splits=[(s["from_step"], s["batch_sizes"]) for s in self.adapt.splits])
+        self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         await channel.open()
         try:
             await check_boards_ready(channel, self.spec.boards)
@@ -281,6 +344,7 @@ class TrainingRun:
                 channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
             channel.close()
             self.metrics.close()
+            self.replica.close()
 
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         need = set(self.spec.boards)
@@ -312,8 +376,9 @@ class TrainingRun:
             samples += result.n_total
             elapsed = time.monotonic() - started
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
+            self._log_fleet_loss(step, result.loss)
             if epoch_end:
-                self.val_loss, self.val_accuracy = self.replica.evaluate(self.val_set)
+                self._evaluate()
             rebalance = self.adapt.after_step(result, exchange)
             if rebalance is not None:
                 self.on_note(_rebalance_note(rebalance))
@@ -343,8 +408,9 @@ class TrainingRun:
                   "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
         if rebalance is not None:
             record["rebalance"] = rebalance
-        if self.val_accuracy is not None and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
+        if self.val_metrics and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
+            record["val_metrics"] = dict(self.val_metrics)
         self.metrics.write(record)
         self.history.append(record)
 
@@ -359,6 +425,7 @@ class TrainingRun:
                                 "flags": self.flags.get(board, [])[:50]}
         return {"run_id": self.spec.run_id, "steps": self.replica.step, "total_steps": self.spec.total_steps,
                 "interrupted": interrupted, "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
+                "val_metrics": self.val_metrics,
                 "elapsed_s": round(self.elapsed_before_s + elapsed, 3),
                 "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
@@ -366,6 +433,15 @@ class TrainingRun:
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
                                for r in self.adapt.records]}
+
+
+def _batches_per_epoch(spec: TrainSpec, dataset_len: int) -> int:
+    """Global batches per epoch of a spec that does not say (a run saved before it did, or a verify run)."""
+    from workloads.sharding import GlobalBatchPlan
+
+    if spec.data_mode == "global":
+        return GlobalBatchPlan(dataset_len, spec.batch_sizes, spec.seed).steps_per_epoch
+    return max(1, dataset_len // max(spec.batch_sizes))
 
 
 def _rebalance_note(record: dict[str, Any]) -> str:

@@ -57,9 +57,11 @@ class TrainCommand:
     exchange_port: int
     token: str                      # per-job secret the board shows when it connects to the exchange
     model: str                      # built-in name, import path "pkg.mod:Class" or entry point
-    model_options: dict[str, Any] = field(default_factory=dict)
-    dataset: str
+    model_options: dict[str, Any] = field(default_factory=dict)  # the model constructor's keyword arguments
+    dataset: str = ""               # a dataset spec, or "" with a datamodule
     dataset_options: dict[str, Any] = field(default_factory=dict)
+    datamodule: str = ""            # "pkg.mod:Class", a LightningDataModule, instead of a dataset
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
     board_index: int                # this board's slice of each global batch
     batch_sizes: list[int]          # every board's batch size, by board_index; their sum is the global batch
     seed: int
@@ -68,6 +70,11 @@ class TrainCommand:
     lr: float | None = None         # overrides the model's default learning rate
     wire_dtype: str = "float32"     # gradients on the wire: float32, float16 or bfloat16
     threads: int = 0                # torch threads on the board; 0 = torch's default
+    batches_per_epoch: int = 0      # global batches in an epoch (the coordinator's count; 0: count here)
+    accumulate_grad_batches: int = 1  # Lightning's Trainer flags, the same on every replica
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    deterministic: bool = False
     schema_version: int = JOB_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -83,6 +90,12 @@ class TrainCommand:
             raise ValueError(f"data_mode {self.data_mode!r} is not one of {DATA_MODES}")
         if not 0 < self.exchange_port < 65536 or self.total_steps < 0:
             raise ValueError("exchange_port or total_steps out of range")
+        if bool(self.dataset) == bool(self.datamodule):
+            raise ValueError("give exactly one of dataset and datamodule")
+        if self.batches_per_epoch < 0 or self.accumulate_grad_batches < 1:
+            raise ValueError("batches_per_epoch must be >= 0 and accumulate_grad_batches >= 1")
+        if self.gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm {self.gradient_clip_algorithm!r} is not 'norm' or 'value'")
 
     @property
     def batch_size(self) -> int:

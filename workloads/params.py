@@ -67,9 +67,9 @@ def assign_grads(params: list[torch.nn.Parameter], flat: np.ndarray) -> None:
         n = p.numel()
         chunk = source[offset:offset + n].view_as(p)
         if p.grad is None:
-            p.grad = chunk.clone().to(p.dtype)
+            p.grad = chunk.to(device=p.device, dtype=p.dtype, copy=True)
         else:
-            p.grad.copy_(chunk)
+            p.grad.copy_(chunk)  # host to device once, on a board that trains on its GPU
         offset += n
 
 
@@ -112,3 +112,27 @@ def restore_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[Any, A
             if key != "params" and isinstance(value, list):
                 group[key] = tuple(value)
     optimizer.load_state_dict(restored)
+
+
+def scheduler_states(configs: list[Any]) -> list[Any]:
+    """The state of each LR scheduler of Lightning's ``lr_scheduler_configs``, as numpy trees (for the wire or a file)."""
+    return [to_numpy_tree(config.scheduler.state_dict()) for config in configs]
+
+
+def restore_scheduler_states(configs: list[Any], states: list[Any]) -> None:
+    """Load states from :func:`scheduler_states` into the schedulers Lightning built from ``configure_optimizers``.
+
+    Raises:
+        ConfigError: a different number of schedulers (the model or its code differs between the two sides).
+    """
+    if not states:
+        return
+    if len(states) != len(configs):
+        raise ConfigError(f"the saved state holds {len(states)} LR schedulers, the module configures {len(configs)}: "
+                          "is the same model code installed everywhere?")
+    for config, state in zip(configs, states):
+        restored = to_torch_tree(state)
+        for key, value in list(restored.items()):  # plain numbers and lists came back as they went
+            if isinstance(value, torch.Tensor) and value.ndim == 0:
+                restored[key] = value.item()
+        config.scheduler.load_state_dict(restored)

@@ -19,21 +19,21 @@ import inspect
 import json
 import reprlib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
+from torch.utils.data import Dataset, IterableDataset
 
 from protocol.errors import ConfigError
 from workloads.datasets import (
     BUILTIN_DATASETS,
-    ClassificationDataset,
     DatasetFactory,
     check_split,
     split_indices,
 )
+from workloads.lightning_api import is_datamodule_class, is_lightning_module_class
 from workloads.models import BUILTIN_MODELS
 
 MODEL_GROUP = "edgefleet.models"
@@ -56,19 +56,34 @@ def available_datasets() -> list[str]:
     return _available(BUILTIN_DATASETS, DATASET_GROUP)
 
 
-def resolve_model(spec: str) -> type[pl.LightningModule]:
-    """The LightningModule class a model spec names.
+def resolve_model(spec: str) -> type[Any]:
+    """The LightningModule class a model spec names (of ``pytorch_lightning`` or ``lightning.pytorch``).
 
     Raises:
         ConfigError: Unknown name (lists what is available), failed import, or not a
-            ``pytorch_lightning.LightningModule`` subclass.
+            LightningModule subclass.
     """
     model = _resolve(spec, BUILTIN_MODELS, MODEL_GROUP, "model")
-    if isinstance(model, type) and issubclass(model, pl.LightningModule):
-        return model
-    raise ConfigError(f"model {spec!r} is {_describe(model)}, not a LightningModule subclass. "
-                      f"{_lightning_mixup_hint(model)}A model must be a class deriving from "
-                      "pytorch_lightning.LightningModule, constructed as Cls(input_shape, num_classes, **options)")
+    if is_lightning_module_class(model):
+        return typing.cast(type, model)
+    raise ConfigError(f"model {spec!r} is {_describe(model)}, not a LightningModule subclass. A model must be a "
+                      "class deriving from LightningModule (pytorch_lightning or lightning.pytorch); its "
+                      "constructor's keyword arguments are --model-options")
+
+
+def resolve_datamodule(spec: str) -> type[Any]:
+    """The LightningDataModule class a ``package.module:Class`` spec names.
+
+    Raises:
+        ConfigError: failed import, or not a LightningDataModule subclass.
+    """
+    if ":" not in spec:
+        raise ConfigError(f"datamodule {spec!r}: give an import path, package.module:Class")
+    module = _import_object(spec.strip(), "datamodule")
+    if is_datamodule_class(module):
+        return typing.cast(type, module)
+    raise ConfigError(f"datamodule {spec!r} is {_describe(module)}, not a LightningDataModule subclass "
+                      "(pytorch_lightning or lightning.pytorch)")
 
 
 def resolve_dataset(spec: str) -> DatasetFactory:
@@ -131,53 +146,103 @@ def _import_object(path: str, kind: str) -> Any:
 def _describe(obj: Any) -> str:
     if isinstance(obj, type):
         return f"the class {obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, pl.LightningModule):
+    if is_lightning_module_class(type(obj)) or is_datamodule_class(type(obj)):
         return f"an instance of {type(obj).__qualname__} (give the class, not an instance)"
     if inspect.isroutine(obj):
         return f"the function {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
     return f"the {type(obj).__name__} {reprlib.repr(obj)}"
 
 
-def _lightning_mixup_hint(obj: Any) -> str:
-    # lightning.pytorch.LightningModule and pytorch_lightning.LightningModule are distinct classes;
-    # a module built on the other package looks right but fails our subclass check.
-    if isinstance(obj, type) and any(base.__module__.startswith("lightning.") for base in obj.__mro__):
-        return "It derives from lightning.pytorch; edgefleet uses the pytorch_lightning package (import pytorch_lightning as pl). "
-    return ""
-
-
 # ------------------------------------------------------------------------------------------- building
 
-def build_model(spec: str, input_shape: tuple[int, ...], num_classes: int,
-                options: Mapping[str, Any] | None = None) -> pl.LightningModule:
-    """Construct the model ``spec`` names as ``Cls(input_shape, num_classes, **options)``.
+MODEL_DATA_ARGUMENTS = ("input_shape", "num_classes")  # given to a model's constructor only if it takes them
+
+
+def build_model(spec: str, options: Mapping[str, Any] | None = None, *, data: Any = None,
+                input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> Any:
+    """Construct the model ``spec`` names with its own signature: ``Cls(**options)``.
+
+    ``input_shape`` and ``num_classes`` are passed too, as keywords, if the constructor has
+    parameters of those names (the built-in models do): taken from the training dataset's
+    attributes of those names, else inferred from its samples (:func:`dataset_attribute`).
 
     Args:
         spec: Built-in name, import path or entry point name.
-        input_shape: One sample's shape (the dataset's ``input_shape``).
-        num_classes: Number of classes (the dataset's ``num_classes``).
-        options: Variant options, e.g. ``{"layers": 3, "width": 64}``.
+        options: The constructor's keyword arguments, e.g. ``{"layers": 3, "width": 64}``.
+        data: The training dataset, asked only when the constructor wants its shape or classes.
+        input_shape: Given instead of the dataset's, if the constructor takes it.
+        num_classes: Given instead of the dataset's, if the constructor takes it.
 
     Raises:
         ConfigError: Unknown spec, unknown option, or the constructor rejected the options.
     """
     model_class = resolve_model(spec)
     options = dict(options or {})
-    _check_options(model_class, options, f"model {spec!r}", reserved=("input_shape", "num_classes"))
+    parameters = _parameters(model_class)
+    wanted = [name for name in MODEL_DATA_ARGUMENTS if name in parameters]
+    _check_options(model_class, options, f"model {spec!r}", reserved=tuple(wanted))
+    explicit = {"input_shape": tuple(input_shape) if input_shape is not None else None, "num_classes": num_classes}
+    given = {name: explicit[name] if explicit[name] is not None else dataset_attribute(data, name, f"model {spec!r}")
+             for name in wanted}
     try:
-        return model_class(tuple(input_shape), int(num_classes), **options)
+        return model_class(**given, **options)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"model {spec!r} with options {options} failed to build: {exc}") from exc
 
 
+def build_datamodule(spec: str, options: Mapping[str, Any] | None = None) -> Any:
+    """Construct the LightningDataModule ``spec`` names as ``Cls(**options)``.
+
+    Raises:
+        ConfigError: Unknown spec, unknown option, or the constructor rejected the options.
+    """
+    module_class = resolve_datamodule(spec)
+    options = dict(options or {})
+    _check_options(module_class, options, f"datamodule {spec!r}", reserved=())
+    try:
+        return module_class(**options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"datamodule {spec!r} with options {options} failed to build: {exc}") from exc
+
+
+def dataset_attribute(dataset: Any, name: str, what: str) -> Any:
+    """``input_shape`` or ``num_classes`` of a training dataset, for a model constructor that takes it.
+
+    The dataset's attribute of that name, else inferred: ``input_shape`` from the first sample's
+    input, ``num_classes`` as the largest integer target + 1 (reading every sample once: set the
+    attribute on large datasets).
+
+    Raises:
+        ConfigError: there is no dataset, or its samples are not ``(input, integer target)`` pairs.
+    """
+    if dataset is None:
+        raise ConfigError(f"{what}'s constructor takes {name}, but there is no dataset to take it from")
+    value = getattr(dataset, name, None)
+    if value is not None:
+        return tuple(int(d) for d in value) if name == "input_shape" else int(value)
+    first = dataset[0]
+    if not (isinstance(first, (tuple, list)) and len(first) == 2):
+        raise ConfigError(f"{what}'s constructor takes {name}, which cannot be inferred from samples of type "
+                          f"{type(first).__name__}; give the dataset a {name} attribute, or drop the parameter")
+    if name == "input_shape":
+        return tuple(torch.as_tensor(first[0]).shape)
+    targets = [torch.as_tensor(dataset[i][1]) for i in range(len(dataset))]
+    if any(t.is_floating_point() or t.is_complex() or t.numel() != 1 for t in targets):
+        raise ConfigError(f"{what}'s constructor takes num_classes, but the targets are not integer class labels; "
+                          "give the dataset a num_classes attribute, or drop the parameter")
+    return max(int(t) for t in targets) + 1
+
+
 PURE_DATASETS = ("digits", "synthetic")  # built from their options alone: safe to keep between jobs
 DATASET_CACHE_SIZE = 2                    # the train split of the last job or two
-_dataset_cache: dict[str, ClassificationDataset] = {}
+_dataset_cache: dict[str, Any] = {}
 
 
-def build_dataset_cached(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> ClassificationDataset:
+def build_dataset_cached(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> Any:
     """:func:`build_dataset`, kept for the next job of a worker that stays (``[training] keep_worker``).
 
     Only datasets that are a pure function of their options (:data:`PURE_DATASETS`) are kept; a
@@ -196,18 +261,16 @@ def build_dataset_cached(spec: str, split: str = "train", options: Mapping[str, 
     return dataset
 
 
-def build_dataset(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> ClassificationDataset:
+def build_dataset(spec: str, split: str = "train", options: Mapping[str, Any] | None = None) -> Any:
     """Construct split ``split`` of the dataset ``spec`` names.
 
     Built-ins return a :class:`~workloads.datasets.TensorClassificationDataset`. A user factory is
     called with ``split=`` if it has a ``split`` parameter; otherwise its whole dataset is split
-    90/10 with a fixed seed. User datasets are wrapped in a :class:`UserDatasetView`, which casts
-    samples to ``(float32, int64)`` and supplies ``input_shape`` and ``num_classes`` (taken from the
-    dataset's attributes, else inferred from the first sample and ``max(target) + 1``, which reads
-    every sample once: set the attributes on large datasets).
+    90/10 with a fixed seed. User datasets are wrapped in a :class:`UserDatasetView`, which returns
+    their samples unchanged (any dtype or structure).
 
     Raises:
-        ConfigError: Unknown spec or option, bad split, or not a map-style dataset of pairs.
+        ConfigError: Unknown spec or option, bad split, or not a map-style dataset.
     """
     check_split(split)
     factory = resolve_dataset(spec)
@@ -222,7 +285,7 @@ def build_dataset(spec: str, split: str = "train", options: Mapping[str, Any] | 
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"dataset {spec!r} with options {options} failed to build: {exc}") from exc
     if builtin:
-        return typing.cast(ClassificationDataset, dataset)
+        return dataset
     view = UserDatasetView.wrap(dataset, spec)
     if takes_split:
         return view
@@ -253,53 +316,42 @@ def _check_options(func: Callable[..., Any], options: Mapping[str, Any], what: s
                               f"its options: {', '.join(accepted) or 'none'}")
 
 
-class UserDatasetView(ClassificationDataset):
-    """A user's map-style dataset (optionally a subset of it) with the attributes the fleet needs.
+class UserDatasetView(Dataset[Any]):
+    """A user's map-style dataset, or a subset of it; samples are returned exactly as the dataset gives them.
 
     Attributes:
         base: The user's dataset.
         indices: Rows of ``base`` this view shows, or None for all.
-        input_shape: One sample's shape.
-        num_classes: Number of classes.
+        collate_fn: The user dataset's own ``collate_fn`` attribute, if it has one.
     """
 
-    def __init__(self, base: Any, indices: torch.Tensor | None, input_shape: tuple[int, ...], num_classes: int) -> None:
+    def __init__(self, base: Any, indices: torch.Tensor | None) -> None:
         self.base = base
         self.indices = indices
-        self.input_shape = input_shape
-        self.num_classes = num_classes
+        for name in ("input_shape", "num_classes", "collate_fn"):  # the user's, passed through when set
+            if getattr(base, name, None) is not None:
+                setattr(self, name, getattr(base, name))
 
     @classmethod
     def wrap(cls, dataset: Any, spec: str) -> UserDatasetView:
-        """Check ``dataset`` is a non-empty map-style dataset of pairs and find its shape and classes."""
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        """Check ``dataset`` is a non-empty map-style dataset."""
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or isinstance(dataset, IterableDataset):
             raise ConfigError(f"dataset {spec!r} returned {_describe(dataset)}; it must be map-style "
-                              "(with __len__ and __getitem__), e.g. a torch Dataset or a list of (input, target)")
+                              "(with __len__ and __getitem__), e.g. a torch Dataset or a list of samples")
         if len(dataset) == 0:
             raise ConfigError(f"dataset {spec!r} is empty")
-        first = dataset[0]
-        if not (isinstance(first, (tuple, list)) and len(first) == 2):
-            raise ConfigError(f"dataset {spec!r}: samples must be (input, target) pairs, got {_describe(first)}")
-        input_shape = getattr(dataset, "input_shape", None)
-        if input_shape is None:
-            input_shape = tuple(torch.as_tensor(first[0]).shape)
-        num_classes = getattr(dataset, "num_classes", None)
-        if num_classes is None:
-            num_classes = max(int(dataset[i][1]) for i in range(len(dataset))) + 1
-        return cls(dataset, None, tuple(int(d) for d in input_shape), int(num_classes))
+        return cls(dataset, None)
 
     def subset(self, indices: torch.Tensor) -> UserDatasetView:
         """The same view restricted to ``indices`` (positions in this view)."""
         base_indices = indices if self.indices is None else self.indices[indices]
-        return UserDatasetView(self.base, base_indices, self.input_shape, self.num_classes)
+        return UserDatasetView(self.base, base_indices)
 
     def __len__(self) -> int:
         return len(self.base) if self.indices is None else len(self.indices)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        row = index if self.indices is None else int(self.indices[index])
-        inputs, target = self.base[row]
-        return torch.as_tensor(inputs, dtype=torch.float32), torch.as_tensor(target, dtype=torch.int64)
+    def __getitem__(self, index: int) -> Any:
+        return self.base[index if self.indices is None else int(self.indices[index])]
 
 
 # -------------------------------------------------------------------------------------------- options
@@ -344,4 +396,5 @@ def _parse_value(value: str) -> Any:
 
 
 __all__ = ["DATASET_GROUP", "MODEL_GROUP", "UserDatasetView", "available_datasets", "available_models",
-           "build_dataset", "build_dataset_cached", "build_model", "parse_options", "resolve_dataset", "resolve_model"]
+           "build_datamodule", "build_dataset", "build_dataset_cached", "build_model", "dataset_attribute",
+           "parse_options", "resolve_datamodule", "resolve_dataset", "resolve_model"]

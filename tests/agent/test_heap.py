@@ -19,7 +19,7 @@ STEP_FAULTS = """
 import resource, statistics, torch
 torch.set_num_threads(1)
 from workloads.registry import build_model
-model = build_model("resnet_small", (1, 32, 32), 10, {})
+model = build_model("resnet_small", {}, input_shape=(1, 32, 32), num_classes=10)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(32, 1, 32, 32), torch.randint(10, (32,))
 def step():

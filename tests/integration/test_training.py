@@ -65,7 +65,7 @@ def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
 
     dataset = build_dataset("digits", "train", {})
     torch.manual_seed(SEED)
-    model = build_model("lenet5", tuple(dataset.input_shape), int(dataset.num_classes), {"optimizer": "sgd", "lr": 0.05})  # type: ignore[attr-defined]
+    model = build_model("lenet5", {"optimizer": "sgd", "lr": 0.05}, data=dataset)
     optimizer = single_optimizer(model.configure_optimizers())
     plan = GlobalBatchPlan(len(dataset), [global_batch], SEED)  # type: ignore[arg-type]
     for step in range(steps):
@@ -193,12 +193,16 @@ def test_the_readme_example_model_and_dataset_train_unchanged(fleet, tmp_path: P
     broker, key, _ = fleet
     run_dir = tmp_path / "user"
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--boards", "t1,t2", "--model", "examples.my_fleet_job.model:TinyNet", "--model-options", "hidden=32",
+           "--boards", "t1,t2", "--model", "examples.my_fleet_job.model:LitClassifier", "--model-options", "hidden=32",
            "--dataset", "examples.my_fleet_job.data:make_dataset", "--batch", "32,32", "--epochs", "3",
-           "--threads", "1", "--run-dir", str(run_dir)]
+           "--threads", "1", "--logger", "tensorboard", "--run-dir", str(run_dir)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr + done.stdout
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["val_accuracy"] >= 0.9  # x0 + x1 > 0 is easy to learn
+    assert result["val_accuracy"] == result["val_metrics"]["val_acc"] >= 0.9  # x0 + x1 > 0 is easy to learn
+    assert "val_loss" in result["val_metrics"]
     state = torch.load(run_dir / "model.pt", weights_only=True)
-    assert state["net.1.weight"].shape == (32, 16)
+    assert state["net.0.weight"].shape == (32, 16)
+    assert list((run_dir / "logs").glob("events.out.tfevents.*"))
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["replica"]["schedulers"][0]["last_epoch"] == 3  # StepLR stepped at each epoch's end

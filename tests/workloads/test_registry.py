@@ -5,8 +5,10 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from protocol.errors import ConfigError
 from tests.workloads import user_plugins
@@ -22,6 +24,7 @@ from workloads.registry import (
     available_models,
     build_dataset,
     build_model,
+    dataset_attribute,
     parse_options,
     resolve_dataset,
     resolve_model,
@@ -74,7 +77,7 @@ def test_entry_points_resolve_but_never_shadow_builtins(installed_entry_points: 
 
 
 def test_import_path_model() -> None:
-    model = build_model(f"{PLUGINS}:TinyModel", (2, 3), 4, {"hidden": 5})
+    model = build_model(f"{PLUGINS}:TinyModel", {"hidden": 5}, input_shape=(2, 3), num_classes=4)
     assert isinstance(model, user_plugins.TinyModel)
     assert model(torch.zeros(1, 2, 3)).shape == (1, 4)
 
@@ -97,25 +100,33 @@ def test_a_model_instance_is_told_to_give_the_class(monkeypatch: pytest.MonkeyPa
         resolve_model(f"{PLUGINS}:MODEL_INSTANCE")
 
 
-def test_a_lightning_dot_pytorch_model_gets_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Stand-in for lightning.pytorch.LightningModule (that package is not installed here).
-    other_lightning = type("LightningModule", (), {"__module__": "lightning.pytorch.core.module"})
-    monkeypatch.setattr(user_plugins, "OtherLightningModel", type("OtherLightningModel", (other_lightning,), {}),
-                        raising=False)
-    with pytest.raises(ConfigError, match="derives from lightning.pytorch; edgefleet uses the pytorch_lightning package"):
-        resolve_model(f"{PLUGINS}:OtherLightningModel")
+def test_a_lightning_dot_pytorch_module_is_built_with_its_own_signature() -> None:
+    import lightning.pytorch
+
+    model = build_model("tests.conformance.modules:LightningImportNet", {"lr": 0.3})
+    assert isinstance(model, lightning.pytorch.LightningModule) and model.lr == 0.3
+    with pytest.raises(ConfigError, match="has no option 'hidden'"):
+        build_model("tests.conformance.modules:LightningImportNet", {"hidden": 3})
+
+
+def test_input_shape_and_classes_are_given_only_to_a_constructor_that_takes_them() -> None:
+    dataset = build_dataset(f"{PLUGINS}:make_blobs", "train", {})
+    taker = build_model(f"{PLUGINS}:TinyModel", {"hidden": 5}, data=dataset)
+    assert taker.net[-1].out_features == 3  # inferred from the targets
+    own = build_model("tests.conformance.modules:OwnCtorNet", {"hidden": 7}, data=dataset)
+    assert own.hparams.hidden == 7
 
 
 def test_build_model_checks_options() -> None:
-    model = build_model("mlp", (1, 8, 8), 10, {"layers": 3, "width": 64})
+    model = build_model("mlp", {"layers": 3, "width": 64}, input_shape=(1, 8, 8), num_classes=10)
     assert isinstance(model, MLP) and model.hparams["layers"] == 3
     with pytest.raises(ConfigError, match=r"model 'mlp' has no option 'widht' \(did you mean 'width'\?\); "
                                           r"its options: lr, optimizer, momentum, layers, width"):
-        build_model("mlp", (1, 8, 8), 10, {"widht": 64})
+        build_model("mlp", {"widht": 64}, input_shape=(1, 8, 8), num_classes=10)
     with pytest.raises(ConfigError, match="'num_classes' is set by edgefleet"):
-        build_model("mlp", (1, 8, 8), 10, {"num_classes": 3})
+        build_model("mlp", {"num_classes": 3}, input_shape=(1, 8, 8), num_classes=10)
     with pytest.raises(ConfigError, match="optimizer = 'lbfgs' is not supported"):
-        build_model("lenet5", (1, 32, 32), 10, {"optimizer": "lbfgs"})
+        build_model("lenet5", {"optimizer": "lbfgs"}, input_shape=(1, 32, 32), num_classes=10)
 
 
 def test_build_builtin_dataset_with_options() -> None:
@@ -127,17 +138,17 @@ def test_build_builtin_dataset_with_options() -> None:
         build_dataset("digits", "test")
 
 
-def test_user_factory_without_split_is_split_90_10_and_inferred() -> None:
+def test_user_factory_without_split_is_split_90_10_and_keeps_its_samples() -> None:
     spec = f"{PLUGINS}:make_blobs"
     train, val = build_dataset(spec, "train", {"n": 50}), build_dataset(spec, "val", {"n": 50})
     assert (len(train), len(val)) == (45, 5)
-    assert isinstance(train, ClassificationDataset) and isinstance(build_dataset("digits"), ClassificationDataset)
-    assert train.input_shape == val.input_shape == (2, 3) and train.num_classes == val.num_classes == 3
     assert set(train.indices.tolist()).isdisjoint(val.indices.tolist())
     inputs, target = train[0]
-    assert inputs.dtype == torch.float32 and target.dtype == torch.int64   # numpy float64 and int, cast
-    model = build_model("mlp", train.input_shape, train.num_classes)
-    assert model(torch.stack([train[i][0] for i in range(4)])).shape == (4, 3)
+    assert isinstance(inputs, np.ndarray) and inputs.dtype == np.float64 and type(target) is int  # as the factory made them
+    assert dataset_attribute(train, "input_shape", "m") == (2, 3) and dataset_attribute(train, "num_classes", "m") == 3
+    model = build_model("mlp", data=train)
+    batch = default_collate([train[i] for i in range(4)])
+    assert model(batch[0].float()).shape == (4, 3)
 
 
 def test_user_dataset_with_split_and_attributes() -> None:

@@ -1,0 +1,1 @@
+"""Conformance tests: edgefleet's data-parallel training against plain single-process Lightning."""

@@ -1,0 +1,46 @@
+"""The conformance cases: one per feature a user's LightningModule may rely on.
+
+``CASES`` are cases edgefleet must train like plain Lightning does; ``REFUSED`` are
+cases it must refuse, each with a word its refusal message must contain.
+"""
+
+from __future__ import annotations
+
+from tests.conformance.reference import Case
+
+M = "tests.conformance.modules:"
+D = "tests.conformance.data:"
+
+CLASSIFICATION = D + "make_classification"
+# 120 samples in global batches of 24: 5 steps an epoch, so 20 steps cross 4 epochs
+# and an odd count leaves a short last window for accumulate_grad_batches=2.
+SMALL = {"n": 120, "seed": 0}
+
+CASES: list[Case] = [
+    Case("own_ctor", M + "OwnCtorNet", {"lr": 0.1, "hidden": 16}, dataset=CLASSIFICATION),
+    Case("lightning_import", M + "LightningImportNet", {"lr": 0.05}, dataset=CLASSIFICATION),
+    Case("datamodule", M + "OwnCtorNet", {"lr": 0.1, "hidden": 12},
+         datamodule=D + "ClassificationDataModule", datamodule_options={"n": 240, "seed": 1, "batch_size": 32}),
+    Case("tokens_embedding", M + "EmbeddingNet", {"vocab": 50, "dim": 8, "lr": 0.1}, dataset=D + "make_tokens"),
+    Case("float_regression", M + "RegressionNet", {"lr": 0.05}, dataset=D + "make_regression"),
+    Case("dict_batches", M + "DictBatchNet", {"lr": 0.1}, dataset=D + "make_dicts"),
+    Case("custom_collate", M + "CollateNet", {"lr": 0.1},
+         datamodule=D + "CollateDataModule", datamodule_options={"n": 240, "seed": 0}),
+    Case("step_scheduler", M + "StepSchedulerNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("epoch_scheduler", M + "EpochSchedulerNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL),
+    Case("plateau", M + "PlateauNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL),
+    Case("clip_norm", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"gradient_clip_val": 0.05}),
+    Case("clip_value", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION,
+         trainer={"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"}),
+    Case("accumulate", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL,
+         trainer={"accumulate_grad_batches": 2}),
+    Case("batchnorm", M + "BatchNormNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("logged_metrics", M + "LoggingNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL),
+    Case("adam", M + "AdamNet", {"lr": 0.01}, dataset=CLASSIFICATION),
+    Case("sgd_deterministic", M + "SgdNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"deterministic": True}),
+]
+
+REFUSED: list[tuple[Case, str]] = [
+    (Case("two_optimizers", M + "TwoOptimizersNet", {"lr": 0.1}, dataset=CLASSIFICATION), "optimizers"),
+    (Case("manual_optimization", M + "ManualOptNet", {"lr": 0.1}, dataset=CLASSIFICATION), "manual optimization"),
+]

@@ -1,0 +1,196 @@
+"""The reference for correctness: the same module trained by plain single-process Lightning.
+
+``lightning_reference`` fits a case with ``Trainer.fit`` on one CPU process, feeding it the
+global batches edgefleet's fleet is meant to see: epoch ``e`` visits the samples in the
+order ``torch.randperm(n, generator=torch.Generator().manual_seed(seed + e))``, cut into
+``n // global_batch`` batches (the incomplete last block is dropped). This file is
+independent of edgefleet's code on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch
+import pytorch_lightning
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+VAL_BATCH = 64
+
+
+@dataclass
+class Case:
+    """One conformance case: a module, its training data and the Trainer flags it uses."""
+
+    name: str
+    model: str  # "tests.conformance.modules:OwnCtorNet"
+    model_options: dict = field(default_factory=dict)
+    dataset: str | None = None  # "tests.conformance.data:make_classification"
+    dataset_options: dict = field(default_factory=dict)
+    datamodule: str | None = None  # "tests.conformance.data:ClassificationDataModule"
+    datamodule_options: dict = field(default_factory=dict)
+    trainer: dict = field(default_factory=dict)  # {"gradient_clip_val": 0.5, ...}
+
+    def __post_init__(self) -> None:
+        if (self.dataset is None) == (self.datamodule is None):
+            raise ValueError(f"case {self.name!r}: give exactly one of dataset and datamodule")
+
+
+def load(spec: str) -> Any:
+    """The object named by ``"package.module:Name"``."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class EpochPermutation(Sampler[int]):
+    """All ``n`` indices in epoch ``e``'s order: ``randperm(n)`` seeded with ``seed + e``."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """One epoch of global batches: block ``k`` is positions ``[k*B, (k+1)*B)`` of the epoch's order.
+
+    Lightning calls ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``,
+    not on the batch sampler itself, so the permutation lives in ``self.sampler``;
+    ``set_epoch`` here forwards to it for callers that use the batch sampler directly.
+    """
+
+    def __init__(self, n: int, global_batch: int, seed: int) -> None:
+        if global_batch <= 0 or n < global_batch:
+            raise ValueError(f"need 0 < global_batch <= n, got global_batch={global_batch}, n={n}")
+        self.sampler = EpochPermutation(n, seed)
+        self.global_batch = global_batch
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
+        for k in range(len(self)):
+            yield order[k * self.global_batch:(k + 1) * self.global_batch]
+
+    def __len__(self) -> int:
+        return self.sampler.n // self.global_batch
+
+
+@dataclass
+class CaseData:
+    """What a case trains and validates on."""
+
+    train_set: Dataset
+    collate_fn: Callable
+    val_loader: Callable[[], DataLoader]  # built only when the module validates
+
+
+def case_data(case: Case) -> CaseData:
+    """The case's training data and collate_fn, and a maker of its validation loader."""
+    if case.dataset is not None:
+        factory = load(case.dataset)
+
+        def val_loader() -> DataLoader:
+            return DataLoader(factory(split="val", **case.dataset_options), batch_size=VAL_BATCH,
+                              collate_fn=default_collate)
+
+        return CaseData(factory(split="train", **case.dataset_options), default_collate, val_loader)
+    dm = load(case.datamodule)(**case.datamodule_options)
+    dm.prepare_data()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    return CaseData(loader.dataset, loader.collate_fn, dm.val_dataloader)
+
+
+def overrides(model: torch.nn.Module, hook: str) -> bool:
+    """Whether the user's class (not Lightning's base class) defines ``hook``."""
+    for klass in type(model).__mro__:
+        if klass.__module__.split(".")[0] in ("pytorch_lightning", "lightning"):
+            return False
+        if hook in vars(klass):
+            return True
+    return False
+
+
+def trainer_class(model: torch.nn.Module) -> type:
+    """``pytorch_lightning.Trainer`` for a ``pytorch_lightning`` module, else ``lightning.pytorch.Trainer``."""
+    if isinstance(model, pytorch_lightning.LightningModule):
+        return pytorch_lightning.Trainer
+    return lightning.pytorch.Trainer
+
+
+def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> tuple[torch.nn.Module, DataLoader]:
+    """Fits the case with plain Lightning; returns the trained module and its training loader."""
+    data = case_data(case)
+    torch.manual_seed(seed)
+    model = load(case.model)(**case.model_options)
+    loader = DataLoader(data.train_set, batch_sampler=GlobalBatchSampler(len(data.train_set), global_batch, seed),
+                        collate_fn=data.collate_fn, num_workers=0)
+    flags: dict[str, Any] = dict(
+        accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+    validate = overrides(model, "validation_step")
+    if not validate:
+        flags["limit_val_batches"] = 0
+    flags.update(case.trainer)
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    try:
+        trainer = trainer_class(model)(**flags)
+        trainer.fit(model, train_dataloaders=loader, val_dataloaders=data.val_loader() if validate else None)
+    finally:
+        # Trainer(deterministic=True) switches torch's global flag on and leaves it on.
+        torch.use_deterministic_algorithms(deterministic_before)
+    return model, loader
+
+
+def lightning_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> dict[str, torch.Tensor]:
+    """The module's ``state_dict`` after ``steps`` optimizer steps of plain Lightning (CPU clones)."""
+    model, _ = fit_reference(case, steps=steps, global_batch=global_batch, seed=seed)
+    return state_of(model)
+
+
+def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model.state_dict()``."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def initial_state(case: Case, *, seed: int) -> dict[str, torch.Tensor]:
+    """The case's module as constructed (after ``torch.manual_seed(seed)``), before any training."""
+    torch.manual_seed(seed)
+    return state_of(load(case.model)(**case.model_options))
+
+
+def relative_l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """``||a - b|| / ||b||`` over the floating-point tensors of ``b`` (parameters and float buffers)."""
+    diff = norm = 0.0
+    for key, ref in b.items():
+        if not torch.is_floating_point(ref):
+            continue
+        ref64 = ref.detach().double()
+        diff += float((a[key].detach().double() - ref64).pow(2).sum())
+        norm += float(ref64.pow(2).sum())
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return math.sqrt(diff / norm)

@@ -1,0 +1,116 @@
+"""Every conformance case on a real fleet: three agents, a real Mosquitto, the real CLI.
+
+Each case either trains, on three boards with unequal batches (4/8/12), the same parameters as
+plain single-process Lightning on the same global batches of 24 (``reference.lightning_reference``;
+relative L2 difference <= 1e-5 after 20 steps), or is refused before any board starts, with a
+message that names the feature.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from coordinator.local_broker import LocalBroker, start_mosquitto
+from protocol.signing import generate_key_hex
+from tests.conftest import AgentFactory
+from tests.conformance.cases import CASES, REFUSED
+from tests.conformance.reference import Case, lightning_reference, relative_l2
+
+BOARDS = ("c1", "c2", "c3")
+BATCHES = "4,8,12"
+GLOBAL_BATCH = 24
+STEPS = 20
+SEED = 3
+TOLERANCE = 1e-5
+# Features the fleet cannot train exactly yet: refused before start, naming them.
+NOT_YET = {"plateau": "ReduceLROnPlateau", "batchnorm": "BatchNorm1d"}
+_FLAGS = {"gradient_clip_val": "--gradient-clip-val", "gradient_clip_algorithm": "--gradient-clip-algorithm",
+          "accumulate_grad_batches": "--accumulate-grad-batches"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path]]:
+    """A broker, a fleet key and three boards whose workers stay between jobs (torch imported once)."""
+    tmp = tmp_path_factory.mktemp("conformance")
+    key = tmp / "fleet.key"
+    key.write_text(generate_key_hex() + "\n")
+    key.chmod(0o600)
+    factory = AgentFactory(tmp)
+    with start_mosquitto() as broker:
+        for board in BOARDS:
+            factory.start(board, broker.address, config=(f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n'
+                                                         '[power]\nsource = "estimated"\n[training]\nkeep_worker = true\n'))
+        try:
+            yield broker, key
+        finally:
+            factory.stop_all()
+
+
+def _options(values: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
+def _train(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    broker, key = fleet
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--boards", ",".join(BOARDS), "--batch", BATCHES, "--steps", str(STEPS), "--seed", str(SEED),
+           "--threads", "1", "--no-rebalance", "--run-dir", str(run_dir), "--model", case.model,
+           "--model-options", _options(case.model_options)]
+    if case.datamodule:
+        cmd += ["--datamodule", case.datamodule, "--datamodule-options", _options(case.datamodule_options)]
+    else:
+        cmd += ["--dataset", str(case.dataset), "--dataset-options", _options(case.dataset_options)]
+    for name, value in case.trainer.items():
+        cmd += ["--deterministic"] if name == "deterministic" else [_FLAGS[name], str(value)]
+    return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300)
+
+
+TRAINED = [case for case in CASES if case.name not in NOT_YET]
+REFUSED_NOW = [(case, word) for case, word in REFUSED] + [(case, NOT_YET[case.name]) for case in CASES
+                                                           if case.name in NOT_YET]
+
+
+@pytest.mark.parametrize("case", TRAINED, ids=[case.name for case in TRAINED])
+def test_the_fleet_trains_what_lightning_trains(fleet, case: Case, tmp_path: Path) -> None:
+    run_dir = tmp_path / case.name
+    done = _train(fleet, case, run_dir)
+    assert done.returncode == 0, done.stderr + done.stdout
+    fleet_model = torch.load(run_dir / "model.pt", weights_only=True)
+    reference = lightning_reference(case, steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
+    assert relative_l2(fleet_model, reference) <= TOLERANCE
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["boards"] == list(BOARDS) for s in steps)
+
+
+@pytest.mark.parametrize(("case", "word"), REFUSED_NOW, ids=[case.name for case, _ in REFUSED_NOW])
+def test_what_the_fleet_cannot_train_exactly_is_refused_before_start(fleet, case: Case, word: str,
+                                                                     tmp_path: Path) -> None:
+    run_dir = tmp_path / case.name
+    done = _train(fleet, case, run_dir)
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert word in done.stderr and "Traceback" not in done.stderr
+    assert "waiting for" not in done.stdout  # no board was sent the job
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_logged_validation_metrics_reach_the_result_and_tensorboard(fleet, tmp_path: Path) -> None:
+    case = next(case for case in CASES if case.name == "logged_metrics")
+    run_dir = tmp_path / "logged"
+    done = _train(fleet, case, run_dir, "--logger", "tensorboard")
+    assert done.returncode == 0, done.stderr + done.stdout
+    result = json.loads((run_dir / "result.json").read_text())
+    assert {"val_loss", "val_acc"} <= set(result["val_metrics"]) and result["val_accuracy"] == result["val_metrics"]["val_acc"]
+    events = list((run_dir / "logs").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(events[0].parent)).Reload().Tags()["scalars"]
+    assert {"val_loss", "val_acc", "fleet_loss"} <= set(scalars)

@@ -1,0 +1,125 @@
+"""What a user's LightningModule asks of training, checked before any board starts.
+
+edgefleet trains a module with DDP's mathematics: every board and the coordinator's replica take
+the same optimizer step with the fleet's averaged gradient, and Lightning steps the schedulers
+the same way on each of them. A feature that cannot be honoured exactly is refused here, naming
+the feature and what to do instead, so that nothing different is ever trained in silence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from protocol.errors import ConfigError
+from workloads.lightning_api import package_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimizerSetup:
+    """The module's one optimizer and its LR scheduler configs, as Lightning parses ``configure_optimizers()``.
+
+    Attributes:
+        optimizer: The optimizer; its ``param_groups`` fix the order of the exchanged gradient.
+        schedulers: Lightning's ``LRSchedulerConfig`` of each scheduler (interval, frequency, monitor).
+    """
+
+    optimizer: torch.optim.Optimizer
+    schedulers: list[Any]
+
+
+@contextlib.contextmanager
+def _attached_trainer(model: Any) -> Iterator[None]:
+    """A never-fitted Trainer of the module's own package, attached while ``configure_optimizers`` runs.
+
+    Modules may read ``self.trainer`` there (e.g. ``estimated_stepping_batches``); without a Trainer
+    Lightning refuses to parse the optimizers at all.
+    """
+    if model._trainer is not None:
+        yield
+        return
+    package = package_of(model)
+    quiet = logging.getLogger(package.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # no "GPU available: ..." banner for a Trainer that never runs
+    try:
+        model.trainer = package.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                        enable_model_summary=False, accelerator="cpu", devices=1)
+    finally:
+        quiet.setLevel(level)
+    try:
+        yield
+    finally:
+        model.trainer = None
+
+
+def optimizer_setup(model: Any) -> OptimizerSetup:
+    """The module's optimizer and schedulers, every return form of ``configure_optimizers`` understood.
+
+    Raises:
+        ConfigError: manual optimization, no optimizer, or more than one.
+    """
+    if not model.automatic_optimization:
+        raise ConfigError("the module uses manual optimization (self.automatic_optimization = False): edgefleet "
+                          "exchanges gradients between backward and Lightning's optimizer step, which manual "
+                          "optimization does not have; use automatic optimization (return the loss from training_step)")
+    optimizer_module = __import__(f"{package_of(model).__name__}.core.optimizer", fromlist=["_"])
+    try:
+        with _attached_trainer(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimizers, schedulers = optimizer_module._init_optimizers_and_lr_schedulers(model)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        message = str(exc)
+        if "multiple optimizers" in message or "automatic optimization" in message:
+            raise _several_optimizers(None) from None
+        raise ConfigError(f"configure_optimizers() failed: {type(exc).__name__}: {message}") from exc
+    if len(optimizers) != 1:
+        raise _several_optimizers(len(optimizers))
+    optimizer = optimizers[0]
+    if type(optimizer).__name__ == "_MockOptimizer":
+        raise ConfigError("configure_optimizers() returned None: the module has no optimizer to train with")
+    return OptimizerSetup(optimizer=optimizer, schedulers=list(schedulers))
+
+
+def _several_optimizers(count: int | None) -> ConfigError:
+    return ConfigError(f"configure_optimizers() returns {count or 'several'} optimizers: edgefleet trains with "
+                       "exactly one (Lightning's automatic optimization does too); put the parameter groups into one "
+                       "optimizer, e.g. torch.optim.Adam([{'params': a.parameters()}, {'params': b.parameters(), "
+                       "'lr': 1e-4}])")
+
+
+def check_trainable(model: Any) -> OptimizerSetup:
+    """Refuse what the fleet cannot train exactly; the module's optimizer setup otherwise.
+
+    Raises:
+        ConfigError: naming the feature and what to do instead.
+    """
+    setup = optimizer_setup(model)
+    if isinstance(setup.optimizer, torch.optim.LBFGS):
+        raise ConfigError("the optimizer is LBFGS, which evaluates the loss several times per step; every board "
+                          "would exchange a gradient at each evaluation. Use a first-order optimizer (SGD, Adam, ...)")
+    for config in setup.schedulers:
+        if config.reduce_on_plateau:
+            raise ConfigError(f"ReduceLROnPlateau (monitor {config.monitor!r}) is not supported yet: every board "
+                              "would have to step it on the same value of a metric that only the coordinator or "
+                              "one board measures. Use a scheduler that depends on the step or epoch (StepLR, "
+                              "CosineAnnealingLR, OneCycleLR, ...)")
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.track_running_stats:
+            raise ConfigError(f"{type(module).__name__} at {name or 'the top'!r} keeps running statistics, which "
+                              "edgefleet does not synchronise between boards yet (DDP broadcasts them from the first "
+                              "rank at every step). Use GroupNorm or LayerNorm, or track_running_stats=False")
+    return setup
+
+
+__all__ = ["OptimizerSetup", "check_trainable", "optimizer_setup"]
