@@ -101,6 +101,13 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError("--deadline is per run of --epochs epochs; give --epochs instead of --steps")
     if args.verify < 0 or args.verify_steps < 1:
         raise ConfigError("--verify K needs K >= 1 (0 = no pre-training) and --verify-steps N >= 1")
+    lightning_flags = [flag for flag, given in (("--datamodule", args.datamodule), ("--logger", args.logger != "none"),
+                                                ("--accumulate-grad-batches", args.accumulate_grad_batches != 1),
+                                                ("--gradient-clip-val", args.gradient_clip_val is not None),
+                                                ("--deterministic", args.deterministic)) if given]
+    if lightning_flags:
+        raise ConfigError(f"{', '.join(lightning_flags)} not with --auto yet: the planner profiles a dataset with "
+                          "Lightning's defaults; plan with --auto, then train the plan's boards and batches without it")
 
 
 def _snapshot(broker: Any, boards: list[str] | None = None) -> list[Any]:

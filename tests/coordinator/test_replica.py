@@ -1,0 +1,106 @@
+"""The coordinator's replica takes Lightning's steps: fed the gradients a plain Lightning run computed,
+it ends with that run's parameters, also when stopped mid-epoch and resumed from its state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from coordinator.replica import Replica, ReplicaError
+from tests.conformance import reference
+from tests.conformance.cases import CASES
+from tests.conformance.reference import Case, case_data, load, relative_l2, state_of
+from workloads.fleet_trainer import TrainerOptions
+
+STEPS, GLOBAL_BATCH, SEED = 20, 24, 3
+# Schedulers by step and by epoch, clipping, a short accumulation window at every epoch's end.
+NAMES = ("step_scheduler", "epoch_scheduler", "clip_norm", "accumulate", "lightning_import", "adam")
+
+
+class _Gradients(pl.Callback):
+    """Records the gradient every optimizer step of a Lightning run takes (before clipping, as the boards send it)."""
+
+    def __init__(self) -> None:
+        self.grads: list[np.ndarray] = []
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:  # type: ignore[no-untyped-def]
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        self.grads.append(torch.cat([p.grad.reshape(-1) for p in params]).numpy().copy())
+
+
+def _lightning_run(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, torch.Tensor], list[np.ndarray]]:
+    recorder = _Gradients()
+    original = reference.trainer_class
+
+    def with_recorder(model):  # type: ignore[no-untyped-def]
+        trainer_type = original(model)
+        return lambda **flags: trainer_type(callbacks=[recorder], **flags)
+
+    monkeypatch.setattr(reference, "trainer_class", with_recorder)
+    model, _ = reference.fit_reference(case, steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
+    return state_of(model), recorder.grads
+
+
+def _replica(case: Case, seed: int) -> Replica:
+    torch.manual_seed(seed)
+    batches = len(case_data(case).train_set) // GLOBAL_BATCH
+    return Replica(load(case.model)(**case.model_options), options=TrainerOptions(**case.trainer),
+                   batches_per_epoch=batches, total_steps=STEPS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_replica_steps_as_lightning_does_and_resumes_mid_epoch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(c for c in CASES if c.name == name)
+    expected, grads = _lightning_run(case, monkeypatch)
+    assert len(grads) == STEPS
+    first = _replica(case, SEED)
+    for grad in grads[:7]:  # 7: mid-epoch for every case (5 or 10 batches an epoch)
+        first.apply(grad)
+    state = first.state_dict()
+    first.close()
+    resumed = _replica(case, seed=99)  # other initial weights: the state must bring back everything
+    resumed.load_state_dict(state)
+    for grad in grads[7:]:
+        resumed.apply(grad)
+    resumed.close()
+    assert resumed.step == STEPS
+    assert relative_l2(state_of(resumed.model), expected) <= 1e-6
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(_final_lr(case, monkeypatch))
+
+
+def _final_lr(case: Case, monkeypatch: pytest.MonkeyPatch) -> float:
+    model, _ = reference.fit_reference(case, steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
+    return float(model.trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def test_gradients_in_another_order_give_other_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(c for c in CASES if c.name == "step_scheduler")
+    expected, grads = _lightning_run(case, monkeypatch)
+    replica = _replica(case, SEED)
+    for grad in reversed(grads):
+        replica.apply(grad)
+    replica.close()
+    assert relative_l2(state_of(replica.model), expected) > 1e-3
+
+
+def test_a_failing_hook_of_the_module_is_reported_not_hung() -> None:
+    class Broken(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+            raise ValueError("the module's own hook failed")
+
+    replica = Replica(Broken(), batches_per_epoch=4, total_steps=10)
+    with pytest.raises(ReplicaError, match="the module.s own hook failed"):
+        replica.apply(np.zeros(3, dtype=np.float32))
+    replica.close()
