@@ -51,11 +51,12 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
     if job.threads:
         torch.set_num_threads(job.threads)
 
+    from agent.step_logs import StepLogs
     from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
     from protocol.codec import decode_value
     from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
     from workloads.lightning_api import callback_class, package_of
-    from workloads.params import param_count, to_torch_tree, trainable_params
+    from workloads.params import exchange_size, to_torch_tree
     from workloads.preflight import optimizer_setup
     from workloads.registry import build_model
     from workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
@@ -67,10 +68,11 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
     data = load_training_data(dataset=job.dataset, dataset_options=job.dataset_options, datamodule=job.datamodule,
                               datamodule_options=job.datamodule_options, cached=True, with_val=False)
     model = build_model(job.model, options, data=data.train)
-    count = param_count(trainable_params(optimizer_setup(model).optimizer))
+    count = exchange_size(optimizer_setup(model).optimizer, model)
     trainer_options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches,
                                      gradient_clip_val=job.gradient_clip_val,
-                                     gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic)
+                                     gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
+                                     precision=job.precision)
 
     client = ExchangeClient(job.exchange_host, job.exchange_port)
     try:
@@ -97,7 +99,7 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress, on_split=on_split,
-            scheduler_states=decode_value(welcome.get("schedulers", [])))
+            scheduler_states=decode_value(welcome.get("schedulers", [])), step_logs=StepLogs(model))
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         events.emit("running", f"joined at step {start}", step=start)
         # accelerator "auto": a board with CUDA (a Jetson) trains on its GPU; gradients cross to the host once a step.

@@ -6,6 +6,7 @@ Imported only by the training worker (it needs torch and Lightning).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -27,7 +28,10 @@ from protocol.half_cast import cast_into
 from protocol.hot_frames import HotFrame
 from workloads.params import (
     assign_grads,
+    assign_values,
     flatten_grads,
+    flatten_values,
+    float_buffers,
     restore_optimizer_state,
     restore_scheduler_states,
     trainable_params,
@@ -55,6 +59,19 @@ def parse_split(value: Any) -> tuple[int, list[int]]:
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes)):
         raise DecodeError(f"split batch_sizes {sizes!r} is not a list of positive integers")
     return from_step, list(sizes)
+
+
+def parse_lrs(value: Any) -> list[float]:
+    """The learning rates (one per param group) a result sets.
+
+    Raises:
+        DecodeError: not a short list of finite numbers >= 0.
+    """
+    if (not isinstance(value, list) or not 0 < len(value) <= MAX_SPLIT_BOARDS
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                       for v in value)):
+        raise DecodeError(f"lrs {str(value)[:60]} is not a list of learning rates")
+    return [float(v) for v in value]
 
 
 def welcome_splits(welcome: dict[str, Any]) -> list[tuple[int, list[int]]]:
@@ -90,6 +107,7 @@ class ExchangeClient:
         self.param_count = 0
         self._shape: tuple[int, ...] = (0,)  # of a step's result
         self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
+        self.lrs: list[float] | None = None  # learning rates in the last result (a ReduceLROnPlateau's), if any
         self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
         self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
         self._sent_tensor: dict[str, Any] | None = None
@@ -106,10 +124,12 @@ class ExchangeClient:
         self.param_count, self._shape = param_count, (param_count,)
         return reply
 
-    def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float) -> np.ndarray:
+    def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float,
+                 logs: dict[str, list[Any]] | None = None) -> np.ndarray:
         """Send this board's gradient for ``step``; return the fleet's average (a view, valid until the next call).
 
-        A re-split announced with the result is left in :attr:`split` (None when there was none).
+        A re-split announced with the result is left in :attr:`split` (None when there was none),
+        learning rates in :attr:`lrs`. ``logs`` (what training_step logged) go with the gradient.
 
         ``grad`` may be the same array at every step (it is described for the wire once); change
         its values in place, not its shape or dtype.
@@ -128,10 +148,10 @@ class ExchangeClient:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
             self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a step's result
         values = {"step": step, "n": n, "loss": loss, "compute_s": compute_s}
-        segments = hot[0].encode(values, tensor)  # fixed layout: one struct.pack; None: a general frame
+        segments = hot[0].encode(values, tensor) if logs is None else None  # fixed layout: one struct.pack
         try:
             if segments is None:
-                send_frame(self.sock, {"type": "grad", **values, "g": tensor})
+                send_frame(self.sock, {"type": "grad", **values, "g": tensor, **({"logs": logs} if logs else {})})
             else:
                 send_segments(self.sock, segments)
         except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
@@ -148,6 +168,7 @@ class ExchangeClient:
             raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
                               f"({self.param_count},) {grad.dtype}")
         self.split = parse_split(reply["split"]) if "split" in reply else None
+        self.lrs = parse_lrs(reply["lrs"]) if "lrs" in reply else None
         return avg
 
     def _recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
@@ -174,6 +195,7 @@ class GradientExchange:
         wire_dtype: float32, float16 or bfloat16.
         optimizer_state: The welcome's optimizer state, restored at train start.
         scheduler_states: The welcome's LR scheduler states, in Lightning's order, restored at train start.
+        step_logs: An ``agent.step_logs.StepLogs`` whose values go with each gradient, or None.
         on_step: Called with (step, loss, compute_s) after every step.
         on_split: Called with (from_step, batch sizes) when the coordinator re-splits the global
             batch (the sampler's ``resplit``); None: this job's batches cannot be re-split.
@@ -182,16 +204,20 @@ class GradientExchange:
     def __init__(self, client: ExchangeClient, *, batch_size: int | Callable[[int], int], start_step: int,
                  wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
                  on_split: Callable[[int, list[int]], object] | None = None,
-                 scheduler_states: list[Any] | None = None) -> None:
+                 scheduler_states: list[Any] | None = None, step_logs: Any = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
         self._batch_size = batch_size if callable(batch_size) else (lambda step, b=batch_size: b)
         self._optimizer_state = optimizer_state
         self._scheduler_states = scheduler_states or []
+        self._step_logs = step_logs
         self._on_step = on_step
         self._on_split = on_split
         self._loss: float | None = None
         self._started = 0.0
         self._params: list[torch.nn.Parameter] = []
+        self._buffers: list[torch.Tensor] = []  # float buffers: they travel after the gradient
+        self._grad_elements = 0
+        self._optimizer: Any = None
         self._flat = np.zeros(0, dtype=np.float32)
         self._wire: np.ndarray | None = None
         self._avg32: np.ndarray | None = None
@@ -201,8 +227,14 @@ class GradientExchange:
         if self._optimizer_state:
             restore_optimizer_state(optimizer, self._optimizer_state)
         restore_scheduler_states(trainer.lr_scheduler_configs, self._scheduler_states)
+        # A ReduceLROnPlateau decides on the coordinator, which has the monitored metric (its validation, the
+        # fleet's logged values): its learning rates come with the results (``lrs``), the board steps none itself.
+        trainer.strategy.lr_scheduler_configs = [c for c in trainer.lr_scheduler_configs if not c.reduce_on_plateau]
+        self._optimizer = optimizer
         self._params = trainable_params(optimizer)
-        self._flat = np.zeros(sum(p.numel() for p in self._params), dtype=np.float32)
+        self._buffers = float_buffers(pl_module)
+        self._grad_elements = sum(p.numel() for p in self._params)
+        self._flat = np.zeros(self._grad_elements + sum(b.numel() for b in self._buffers), dtype=np.float32)
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
@@ -217,20 +249,35 @@ class GradientExchange:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         compute_s = time.perf_counter() - self._started
         flatten_grads(self._params, self._flat)
+        if self._buffers:
+            flatten_values(self._buffers, self._flat[self._grad_elements:])
         wire = self._flat
         if self._wire is not None:
             cast_into(self._wire, self._flat)
             wire = self._wire
         n = self._batch_size(self.step) * trainer.accumulate_grad_batches
-        avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6))
+        logs = self._step_logs.take() if self._step_logs is not None else None
+        avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
+                                   logs=logs)
+        if self.client.lrs is not None:
+            self._set_lrs(self.client.lrs)
         if self.client.split is not None:
             self._follow_split(*self.client.split)
         if self._avg32 is not None:
             cast_into(self._avg32, avg)
             avg = self._avg32
         assign_grads(self._params, avg)
+        if self._buffers:  # the first contributing board's buffers (DDP's rule), or their average
+            assign_values(self._buffers, avg[self._grad_elements:])
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
+
+    def _set_lrs(self, lrs: list[float]) -> None:
+        groups = self._optimizer.param_groups
+        if len(lrs) != len(groups):
+            raise DecodeError(f"the result sets {len(lrs)} learning rates; the optimizer has {len(groups)} param groups")
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
 
     def _follow_split(self, from_step: int, batch_sizes: list[int]) -> None:
         if self._on_split is None:

@@ -248,7 +248,7 @@ async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]
 
     apply_times: list[float] = []
 
-    def apply(avg: Any) -> None:
+    def apply(avg: Any, result: Any) -> None:
         t0 = time.perf_counter()
         replica.apply(avg)
         apply_times.append(time.perf_counter() - t0)

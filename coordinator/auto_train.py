@@ -104,7 +104,9 @@ def _check_args(args: argparse.Namespace) -> None:
     lightning_flags = [flag for flag, given in (("--datamodule", args.datamodule), ("--logger", args.logger != "none"),
                                                 ("--accumulate-grad-batches", args.accumulate_grad_batches != 1),
                                                 ("--gradient-clip-val", args.gradient_clip_val is not None),
-                                                ("--deterministic", args.deterministic)) if given]
+                                                ("--deterministic", args.deterministic),
+                                                ("--precision", args.precision != "32-true"),
+                                                ("--sync-buffers", args.sync_buffers != "broadcast")) if given]
     if lightning_flags:
         raise ConfigError(f"{', '.join(lightning_flags)} not with --auto yet: the planner profiles a dataset with "
                           "Lightning's defaults; plan with --auto, then train the plan's boards and batches without it")

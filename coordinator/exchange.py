@@ -69,6 +69,27 @@ SPLIT_LEAD_STEPS = 2
 _WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
+MAX_LOGGED = 64  # names a board may log in one step
+
+
+def _checked_logs(value: Any) -> dict[str, list[Any]] | None:
+    """A grad frame's ``logs`` (name -> [finite value, on_step, on_epoch, prog_bar]), or None if absent.
+
+    Raises:
+        DecodeError: anything else: a board's bad logs refuse its gradient for the step, they never reach a logger.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_LOGGED:
+        raise DecodeError(f"logs must be a map of at most {MAX_LOGGED} names")
+    for name, entry in value.items():
+        if not (isinstance(name, str) and 0 < len(name) <= 128 and isinstance(entry, list) and len(entry) == 4
+                and isinstance(entry[0], (int, float)) and not isinstance(entry[0], bool) and math.isfinite(entry[0])
+                and all(isinstance(flag, bool) for flag in entry[1:])):
+            raise DecodeError(f"logged value {str(name)[:40]!r} is not [finite number, on_step, on_epoch, prog_bar]")
+    return value
+
+
 def _scale_into(target: np.ndarray, grad: np.ndarray, weight: np.float32) -> float:
     """``target = weight * grad`` in float32 (a wire dtype widened first); the gradient's squared norm.
 
@@ -99,6 +120,7 @@ class _Board:
     n: int = 0
     loss: float | None = None
     compute_s: float | None = None
+    logs: dict[str, list[Any]] | None = None  # this step's ``self.log`` values: name -> [value, on_step, on_epoch, prog_bar]
     reader: FrameReader | None = None     # reads its frames in loop callbacks
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
@@ -119,6 +141,8 @@ class StepResult:
     compute_s: dict[str, float]  # each contributor's own forward+backward time
     wall_s: float                # the step as the server saw it
     batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's sample count n
+    logs: dict[str, float] = field(default_factory=dict)  # what training_step logged: sample-weighted over the boards
+    log_flags: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)  # name -> (on_step, on_epoch, prog_bar)
 
 
 @dataclass(slots=True)
@@ -160,6 +184,10 @@ class ExchangeServer:
         wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
         welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
         welcome_extra: returns more fields of the welcome (``schedulers``: the LR schedulers' states).
+        buffer_elements: The last ``buffer_elements`` of every vector are the model's float buffers
+            (BatchNorm's running statistics), not a gradient.
+        buffer_sync: ``broadcast``: the result carries the first contributing board's buffers (DDP's
+            rule: rank 0's buffers at every forward); ``average``: their sample-weighted average.
         splits: re-splits already in force or announced, as (from_step, batch sizes), in step
             order (a resumed run's, from its checkpoint); boards learn them in their welcome.
     """
@@ -167,13 +195,17 @@ class ExchangeServer:
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
                  welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6,
                  splits: Sequence[tuple[int, Sequence[int]]] = (),
-                 welcome_extra: Callable[[], dict[str, Any]] | None = None) -> None:
+                 welcome_extra: Callable[[], dict[str, Any]] | None = None,
+                 buffer_elements: int = 0, buffer_sync: str = "broadcast") -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
         self._in_order = list(self.boards.values())  # by board index: the reduce's fixed order
         self._welcome_state = welcome_state
         self._welcome_extra = welcome_extra
+        if not 0 <= buffer_elements <= param_count or buffer_sync not in ("broadcast", "average"):
+            raise ValueError(f"buffer_elements {buffer_elements} / buffer_sync {buffer_sync!r} out of range")
+        self._buffers_from = param_count - buffer_elements if buffer_elements and buffer_sync == "broadcast" else None
         self.max_grad_norm = max_grad_norm
         self._sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
@@ -195,6 +227,7 @@ class ExchangeServer:
         self._global_batch = sum(b for _, b in boards)
         self._splits: list[dict[str, Any]] = []
         self._unsent_split: dict[str, Any] | None = None  # goes out in the next avg frame
+        self._unsent_lrs: list[float] | None = None  # the replica's learning rates, when a ReduceLROnPlateau moved them
         self._next_avg_step: int | None = None            # the step of the next avg frame to be built
         for from_step, sizes in splits:
             self._splits.append(self._checked_split(from_step, sizes))
@@ -497,13 +530,14 @@ class ExchangeServer:
             if grad.shape != self._grad_shape or grad.dtype != self._grad_dtype:
                 raise DecodeError(f"gradient of shape {grad.shape} and dtype {grad.dtype}, expected "
                                   f"({self.param_count},) {self.wire_dtype}")
+            logs = _checked_logs(frame.get("logs"))
         except DecodeError as exc:
             board.refusal = str(exc)
             board.flags.append(f"step {step}: refused ({exc})")
             log.warning("exchange: step %s: refused board %s's gradient: %s", step, board.board_id, exc)
             return
         self.bytes_in += grad.nbytes
-        board.grad, board.n = grad, n
+        board.grad, board.n, board.logs = grad, n, logs
         loss, compute = frame.get("loss"), frame.get("compute_s")
         board.loss = float(loss) if isinstance(loss, (int, float)) else None
         board.compute_s = float(compute) if isinstance(compute, (int, float)) else None
@@ -575,12 +609,18 @@ class ExchangeServer:
                 board.flags.append(f"step {step}: refused ({why})")
                 log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
                 kept.remove(board)
+        if kept and self._buffers_from is not None:  # the buffers of the first board that answered, exactly
+            start, first = self._buffers_from, kept[0].grad
+            assert first is not None
+            _scale_into(self._sum[start:], first[start:], np.float32(1.0))
         for board in self._in_order:
             board.grad = None
         if not kept:
             raise ExchangeError(f"step {step}: no board contributed a usable gradient "
                                 f"(late: {late or 'none'}; refused: {refused or 'none'})")
         total, weighted_loss = 0, 0.0
+        logged: dict[str, list[float]] = {}  # name -> [sum of n * value, sum of n]
+        log_flags: dict[str, tuple[bool, bool, bool]] = {}
         contributors: list[str] = []
         compute: dict[str, float] = {}
         sizes: dict[str, int] = {}
@@ -592,10 +632,17 @@ class ExchangeServer:
             sizes[board.board_id] = n
             if board.compute_s is not None:
                 compute[board.board_id] = board.compute_s
+            for name, (value, *flags) in (board.logs or {}).items():
+                sums = logged.setdefault(name, [0.0, 0.0])
+                sums[0] += value * n
+                sums[1] += n
+                on_step, on_epoch, prog_bar = flags
+                log_flags.setdefault(name, (on_step, on_epoch, prog_bar))
         wall = time.monotonic() - started
         self._recent_s.append(wall)
         result = StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
-                            refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes)
+                            refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
+                            logs={name: s / w for name, (s, w) in logged.items()}, log_flags=log_flags)
         return result, self._sum
 
     def _to_wire(self, avg: np.ndarray) -> np.ndarray:
@@ -613,7 +660,8 @@ class ExchangeServer:
         cast_into(self._applied, wire)
         return self._applied
 
-    async def run_step(self, step: int, *, apply: Callable[[np.ndarray], None], minimum_deadline_s: float = 10.0) -> StepResult:
+    async def run_step(self, step: int, *, apply: Callable[[np.ndarray, StepResult], None],
+                       minimum_deadline_s: float = 10.0) -> StepResult:
         """Gather, reduce, return the average to every board, and let ``apply`` update the replica.
 
         The step is reduced and its result sent as soon as it can be: in the reader callback of
@@ -648,7 +696,7 @@ class ExchangeServer:
                     else:
                         self.bytes_out += finished.frame_bytes
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
-            apply(self.wire_to_float32(finished.wire))
+            apply(self.wire_to_float32(finished.wire), finished.result)
         return finished.result
 
     def _finish_if_ready(self, expired: bool = False) -> None:
@@ -670,11 +718,14 @@ class ExchangeServer:
         wire = self._to_wire(avg)
         values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
         tensor = self._sum_tensor if wire is self._sum else self._wire_tensor  # fixed arrays: described once
-        segments = self._hot_avg.encode(values, tensor) if self._unsent_split is None else None  # encoded once
-        if segments is None:  # a re-split travels with it: the general encoder
+        plain = self._unsent_split is None and self._unsent_lrs is None
+        segments = self._hot_avg.encode(values, tensor) if plain else None  # encoded once
+        if segments is None:  # a re-split or learning rates travel with it: the general encoder
             frame = {"type": "avg", **values, "g": tensor}
             if self._unsent_split is not None:
                 frame["split"], self._unsent_split = self._unsent_split, None
+            if self._unsent_lrs is not None:
+                frame["lrs"], self._unsent_lrs = self._unsent_lrs, None
             segments = frame_segments(frame)
         self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
         self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
@@ -689,6 +740,11 @@ class ExchangeServer:
             else:
                 self.bytes_out += frame_bytes
         return _Finished(result=result, wire=wire, unsent=unsent, frame_bytes=frame_bytes)
+
+    def announce_lrs(self, lrs: Sequence[float]) -> None:
+        """Send the replica's learning rates (one per param group) with the next result: every board sets them
+        before that step's update (a ReduceLROnPlateau decides on the coordinator, where its metric is)."""
+        self._unsent_lrs = [float(lr) for lr in lrs]
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}

@@ -28,7 +28,9 @@ from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOp
 from workloads.lightning_api import callback_class, package_of
 from workloads.params import (
     assign_grads,
-    param_count,
+    assign_values,
+    exchange_size,
+    float_buffers,
     restore_optimizer_state,
     restore_scheduler_states,
     scheduler_states,
@@ -89,7 +91,16 @@ class _ReplicaDriver:
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        assign_grads(self.replica.params, self.replica._next_gradient())
+        replica = self.replica
+        avg, result = replica._next_gradient()
+        assign_grads(replica.params, avg)
+        if replica.buffers:
+            assign_values(replica.buffers, avg[replica._grad_elements:])
+        if result is not None:  # what training_step logged on the boards, weighted by their samples
+            for name, value in result.logs.items():
+                on_step, on_epoch, prog_bar = result.log_flags[name]
+                pl_module.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar,
+                              batch_size=result.n_total)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         metrics = {}
@@ -112,25 +123,32 @@ class Replica:
         total_steps: Optimizer steps of the whole run.
         val_loader: Makes the validation DataLoader, or None; used only if the module has a ``validation_step``.
         logger: A Lightning logger of the module's package, or False.
+        log_every_n_steps: The logger's cadence for per-step values.
 
     Raises:
         ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``).
     """
 
     def __init__(self, model: Any, *, options: TrainerOptions | None = None, batches_per_epoch: int = 1,
-                 total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False) -> None:
+                 total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False,
+                 log_every_n_steps: int = 50) -> None:
         self.model = model
         setup = check_trainable(model)
         self.optimizer = setup.optimizer
         self.schedulers: list[Any] = list(setup.schedulers)
         self.params = trainable_params(self.optimizer)
-        self.param_count = param_count(self.params)
+        self.buffers = float_buffers(model)
+        self.buffer_count = sum(b.numel() for b in self.buffers)
+        self.param_count = exchange_size(self.optimizer, model)  # the exchanged vector: gradient, then float buffers
+        self._grad_elements = self.param_count - self.buffer_count
         self.options = options or TrainerOptions()
         self.batches_per_epoch, self.total_steps = batches_per_epoch, total_steps
         self.package = package_of(model)
         self.validates = val_loader is not None and _overrides_validation(model)
+        self.plateau = any(config.reduce_on_plateau for config in self.schedulers)
         self._val_loader = val_loader if self.validates else None
         self.logger = logger
+        self.log_every_n_steps = log_every_n_steps
         self.step = 0  # the next global step
         self.val_metrics: dict[str, float] = {}
         self._validated_at = -1
@@ -166,7 +184,7 @@ class Replica:
                 warnings.filterwarnings("ignore", message=".*training_step.*returned `None`.*")
                 trainer = make_trainer(self.package, options=self.options, total_steps=self.total_steps,
                                        callbacks=callbacks, accelerator=REPLICA_ACCELERATOR, logger=self.logger,
-                                       validate=self.validates)
+                                       validate=self.validates, log_every_n_steps=self.log_every_n_steps)
                 loader = DataLoader(_Placeholders(1), batch_sampler=EpochBatchSampler(lambda batch: [0], position))
                 val = self._val_loader() if self._val_loader is not None else None
                 trainer.fit(self.model, train_dataloaders=loader, val_dataloaders=val)
@@ -181,7 +199,7 @@ class Replica:
             self._ended = True
             self._waiting.set()
 
-    def _next_gradient(self) -> np.ndarray:
+    def _next_gradient(self) -> tuple[np.ndarray, Any]:
         """In the Trainer's thread: say it waits, then take the next averaged gradient (or stop)."""
         self._waiting.set()
         item = self._gradients.get()
@@ -194,8 +212,10 @@ class Replica:
         if self._error is not None:
             raise ReplicaError(f"the coordinator's replica failed: {type(self._error).__name__}: {self._error}")
 
-    def apply(self, avg: np.ndarray) -> None:
+    def apply(self, avg: np.ndarray, result: Any = None) -> None:
         """One optimizer step with the fleet's average gradient (the same step every board takes).
+
+        ``result`` (the exchange's ``StepResult``) brings what the boards logged in training_step.
 
         Returns when the step, the schedulers and (at an epoch's end) validation are done.
 
@@ -207,7 +227,7 @@ class Replica:
         if self._ended:
             raise ReplicaError(f"the coordinator's replica ended before step {self.step}")
         self._waiting.clear()
-        self._gradients.put(avg)
+        self._gradients.put((avg, result))
         self._wait()
         self.step += 1
 
@@ -225,6 +245,10 @@ class Replica:
     def wire_state(self) -> tuple[int, Any, Any]:
         """(next step, model state, optimizer state) as numpy trees for the exchange's welcome."""
         return self.step, to_numpy_tree(self.model.state_dict()), to_numpy_tree(self.optimizer.state_dict())
+
+    def learning_rates(self) -> list[float]:
+        """The optimizer's learning rate of each param group, now."""
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
 
     def scheduler_wire_state(self) -> list[Any]:
         """The LR schedulers' states as numpy trees, in Lightning's order, for the exchange's welcome."""

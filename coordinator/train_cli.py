@@ -69,6 +69,14 @@ def add_train_parser(sub: Any) -> None:
     lightning.add_argument("--gradient-clip-algorithm", choices=("norm", "value"), default="norm",
                            help="norm: over all parameters together (default); value: each element")
     lightning.add_argument("--deterministic", action="store_true", help="torch's deterministic algorithms on every replica")
+    lightning.add_argument("--precision", default="32-true", metavar="32-true|bf16-mixed",
+                           help="bf16-mixed: autocast to bfloat16 on every board (weights and gradients stay fp32); "
+                                "16-mixed is refused (default 32-true)")
+    lightning.add_argument("--log-every-n-steps", type=int, default=50, metavar="N",
+                           help="how often --logger writes what training_step logs per step (default 50, Lightning's)")
+    lightning.add_argument("--sync-buffers", choices=("broadcast", "average"), default="broadcast",
+                           help="BatchNorm's running statistics (every float buffer) after each step: broadcast the "
+                                "first board's, as DDP does (default), or average them over the boards' samples")
     lightning.add_argument("--logger", choices=("none", "csv", "tensorboard"), default="none",
                            help="write what the module logs in validation_step, and the fleet's loss, with "
                                 "Lightning's CSVLogger or TensorBoardLogger into RUN_DIR/logs (default none)")
@@ -159,8 +167,11 @@ def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
         batches_per_epoch = GlobalBatchPlan(size, batches, args.seed).steps_per_epoch
     else:
         batches_per_epoch = max(1, size // max(batches))
+    if args.log_every_n_steps < 1:
+        raise ConfigError(f"--log-every-n-steps {args.log_every_n_steps}: use a whole number of steps >= 1")
     options = TrainerOptions(accumulate_grad_batches=args.accumulate_grad_batches, gradient_clip_val=args.gradient_clip_val,
-                             gradient_clip_algorithm=args.gradient_clip_algorithm, deterministic=args.deterministic)
+                             gradient_clip_algorithm=args.gradient_clip_algorithm, deterministic=args.deterministic,
+                             precision=args.precision)
     per_epoch = steps_per_epoch(batches_per_epoch, options.accumulate_grad_batches)
     total = args.steps if args.steps is not None else max(1, round((args.epochs or 5.0) * per_epoch))
     data_name = args.datamodule or dataset_spec
@@ -175,7 +186,8 @@ def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
                      rebalance_threshold=args.rebalance_threshold, force_split=force_split,
                      accumulate_grad_batches=options.accumulate_grad_batches,
                      gradient_clip_val=options.gradient_clip_val, gradient_clip_algorithm=options.gradient_clip_algorithm,
-                     deterministic=options.deterministic, logger=args.logger)
+                     deterministic=options.deterministic, precision=options.precision, logger=args.logger, sync_buffers=args.sync_buffers,
+                     log_every_n_steps=args.log_every_n_steps)
     return spec, args.run_dir or Path("runs") / run_id
 
 
@@ -203,8 +215,10 @@ def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, 
         acc = "-" if view.val_accuracy is None else f"{view.val_accuracy:.1%}"
         loss = "-" if view.loss is None else f"{view.loss:.4f}"
         dropped = f" [yellow]late: {','.join(view.late)}[/]" if view.late else ""
+        shown = "".join(f" · {name} {value:.4g}" for name, value in view.shown.items())
         progress.update(task, completed=view.step + 1,
-                        description=f"loss {loss} · val acc {acc} · {view.samples_per_s:.0f} samples/s · {boards}{dropped}")
+                        description=f"loss {loss}{shown} · val acc {acc} · {view.samples_per_s:.0f} samples/s · "
+                                    f"{boards}{dropped}")
 
     run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=on_step,
                       on_note=lambda text: progress.console.print(text), resume=resume)

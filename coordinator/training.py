@@ -78,7 +78,10 @@ class TrainSpec:
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
     deterministic: bool = False
+    precision: str = "32-true"
     logger: str = "none"                 # the coordinator's Lightning logger: none, csv or tensorboard
+    sync_buffers: str = "broadcast"      # float buffers each step: the first board's (DDP) or their average
+    log_every_n_steps: int = 50          # the logger's cadence for per-step values (Lightning's flag)
     seed: int = 0
     lr: float | None = None
     wire_dtype: str = "float32"
@@ -99,7 +102,8 @@ class TrainSpec:
     def trainer_options(self) -> TrainerOptions:
         return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
                               gradient_clip_val=self.gradient_clip_val,
-                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic)
+                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic,
+                              precision=self.precision)
 
     @property
     def data_name(self) -> str:
@@ -127,6 +131,7 @@ class StepView:
     late: list[str]
     refused: dict[str, str]
     batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's samples this step
+    shown: dict[str, float] = field(default_factory=dict)  # logged with prog_bar=True (training_step, validation_step)
 
 
 @dataclass
@@ -231,11 +236,13 @@ class TrainingRun:
         self.batches_per_epoch = spec.batches_per_epoch or _batches_per_epoch(spec, len(self.data.train))
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
-                               logger=make_logger(spec.logger, model, run_dir))
+                               logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps)
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
         self.val_metrics: dict[str, float] = {}
+        self.train_metrics: dict[str, float] = {}  # each name's last value logged in training_step
+        self._announced_lrs: list[float] = []
         self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
         splits: list[dict[str, Any]] = []
@@ -245,6 +252,7 @@ class TrainingRun:
             torch.set_rng_state(state["torch_rng"])
             self.val_accuracy, self.val_loss = state.get("val_accuracy"), state.get("val_loss")
             self.val_metrics = dict(state.get("val_metrics", {}))
+            self.train_metrics = dict(state.get("train_metrics", {}))
             self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
             splits = list(state.get("splits", []))
             MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
@@ -276,6 +284,15 @@ class TrainingRun:
             self.val_loss, self.val_accuracy = figures
             self.val_metrics = {"val_loss": self.val_loss, "val_acc": self.val_accuracy}
 
+    def _follow_plateau(self, exchange: ExchangeServer) -> None:
+        """A ReduceLROnPlateau stepped in the replica (where its metric is): send its learning rates to the boards."""
+        if not self.replica.plateau:
+            return
+        lrs = self.replica.learning_rates()
+        if lrs != self._announced_lrs:
+            exchange.announce_lrs(lrs)
+            self._announced_lrs = lrs
+
     def _log_fleet_loss(self, step: int, loss: float | None) -> None:
         """The step's loss (the boards' training_step losses, weighted by their samples) in the run's logger."""
         logger = self.replica.logger
@@ -285,7 +302,8 @@ class TrainingRun:
     def _checkpoint(self, elapsed_s: float) -> None:
         save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
-                                       "val_metrics": self.val_metrics, "elapsed_s": elapsed_s, "splits": self.adapt.splits})
+                                       "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
+                                       "elapsed_s": elapsed_s, "splits": self.adapt.splits})
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = self.replica.wire_state()
@@ -306,7 +324,7 @@ class TrainingRun:
                                     accumulate_grad_batches=s.accumulate_grad_batches,
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
-                                    deterministic=s.deterministic).to_dict()
+                                    deterministic=s.deterministic, precision=s.precision).to_dict()
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -319,8 +337,10 @@ class TrainingRun:
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
+                                  buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
                                   splits=[(s["from_step"], s["batch_sizes"]) for s in self.adapt.splits])
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
+        self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
         try:
             await check_boards_ready(channel, self.spec.boards)
@@ -377,6 +397,7 @@ class TrainingRun:
             elapsed = time.monotonic() - started
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
             self._log_fleet_loss(step, result.loss)
+            self._follow_plateau(exchange)
             if epoch_end:
                 self._evaluate()
             rebalance = self.adapt.after_step(result, exchange)
@@ -386,7 +407,9 @@ class TrainingRun:
             self.on_step(StepView(step=step, total_steps=spec.total_steps, loss=result.loss, val_accuracy=self.val_accuracy,
                                   samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
                                   board_compute_s=result.compute_s, late=result.late, refused=result.refused,
-                                  batch_sizes=result.batch_sizes))
+                                  batch_sizes=result.batch_sizes,
+                                  shown={name: value for name, value in result.logs.items()
+                                         if result.log_flags[name][2]}))
             if (step + 1) % spec.checkpoint_every == 0:
                 self._checkpoint(self.elapsed_before_s + elapsed)
         elapsed = time.monotonic() - started
@@ -408,6 +431,9 @@ class TrainingRun:
                   "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
         if rebalance is not None:
             record["rebalance"] = rebalance
+        if r.logs:  # what training_step logged, sample-weighted over the boards
+            record["logs"] = r.logs
+            self.train_metrics.update(r.logs)
         if self.val_metrics and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
             record["val_metrics"] = dict(self.val_metrics)
@@ -425,7 +451,7 @@ class TrainingRun:
                                 "flags": self.flags.get(board, [])[:50]}
         return {"run_id": self.spec.run_id, "steps": self.replica.step, "total_steps": self.spec.total_steps,
                 "interrupted": interrupted, "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
-                "val_metrics": self.val_metrics,
+                "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
                 "elapsed_s": round(self.elapsed_before_s + elapsed, 3),
                 "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),

@@ -75,6 +75,7 @@ class TrainCommand:
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
     deterministic: bool = False
+    precision: str = "32-true"
     schema_version: int = JOB_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -31,6 +31,9 @@ from protocol.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CLIP_ALGORITHMS = ("norm", "value")
+# 16-mixed is not offered: its GradScaler skips a step on a board whose own gradient overflowed,
+# after the exchange gave it the fleet's finite average, so that board's replica would fall behind.
+PRECISIONS = ("32-true", "bf16-mixed")
 
 
 @dataclass(frozen=True)
@@ -42,25 +45,31 @@ class TrainerOptions:
         gradient_clip_val: Clip the averaged gradient (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (over all parameters) or ``"value"``.
         deterministic: ``torch.use_deterministic_algorithms`` on every replica.
+        precision: Lightning's ``precision``: ``32-true`` or ``bf16-mixed`` (autocast; fp32 weights and gradients).
     """
 
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
     deterministic: bool = False
+    precision: str = "32-true"
 
     def __post_init__(self) -> None:
         if self.accumulate_grad_batches < 1:
             raise ConfigError(f"accumulate_grad_batches = {self.accumulate_grad_batches} must be at least 1")
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:
             raise ConfigError(f"gradient_clip_val = {self.gradient_clip_val} must be above 0 (or not given: no clipping)")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}: 16-mixed's gradient "
+                              "scaler would skip a step on a board whose own gradient overflowed while the others "
+                              "take it; use bf16-mixed (a Jetson Orin, recent x86) or 32-true")
         if self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
             raise ConfigError(f"gradient_clip_algorithm = {self.gradient_clip_algorithm!r} is not one of {CLIP_ALGORITHMS}")
 
     def trainer_kwargs(self) -> dict[str, Any]:
         return {"accumulate_grad_batches": self.accumulate_grad_batches, "gradient_clip_val": self.gradient_clip_val,
                 "gradient_clip_algorithm": self.gradient_clip_algorithm if self.gradient_clip_val else None,
-                "deterministic": self.deterministic}
+                "deterministic": self.deterministic, "precision": self.precision}
 
 
 def steps_per_epoch(batches_per_epoch: int, accumulate: int) -> int:
@@ -192,13 +201,14 @@ class LoopPositioner:
 
 
 def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: int, callbacks: list[Any],
-                 accelerator: str, logger: Any = False, validate: bool = False) -> Any:
+                 accelerator: str, logger: Any = False, validate: bool = False, log_every_n_steps: int = 50) -> Any:
     """The replica's Trainer: no checkpoints, progress bar or sanity checks of its own (edgefleet keeps those)."""
     return package.Trainer(accelerator=accelerator, devices=1, max_epochs=-1, max_steps=total_steps, logger=logger,
                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                            num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0,
-                           use_distributed_sampler=False, callbacks=callbacks, **options.trainer_kwargs())
+                           use_distributed_sampler=False, callbacks=callbacks, log_every_n_steps=log_every_n_steps,
+                           **options.trainer_kwargs())
 
 
-__all__ = ["CLIP_ALGORITHMS", "EpochBatchSampler", "LoopPosition", "LoopPositioner", "TrainerOptions",
+__all__ = ["CLIP_ALGORITHMS", "PRECISIONS", "EpochBatchSampler", "LoopPosition", "LoopPositioner", "TrainerOptions",
            "check_loop_api", "make_trainer", "position_of", "steps_per_epoch"]

@@ -77,6 +77,47 @@ def param_count(params: list[torch.nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
+BUFFER_SYNC = ("broadcast", "average")
+
+
+def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's floating-point buffers (BatchNorm's running statistics, ...), in ``named_buffers`` order.
+
+    They travel after the gradient in every exchanged vector: each step's result carries the
+    first contributing board's (DDP's rule: rank 0's buffers at every forward) or their
+    sample-weighted average. Integer buffers (``num_batches_tracked``) advance alike everywhere.
+    """
+    return [buffer for _, buffer in model.named_buffers() if buffer.is_floating_point()]
+
+
+def exchange_size(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
+    """Elements of the vector a replica exchanges each step: the trainable parameters' gradient, then the float buffers."""
+    return param_count(trainable_params(optimizer)) + sum(b.numel() for b in float_buffers(model))
+
+
+def flatten_values(tensors: list[torch.Tensor], out: np.ndarray) -> np.ndarray:
+    """Copy the tensors' values into the float32 vector ``out`` (device to host on a GPU board)."""
+    flat = torch.from_numpy(out)
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        flat[offset:offset + n].copy_(tensor.detach().reshape(-1))
+        offset += n
+    return out
+
+
+def assign_values(tensors: list[torch.Tensor], flat: np.ndarray) -> None:
+    """Set the tensors' values from the flat vector (which may be read-only: it is only read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        source = torch.from_numpy(np.asarray(flat, dtype=np.float32))
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel()
+        tensor.data.copy_(source[offset:offset + n].view_as(tensor))
+        offset += n
+
+
 def to_numpy_tree(value: Any) -> Any:
     """A state_dict with tensors replaced by numpy arrays (copies), for the wire or a file."""
     if isinstance(value, torch.Tensor):

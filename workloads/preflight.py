@@ -108,17 +108,6 @@ def check_trainable(model: Any) -> OptimizerSetup:
     if isinstance(setup.optimizer, torch.optim.LBFGS):
         raise ConfigError("the optimizer is LBFGS, which evaluates the loss several times per step; every board "
                           "would exchange a gradient at each evaluation. Use a first-order optimizer (SGD, Adam, ...)")
-    for config in setup.schedulers:
-        if config.reduce_on_plateau:
-            raise ConfigError(f"ReduceLROnPlateau (monitor {config.monitor!r}) is not supported yet: every board "
-                              "would have to step it on the same value of a metric that only the coordinator or "
-                              "one board measures. Use a scheduler that depends on the step or epoch (StepLR, "
-                              "CosineAnnealingLR, OneCycleLR, ...)")
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.track_running_stats:
-            raise ConfigError(f"{type(module).__name__} at {name or 'the top'!r} keeps running statistics, which "
-                              "edgefleet does not synchronise between boards yet (DDP broadcasts them from the first "
-                              "rank at every step). Use GroupNorm or LayerNorm, or track_running_stats=False")
     return setup
 
 

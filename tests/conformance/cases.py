@@ -38,9 +38,12 @@ CASES: list[Case] = [
     Case("logged_metrics", M + "LoggingNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL),
     Case("adam", M + "AdamNet", {"lr": 0.01}, dataset=CLASSIFICATION),
     Case("sgd_deterministic", M + "SgdNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"deterministic": True}),
+    Case("bf16_mixed", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"precision": "bf16-mixed"}),
 ]
 
 REFUSED: list[tuple[Case, str]] = [
     (Case("two_optimizers", M + "TwoOptimizersNet", {"lr": 0.1}, dataset=CLASSIFICATION), "optimizers"),
     (Case("manual_optimization", M + "ManualOptNet", {"lr": 0.1}, dataset=CLASSIFICATION), "manual optimization"),
+    (Case("fp16_mixed", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"precision": "16-mixed"}),
+     "16-mixed"),
 ]

@@ -194,3 +194,52 @@ def relative_l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float
     if norm == 0.0:
         return 0.0 if diff == 0.0 else math.inf
     return math.sqrt(diff / norm)
+
+
+def ddp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) -> dict[str, torch.Tensor]:
+    """DDP's rule for a module with BatchNorm, in one process: the reference where a split batch cannot match a whole one.
+
+    Each step every rank r normalises with the statistics of its own slice (``batch_sizes[r]``
+    consecutive samples of the global batch) and starts its forward with rank 0's buffers (DDP
+    broadcasts them from rank 0 before every forward); the gradients are averaged weighted by
+    the slices' sizes; afterwards every rank holds rank 0's buffers. Plain torch, SGD-like
+    optimizers from ``configure_optimizers`` returning one optimizer, no schedulers.
+    """
+    data = case_data(case)
+    torch.manual_seed(seed)
+    model = load(case.model)(**case.model_options)
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.Optimizer), "ddp_reference takes a bare optimizer"
+    total = sum(batch_sizes)
+    sampler = GlobalBatchSampler(len(data.train_set), total, seed)
+    buffers = [b for _, b in model.named_buffers() if b.is_floating_point()]
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    step = 0
+    while step < steps:
+        for batch_idx, indices in enumerate(sampler):
+            if step == steps:
+                break
+            rank0 = [b.detach().clone() for b in buffers]
+            after_rank0: list[torch.Tensor] = []
+            summed = [torch.zeros_like(p) for p in params]
+            start = 0
+            for rank, size in enumerate(batch_sizes):
+                for buffer, value in zip(buffers, rank0):
+                    buffer.data.copy_(value)
+                batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
+                model.zero_grad(set_to_none=True)
+                model.training_step(batch, batch_idx).backward()
+                for acc, p in zip(summed, params):
+                    acc.add_(p.grad, alpha=size / total)
+                if rank == 0:
+                    after_rank0 = [b.detach().clone() for b in buffers]
+                start += size
+            for p, grad in zip(params, summed):
+                p.grad = grad
+            for buffer, value in zip(buffers, after_rank0):
+                buffer.data.copy_(value)
+            optimizer.step()
+            step += 1
+        sampler.set_epoch(sampler.epoch + 1)
+    return state_of(model)

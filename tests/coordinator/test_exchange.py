@@ -69,7 +69,7 @@ def test_weighted_mean_is_exact_and_every_board_gets_it() -> None:
             board.start()
         await server.wait_for_boards(10, need={b for b, _ in BOARDS})
         applied: list[np.ndarray] = []
-        results = [await server.run_step(s, apply=lambda g: applied.append(g.copy())) for s in range(3)]
+        results = [await server.run_step(s, apply=lambda g, r: applied.append(g.copy())) for s in range(3)]
         await server.close()
         return results, boards, applied
 
@@ -102,7 +102,7 @@ def test_nan_and_wrong_shape_are_refused_for_that_step_only() -> None:
             Board(b, port, 3, bad(b)).start()
         await server.wait_for_boards(10, need={b for b, _ in BOARDS})
         applied: list[np.ndarray] = []
-        results = [await server.run_step(s, apply=lambda g: applied.append(g.copy())) for s in range(3)]
+        results = [await server.run_step(s, apply=lambda g, r: applied.append(g.copy())) for s in range(3)]
         flags = server.flags()
         await server.close()
         return [results, applied, flags]
@@ -129,9 +129,9 @@ def test_a_late_board_is_left_out_of_the_step_and_stays_in_sync() -> None:
         await server.wait_for_boards(10, need={b for b, _ in BOARDS})
         server._recent_s = [0.01] * 5  # past the first steps: the deadline follows the recent median
         applied: list[np.ndarray] = []
-        first = await server.run_step(0, apply=lambda g: applied.append(g.copy()), minimum_deadline_s=0.3)
+        first = await server.run_step(0, apply=lambda g, r: applied.append(g.copy()), minimum_deadline_s=0.3)
         release.set()
-        second = await server.run_step(1, apply=lambda g: applied.append(g.copy()), minimum_deadline_s=30)
+        second = await server.run_step(1, apply=lambda g, r: applied.append(g.copy()), minimum_deadline_s=30)
         await server.close()
         slow.join(10)
         return [first, second], slow, applied
@@ -149,7 +149,7 @@ def test_a_board_that_disconnects_does_not_hold_up_the_step() -> None:
         for b, _ in BOARDS:
             Board(b, port, 3, lambda s, b=b: None if (b == "b1" and s == 1) else _grads(s)[b]).start()
         await server.wait_for_boards(10, need={b for b, _ in BOARDS})
-        results = [await server.run_step(s, apply=lambda g: None, minimum_deadline_s=60) for s in range(3)]
+        results = [await server.run_step(s, apply=lambda g, r: None, minimum_deadline_s=60) for s in range(3)]
         await server.close()
         return results
 
@@ -228,7 +228,7 @@ def test_a_resplit_travels_in_the_next_result_and_in_later_welcomes() -> None:
     replica = {"step": 0}  # what the coordinator's replica would hand a joining board
     applied: list[np.ndarray] = []
 
-    def apply(g: np.ndarray) -> None:
+    def apply(g: np.ndarray, result: object) -> None:
         applied.append(g.copy())
         replica["step"] += 1
 
@@ -365,7 +365,7 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
         await server.wait_for_boards(10, need={b for b, _ in BOARDS})
         applied: list[np.ndarray] = []
         for s in range(steps):
-            await server.run_step(s, apply=lambda g: applied.append(g.copy()))
+            await server.run_step(s, apply=lambda g, r: applied.append(g.copy()))
         await server.close()
         return applied, full_sums
 

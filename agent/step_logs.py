@@ -1,0 +1,69 @@
+"""What a module logs with ``self.log`` in ``training_step`` on a board, collected for the exchange.
+
+The board's Trainer has no logger: each step's values travel with the gradient, and the
+coordinator logs their sample-weighted mean over the boards with the same ``on_step``,
+``on_epoch`` and ``prog_bar`` (into its own Lightning loop, so its logger, progress line and a
+``ReduceLROnPlateau`` see them). The module is not changed: only this board's copy of it gets
+its ``log`` method wrapped, which then calls Lightning's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+COLLECTED_HOOK = "training_step"  # values logged elsewhere on a board (its epoch hooks) stay local
+
+
+class StepLogs:
+    """Wraps ``model.log`` on this board's copy; :meth:`take` returns one optimizer step's values.
+
+    With gradient accumulation a step spans several batches: a name's value is the mean over them.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._original = model.log
+        self._signature = inspect.signature(self._original)
+        self._sums: dict[str, list[Any]] = {}  # name -> [sum, count, on_step, on_epoch, prog_bar]
+        self._skipped: set[str] = set()
+        model.log = self._log
+
+    def _log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self._model, "_current_fx_name", None) == COLLECTED_HOOK:
+            self._record(name, value, args, kwargs)
+        return self._original(name, value, *args, **kwargs)
+
+    def _record(self, name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError):  # a torchmetrics Metric, a tensor of many values
+            if name not in self._skipped:
+                self._skipped.add(name)
+                log.warning("self.log(%r, ...) in training_step logs a %s, not a number: it stays on this board",
+                            name, type(value).__name__)
+            return
+        if not math.isfinite(number):
+            return
+        bound = self._signature.bind_partial(name, value, *args, **kwargs).arguments
+        on_step = True if bound.get("on_step") is None else bool(bound["on_step"])  # training_step's defaults
+        on_epoch = False if bound.get("on_epoch") is None else bool(bound["on_epoch"])
+        sums = self._sums.setdefault(name, [0.0, 0, on_step, on_epoch, bool(bound.get("prog_bar", False))])
+        sums[0] += number
+        sums[1] += 1
+
+    def take(self) -> dict[str, list[Any]] | None:
+        """This step's values (name -> [mean, on_step, on_epoch, prog_bar]), or None if nothing was logged."""
+        if not self._sums:
+            return None
+        values = {name: [total / count, on_step, on_epoch, prog_bar]
+                  for name, (total, count, on_step, on_epoch, prog_bar) in self._sums.items()}
+        self._sums = {}
+        return values
+
+
+__all__ = ["StepLogs"]
