@@ -26,7 +26,6 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
 
 from agent.board_resources import (
@@ -54,15 +53,20 @@ class _Measured(Exception):
     """Raised at the first batch after the timed steps: the measurement is complete."""
 
 
-class StepClock(pl.Callback):
-    """Notes every ``on_train_batch_start``; runs the power meter over the timed steps."""
+class StepClock:
+    """Notes every ``on_train_batch_start``; runs the power meter over the timed steps.
+
+    Its hooks are a Callback of the model's own Lightning package (``workloads.lightning_api``).
+    """
 
     def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter) -> None:
         self.warmup, self.timed, self.meter = warmup_steps, timed_steps, meter
         self.starts: list[float] = []
         self.power_w: float | None = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if pl_module.device.type == "cuda":  # a GPU runs ahead of Python: a step ends when its kernels do
+            torch.cuda.synchronize(pl_module.device)
         self.starts.append(time.perf_counter())
         if len(self.starts) == self.warmup + 1:
             self.meter.start()
@@ -85,17 +89,23 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
 def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
+    from workloads.fleet_trainer import board_accelerator
+    from workloads.lightning_api import callback_class, package_of
     from workloads.registry import build_model
 
     torch.manual_seed(job.seed)
     model = build_model(job.model, job.model_options, data=dataset)
-    clock = StepClock(job.warmup_steps, job.timed_steps, meter)
+    package = package_of(model)
+    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter)
     batches = _batches(len(dataset), batch_size, job.warmup_steps + job.timed_steps + 1, job.seed)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, use_distributed_sampler=False, callbacks=[clock])
+    trainer = package.Trainer(accelerator=board_accelerator(), devices=1, max_epochs=1, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                              num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
+                              callbacks=[clock])
+    collate = getattr(dataset, "collate_fn", None)  # the dataset's own batching, as training uses it
     try:
-        trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=batches))
+        trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=batches,
+                                                        collate_fn=collate if callable(collate) else None))
     except _Measured:
         pass
     except (MemoryError, RuntimeError) as exc:

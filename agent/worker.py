@@ -54,7 +54,14 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
     from agent.step_logs import StepLogs
     from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
     from protocol.codec import decode_value
-    from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
+    from workloads.fleet_trainer import (
+        EpochBatchSampler,
+        LoopPositioner,
+        TrainerOptions,
+        board_accelerator,
+        make_trainer,
+        position_of,
+    )
     from workloads.lightning_api import callback_class, package_of
     from workloads.params import exchange_size, to_torch_tree
     from workloads.preflight import optimizer_setup
@@ -101,10 +108,10 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
             optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.get("schedulers", [])), step_logs=StepLogs(model))
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
-        events.emit("running", f"joined at step {start}", step=start)
-        # accelerator "auto": a board with CUDA (a Jetson) trains on its GPU; gradients cross to the host once a step.
+        accelerator = board_accelerator()  # a Jetson's GPU; gradients cross to the host once a step
+        events.emit("running", f"joined at step {start} ({accelerator})", step=start)
         trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
-                               callbacks=[positioner, exchange], accelerator="auto")
+                               callbacks=[positioner, exchange], accelerator=accelerator)
         try:
             trainer.fit(model, train_dataloaders=data.train_loader(EpochBatchSampler(indices_of, position)))
         except StopTraining as stop:

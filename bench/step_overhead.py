@@ -192,6 +192,7 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
             to_torch_tree,
             trainable_params,
         )
+        from workloads.lightning_api import callback_class
         from workloads.registry import build_dataset, build_model
         from workloads.sharding import BoardBatchSampler, GlobalBatchPlan
 
@@ -216,7 +217,8 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
             model.load_state_dict(to_torch_tree(decode_value(welcome["model"])))
             start = int(welcome["step"])
             sampler = BoardBatchSampler(GlobalBatchPlan(len(dataset), [BATCH] * BOARDS, SEED), index, start, total)
-            exchange = GradientExchange(client, batch_size=BATCH, start_step=start, wire_dtype="float32",
+            exchange = callback_class(pl, GradientExchange, "GradientExchange")(
+                                        client, batch_size=BATCH, start_step=start, wire_dtype="float32",
                                         optimizer_state=decode_value(welcome["optimizer"]),
                                         on_step=lambda step, loss, compute_s: compute.append(compute_s))
             timer = make_step_timer()

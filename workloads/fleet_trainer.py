@@ -200,6 +200,13 @@ class LoopPositioner:
         epoch_loop.reset = reset_then_skip
 
 
+def board_accelerator() -> str:
+    """Where a board trains: its GPU when its torch has CUDA (a Jetson), else its CPU."""
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
 def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: int, callbacks: list[Any],
                  accelerator: str, logger: Any = False, validate: bool = False, log_every_n_steps: int = 50) -> Any:
     """The replica's Trainer: no checkpoints, progress bar or sanity checks of its own (edgefleet keeps those)."""
@@ -210,5 +217,5 @@ def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: i
                            **options.trainer_kwargs())
 
 
-__all__ = ["CLIP_ALGORITHMS", "PRECISIONS", "EpochBatchSampler", "LoopPosition", "LoopPositioner", "TrainerOptions",
+__all__ = ["CLIP_ALGORITHMS", "PRECISIONS", "EpochBatchSampler", "board_accelerator", "LoopPosition", "LoopPositioner", "TrainerOptions",
            "check_loop_api", "make_trainer", "position_of", "steps_per_epoch"]

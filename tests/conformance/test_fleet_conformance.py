@@ -13,20 +13,17 @@ import dataclasses
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from protocol.signing import generate_key_hex
-from tests.conftest import AgentFactory
+from coordinator.local_broker import LocalBroker
 from tests.conformance.cases import CASES, REFUSED
+from tests.conformance.conftest import BOARDS
 from tests.conformance.reference import Case, ddp_reference, lightning_reference, relative_l2
 
-BOARDS = ("c1", "c2", "c3")
 BATCHES = "4,8,12"
 GLOBAL_BATCH = 24
 STEPS = 20
@@ -38,24 +35,6 @@ NOT_YET: dict[str, str] = {}
 DDP_RULE = ("batchnorm",)
 _FLAGS = {"gradient_clip_val": "--gradient-clip-val", "gradient_clip_algorithm": "--gradient-clip-algorithm",
           "accumulate_grad_batches": "--accumulate-grad-batches", "precision": "--precision"}
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path]]:
-    """A broker, a fleet key and three boards whose workers stay between jobs (torch imported once)."""
-    tmp = tmp_path_factory.mktemp("conformance")
-    key = tmp / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    factory = AgentFactory(tmp)
-    with start_mosquitto() as broker:
-        for board in BOARDS:
-            factory.start(board, broker.address, config=(f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n'
-                                                         '[power]\nsource = "estimated"\n[training]\nkeep_worker = true\n'))
-        try:
-            yield broker, key
-        finally:
-            factory.stop_all()
 
 
 def _options(values: dict[str, Any]) -> str:
