@@ -205,6 +205,7 @@ class ExchangeServer:
         self._welcome_extra = welcome_extra
         if not 0 <= buffer_elements <= param_count or buffer_sync not in ("broadcast", "average"):
             raise ValueError(f"buffer_elements {buffer_elements} / buffer_sync {buffer_sync!r} out of range")
+        self._buffer_elements = buffer_elements
         self._buffers_from = param_count - buffer_elements if buffer_elements and buffer_sync == "broadcast" else None
         self.max_grad_norm = max_grad_norm
         self._sum = np.zeros(param_count, dtype=np.float32)
@@ -600,6 +601,8 @@ class ExchangeServer:
                 squares, folded = fold.squares, False
             else:
                 squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
+            if self._buffer_elements:  # the norm check is the gradient's; buffers count only for NaN or Inf
+                squares = [square - self._buffer_square(b.grad) for b, square in zip(kept, squares)]
             bad = [(b, q) for b, q in zip(kept, squares) if not q <= limit]  # NaN, Inf or too large
             if not bad:
                 break
@@ -644,6 +647,16 @@ class ExchangeServer:
                             refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
                             logs={name: s / w for name, (s, w) in logged.items()}, log_flags=log_flags)
         return result, self._sum
+
+    def _buffer_square(self, vector: np.ndarray | None) -> float:
+        """The squared norm of a board's float buffers (the vector's tail), widened from the wire dtype if need be."""
+        assert vector is not None  # a kept board's
+        tail = vector[self.param_count - self._buffer_elements:]
+        if tail.dtype != np.float32:
+            widened = self._scratch[:tail.size]  # free again: the weighted sum is done
+            cast_into(widened, tail)
+            tail = widened
+        return float(np.dot(tail, tail))
 
     def _to_wire(self, avg: np.ndarray) -> np.ndarray:
         """The average as it travels, and as every replica (the coordinator's too) applies it."""

@@ -105,10 +105,6 @@ class TrainSpec:
                               gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic,
                               precision=self.precision)
 
-    @property
-    def data_name(self) -> str:
-        return self.datamodule or self.dataset
-
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainSpec:
         names = {f.name for f in dataclasses.fields(cls)}

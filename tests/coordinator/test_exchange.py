@@ -374,3 +374,64 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
         counts = dict(BOARDS) | ({"b1": 20} if step == 3 else {})
         np.testing.assert_array_equal(applied[step], _reference_sum(_grads(step), counts))
     assert full_sums == 3  # step 0 (no counts known yet), step 3 (b1's count changed), step 4 (after it)
+
+
+def test_buffers_travel_from_the_first_board_and_do_not_count_in_the_norm_check() -> None:
+    """The vector's last 10 elements are float buffers: the result carries the first board's exactly."""
+    buffers = 10
+
+    def make(step: int, board: str) -> np.ndarray:
+        vector = _grads(step)[board]
+        vector[-buffers:] = 1e6 * (1 + BOARDS.index((board, dict(BOARDS)[board])))  # |buffers| far over max_grad_norm
+        return vector
+
+    async def main(sync: str) -> list[np.ndarray]:
+        server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({}), encode_value({})), max_grad_norm=1e3,
+                                buffer_elements=buffers, buffer_sync=sync)
+        port = await server.start("127.0.0.1", 0)
+        boards = [Board(b, port, 2, lambda step, b=b: make(step, b)) for b, _ in BOARDS]
+        for board in boards:
+            board.start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        applied: list[np.ndarray] = []
+        results = [await server.run_step(s, apply=lambda g, r: applied.append(g.copy())) for s in range(2)]
+        await server.close()
+        assert all(r.contributors == [b for b, _ in BOARDS] and not r.refused for r in results)
+        return applied
+
+    broadcast, average = _run(main("broadcast")), _run(main("average"))
+    for step in range(2):
+        expected = sum(n * make(step, b) for b, n in BOARDS) / 48
+        np.testing.assert_allclose(broadcast[step][:-buffers], expected[:-buffers], atol=1e-6)
+        assert np.array_equal(broadcast[step][-buffers:], make(step, "b0")[-buffers:])
+        np.testing.assert_allclose(average[step], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_logged_values_are_weighted_by_samples_and_bad_ones_refuse_the_gradient() -> None:
+    class Logging(Board):
+        def run(self) -> None:
+            n = dict(BOARDS)[self.board_id]
+            client = ExchangeClient("127.0.0.1", self.port)
+            client.hello(job_id="job", board_id=self.board_id, token=self.token, param_count=P)
+            logs: dict[str, Any] = {"acc": [float(n), True, True, False]}
+            if self.board_id == "b2":
+                logs = {"acc": [float(n), True, True, False], "x": ["not a number", True, False, False]}
+            for step in range(2):
+                client.exchange(step=step, grad=_grads(step)[self.board_id], n=n, loss=1.0, compute_s=0.01,
+                                logs=logs if step == 0 or self.board_id != "b2" else {"acc": [24.0, True, True, False]})
+
+    async def main() -> list[Any]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        for b, _ in BOARDS:
+            Logging(b, port, 2, lambda step: None).start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        results = [await server.run_step(s, apply=lambda g, r: None) for s in range(2)]
+        await server.close()
+        return results
+
+    first, second = _run(main())
+    assert set(first.refused) == {"b2"} and "logged value 'x'" in first.refused["b2"]
+    assert first.logs == {"acc": pytest.approx((8 * 8 + 16 * 16) / 24)} and first.log_flags["acc"] == (True, True, False)
+    assert second.logs == {"acc": pytest.approx((8 * 8 + 16 * 16 + 24 * 24) / 48)} and not second.refused
