@@ -239,10 +239,14 @@ async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]
     from coordinator.exchange import ExchangeServer
     from coordinator.replica import Replica
     from protocol.codec import encode_value
-    from workloads.registry import build_model
+    from workloads.registry import build_dataset, build_model
+    from workloads.sharding import GlobalBatchPlan
 
+    total = warmup + steps
     torch.manual_seed(SEED)
-    replica = Replica(build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES))
+    per_epoch = GlobalBatchPlan(len(build_dataset(DATASET, "train", {})), [BATCH] * BOARDS, SEED).steps_per_epoch
+    replica = Replica(build_model(MODEL, {}, input_shape=INPUT_SHAPE, num_classes=CLASSES),
+                      batches_per_epoch=per_epoch, total_steps=total)
 
     def welcome_state() -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = replica.wire_state()
@@ -255,7 +259,6 @@ async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]
         replica.apply(avg)
         apply_times.append(time.perf_counter() - t0)
 
-    total = warmup + steps
     token = secrets.token_hex(16)
     server = ExchangeServer(job_id="bench", token=token, boards=[(f"board-{i}", BATCH) for i in range(BOARDS)],
                             param_count=replica.param_count, wire_dtype="float32", welcome_state=welcome_state)
@@ -302,6 +305,7 @@ async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]
             await asyncio.sleep(0.05)
     finally:
         await server.close()
+        replica.close()
         for p in procs:
             p.join(5)
             if p.is_alive():

@@ -1,6 +1,6 @@
 """Training workloads shared by a board's training worker and the coordinator's replica.
 
-* :mod:`workloads.models` - built-in LightningModules (no BatchNorm, no dropout: split-exact).
+* :mod:`workloads.models` - built-in LightningModules (GroupNorm by default, no dropout: split-exact).
 * :mod:`workloads.datasets` - built-in datasets (digits, synthetic, npz).
 * :mod:`workloads.registry` - model/dataset specs (built-in, ``package.module:Name``, entry points).
 * :mod:`workloads.sharding` - which samples each board trains on at each step.

@@ -170,14 +170,15 @@ class ResidualBlock(nn.Module):
     Args:
         channels: Input and output channels.
         norm_groups: GroupNorm groups, or 0 for no normalisation.
+        norm: ``"group"`` (GroupNorm, per sample) or ``"batch"`` (BatchNorm2d).
     """
 
-    def __init__(self, channels: int, norm_groups: int) -> None:
+    def __init__(self, channels: int, norm_groups: int, norm: str = "group") -> None:
         super().__init__()
         self.body = nn.Sequential(
-            _group_norm(channels, norm_groups), nn.ReLU(),
+            _norm(norm, channels, norm_groups), nn.ReLU(),
             nn.Conv2d(channels, channels, kernel_size=3, padding=1),
-            _group_norm(channels, norm_groups), nn.ReLU(),
+            _norm(norm, channels, norm_groups), nn.ReLU(),
             nn.Conv2d(channels, channels, kernel_size=3, padding=1),
         )
         # Without BatchNorm the residual branch must start small, or the activations grow with
@@ -192,15 +193,21 @@ class ResidualBlock(nn.Module):
         return x + self.body(x)
 
 
-def _group_norm(channels: int, groups: int) -> nn.Module:
+NORMS = ("group", "batch")
+
+
+def _norm(kind: str, channels: int, groups: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
     return nn.GroupNorm(groups, channels) if groups else nn.Identity()
 
 
 class ResNetSmall(ClassifierModule):
     """A small residual CNN: a 3x3 stem conv, ``depth`` residual blocks, global average pool, linear.
 
-    Normalisation is GroupNorm, which works per sample, so a split batch still gives the exact
-    whole-batch gradient (BatchNorm would not).
+    Normalisation is GroupNorm by default, which works per sample, so a split batch gives exactly
+    the whole batch's gradient; ``norm="batch"`` uses BatchNorm, trained with DDP's meaning (each
+    board normalises with its own slice; the running statistics are the first board's).
 
     Args:
         input_shape: ``(channels, height, width)``, any size.
@@ -211,11 +218,12 @@ class ResNetSmall(ClassifierModule):
         depth: Number of residual blocks.
         width: Channels in every block.
         norm_groups: GroupNorm groups (must divide ``width``); 0 disables normalisation.
+        norm: ``"group"`` or ``"batch"``.
     """
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, lr: float = 1e-3,
                  optimizer: str = "adam", momentum: float = 0.9, depth: int = 2, width: int = 16,
-                 norm_groups: int = 4) -> None:
+                 norm_groups: int = 4, norm: str = "group") -> None:
         super().__init__(input_shape, num_classes, lr=lr, optimizer=optimizer, momentum=momentum)
         if len(self.input_shape) != 3:
             raise ConfigError(f"resnet_small needs (channels, height, width) input, got input_shape = {self.input_shape}")
@@ -223,11 +231,13 @@ class ResNetSmall(ClassifierModule):
             raise ConfigError(f"resnet_small needs depth >= 0 and width >= 1, got depth = {depth}, width = {width}")
         if norm_groups < 0 or (norm_groups and width % norm_groups):
             raise ConfigError(f"norm_groups = {norm_groups} must be 0 or divide width = {width}")
+        if norm not in NORMS:
+            raise ConfigError(f"norm = {norm!r} is not one of {', '.join(NORMS)}")
         self.save_hyperparameters()
         self.net = nn.Sequential(
             nn.Conv2d(self.input_shape[0], width, kernel_size=3, padding=1),
-            *(ResidualBlock(width, norm_groups) for _ in range(depth)),
-            _group_norm(width, norm_groups), nn.ReLU(),
+            *(ResidualBlock(width, norm_groups, norm) for _ in range(depth)),
+            _norm(norm, width, norm_groups), nn.ReLU(),
             nn.AdaptiveAvgPool2d(1), nn.Flatten(),
             nn.Linear(width, self.num_classes),
         )
