@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import typing
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -205,7 +206,7 @@ class Replica:
         item = self._gradients.get()
         if item is _STOP:
             raise _Stopped
-        return item  # type: ignore[no-any-return]
+        return typing.cast(tuple[np.ndarray, Any], item)
 
     def _wait(self) -> None:
         self._waiting.wait()

@@ -52,7 +52,7 @@ def _attached_trainer(model: Any) -> Iterator[None]:
     quiet.setLevel(logging.WARNING)  # no "GPU available: ..." banner for a Trainer that never runs
     try:
         model.trainer = package.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                        enable_model_summary=False, accelerator="cpu", devices=1)
+                                        enable_model_summary=False, devices=1)
     finally:
         quiet.setLevel(level)
     try:

@@ -3,6 +3,9 @@ it ends with that run's parameters, also when stopped mid-epoch and resumed from
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import pytorch_lightning as pl
@@ -25,7 +28,8 @@ class _Gradients(pl.Callback):
     def __init__(self) -> None:
         self.grads: list[np.ndarray] = []
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:  # type: ignore[no-untyped-def]
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self.grads.append(torch.cat([p.grad.reshape(-1) for p in params]).numpy().copy())
 
@@ -34,7 +38,7 @@ def _lightning_run(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[st
     recorder = _Gradients()
     original = reference.trainer_class
 
-    def with_recorder(model):  # type: ignore[no-untyped-def]
+    def with_recorder(model: torch.nn.Module) -> Callable[..., Any]:
         trainer_type = original(model)
         return lambda **flags: trainer_type(callbacks=[recorder], **flags)
 
@@ -91,13 +95,13 @@ def test_a_failing_hook_of_the_module_is_reported_not_hung() -> None:
             super().__init__()
             self.layer = torch.nn.Linear(2, 1)
 
-        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
             return self.layer(batch).sum()
 
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-        def on_train_batch_end(self, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
             raise ValueError("the module's own hook failed")
 
     replica = Replica(Broken(), batches_per_epoch=4, total_steps=10)
