@@ -213,7 +213,8 @@ class GradientExchange:
         self._on_step = on_step
         self._on_split = on_split
         self._loss: float | None = None
-        self._started = 0.0
+        self._window_loss: float | None = None
+        self._started: float | None = None  # the step's first batch (of several with gradient accumulation)
         self._params: list[torch.nn.Parameter] = []
         self._buffers: list[torch.Tensor] = []  # float buffers: they travel after the gradient
         self._grad_elements = 0
@@ -240,14 +241,18 @@ class GradientExchange:
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._started = time.perf_counter()
+        if self._started is None:
+            self._started = time.perf_counter()
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
-        self._loss = float(loss.detach())
+        # Lightning divides each batch's loss by accumulate_grad_batches: the window's sum is the step's loss.
+        self._window_loss = (self._window_loss or 0.0) + float(loss.detach())
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        compute_s = time.perf_counter() - self._started
+        compute_s = time.perf_counter() - (self._started or time.perf_counter())
+        self._started = None
+        self._loss, self._window_loss = self._window_loss, None  # None: training_step skipped every batch
         flatten_grads(self._params, self._flat)
         if self._buffers:
             flatten_values(self._buffers, self._flat[self._grad_elements:])

@@ -645,7 +645,8 @@ class ExchangeServer:
         self._recent_s.append(wall)
         result = StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
                             refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
-                            logs={name: s / w for name, (s, w) in logged.items()}, log_flags=log_flags)
+                            logs={name: s / w for name, (s, w) in logged.items() if math.isfinite(s / w)},
+                            log_flags=log_flags)
         return result, self._sum
 
     def _buffer_square(self, vector: np.ndarray | None) -> float:

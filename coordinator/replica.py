@@ -79,6 +79,7 @@ class _ReplicaDriver:
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
+        self._training_names: set[str] = set()  # logged here from the boards' training_step, with Lightning's suffixes
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         replica = self.replica
@@ -100,12 +101,15 @@ class _ReplicaDriver:
         if result is not None:  # what training_step logged on the boards, weighted by their samples
             for name, value in result.logs.items():
                 on_step, on_epoch, prog_bar = result.log_flags[name]
+                self._training_names.update((name, f"{name}_step", f"{name}_epoch"))
                 pl_module.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar,
                               batch_size=result.n_total)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         metrics = {}
         for name, value in trainer.callback_metrics.items():
+            if name in self._training_names:
+                continue
             try:
                 metrics[name] = float(value)
             except (TypeError, ValueError):

@@ -117,6 +117,7 @@ def test_logged_metrics_reach_the_result_and_tensorboard(fleet, tmp_path: Path) 
     assert done.returncode == 0, done.stderr + done.stdout
     result = json.loads((run_dir / "result.json").read_text())
     assert {"val_loss", "val_acc"} <= set(result["val_metrics"]) and result["val_accuracy"] == result["val_metrics"]["val_acc"]
+    assert "train_loss" not in result["val_metrics"]  # a training value, in train_metrics
     events = list((run_dir / "logs").rglob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
