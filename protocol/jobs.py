@@ -21,6 +21,10 @@ from protocol._validate import message_from_dict
 from protocol.errors import DecodeError
 
 JOB_SCHEMA_VERSION = 1
+# Version 2 of the train command asks for what a version-1 agent would silently leave out (a
+# LightningDataModule, Lightning's Trainer flags, the schedulers' state in the welcome): such an
+# agent refuses it as newer than it understands, and its log says to upgrade edgefleet.
+TRAIN_SCHEMA_VERSION = 2
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
@@ -76,7 +80,7 @@ class TrainCommand:
     gradient_clip_algorithm: str = "norm"
     deterministic: bool = False
     precision: str = "32-true"
-    schema_version: int = JOB_SCHEMA_VERSION
+    schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         if self.kind != "train":
@@ -107,7 +111,7 @@ class TrainCommand:
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainCommand:
-        return message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
+        return message_from_dict(cls, data, schema_version=TRAIN_SCHEMA_VERSION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,5 +267,5 @@ class JobEvent:
         return dataclasses.replace(event, data=result)
 
 
-__all__ = ["COMMAND_KINDS", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "MAX_PROBE_ROUNDS", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
+__all__ = ["COMMAND_KINDS", "JOB_SCHEMA_VERSION", "TRAIN_SCHEMA_VERSION", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "MAX_PROBE_ROUNDS", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
            "ProfileCommand", "StopCommand", "TrainCommand", "command_from_dict"]
