@@ -1,0 +1,36 @@
+"""``train``'s Lightning flags: a wrong value or a combination that cannot be honoured stops before any board."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocol.signing import generate_key_hex
+from tests.helpers import coordinator
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.key"
+    path.write_text(generate_key_hex() + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (("--precision", "16-mixed"), "16-mixed's gradient scaler would skip a step"),
+    (("--gradient-clip-val", "0"), "gradient_clip_val = 0.0 must be above 0"),
+    (("--accumulate-grad-batches", "0"), "accumulate_grad_batches = 0 must be at least 1"),
+    (("--log-every-n-steps", "0"), "--log-every-n-steps 0"),
+    (("--datamodule", "tests.conformance.data:ClassificationDataModule", "--dataset-options", "n=5"),
+     "--dataset-options belong to --dataset"),
+    (("--datamodule", "tests.conformance.data:make_tokens"), "not a LightningDataModule subclass"),
+    (("--auto", "--accumulate-grad-batches", "2"), "--accumulate-grad-batches not with --auto yet"),
+])
+def test_bad_lightning_flags_stop_before_any_board(key: Path, flags: tuple[str, ...], fragment: str) -> None:
+    # --boards names a board nobody runs and the broker is unreachable: a flag must be refused before either matters.
+    done = coordinator("--broker", "127.0.0.1:9", "train", "--fleet-key", str(key), "--boards", "nobody",
+                       "--steps", "5", *flags, timeout_s=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert fragment in done.stderr and "Traceback" not in done.stderr
