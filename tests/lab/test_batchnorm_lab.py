@@ -20,6 +20,7 @@ import pytest
 from protocol.signing import generate_key_hex
 from tests.lab.fleet_file import FleetError, parse_fleet
 from tests.lab.lab import Lab, agent_supports_fleet_key
+from tests.lab.quota_fleet import quota_fleet_toml
 
 REPO = Path(__file__).resolve().parents[2]
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
@@ -29,18 +30,11 @@ LR = 0.02
 MIN_ACCURACY = 0.9
 
 
-def _fleet_toml() -> str:
-    boards = "".join(f'[[board]]\nid = "{board}"\nmodel = "test board"\ncpu = {cpu}\nmemory = "2GiB"\n'
-                     f'rate_up = "100mbit"\nrate_down = "100mbit"\nidle_w = 2.0\nmax_w = 6.0\n\n'
-                     for board, cpu in QUOTAS.items())
-    return f'[lab]\nname = "batchnorm"\nreserved_cpus = 0.5\ntelemetry_interval_s = 1.0\nkeepalive_s = 10\n\n{boards}'
-
-
 def test_a_resnet_with_batchnorm_converges_on_the_lab(tmp_path: Path, no_lab: None, monkeypatch: pytest.MonkeyPatch) -> None:
     if not agent_supports_fleet_key():
         pytest.skip("this edge-agent has no [security] section: it can't verify training commands")
     try:
-        fleet = parse_fleet(_fleet_toml(), source="batchnorm fleet")
+        fleet = parse_fleet(quota_fleet_toml("batchnorm", QUOTAS), source="batchnorm fleet")
     except FleetError as exc:
         pytest.skip(f"the fleet does not fit this machine: {exc}")
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the boards' copy of the user's package

@@ -40,6 +40,7 @@ from protocol.signing import generate_key_hex
 from tests.helpers import wait_until
 from tests.lab.fleet_file import FleetError, parse_fleet
 from tests.lab.lab import Lab, agent_supports_fleet_key
+from tests.lab.quota_fleet import quota_fleet_toml
 from tests.lab.measurements import HostSteal, skip_if_stolen
 
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
@@ -62,13 +63,6 @@ SPLIT_SLACK = 1.5         # the cut board's new batch may be this many times its
 # the cut board's small batch. When it grows by more than this between the windows compared, the host
 # did not give the boards their quotas (other load, the hypervisor) and the step times say nothing.
 HOST_SLACK = 1.3
-
-
-def _fleet_toml() -> str:
-    boards = "".join(f'[[board]]\nid = "{board}"\nmodel = "test board"\ncpu = {cpu}\nmemory = "2GiB"\n'
-                     f'rate_up = "100mbit"\nrate_down = "100mbit"\nidle_w = 2.0\nmax_w = 6.0\n\n'
-                     for board, cpu in QUOTAS.items())
-    return f'[lab]\nname = "rebalance"\nreserved_cpus = 0.5\ntelemetry_interval_s = 1.0\nkeepalive_s = 10\n\n{boards}'
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -97,7 +91,7 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
     if not agent_supports_fleet_key():
         pytest.skip("this edge-agent has no [security] section: it can't verify training commands")
     try:
-        fleet = parse_fleet(_fleet_toml(), source="rebalance fleet")
+        fleet = parse_fleet(quota_fleet_toml("rebalance", QUOTAS), source="rebalance fleet")
     except FleetError as exc:
         pytest.skip(f"the fleet does not fit this machine: {exc}")
     key = tmp_path / "fleet.key"
