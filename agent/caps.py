@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.cpu_threads import fitting_threads, usable_cores
 from protocol import __version__
 from protocol.messages import BoardCaps
 
@@ -39,6 +40,7 @@ def training_available() -> bool:
 
 
 def read_caps(board_id: str, power_source: str, sysfs_root: Path) -> BoardCaps:
+    cores = usable_cores()
     return BoardCaps(
         board_id=board_id,
         hostname=socket.gethostname(),
@@ -51,4 +53,6 @@ def read_caps(board_id: str, power_source: str, sysfs_root: Path) -> BoardCaps:
         agent_version=__version__,
         python_version=platform.python_version(),
         training_available=training_available(),
+        cpu_cores=round(cores, 3),
+        train_threads=fitting_threads(cores),
     )

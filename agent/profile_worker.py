@@ -34,6 +34,7 @@ from agent.board_resources import (
     peak_rss_bytes,
     reset_peak_rss,
 )
+from agent.cpu_threads import board_threads
 from agent.link_probe import ProfileError, probe_link
 from protocol import __version__
 from protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
@@ -134,8 +135,7 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     from workloads.preflight import optimizer_setup
     from workloads.registry import build_dataset_cached, build_model
 
-    if job.threads:
-        torch.set_num_threads(job.threads)
+    torch.set_num_threads(job.threads or board_threads())  # the threads a training job here would use
     if not reset_peak_rss():
         log.warning("cannot reset the peak RSS (/proc/self/clear_refs); memory figures include earlier jobs")
     pid = os.getpid()

@@ -48,8 +48,9 @@ class EventWriter:
 def run_job(job: TrainCommand, events: EventWriter) -> int:
     import torch
 
-    if job.threads:
-        torch.set_num_threads(job.threads)
+    from agent.cpu_threads import board_threads
+
+    torch.set_num_threads(job.threads or board_threads())  # threads beyond the board's quota only spin
 
     from agent.step_logs import StepLogs
     from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
@@ -109,7 +110,8 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
             scheduler_states=decode_value(welcome.get("schedulers", [])), step_logs=StepLogs(model))
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         accelerator = board_accelerator()  # a Jetson's GPU; gradients cross to the host once a step
-        events.emit("running", f"joined at step {start} ({accelerator})", step=start)
+        events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",
+                    step=start)
         trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
                                callbacks=[positioner, exchange], accelerator=accelerator)
         try:

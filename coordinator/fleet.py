@@ -72,7 +72,8 @@ class BoardRow:
                 "model": self.caps.model, "machine": self.caps.machine, "cores": self.caps.cores,
                 "ram_bytes": self.caps.ram_bytes, "accelerator": self.caps.accelerator,
                 "power_source": self.caps.power_source, "agent_version": self.caps.agent_version,
-                "training_available": self.caps.training_available},
+                "training_available": self.caps.training_available, "cpu_cores": self.caps.cpu_cores,
+                "train_threads": self.caps.train_threads},
         }
 
 

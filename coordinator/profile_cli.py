@@ -45,7 +45,8 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=8, help="timed steps per batch size; the median is kept (default 8)")
     p.add_argument("--wire-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                    help="gradient dtype the exchange will use, for the bytes per step (default float32)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per board (default: torch's choice); use what train will use")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per board (default: what the board's CPU quota or CPUs fit, as train uses)")
     p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the sampled batches (default 0)")
     p.add_argument("--probe-bytes", type=int, default=4_000_000, metavar="N",
                    help="bytes each board uploads and downloads in bulk to measure its link (default 4000000)")

@@ -80,7 +80,7 @@ class ProfileRequest:
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
         if self.threads < 0:
-            raise ConfigError(f"--threads {self.threads} must be 0 (torch's choice) or more")
+            raise ConfigError(f"--threads {self.threads} must be 0 (what each board's CPU fits) or more")
         if self.parallel < 0:
             raise ConfigError(f"--parallel {self.parallel} must be 0 (every board at once) or more")
         if not 1 <= self.probe_bytes <= MAX_PROBE_BYTES:

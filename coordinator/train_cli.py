@@ -60,7 +60,8 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--data-mode", choices=("global", "local"), default="global",
                    help="global: every board holds the whole dataset and takes its slice of each global batch; "
                         "local: each board trains on its own data (default global)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per board (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per board (default: one per core of the board's CPU quota, else of its CPUs)")
     lightning = p.add_argument_group("Lightning Trainer flags (the same on every board and on the coordinator's replica)")
     lightning.add_argument("--accumulate-grad-batches", type=int, default=1, metavar="K",
                            help="sum the gradients of K global batches before each optimizer step (default 1)")

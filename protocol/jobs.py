@@ -73,7 +73,7 @@ class TrainCommand:
     data_mode: str = "global"       # "global": every board holds the whole dataset; "local": each its own
     lr: float | None = None         # overrides the model's default learning rate
     wire_dtype: str = "float32"     # gradients on the wire: float32, float16 or bfloat16
-    threads: int = 0                # torch threads on the board; 0 = torch's default
+    threads: int = 0                # torch threads on the board; 0 = what its CPU quota (else its CPUs) fits
     batches_per_epoch: int = 0      # global batches in an epoch (the coordinator's count; 0: count here)
     accumulate_grad_batches: int = 1  # Lightning's Trainer flags, the same on every replica
     gradient_clip_val: float | None = None
@@ -153,7 +153,7 @@ class ProfileCommand:
     warmup_steps: int = 3           # steps run before timing starts, at each batch size
     timed_steps: int = 8            # steps whose median period is the step time
     seed: int = 0                   # initial weights and the sampled batches
-    threads: int = 0                # torch threads on the board; 0 = torch's default
+    threads: int = 0                # torch threads on the board; 0 = what its CPU quota (else its CPUs) fits
     probe_host: str                 # the coordinator's link-probe endpoint
     probe_port: int
     probe_token: str                # per-profile secret the board shows to the probe endpoint

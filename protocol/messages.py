@@ -61,6 +61,8 @@ class BoardCaps:
     agent_version: str = ""
     python_version: str = ""
     training_available: bool = False  # torch and Lightning importable on the board
+    cpu_cores: float = 0.0          # CPU the agent may use: its cgroup's quota, else its CPUs (0: not reported)
+    train_threads: int = 0          # torch threads a job uses unless told otherwise (0: not reported)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
