@@ -109,7 +109,7 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
             optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.get("schedulers", [])), step_logs=StepLogs(model))
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
-        accelerator = board_accelerator()  # a Jetson's GPU; gradients cross to the host once a step
+        accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
         events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",
                     step=start)
         trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
