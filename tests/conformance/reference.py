@@ -146,6 +146,7 @@ def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> tu
     model = load(case.model)(**case.model_options)
     loader = DataLoader(data.train_set, batch_sampler=GlobalBatchSampler(len(data.train_set), global_batch, seed),
                         collate_fn=data.collate_fn, num_workers=0)
+    # The reference is plain single-process Lightning on this machine's CPU, by definition (not a board).
     flags: dict[str, Any] = dict(
         accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
