@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from agent.config import describe, load_agent_config
-from agent.daemon import ExitCode, run
-from protocol import __version__
-from protocol.address import BROKER_ENV, parse_host_port
-from protocol.errors import EdgeTrainError
+from edgefleet import __version__
+from edgefleet.agent.config import describe, load_agent_config
+from edgefleet.agent.daemon import ExitCode, run
+from edgefleet.protocol.address import BROKER_ENV, parse_host_port
+from edgefleet.protocol.errors import EdgeTrainError
 
-log = logging.getLogger("agent")
+log = logging.getLogger("edgefleet.agent")
 
 EPILOG = f"""\
 examples:

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from agent.sensors.cgroup_cpu import CgroupCpuSource
-from agent.sensors.power import select_power_source
-from protocol.errors import ConfigError
+from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource
+from edgefleet.agent.sensors.power import select_power_source
+from edgefleet.protocol.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agent.job_runner import WorkerContext
+    from edgefleet.agent.job_runner import WorkerContext
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 
-from agent.cpu_threads import fitting_threads, usable_cores
-from protocol import __version__
-from protocol.messages import BoardCaps
+from edgefleet import __version__
+from edgefleet.agent.cpu_threads import fitting_threads, usable_cores
+from edgefleet.protocol.messages import BoardCaps
 
 
 def read_board_model(sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc")) -> str:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.address import HostPort, broker_from_env
-from protocol.errors import ConfigError
-from protocol.settings import BrokerSettings, build_section, load_broker_settings, read_toml
-from protocol.topics import valid_board_id
+from edgefleet.protocol.address import HostPort, broker_from_env
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.topics import valid_board_id
+from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
 POWER_KINDS = ("auto", "jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
 

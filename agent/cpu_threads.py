@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 
-from agent.sensors.cgroup_cpu import CgroupCpuSource
+from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource
 
 log = logging.getLogger(__name__)
 

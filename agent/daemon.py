@@ -9,17 +9,18 @@ import threading
 import time
 from pathlib import Path
 
-from agent.caps import read_caps
-from agent.config import AgentConfig
-from agent.sdnotify import sd_notify
-from agent.job_runner import JobRunner
-from agent.sensors import Sampler
-from protocol import __version__
-from protocol.jobs import JobEvent
-from protocol.messages import BoardStatus
-from protocol.mqtt_link import MqttLink, Will
-from protocol.signing import CommandVerifier, load_fleet_key
-from protocol.topics import caps_topic, cmd_topic, events_topic, status_topic, telemetry_topic
+from edgefleet import __version__
+from edgefleet.agent.caps import read_caps
+from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.job_runner import JobRunner
+from edgefleet.agent.sdnotify import sd_notify
+from edgefleet.agent.sensors import Sampler
+from edgefleet.protocol.jobs import JobEvent
+from edgefleet.protocol.messages import BoardStatus
+from edgefleet.protocol.signing import CommandVerifier
+from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, status_topic, telemetry_topic
+from edgefleet.transport.fleet_key import load_fleet_key
+from edgefleet.transport.mqtt_link import MqttLink, Will
 
 log = logging.getLogger(__name__)
 

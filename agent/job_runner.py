@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -27,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from agent.config import AgentConfig
-from agent.heap import worker_environment
-from protocol.errors import DecodeError, ProtocolError
-from protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.heap import worker_environment
+from edgefleet.launch import module_command
+from edgefleet.protocol.errors import DecodeError, ProtocolError
+from edgefleet.protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class JobRunner:
             pass  # the worker died (or closed its stdin); its exit code is reported by its reader thread
 
     def _spawn(self) -> _Worker:
-        proc = subprocess.Popen([sys.executable, "-m", "agent.worker"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(module_command("edgefleet.agent.worker"), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment())
         worker = _Worker(proc)
         assert proc.stderr is not None

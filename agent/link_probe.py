@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from protocol.errors import EdgeTrainError
-from protocol.framing import FrameReceiver, recv_frame, send_frame
-from protocol.jobs import MAX_PROBE_ROUNDS, PROBE_VERSION, probe_rounds_ok
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.jobs import MAX_PROBE_ROUNDS, PROBE_VERSION, probe_rounds_ok
+from edgefleet.transport.frame_io import FrameReceiver, recv_frame, send_frame
 
 PROBE_CONNECT_TIMEOUT_S = 30.0
 PROBE_WAIT_S = 900.0      # for the coordinator to serve the boards before this one

@@ -28,20 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent.board_resources import (
+from edgefleet import __version__
+from edgefleet.agent.board_resources import (
     PowerMeter,
     memory_total_bytes,
     peak_rss_bytes,
     reset_peak_rss,
 )
-from agent.cpu_threads import board_threads
-from agent.link_probe import ProfileError, probe_link
-from protocol import __version__
-from protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
+from edgefleet.agent.cpu_threads import board_threads
+from edgefleet.agent.link_probe import ProfileError, probe_link
+from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
 
 if TYPE_CHECKING:
-    from agent.job_runner import WorkerContext
-    from agent.worker import EventWriter
+    from edgefleet.agent.job_runner import WorkerContext
+    from edgefleet.agent.worker import EventWriter
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,9 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
 def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
-    from workloads.fleet_trainer import board_accelerator
-    from workloads.lightning_api import callback_class, package_of
-    from workloads.registry import build_model
+    from edgefleet.workloads.fleet_trainer import board_accelerator
+    from edgefleet.workloads.lightning_api import callback_class, package_of
+    from edgefleet.workloads.registry import build_model
 
     torch.manual_seed(job.seed)
     model = build_model(job.model, job.model_options, data=dataset)
@@ -131,9 +131,9 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     Raises:
         EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
     """
-    from workloads.params import param_count, trainable_params
-    from workloads.preflight import optimizer_setup
-    from workloads.registry import build_dataset_cached, build_model
+    from edgefleet.workloads.params import param_count, trainable_params
+    from edgefleet.workloads.preflight import optimizer_setup
+    from edgefleet.workloads.registry import build_dataset_cached, build_model
 
     torch.set_num_threads(job.threads or board_threads())  # the threads a training job here would use
     if not reset_peak_rss():

@@ -20,9 +20,9 @@ import time
 import traceback
 from typing import IO, Any
 
-from agent.heap import release_free_heap
-from protocol.errors import DecodeError, EdgeTrainError
-from protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.agent.heap import release_free_heap
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
 
 PROGRESS_EVERY_S = 1.0
 
@@ -48,14 +48,14 @@ class EventWriter:
 def run_job(job: TrainCommand, events: EventWriter) -> int:
     import torch
 
-    from agent.cpu_threads import board_threads
+    from edgefleet.agent.cpu_threads import board_threads
 
     torch.set_num_threads(job.threads or board_threads())  # threads beyond the board's quota only spin
 
-    from agent.step_logs import StepLogs
-    from agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
-    from protocol.codec import decode_value
-    from workloads.fleet_trainer import (
+    from edgefleet.agent.step_logs import StepLogs
+    from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
+    from edgefleet.protocol.codec import decode_value
+    from edgefleet.workloads.fleet_trainer import (
         EpochBatchSampler,
         LoopPositioner,
         TrainerOptions,
@@ -63,12 +63,12 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
         make_trainer,
         position_of,
     )
-    from workloads.lightning_api import callback_class, package_of
-    from workloads.params import exchange_size, to_torch_tree
-    from workloads.preflight import optimizer_setup
-    from workloads.registry import build_model
-    from workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
-    from workloads.training_data import load_training_data
+    from edgefleet.workloads.lightning_api import callback_class, package_of
+    from edgefleet.workloads.params import exchange_size, to_torch_tree
+    from edgefleet.workloads.preflight import optimizer_setup
+    from edgefleet.workloads.registry import build_model
+    from edgefleet.workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
+    from edgefleet.workloads.training_data import load_training_data
 
     options = dict(job.model_options)
     if job.lr is not None:
@@ -157,7 +157,7 @@ def _read_job(line: str) -> tuple[Any, Any]:
     Raises:
         DecodeError: not JSON, not a job, or invalid fields.
     """
-    from agent.job_runner import WorkerContext
+    from edgefleet.agent.job_runner import WorkerContext
 
     try:
         data = json.loads(line)
@@ -193,14 +193,14 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
         job, context = _read_job(line)
         defaults.restore()
         if isinstance(job, ProfileCommand):
-            from agent.profile_worker import run_profile
+            from edgefleet.agent.profile_worker import run_profile
 
             return run_profile(job, events, context)
         return run_job(job, events)
     except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
         events.emit("failed", str(exc))
         return 3
-    except Exception as exc:  # noqa: BLE001 - the worker ends here: report it to the coordinator, keep the traceback
+    except Exception as exc:
         traceback.print_exc()
         events.emit("failed", f"{type(exc).__name__}: {exc}")
         return 1

@@ -15,18 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.codec import decode_array, encode_array
-from protocol.errors import DecodeError, EdgeTrainError
-from protocol.framing import (
-    FrameReceiver,
-    decode_frame,
-    send_frame,
-    send_segments,
-    set_os_timeouts,
-)
-from protocol.half_cast import cast_into
-from protocol.hot_frames import HotFrame
-from workloads.params import (
+from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.framing import decode_frame
+from edgefleet.protocol.half_cast import cast_into
+from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
+from edgefleet.workloads.params import (
     assign_grads,
     assign_values,
     flatten_grads,

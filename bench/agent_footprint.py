@@ -48,17 +48,15 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/agent_footprint.py` from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
-from protocol.errors import BrokerError, DecodeError  # noqa: E402
-from protocol.messages import TelemetrySample  # noqa: E402
-from protocol.mqtt_link import MqttLink  # noqa: E402
-from protocol.settings import BrokerSettings  # noqa: E402
-from protocol.topics import DEFAULT_PREFIX, telemetry_topic  # noqa: E402
 
 from _table import print_table  # bench/ is the script's folder, first on sys.path
+
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
+from edgefleet.protocol.errors import BrokerError, DecodeError  # noqa: E402
+from edgefleet.protocol.messages import TelemetrySample  # noqa: E402
+from edgefleet.protocol.topics import DEFAULT_PREFIX, telemetry_topic  # noqa: E402
+from edgefleet.transport.mqtt_link import MqttLink  # noqa: E402
+from edgefleet.transport.settings import BrokerSettings  # noqa: E402
 
 BOARD_ID = "bench-1"
 INTERVAL_S = 1.0
@@ -269,7 +267,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> Result:
     config = workdir / "agent.toml"
     config.write_text('[power]\nsource = "estimated"\n', encoding="utf-8")
     agent_log = workdir / "agent.log"
-    cmd = [sys.executable, "-m", "agent", "--config", str(config), "--id", BOARD_ID,
+    cmd = [sys.executable, "-m", "edgefleet.agent", "--config", str(config), "--id", BOARD_ID,
            "--broker", broker.address, "--interval", f"{INTERVAL_S:g}"]
     with agent_log.open("wb") as out:
         agent_proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=workdir)

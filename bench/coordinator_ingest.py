@@ -68,18 +68,16 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/coordinator_ingest.py` from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from coordinator.fleet import FleetView  # noqa: E402
-from coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
-from coordinator.monitor import monitor_fleet  # noqa: E402
-from protocol.errors import BrokerError  # noqa: E402
-from protocol.messages import TelemetrySample  # noqa: E402
-from protocol.settings import BrokerSettings  # noqa: E402
-from protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic  # noqa: E402
 
 from _table import print_table  # bench/ is the script's folder, first on sys.path
+
+from edgefleet.coordinator.fleet import FleetView  # noqa: E402
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
+from edgefleet.coordinator.monitor import monitor_fleet  # noqa: E402
+from edgefleet.protocol.errors import BrokerError  # noqa: E402
+from edgefleet.protocol.messages import TelemetrySample  # noqa: E402
+from edgefleet.protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic  # noqa: E402
+from edgefleet.transport.settings import BrokerSettings  # noqa: E402
 
 TARGET_RATE = 5_000.0          # messages per second folded by the fleet view, QoS 1, nothing lost
 QOS = 1
@@ -202,7 +200,7 @@ def publisher_main(index: int, host: str, port: int, prefix: str, boards: list[s
     finally:
         try:
             client.disconnect()
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:
             pass
     results.put(PublisherResult(index, sent, last_seq, t_first, t_last_ack, cpu_s, error))
 
@@ -264,7 +262,7 @@ def cpu_stat() -> tuple[float, float, float]:
 
 
 class LinkEvents(logging.Handler):
-    """Keeps the warnings of protocol.mqtt_link (e.g. 'lost broker … (Keep alive timeout); reconnecting')."""
+    """Keeps the warnings of transport.mqtt_link (e.g. 'lost broker … (Keep alive timeout); reconnecting')."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -395,7 +393,7 @@ def run_round(label: str, broker: LocalBroker, args: argparse.Namespace, receive
             if not sub.lines() or not sub.lines()[0].startswith("1 "):
                 raise BenchError(f"mosquitto_sub did not get the retained probe: {sub.out_path.read_text(errors='replace')[-300:]}")
         link_events = LinkEvents()
-        link_logger = logging.getLogger("protocol.mqtt_link")
+        link_logger = logging.getLogger("edgefleet.transport.mqtt_link")
         link_logger.addHandler(link_events)
         stack.callback(link_logger.removeHandler, link_events)
         if "view" in receivers:

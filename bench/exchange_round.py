@@ -80,10 +80,8 @@ import numpy as np
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/exchange_round.py` from anywhere
-    sys.path.insert(0, str(ROOT))
 
-from coordinator.exchange import ExchangeServer  # noqa: E402
+from edgefleet.coordinator.exchange import ExchangeServer  # noqa: E402
 
 SIZES: dict[str, int] = {"0.25 MB": 61_706, "4.6 MB": 1_150_000, "45 MB": 11_250_000}  # float32 elements
 ROUNDS_FACTOR: dict[str, int] = {"0.25 MB": 10, "4.6 MB": 3, "45 MB": 1}  # short rounds get more repeats
@@ -146,7 +144,7 @@ def board_main(index: int, conn: Any) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from agent.worker_exchange import ExchangeClient
+    from edgefleet.agent.worker_exchange import ExchangeClient
 
     vectors: dict[int, np.ndarray] = {}
     conn.send(("ready", os.getpid()))

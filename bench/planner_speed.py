@@ -3,7 +3,7 @@
 What runs (pure computation, no boards, no broker):
 
 * fleets of emulated boards of four kinds with the relative speeds, power and links of
-  ``tests/lab/fleets/mixed4.toml`` (Pi 4 = 1, Pi 5 = 2.25x, Jetson Nano CPU = 0.75x, N100 mini
+  ``lab/fleets/mixed4.toml`` (Pi 4 = 1, Pi 5 = 2.25x, Jetson Nano CPU = 0.75x, N100 mini
   PC = 3x; 6.4 / 7.0 / 10 / 20 W active; 20-100 Mbit/s links), each board's speed, intercept,
   power and link drawn with +-25% spread (seeded); LeNet-sized work: 4 ms per sample on a Pi 4,
   0.25 MB of gradient per layer count step, 60,000 samples per epoch;
@@ -41,19 +41,17 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/planner_speed.py` from anywhere
-    sys.path.insert(0, str(ROOT))
 
-from coordinator.planning import (
+from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
+
+from edgefleet.coordinator.planning import (
     BatchPoint,
     BoardProfile,
     FleetProfile,
     heuristic_gap,
     plan,
 )
-from protocol.errors import EdgeTrainError
-
-from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
+from edgefleet.protocol.errors import EdgeTrainError
 
 MB = 10**6
 GB = 10**9
@@ -61,7 +59,7 @@ TARGETS_S = {"exhaustive": 2.0, "heuristic": 1.0}
 LAYERS = (2, 3, 4)
 GLOBAL_BATCHES = (32, 64, 128)
 OBJECTIVES = ("time", "energy", "edp")
-# kind: (speed relative to a Pi 4, active W, idle W, memory bytes, link bytes/s), after tests/lab/fleets/mixed4.toml
+# kind: (speed relative to a Pi 4, active W, idle W, memory bytes, link bytes/s), after lab/fleets/mixed4.toml
 KINDS: dict[str, tuple[float, float, float, int, float]] = {
     "pi4": (1.0, 6.4, 2.7, 2 * GB, 20e6 / 8),
     "pi5": (2.25, 7.0, 2.7, 4 * GB, 60e6 / 8),

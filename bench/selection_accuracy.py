@@ -1,7 +1,7 @@
 """How often the planner picks the best configuration, measured on the emulated lab.
 
 Cases: {lenet5, mlp with 2 and 4 layers, resnet_small} x {time, energy, edp} x {the 4-board
-fleet (tests/lab/fleets/mixed4.toml), the 8-board fleet (fleet8.toml)}, every objective scored
+fleet (lab/fleets/mixed4.toml), the 8-board fleet (fleet8.toml)}, every objective scored
 per epoch of the dataset at one global batch (``--global-batch``). The dataset is the seeded
 synthetic one, 1x32x32 like digits, with ``--dataset-n`` (40,000) samples per epoch: digits has
 1,438, so that a 10-epoch job of the fastest board lasts about 15 s, and no profile can cost
@@ -277,11 +277,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from bench._table import print_table
-from coordinator.planning.cost_model import OBJECTIVE_KEY, OBJECTIVES
+from edgefleet.coordinator.planning.cost_model import OBJECTIVE_KEY, OBJECTIVES
 
 ANCHOR_HIT_RATE = 0.7667
 HIT_TOLERANCE = 0.03
@@ -292,7 +290,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "mlp-4": ("mlp", {"layers": 4}),
     "resnet_small": ("resnet_small", {}),
 }
-FLEETS = {"mixed4": ROOT / "tests/lab/fleets/mixed4.toml", "fleet8": ROOT / "tests/lab/fleets/fleet8.toml"}
+FLEETS = {"mixed4": ROOT / "lab/fleets/mixed4.toml", "fleet8": ROOT / "lab/fleets/fleet8.toml"}
 NEXT_BY_ESTIMATE, RANDOM_DRAWS = 10, 20
 RECHECK_ROUNDS = 4  # rounds of re-measuring front runners, each after the previous round's medians
 RECENT_MEASUREMENTS = 6  # retakes pause while none of this many latest measurements was under the steal limit
@@ -317,8 +315,8 @@ def _ballast(info: dict[str, dict[str, Any]], idle: list[str]) -> Iterator[None]
     """Every board in ``idle`` spins at its quota while the block runs (``--ballast``): the lab's
     busy loop in the board's cpu group (its memory limit stays the training worker's), one process
     per core of quota, killed as a process group."""
-    from tests.lab.measurements import BUSY_LOOP
-    from tests.lab.supervisor import in_cgroups
+    from edgefleet.lab.measurements import BUSY_LOOP
+    from edgefleet.lab.supervisor import in_cgroups
 
     procs = [subprocess.Popen(in_cgroups(info[b]["procs_files"], [
         sys.executable, str(BUSY_LOOP), "--seconds", str(BALLAST_S), "--workers", str(max(1, math.ceil(info[b]["cpus"])))],
@@ -371,7 +369,7 @@ async def _least_stolen(measure: Callable[[], Awaitable[dict[str, Any]]], retake
 
     A stolen spell slows every board of the lab at once and by no fixed amount: a configuration
     timed in one is not the configuration, and a profile taken in one predicts another host."""
-    from tests.lab.measurements import HostSteal
+    from edgefleet.lab.measurements import HostSteal
 
     kept: dict[str, Any] | None = None
     tries: list[list[float | None]] = []  # [stolen, step time] of every attempt, for a look at the noise
@@ -394,7 +392,7 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
                       info: dict[str, dict[str, Any]], args: argparse.Namespace, steps_per_epoch: int, *,
                       warmup: int, timed: int) -> dict[str, float]:
     """One real training run; returns the measured step time, power, energy and EDP per epoch."""
-    from coordinator.training import TrainingRun, TrainSpec
+    from edgefleet.coordinator.training import TrainingRun, TrainSpec
 
     total = warmup + timed + 1  # the last step also evaluates: outside the timed window
     marks: dict[int, tuple[float, dict[str, int]]] = {}
@@ -435,15 +433,15 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
 
 async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], case: str,
                       args: argparse.Namespace) -> dict[str, Any]:
-    from coordinator.planning import (
+    from edgefleet.coordinator.planning import (
         Candidate,
         allocate_batches,
         estimate,
         plan,
         variant_label,
     )
-    from coordinator.profiling import ProfileRequest, profile_fleet
-    from protocol.errors import PlanError
+    from edgefleet.coordinator.profiling import ProfileRequest, profile_fleet
+    from edgefleet.protocol.errors import PlanError
 
     model, options = CASES[case]
     boards = sorted(info)
@@ -574,7 +572,7 @@ async def _verify(candidate: Any, ranked: dict[str, list[tuple[str, ...]]], args
 async def _warm_workers(broker: Any, key: bytes, boards: list[str], args: argparse.Namespace) -> None:
     """One tiny profile, not counted: every board's kept worker imports torch and Lightning and
     builds the dataset once (a training job on a fresh board would pay the same)."""
-    from coordinator.profiling import ProfileRequest, profile_fleet
+    from edgefleet.coordinator.profiling import ProfileRequest, profile_fleet
 
     started = time.monotonic()
     await profile_fleet(broker, key, boards, ProfileRequest(
@@ -585,9 +583,9 @@ async def _warm_workers(broker: Any, key: bytes, boards: list[str], args: argpar
 
 
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
-    from coordinator.config import load_coordinator_config
-    from protocol.address import parse_host_port
-    from protocol.signing import load_fleet_key
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.protocol.address import parse_host_port
+    from edgefleet.transport.fleet_key import load_fleet_key
 
     info = json.loads(Path(args.boards_json).read_text())
     cfg = load_coordinator_config(None, broker=parse_host_port(args.broker, what="--broker"))
@@ -650,8 +648,8 @@ def mape(results: list[dict[str, Any]], key: str) -> float:
 # ----------------------------------------------------------------------------- the orchestrator (root, the lab)
 
 def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str, Any]:
-    from tests.lab.fleet_file import load_fleet
-    from tests.lab.lab import Lab
+    from edgefleet.lab.fleet_file import load_fleet
+    from edgefleet.lab.lab import Lab
 
     lab = Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings="[training]\nkeep_worker = true\n")
     with lab:
@@ -765,13 +763,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("selection_accuracy: needs root for the lab (network namespaces, cgroups)", file=sys.stderr)
         return 2
-    from tests.lab.measurements import STOLEN_LIMIT, HostSteal
+    from edgefleet.lab.measurements import STOLEN_LIMIT, HostSteal
 
     started, steal = time.monotonic(), HostSteal()
     args.retake_deadline = time.time() + args.retake_minutes * 60
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="efl-sel-key-") as tmp:
-        from protocol.signing import generate_key_hex
+        from edgefleet.transport.fleet_key import generate_key_hex
 
         key_file = Path(tmp) / "fleet.key"
         key_file.write_text(generate_key_hex() + "\n")

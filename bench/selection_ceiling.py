@@ -24,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from bench._table import print_table
 from bench.selection_accuracy import HIT_TOLERANCE
-from coordinator.planning.cost_model import OBJECTIVE_KEY
+from edgefleet.coordinator.planning.cost_model import OBJECTIVE_KEY
 
 
 def _redraw(samples: dict[str, list[float]], rng: random.Random) -> dict[str, float]:

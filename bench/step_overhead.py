@@ -48,8 +48,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as `python bench/step_overhead.py` from anywhere
-    sys.path.insert(0, str(ROOT))
 
 MODEL, DATASET, INPUT_SHAPE, CLASSES = "lenet5", "digits", (1, 32, 32), 10
 BATCH = 32
@@ -119,8 +117,8 @@ def local_plain(steps: int, warmup: int) -> list[float]:
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    from workloads.registry import build_dataset, build_model
-    from workloads.sharding import BoardBatchSampler, GlobalBatchPlan
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import BoardBatchSampler, GlobalBatchPlan
 
     torch.manual_seed(SEED)
     dataset = build_dataset(DATASET, "train", {})
@@ -157,8 +155,8 @@ def local_lightning(steps: int, warmup: int) -> tuple[list[float], list[float]]:
     import torch
     from torch.utils.data import DataLoader
 
-    from workloads.registry import build_dataset, build_model
-    from workloads.sharding import BoardBatchSampler, GlobalBatchPlan
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import BoardBatchSampler, GlobalBatchPlan
 
     torch.manual_seed(SEED)
     dataset = build_dataset(DATASET, "train", {})
@@ -184,17 +182,17 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
         import pytorch_lightning as pl
         from torch.utils.data import DataLoader
 
-        from agent.worker_exchange import ExchangeClient, GradientExchange
-        from protocol.codec import decode_value
-        from workloads.params import (
+        from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange
+        from edgefleet.protocol.codec import decode_value
+        from edgefleet.workloads.lightning_api import callback_class
+        from edgefleet.workloads.params import (
             param_count,
             single_optimizer,
             to_torch_tree,
             trainable_params,
         )
-        from workloads.lightning_api import callback_class
-        from workloads.registry import build_dataset, build_model
-        from workloads.sharding import BoardBatchSampler, GlobalBatchPlan
+        from edgefleet.workloads.registry import build_dataset, build_model
+        from edgefleet.workloads.sharding import BoardBatchSampler, GlobalBatchPlan
 
         class TimedClient(ExchangeClient):
             calls: list[tuple[float, float]]  # (start, end) of every exchange() call, CLOCK_MONOTONIC
@@ -236,11 +234,11 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
 async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]:
     import torch
 
-    from coordinator.exchange import ExchangeServer
-    from coordinator.replica import Replica
-    from protocol.codec import encode_value
-    from workloads.registry import build_dataset, build_model
-    from workloads.sharding import GlobalBatchPlan
+    from edgefleet.coordinator.exchange import ExchangeServer
+    from edgefleet.coordinator.replica import Replica
+    from edgefleet.protocol.codec import encode_value
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import GlobalBatchPlan
 
     total = warmup + steps
     torch.manual_seed(SEED)

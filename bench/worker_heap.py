@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from agent.heap import HEAP_SETTINGS, worker_environment
 from bench._table import print_table
-from tests.lab.cgroups import Cgroup
+from edgefleet.agent.heap import HEAP_SETTINGS, worker_environment
+from edgefleet.lab.cgroups import Cgroup
 
 PERIOD_US = 10_000  # as the lab's boards in bench/selection_accuracy.py
 
@@ -42,7 +40,7 @@ if cgroup:
     open(cgroup + "/cgroup.procs", "w").write("0")
 import torch
 torch.set_num_threads(1)
-from workloads.registry import build_model
+from edgefleet.workloads.registry import build_model
 model = build_model(model_name, {}, input_shape=(1, 32, 32), num_classes=10)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(batch, 1, 32, 32), torch.randint(10, (batch,))

@@ -26,20 +26,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.plan_cli import (
+from edgefleet.coordinator.plan_cli import (
     DEFAULT_FEWER_BOARDS_PCT,
     PlanRequest,
     add_objective_args,
     deadline_text,
     request_from_args,
 )
-from coordinator.variants import parse_int_list, variants_from_args
-from protocol.errors import ConfigError, EdgeTrainError, PlanError
+from edgefleet.coordinator.variants import parse_int_list, variants_from_args
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError, PlanError
 
 if TYPE_CHECKING:
-    from coordinator.plan_fleet import FleetCheck
-    from coordinator.planning import Estimate, FleetProfile
-    from protocol.settings import BrokerSettings
+    from edgefleet.coordinator.plan_fleet import FleetCheck
+    from edgefleet.coordinator.planning import Estimate, FleetProfile
+    from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _snapshot(broker: Any, boards: list[str] | None = None) -> list[Any]:
     """The fleet now; first waits (at most READY_WAIT_S) while any of ``boards`` is busy ending a job."""
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+    from edgefleet.coordinator.monitor import monitor_fleet, wait_for_snapshot
 
     with monitor_fleet(broker) as view:
         wait_for_snapshot(view, timeout_s=1.0)
@@ -128,7 +128,7 @@ def _snapshot(broker: Any, boards: list[str] | None = None) -> list[Any]:
 def _profile(args: argparse.Namespace, cfg: Any, fleet_key: bytes, rows: list[Any], variants: list[dict[str, Any]],
              dataset_options: dict[str, Any], wanted: list[str] | None, say: Any) -> tuple[dict[str, Any], float]:
     """The profiles to plan with: the saved ones if they fit this job and fleet, else fresh ones."""
-    from coordinator.plan_fleet import check_fleet, load_profile_file, select_variants
+    from edgefleet.coordinator.plan_fleet import check_fleet, load_profile_file, select_variants
 
     reason = "asked to (--reprofile)" if args.reprofile else ""
     if not reason:
@@ -149,9 +149,9 @@ def _profile(args: argparse.Namespace, cfg: Any, fleet_key: bytes, rows: list[An
 def _profile_now(args: argparse.Namespace, cfg: Any, fleet_key: bytes, rows: list[Any],
                  variants: list[dict[str, Any]], dataset_options: dict[str, Any], wanted: list[str] | None,
                  reason: str, say: Any) -> tuple[dict[str, Any], float]:
-    from coordinator.planning import save_profiles
-    from coordinator.planning.profiles import ProfileMeta
-    from coordinator.profiling import ProfileRequest, profile_fleet
+    from edgefleet.coordinator.planning import save_profiles
+    from edgefleet.coordinator.planning.profiles import ProfileMeta
+    from edgefleet.coordinator.profiling import ProfileRequest, profile_fleet
 
     boards = [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)
               and (wanted is None or r.board_id in wanted)]
@@ -175,13 +175,13 @@ def _profile_now(args: argparse.Namespace, cfg: Any, fleet_key: bytes, rows: lis
 
 def run_auto(args: argparse.Namespace) -> int:
     """``train --auto``; returns the exit code (raises EdgeTrainError with a clear message)."""
-    from coordinator.config import load_coordinator_config
-    from coordinator.plan_fleet import check_fleet, restrict_to
-    from coordinator.plan_render import plan_notes, plan_table, summary_of
-    from coordinator.render import make_console
-    from protocol.address import parse_host_port
-    from protocol.signing import load_fleet_key
-    from workloads.registry import parse_options
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.coordinator.plan_fleet import check_fleet, restrict_to
+    from edgefleet.coordinator.plan_render import plan_notes, plan_table, summary_of
+    from edgefleet.coordinator.render import make_console
+    from edgefleet.protocol.address import parse_host_port
+    from edgefleet.transport.fleet_key import load_fleet_key
+    from edgefleet.workloads.registry import parse_options
 
     _check_args(args)
     cfg = load_coordinator_config(args.config, broker=parse_host_port(args.broker, what="--broker") if args.broker else None,
@@ -243,8 +243,8 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
         The configuration to train and the fleet check it was made on (unchanged when every
         chosen board is still there).
     """
-    from coordinator.plan_fleet import check_fleet, restrict_to
-    from coordinator.plan_render import fewer_boards_line, summary_of
+    from edgefleet.coordinator.plan_fleet import check_fleet, restrict_to
+    from edgefleet.coordinator.plan_render import fewer_boards_line, summary_of
 
     now = check_fleet(selected, _snapshot(broker, list(check.boards)), wanted=wanted)
     gone = [b for b in chosen.candidate.boards if b not in now.boards]
@@ -263,7 +263,7 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
 
 def _verify(args: argparse.Namespace, result: Any, selected: dict[str, Any], cfg: Any, fleet_key: bytes,
             base_options: dict[str, Any], dataset_options: dict[str, Any], check: Any, console: Any) -> tuple[Any, float]:
-    from coordinator.verify import JobSpec, verify_candidates, verify_report
+    from edgefleet.coordinator.verify import JobSpec, verify_candidates, verify_report
 
     job = JobSpec(model=args.model, dataset=args.dataset, base_options=base_options, dataset_options=dataset_options,
                   seed=args.seed, lr=args.lr, wire_dtype=args.wire_dtype, threads=args.threads, data_mode=args.data_mode)
@@ -279,11 +279,11 @@ def _verify(args: argparse.Namespace, result: Any, selected: dict[str, Any], cfg
 def _train_and_compare(args: argparse.Namespace, cfg: Any, fleet_key: bytes, chosen: Any, selected: dict[str, Any],
                        check: Any, base_options: dict[str, Any], dataset_options: dict[str, Any], profile_s: float,
                        verify_s: float, console: Any) -> int:
-    from coordinator.checkpoints import atomic_write_json
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
-    from coordinator.plan_render import estimate_json
-    from coordinator.power_meter import PowerMeter
-    from coordinator.train_cli import run_training_ui
+    from edgefleet.coordinator.checkpoints import atomic_write_json
+    from edgefleet.coordinator.monitor import monitor_fleet, wait_for_snapshot
+    from edgefleet.coordinator.plan_render import estimate_json
+    from edgefleet.coordinator.power_meter import PowerMeter
+    from edgefleet.coordinator.train_cli import run_training_ui
 
     spec = _spec(args, chosen, selected[chosen.variant_label].dataset_len, base_options, dataset_options)
     run_dir = args.run_dir or Path("runs") / spec.run_id
@@ -306,8 +306,8 @@ def _train_and_compare(args: argparse.Namespace, cfg: Any, fleet_key: bytes, cho
 
 def _spec(args: argparse.Namespace, chosen: Any, dataset_len: int, base_options: dict[str, Any],
           dataset_options: dict[str, Any]) -> Any:
-    from coordinator.training import TrainSpec
-    from workloads.sharding import GlobalBatchPlan
+    from edgefleet.coordinator.training import TrainSpec
+    from edgefleet.workloads.sharding import GlobalBatchPlan
 
     c = chosen.candidate
     if args.data_mode == "global":
@@ -332,7 +332,7 @@ def _spec(args: argparse.Namespace, chosen: Any, dataset_len: int, base_options:
 def _measure_run(run_dir: Path, ended: float, meter: Any, chosen: Any, dataset_len: int,
                  count_idle: bool) -> tuple[Any, str]:
     """The run's measured figures from metrics.jsonl and the power seen while it stepped."""
-    from coordinator.verify import WARMUP_STEPS, measure, step_intervals
+    from edgefleet.coordinator.verify import WARMUP_STEPS, measure, step_intervals
 
     result = json.loads((run_dir / "result.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
@@ -353,9 +353,9 @@ def _measure_run(run_dir: Path, ended: float, meter: Any, chosen: Any, dataset_l
 
 def _report(console: Any, chosen: Any, measured: Any, note: str, profile_s: float, verify_s: float,
             run_dir: Path) -> None:
-    from coordinator.plan_render import batches_text
-    from coordinator.planning import format_duration
-    from coordinator.verify import comparison_table, disagreement_line
+    from edgefleet.coordinator.plan_render import batches_text
+    from edgefleet.coordinator.planning import format_duration
+    from edgefleet.coordinator.verify import comparison_table, disagreement_line
 
     result = json.loads((run_dir / "result.json").read_text())
     console.print(comparison_table([(batches_text(chosen), chosen, measured)],

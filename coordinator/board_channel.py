@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.errors import BrokerError, DecodeError
-from protocol.jobs import JobEvent
-from protocol.messages import BoardCaps, BoardStatus
-from protocol.mqtt_link import MqttLink
-from protocol.settings import BrokerSettings
-from protocol.signing import sign_command
-from protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
+from edgefleet.protocol.errors import BrokerError, DecodeError
+from edgefleet.protocol.jobs import JobEvent
+from edgefleet.protocol.messages import BoardCaps, BoardStatus
+from edgefleet.protocol.signing import sign_command
+from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
+from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 

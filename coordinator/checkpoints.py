@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protocol.address import BROKER_ENV, parse_host_port
-from protocol.errors import EdgeTrainError
+from edgefleet.protocol.address import BROKER_ENV, parse_host_port
+from edgefleet.protocol.errors import EdgeTrainError
 
 if TYPE_CHECKING:
-    from coordinator.fleet import FleetView
+    from edgefleet.coordinator.fleet import FleetView
 
-log = logging.getLogger("coordinator")
+log = logging.getLogger("edgefleet.coordinator")
 
 EPILOG = f"""\
 examples:
@@ -36,7 +36,7 @@ else localhost:1883.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from protocol import __version__
+    from edgefleet import __version__
 
     parser = argparse.ArgumentParser(prog="edge-coordinator", description="Show, profile and train a fleet of edge boards.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,15 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--wait", type=float, default=3.0, metavar="SECONDS",
                         help="how long a snapshot waits for online boards' first samples (default 3)")
 
-    from coordinator.train_cli import add_train_parser
+    from edgefleet.coordinator.train_cli import add_train_parser
 
     add_train_parser(sub)
 
-    from coordinator.profile_cli import add_profile_parser
+    from edgefleet.coordinator.profile_cli import add_profile_parser
 
     add_profile_parser(sub)
 
-    from coordinator.plan_cli import add_plan_parser
+    from edgefleet.coordinator.plan_cli import add_plan_parser
 
     add_plan_parser(sub)
 
@@ -94,8 +94,8 @@ def _require_rich() -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from coordinator.config import load_coordinator_config
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.coordinator.monitor import monitor_fleet, wait_for_snapshot
 
     broker = parse_host_port(args.broker, what="--broker") if args.broker else None
     cfg = load_coordinator_config(args.config, broker=broker)
@@ -111,7 +111,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         json.dump([r.to_dict() for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from coordinator.render import fleet_table, make_console
+        from edgefleet.coordinator.render import fleet_table, make_console
 
         make_console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}"))
     return 0
@@ -120,7 +120,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
     from rich.live import Live
 
-    from coordinator.render import fleet_table, make_console
+    from edgefleet.coordinator.render import fleet_table, make_console
 
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
     # Ctrl-C only sets a flag, so it ends the view cleanly wherever it lands (even mid-draw).
@@ -135,7 +135,7 @@ def _watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from coordinator.demo import run_demo
+    from edgefleet.coordinator.demo import run_demo
 
     _require_rich()
     if args.boards < 1:
@@ -147,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    from coordinator.plan_cli import cmd_plan
-    from coordinator.train_cli import cmd_train
+    from edgefleet.coordinator.plan_cli import cmd_plan
+    from edgefleet.coordinator.train_cli import cmd_train
 
     commands = {"status": _cmd_status, "demo": _cmd_demo, "train": cmd_train}
     commands["plan"] = cmd_plan
-    from coordinator.profile_cli import cmd_profile
+    from edgefleet.coordinator.profile_cli import cmd_profile
 
     commands["profile"] = cmd_profile
     if args.command is None:

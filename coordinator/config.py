@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.address import HostPort, broker_from_env
-from protocol.errors import ConfigError
-from protocol.settings import BrokerSettings, build_section, load_broker_settings, read_toml
+from edgefleet.protocol.address import HostPort, broker_from_env
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from coordinator.local_broker import start_local_broker
-from coordinator.monitor import monitor_fleet
-from protocol.errors import EdgeTrainError
-from protocol.settings import BrokerSettings
-from protocol.signing import generate_key_hex
+from edgefleet.coordinator.local_broker import start_local_broker
+from edgefleet.coordinator.monitor import monitor_fleet
+from edgefleet.launch import module_command
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.transport.fleet_key import generate_key_hex
+from edgefleet.transport.settings import BrokerSettings
 
 # Power models of the demo's boards (estimated, and labelled so): idle and full-load watts.
 _DEMO_BOARDS = [("demo-pi4", 2.7, 6.4), ("demo-pi5", 3.0, 9.5), ("demo-nano", 1.9, 10.0), ("demo-x86", 8.0, 35.0)]
@@ -47,7 +47,7 @@ def local_fleet(count: int, workdir: Path, broker_address: str, key_file: Path) 
             conf.write_text(f'board_id = "{board_id}"\n[power]\nsource = "estimated"\nidle_w = {idle_w}\nmax_w = {max_w}\n'
                             f'[security]\nfleet_key_file = "{key_file}"\n')
             log = (workdir / f"{board_id}.log").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "agent", "--config", str(conf), "--broker", broker_address],
+            procs.append(subprocess.Popen(module_command("edgefleet.agent", "--config", str(conf), "--broker", broker_address),
                                           stdout=log, stderr=subprocess.STDOUT))
             ids.append(board_id)
         yield ids
@@ -74,7 +74,7 @@ def _wait_online(settings: BrokerSettings, ids: list[str], timeout_s: float = 60
 
 def run_demo(*, boards: int, seconds: float, fleet_only: bool, watch: Callable[..., None],
              run_root: Path = Path("runs")) -> int:
-    from coordinator.train_cli import run_training_ui
+    from edgefleet.coordinator.train_cli import run_training_ui
 
     with start_local_broker() as broker:
         key_file = broker.workdir / "fleet.key"
@@ -99,9 +99,9 @@ def run_demo(*, boards: int, seconds: float, fleet_only: bool, watch: Callable[.
 def _demo_spec(ids: list[str]):  # type: ignore[no-untyped-def]
     import secrets
 
-    from coordinator.training import TrainSpec
-    from workloads.registry import build_dataset
-    from workloads.sharding import GlobalBatchPlan
+    from edgefleet.coordinator.training import TrainSpec
+    from edgefleet.workloads.registry import build_dataset
+    from edgefleet.workloads.sharding import GlobalBatchPlan
 
     batches = [DEMO_BATCH] * len(ids)
     steps_per_epoch = GlobalBatchPlan(len(build_dataset("digits", "train", {})), batches, 0).steps_per_epoch  # type: ignore[arg-type]

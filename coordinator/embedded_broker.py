@@ -17,8 +17,8 @@ from typing import Any
 
 from amqtt.broker import Broker  # the [embedded-broker] extra; ImportError tells the caller it is missing
 
-from coordinator.local_broker import free_port
-from protocol.errors import BrokerError
+from edgefleet.coordinator.local_broker import free_port
+from edgefleet.protocol.errors import BrokerError
 
 log = logging.getLogger(__name__)
 

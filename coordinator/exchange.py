@@ -7,7 +7,7 @@ that misses the step's deadline is left out of that step and flagged; it receive
 result like everyone else, so its replica stays identical, and it is back at the next step. A
 gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged.
 
-Frames (msgpack maps, ``protocol.exchange_io``):
+Frames (msgpack maps, ``transport.exchange_io``):
     board -> server  hello {job_id, board_id, token, param_count, v}
     server -> board  welcome {step, model, optimizer, schedulers?, splits?}   | error {message}
     board -> server  grad {step, n, loss, compute_s, g: tensor}
@@ -39,9 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codec import decode_array, encode_array
-from protocol.errors import DecodeError, EdgeTrainError
-from protocol.exchange_io import (
+from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.half_cast import cast_into
+from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.transport.exchange_io import (
     ConnectionClosed,
     FrameReader,
     async_recv_frame,
@@ -50,8 +52,6 @@ from protocol.exchange_io import (
     send_now_to_all,
     send_rest,
 )
-from protocol.half_cast import cast_into
-from protocol.hot_frames import HotFrame
 
 log = logging.getLogger(__name__)
 
@@ -723,7 +723,7 @@ class ExchangeServer:
             return
         try:
             gathered.set_result(self._finish_step(step, started))
-        except Exception as exc:  # noqa: BLE001 - raised by run_step, never into a board's reader callback
+        except Exception as exc:
             gathered.set_exception(exc)
 
     def _finish_step(self, step: int, started: float) -> _Finished:

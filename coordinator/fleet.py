@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.errors import DecodeError
-from protocol.messages import BoardCaps, BoardStatus, TelemetrySample, is_measured
-from protocol.topics import parse_board_topic
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample, is_measured
+from edgefleet.protocol.topics import parse_board_topic
 
 log = logging.getLogger(__name__)
 

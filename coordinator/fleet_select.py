@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import logging
 
-from coordinator.board_channel import BoardChannel
-from protocol.errors import EdgeTrainError
-from protocol.settings import BrokerSettings
+from edgefleet.coordinator.board_channel import BoardChannel
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 
 def online_trainers(broker: BrokerSettings, *, wait_s: float = 1.0) -> list[str]:
     """Every board that is online now and has torch and Lightning (or has not said otherwise yet)."""
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+    from edgefleet.coordinator.monitor import monitor_fleet, wait_for_snapshot
 
     with monitor_fleet(broker) as view:
         wait_for_snapshot(view, timeout_s=wait_s)

@@ -17,14 +17,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from protocol.errors import EdgeTrainError
-from protocol.framing import read_frame, write_frame
-from protocol.jobs import (
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
     MAX_PROBE_ROUNDS,
     PROBE_VERSION,
     probe_rounds_ok,
 )
+from edgefleet.transport.frame_io import read_frame, write_frame
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.errors import BrokerError
+from edgefleet.protocol.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def start_local_broker() -> LocalBroker:
     if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
         return start_mosquitto()
     try:
-        from coordinator.embedded_broker import start_embedded_broker
+        from edgefleet.coordinator.embedded_broker import start_embedded_broker
     except ImportError:
         raise BrokerError(f"no MQTT broker: mosquitto is not installed ({INSTALL_HINT}) and the in-process "
                           "fallback needs: pip install 'edgefleet[embedded-broker]'") from None

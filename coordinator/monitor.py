@@ -10,11 +10,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from coordinator.fleet import FleetView
-from protocol.errors import BrokerError
-from protocol.mqtt_link import MqttLink
-from protocol.settings import BrokerSettings
-from protocol.topics import cmd_topic, fleet_filter
+from edgefleet.coordinator.fleet import FleetView
+from edgefleet.protocol.errors import BrokerError
+from edgefleet.protocol.topics import cmd_topic, fleet_filter
+from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 

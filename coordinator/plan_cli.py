@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.variants import add_variant_args, parse_int_list, variants_from_args
-from protocol.errors import BrokerError, ConfigError, PlanError
+from edgefleet.coordinator.variants import add_variant_args, parse_int_list, variants_from_args
+from edgefleet.protocol.errors import BrokerError, ConfigError, PlanError
 
 if TYPE_CHECKING:  # numpy, rich and matplotlib load only when a plan is made, not with the parser
-    from coordinator.plan_fleet import FleetCheck
-    from coordinator.planning import PlanResult
+    from edgefleet.coordinator.plan_fleet import FleetCheck
+    from edgefleet.coordinator.planning import PlanResult
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class PlanRequest:
 
     def run(self, profiles: dict[str, Any], *, deadline_text: str = "") -> PlanResult:
         """plan() over ``profiles``; ``deadline_text`` explains the per-epoch deadline in a refusal."""
-        from coordinator.planning import plan
+        from edgefleet.coordinator.planning import plan
 
         try:
             return plan(profiles, objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
@@ -81,7 +81,7 @@ def deadline_text(args: argparse.Namespace, epochs: float | None = None) -> str:
     """``"--deadline 30 min over 5 epochs = 6.0 min per epoch"``, or "" without a deadline."""
     if args.deadline is None:
         return ""
-    from coordinator.planning import format_duration
+    from edgefleet.coordinator.planning import format_duration
 
     epochs = epochs if epochs is not None else args.epochs
     return (f"--deadline {args.deadline:g} min over {epochs:g} epoch{'s' if epochs != 1 else ''} = "
@@ -162,14 +162,14 @@ def _parse_options(text: str) -> dict[str, Any] | None:
     if not text:
         return None
     # workloads.registry imports torch: only when options are given
-    from workloads.registry import parse_options
+    from edgefleet.workloads.registry import parse_options
 
     return parse_options(text)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from coordinator.config import load_coordinator_config
-    from coordinator.plan_fleet import (
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.coordinator.plan_fleet import (
         FleetCheck,
         check_fleet,
         fleet_rows,
@@ -177,7 +177,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         restrict_to,
         select_variants,
     )
-    from protocol.address import parse_host_port
+    from edgefleet.protocol.address import parse_host_port
 
     if args.verify < 0 or args.verify_steps < 1:
         raise ConfigError("--verify K needs K >= 1 (0 = no pre-training) and --verify-steps N >= 1")
@@ -214,7 +214,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:
-    from coordinator.planning import write_pareto_png
+    from edgefleet.coordinator.planning import write_pareto_png
 
     try:
         return write_pareto_png(path, list(result.ranked) + list(result.front), result.chosen,
@@ -227,8 +227,8 @@ def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:
 def _verify(args: argparse.Namespace, result: PlanResult, boards: list[str], cfg: Any, meta: Any, *,
             dataset_len: int) -> Any:
     """Pre-train the best ``--verify`` candidates; print the comparison unless --json."""
-    from coordinator.verify import JobSpec, verify_candidates, verify_report
-    from protocol.signing import load_fleet_key
+    from edgefleet.coordinator.verify import JobSpec, verify_candidates, verify_report
+    from edgefleet.transport.fleet_key import load_fleet_key
 
     if not cfg.security.fleet_key_file:
         raise ConfigError("--verify sends training commands: give --fleet-key FILE or [security] fleet_key_file")
@@ -254,13 +254,13 @@ def _verify(args: argparse.Namespace, result: PlanResult, boards: list[str], cfg
 
 
 def _console() -> Any:
-    from coordinator.render import make_console
+    from edgefleet.coordinator.render import make_console
 
     return make_console()
 
 
 def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png: Path | None) -> None:
-    from coordinator.plan_render import plan_notes, plan_table, summary_of
+    from edgefleet.coordinator.plan_render import plan_notes, plan_table, summary_of
 
     console = _console()
     for note in notes:
@@ -274,7 +274,7 @@ def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png:
 
 
 def _print_json(result: PlanResult, check: FleetCheck, notes: list[str], png: Path | None, verified: Any) -> None:
-    from coordinator.plan_render import estimate_json
+    from edgefleet.coordinator.plan_render import estimate_json
 
     for note in notes:
         print(note, file=sys.stderr)
@@ -290,7 +290,7 @@ def _print_json(result: PlanResult, check: FleetCheck, notes: list[str], png: Pa
         "png": None if png is None else str(png),
     }
     if verified is not None:
-        from coordinator.verify import verify_json
+        from edgefleet.coordinator.verify import verify_json
 
         doc["verify"] = verify_json(verified)
     json.dump(doc, sys.stdout, indent=2)

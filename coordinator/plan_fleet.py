@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.fleet import BoardRow
-from coordinator.planning import (
+from edgefleet.coordinator.fleet import BoardRow
+from edgefleet.coordinator.planning import (
     FleetProfile,
     check_compatible,
     load_profiles,
     model_key,
     variant_label,
 )
-from coordinator.planning.profiles import ProfileMeta, load_profile_meta
-from coordinator.variants import VARIANT_FLAGS
-from protocol.errors import PlanError
-from protocol.settings import BrokerSettings
+from edgefleet.coordinator.planning.profiles import ProfileMeta, load_profile_meta
+from edgefleet.coordinator.variants import VARIANT_FLAGS
+from edgefleet.protocol.errors import PlanError
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class FleetCheck:
 
 def fleet_rows(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S) -> list[BoardRow]:
     """A snapshot of the fleet: retained status and caps, and a sample of each online board."""
-    from coordinator.monitor import monitor_fleet, wait_for_snapshot
+    from edgefleet.coordinator.monitor import monitor_fleet, wait_for_snapshot
 
     with monitor_fleet(broker) as view:
         wait_for_snapshot(view, timeout_s=wait_s)

@@ -7,7 +7,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from coordinator.planning import Estimate, PlanResult, format_duration
+from edgefleet.coordinator.planning import Estimate, PlanResult, format_duration
 
 CHOSEN_MARK = "▶"
 _OBJECTIVE_TEXT = {"time": "time per epoch", "energy": "energy per epoch", "edp": "energy x time (EDP)"}

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from coordinator.fleet import FleetView
-from protocol.messages import is_measured
+from edgefleet.coordinator.fleet import FleetView
+from edgefleet.protocol.messages import is_measured
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordinator.variants import add_variant_args, parse_int_list, variants_from_args
-from protocol.errors import ConfigError
+from edgefleet.coordinator.variants import add_variant_args, parse_int_list, variants_from_args
+from edgefleet.protocol.errors import ConfigError
 
 DEFAULT_PROFILE = Path("edgefleet-profile.json")
 
@@ -66,8 +66,8 @@ def add_profile_parser(sub: Any) -> None:
 
 def build_request(args: argparse.Namespace) -> Any:
     """The ProfileRequest the flags describe. Raises ConfigError naming the flag."""
-    from coordinator.profiling import ProfileRequest
-    from workloads.registry import parse_options
+    from edgefleet.coordinator.profiling import ProfileRequest
+    from edgefleet.workloads.registry import parse_options
 
     base = parse_options(args.model_options)
     return ProfileRequest(model=args.model, variants=variants_from_args(args, base), dataset=args.dataset,
@@ -125,13 +125,13 @@ def profile_table(label: str, fleet: Any) -> Any:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from coordinator.config import load_coordinator_config
-    from coordinator.fleet_select import online_trainers
-    from coordinator.planning.profiles import ProfileMeta, save_profiles
-    from coordinator.profiling import profile_fleet
-    from coordinator.render import make_console
-    from protocol.address import parse_host_port
-    from protocol.signing import load_fleet_key
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.coordinator.fleet_select import online_trainers
+    from edgefleet.coordinator.planning.profiles import ProfileMeta, save_profiles
+    from edgefleet.coordinator.profiling import profile_fleet
+    from edgefleet.coordinator.render import make_console
+    from edgefleet.protocol.address import parse_host_port
+    from edgefleet.transport.fleet_key import load_fleet_key
 
     broker = parse_host_port(args.broker, what="--broker") if args.broker else None
     cfg = load_coordinator_config(args.config, broker=broker, fleet_key_file=args.fleet_key)
@@ -146,7 +146,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     console = make_console()
     started = time.monotonic()
-    result = asyncio.run(profile_fleet(cfg.broker, fleet_key, boards, request, 
+    result = asyncio.run(profile_fleet(cfg.broker, fleet_key, boards, request,
                                        on_note=lambda text: console.print(text, markup=False, highlight=False)))
     meta = ProfileMeta(model=request.model, dataset=request.dataset, dataset_options=request.dataset_options,
                        wire_dtype=request.wire_dtype, batch_sizes=sorted(set(request.batch_sizes)),

@@ -21,18 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.board_channel import BoardChannel
-from coordinator.fleet_select import check_boards_ready
-from coordinator.link_probe import LinkProbeServer
-from coordinator.planning.profiles import (
+from edgefleet.coordinator.board_channel import BoardChannel
+from edgefleet.coordinator.fleet_select import check_boards_ready
+from edgefleet.coordinator.link_probe import LinkProbeServer
+from edgefleet.coordinator.planning.profiles import (
     BatchPoint,
     BoardProfile,
     FleetProfile,
     model_key,
     variant_label,
 )
-from protocol.errors import ConfigError, EdgeTrainError
-from protocol.jobs import (
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
     MAX_PROBE_ROUNDS,
     WIRE_DTYPES,
@@ -41,7 +41,7 @@ from protocol.jobs import (
     StopCommand,
     probe_rounds_ok,
 )
-from protocol.settings import BrokerSettings
+from edgefleet.transport.settings import BrokerSettings
 
 JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20 s on a Pi) plus every batch size
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -102,9 +102,9 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     """Build the dataset and every variant here: (variants, dataset length). Raises ConfigError."""
     import torch
 
-    from workloads.params import param_count, trainable_params
-    from workloads.preflight import check_trainable
-    from workloads.registry import build_dataset, build_model, dataset_attribute
+    from edgefleet.workloads.params import param_count, trainable_params
+    from edgefleet.workloads.preflight import check_trainable
+    from edgefleet.workloads.registry import build_dataset, build_model, dataset_attribute
 
     dataset = build_dataset(request.dataset, "train", request.dataset_options)
     shape = dataset_attribute(dataset, "input_shape", f"dataset {request.dataset!r}")
@@ -214,7 +214,7 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         EdgeTrainError: a board is offline, busy or cannot train (before anything starts), or a
             board failed while profiling (naming it and its message).
     """
-    from coordinator.training import exchange_host_for
+    from edgefleet.coordinator.training import exchange_host_for
 
     if not boards or len(set(boards)) != len(boards):
         raise ConfigError(f"--boards {','.join(boards)}: name each board once (and at least one)")

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.fleet import BoardRow
+from edgefleet.coordinator.fleet import BoardRow
 
 _SHORT_REASON = {"connection lost": "lost"}
 _HEALTH_STYLE = {"ok": "green", "stale": "yellow", "no-data": "yellow", "bad-data": "red", "offline": "dim red"}

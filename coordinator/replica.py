@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from protocol.errors import EdgeTrainError
-from workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
-from workloads.lightning_api import callback_class, package_of
-from workloads.params import (
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
+from edgefleet.workloads.lightning_api import callback_class, package_of
+from edgefleet.workloads.params import (
     assign_grads,
     assign_values,
     exchange_size,
@@ -38,7 +38,7 @@ from workloads.params import (
     to_numpy_tree,
     trainable_params,
 )
-from workloads.preflight import check_trainable
+from edgefleet.workloads.preflight import check_trainable
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class Replica:
                     trainer.validate(self.model, dataloaders=val, verbose=False)
         except _Stopped:
             pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the asyncio side, which reports it
+        except BaseException as exc:
             log.exception("the replica's Trainer failed")
             self._error = exc
         finally:
@@ -298,7 +298,7 @@ class Replica:
 
 
 def _overrides_validation(model: Any) -> bool:
-    from workloads.lightning_api import overrides
+    from edgefleet.workloads.lightning_api import overrides
 
     return overrides(model, "validation_step")
 

@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ConfigError
-from workloads.lightning_api import package_of
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.lightning_api import package_of
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 
 TRAIN_EPILOG = """\
 examples:
@@ -96,7 +96,7 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
     p.add_argument("--fleet-key", metavar="FILE", help="HMAC key that signs commands (default: [security] fleet_key_file)")
-    from coordinator.auto_train import add_auto_args
+    from edgefleet.coordinator.auto_train import add_auto_args
 
     add_auto_args(p)
 
@@ -117,7 +117,7 @@ def parse_batches(text: str, boards: list[str]) -> list[int]:
 
 def parse_force_split(text: str, batches: list[int]) -> dict[str, Any]:
     """``--force-split STEP:B,B,…`` (a test hook) as ``{"from_step": STEP, "batch_sizes": [...]}``."""
-    from coordinator.exchange import SPLIT_LEAD_STEPS
+    from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
 
     step_text, _, sizes_text = text.partition(":")
     try:
@@ -133,12 +133,12 @@ def parse_force_split(text: str, batches: list[int]) -> dict[str, Any]:
 
 
 def build_spec(args: argparse.Namespace, broker: Any) -> tuple[Any, Path]:
-    from coordinator.fleet_select import online_trainers
-    from coordinator.training import TrainSpec
-    from workloads.fleet_trainer import TrainerOptions, steps_per_epoch
-    from workloads.registry import parse_options
-    from workloads.sharding import GlobalBatchPlan
-    from workloads.training_data import load_training_data
+    from edgefleet.coordinator.fleet_select import online_trainers
+    from edgefleet.coordinator.training import TrainSpec
+    from edgefleet.workloads.fleet_trainer import TrainerOptions, steps_per_epoch
+    from edgefleet.workloads.registry import parse_options
+    from edgefleet.workloads.sharding import GlobalBatchPlan
+    from edgefleet.workloads.training_data import load_training_data
 
     if args.resume is not None:
         config = args.resume / "config.json"
@@ -203,8 +203,8 @@ def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, 
         TimeRemainingColumn,
     )
 
-    from coordinator.render import make_console, summary_line, summary_table
-    from coordinator.training import StepView, TrainingRun
+    from edgefleet.coordinator.render import make_console, summary_line, summary_table
+    from edgefleet.coordinator.training import StepView, TrainingRun
 
     console = make_console()
     progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -241,7 +241,7 @@ def run_training_ui(spec: Any, run_dir: Path, *, broker: Any, fleet_key: bytes, 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from coordinator.auto_train import planner_flags_given, run_auto
+    from edgefleet.coordinator.auto_train import planner_flags_given, run_auto
 
     if args.auto:
         return run_auto(args)
@@ -249,9 +249,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if planner_flags:
         raise ConfigError(f"{', '.join(planner_flags)} tell the planner what to choose: add --auto (without it, train "
                           "uses exactly the --boards and --batch you give)")
-    from coordinator.config import load_coordinator_config
-    from protocol.address import parse_host_port
-    from protocol.signing import load_fleet_key
+    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.protocol.address import parse_host_port
+    from edgefleet.transport.fleet_key import load_fleet_key
 
     broker = parse_host_port(args.broker, what="--broker") if args.broker else None
     cfg = load_coordinator_config(args.config, broker=broker, fleet_key_file=args.fleet_key)

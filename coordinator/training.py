@@ -30,24 +30,24 @@ from typing import Any
 
 import torch
 
-from coordinator.board_channel import BoardChannel
-from coordinator.checkpoints import (
+from edgefleet.coordinator.board_channel import BoardChannel
+from edgefleet.coordinator.checkpoints import (
     MetricsLog,
     atomic_torch_save,
     atomic_write_json,
     load_checkpoint,
     save_checkpoint,
 )
-from coordinator.exchange import ExchangeError, ExchangeServer, StepResult
-from coordinator.fleet_select import check_boards_ready
-from coordinator.planning.rebalance import Rebalancer
-from coordinator.replica import Replica
-from coordinator.run_logger import make_logger
-from protocol.codec import encode_value
-from protocol.errors import ConfigError
-from protocol.jobs import StopCommand, TrainCommand
-from protocol.settings import BrokerSettings
-from workloads.fleet_trainer import TrainerOptions
+from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer, StepResult
+from edgefleet.coordinator.fleet_select import check_boards_ready
+from edgefleet.coordinator.planning.rebalance import Rebalancer
+from edgefleet.coordinator.replica import Replica
+from edgefleet.coordinator.run_logger import make_logger
+from edgefleet.protocol.codec import encode_value
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.jobs import StopCommand, TrainCommand
+from edgefleet.transport.settings import BrokerSettings
+from edgefleet.workloads.fleet_trainer import TrainerOptions
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,8 @@ class TrainingRun:
 
     def __init__(self, spec: TrainSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
-        from workloads.registry import build_model
-        from workloads.training_data import load_training_data
+        from edgefleet.workloads.registry import build_model
+        from edgefleet.workloads.training_data import load_training_data
 
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
         if spec.threads:
@@ -459,7 +459,7 @@ class TrainingRun:
 
 def _batches_per_epoch(spec: TrainSpec, dataset_len: int) -> int:
     """Global batches per epoch of a spec that does not say (a run saved before it did, or a verify run)."""
-    from workloads.sharding import GlobalBatchPlan
+    from edgefleet.workloads.sharding import GlobalBatchPlan
 
     if spec.data_mode == "global":
         return GlobalBatchPlan(dataset_len, spec.batch_sizes, spec.seed).steps_per_epoch

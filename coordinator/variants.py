@@ -11,7 +11,7 @@ import argparse
 import itertools
 from typing import Any
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 # flag -> model option it sets (mlp: layers, width; resnet_small: depth, width)
 VARIANT_FLAGS: dict[str, str] = {"layers": "layers", "width": "width", "depth": "depth"}

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.plan_render import batches_text, fmt_power, fmt_si, fmt_step
-from coordinator.planning import Estimate, format_duration
-from coordinator.power_meter import PowerMeter, PowerReading
-from protocol.errors import EdgeTrainError
-from protocol.settings import BrokerSettings
+from edgefleet.coordinator.plan_render import batches_text, fmt_power, fmt_si, fmt_step
+from edgefleet.coordinator.planning import Estimate, format_duration
+from edgefleet.coordinator.power_meter import PowerMeter, PowerReading
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def wait_ready(view: Any, boards: Sequence[str], *, timeout_s: float = READY_TIM
 def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter,
              dataset_len: int, steps: int, warmup_steps: int = WARMUP_STEPS, count_idle: bool = False) -> Measurement:
     """Train one candidate for ``warmup_steps + steps + 1`` real steps and measure it."""
-    from coordinator.training import StepView, TrainingRun, TrainSpec
+    from edgefleet.coordinator.training import StepView, TrainingRun, TrainSpec
 
     c = estimate.candidate
     total = warmup_steps + steps + 1
@@ -172,7 +172,7 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     Raises:
         EdgeTrainError: every pre-training failed (the message lists why).
     """
-    from coordinator.monitor import monitor_fleet
+    from edgefleet.coordinator.monitor import monitor_fleet
 
     started = time.monotonic()
     trials: list[Trial] = []
@@ -300,7 +300,7 @@ def verify_report(console: Any, result: VerifyResult) -> None:
 
 
 def verify_json(result: VerifyResult) -> dict[str, Any]:
-    from coordinator.plan_render import estimate_json
+    from edgefleet.coordinator.plan_render import estimate_json
 
     def trial(t: Trial) -> dict[str, Any]:
         m = t.measured

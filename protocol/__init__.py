@@ -3,7 +3,7 @@
 No I/O happens here and torch is never imported at module level.
 """
 
-from protocol.errors import (
+from edgefleet.protocol.errors import (
     BrokerError,
     ConfigError,
     DecodeError,
@@ -12,9 +12,7 @@ from protocol.errors import (
     ProtocolError,
     RoundTimeout,
 )
-from protocol.messages import SCHEMA_VERSION, BoardCaps, BoardStatus, TelemetrySample
-
-__version__ = "0.1.0"
+from edgefleet.protocol.messages import SCHEMA_VERSION, BoardCaps, BoardStatus, TelemetrySample
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -28,5 +26,4 @@ __all__ = [
     "ProtocolError",
     "RoundTimeout",
     "TelemetrySample",
-    "__version__",
 ]

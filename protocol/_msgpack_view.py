@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.errors import DecodeError
+from edgefleet.protocol.errors import DecodeError
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller bins are copied: cheap, and they own their memory
 MAX_STR_BYTES = 16 * 1024 * 1024
@@ -102,7 +102,7 @@ class _SegmentPacker:
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise ValueError(f"frame map keys must be str, got {key!r}; int-keyed dicts go through "
-                                 "protocol.codec.encode_value")
+                                 "edgefleet.protocol.codec.encode_value")
             self.packer.pack(key)
             self.value(value, depth)
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from protocol.errors import DecodeError
+from edgefleet.protocol.errors import DecodeError
 
 T = TypeVar("T")
 Check = Callable[[Any], bool]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 DEFAULT_MQTT_PORT = 1883
 BROKER_ENV = "EDGEFLEET_BROKER"

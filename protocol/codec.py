@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import DecodeError
+from edgefleet.protocol.errors import DecodeError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -40,7 +40,7 @@ def cast_into(dst: np.ndarray, src: np.ndarray) -> None:
     """
     import numpy as np
 
-    from protocol.codec import from_bf16_bits, to_bf16_bits
+    from edgefleet.protocol.codec import from_bf16_bits, to_bf16_bits
 
     if src.dtype == np.uint16 and dst.dtype == np.float32:
         np.copyto(dst, from_bf16_bits(src))

@@ -27,9 +27,9 @@ from typing import Any
 
 import msgpack
 
-from protocol._msgpack_view import ALIGN_KEY
-from protocol.codec import WIRE_DTYPES
-from protocol.framing import FRAME_ALIGN, decode_frame
+from edgefleet.protocol._msgpack_view import ALIGN_KEY
+from edgefleet.protocol.codec import WIRE_DTYPES
+from edgefleet.protocol.framing import FRAME_ALIGN, decode_frame
 
 _U32_MAX = (1 << 32) - 1
 # (key, kind) in frame order; kind: "u32" or "f64" (a number), or a str constant (the frame's type)

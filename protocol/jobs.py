@@ -17,8 +17,8 @@ from typing import Any
 
 import msgpack
 
-from protocol._validate import message_from_dict
-from protocol.errors import DecodeError
+from edgefleet.protocol._validate import message_from_dict
+from edgefleet.protocol.errors import DecodeError
 
 JOB_SCHEMA_VERSION = 1
 # Version 2 of the train command asks for what a version-1 agent would silently leave out (a
@@ -267,5 +267,20 @@ class JobEvent:
         return dataclasses.replace(event, data=result)
 
 
-__all__ = ["COMMAND_KINDS", "JOB_SCHEMA_VERSION", "TRAIN_SCHEMA_VERSION", "DATA_MODES", "MAX_EVENT_BYTES", "MAX_PROBE_BYTES", "MAX_PROBE_ROUNDS", "PROBE_VERSION", "WIRE_DTYPES", "Command", "JobEvent",
-           "ProfileCommand", "StopCommand", "TrainCommand", "command_from_dict"]
+__all__ = [
+    "COMMAND_KINDS",
+    "DATA_MODES",
+    "JOB_SCHEMA_VERSION",
+    "MAX_EVENT_BYTES",
+    "MAX_PROBE_BYTES",
+    "MAX_PROBE_ROUNDS",
+    "PROBE_VERSION",
+    "TRAIN_SCHEMA_VERSION",
+    "WIRE_DTYPES",
+    "Command",
+    "JobEvent",
+    "ProfileCommand",
+    "StopCommand",
+    "TrainCommand",
+    "command_from_dict",
+]

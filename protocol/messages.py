@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol._validate import message_from_json, message_to_json
+from edgefleet.protocol._validate import message_from_json, message_to_json
 
 SCHEMA_VERSION = 1
 STATES = ("online", "offline", "busy")

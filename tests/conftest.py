@@ -13,7 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
+from edgefleet.coordinator.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built as a user builds it (the rollout installs it; the packaging tests read it)."""
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"pip wheel failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (built,) = out.glob("edgefleet-*.whl")
+    return built
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +60,7 @@ class AgentFactory:
         conf = self.tmp_path / f"{board_id}.toml"
         conf.write_text(config or f'board_id = "{board_id}"\n')
         log_path = self.tmp_path / f"{board_id}.log"
-        cmd = [sys.executable, "-m", "agent", "--config", str(conf), "--broker", broker, *args]
+        cmd = [sys.executable, "-m", "edgefleet.agent", "--config", str(conf), "--broker", broker, *args]
         with log_path.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         agent = AgentProcess(board_id, proc, log_path)

@@ -27,7 +27,7 @@ def wait_until(predicate: Callable[[], T], *, timeout_s: float, interval_s: floa
 
 def coordinator(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
     """Run the real ``edge-coordinator`` CLI in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", *args], capture_output=True, text=True, timeout=timeout_s)
 
 
 def status_json(broker: str, *, config: Path | None = None) -> dict[str, dict[str, Any]]:

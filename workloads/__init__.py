@@ -6,7 +6,7 @@
 * :mod:`workloads.sharding` - which samples each board trains on at each step.
 
 Needs the ``train`` extra (torch, pytorch-lightning, numpy, scikit-learn); the idle agent never
-imports it. Names are loaded lazily, so ``from workloads import GlobalBatchPlan`` does not pay for
+imports it. Names are loaded lazily, so ``from edgefleet.workloads import GlobalBatchPlan`` does not pay for
 importing Lightning.
 """
 
@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workloads.datasets import (
+    from edgefleet.workloads.datasets import (
         BUILTIN_DATASETS,
         ClassificationDataset,
         TensorClassificationDataset,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         load_npz_dataset,
         make_synthetic_dataset,
     )
-    from workloads.models import (
+    from edgefleet.workloads.models import (
         BUILTIN_MODELS,
         MLP,
         ClassifierModule,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         ResNetSmall,
         count_parameters,
     )
-    from workloads.registry import (
+    from edgefleet.workloads.registry import (
         UserDatasetView,
         available_datasets,
         available_models,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         resolve_dataset,
         resolve_model,
     )
-    from workloads.sharding import (
+    from edgefleet.workloads.sharding import (
         BoardBatchSampler,
         GlobalBatchPlan,
         LocalBatchPlan,
@@ -93,8 +93,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # PEP 562: import the submodule on first use (pytorch_lightning alone takes seconds on a Pi).
     if name not in _HOME_MODULE:
-        raise AttributeError(f"module 'workloads' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"workloads.{_HOME_MODULE[name]}"), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME_MODULE[name]}"), name)
     globals()[name] = value
     return value
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 SPLITS = ("train", "val")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -217,5 +217,16 @@ def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: i
                            **options.trainer_kwargs())
 
 
-__all__ = ["CLIP_ALGORITHMS", "PRECISIONS", "EpochBatchSampler", "board_accelerator", "LoopPosition", "LoopPositioner", "TrainerOptions",
-           "check_loop_api", "make_trainer", "position_of", "steps_per_epoch"]
+__all__ = [
+    "CLIP_ALGORITHMS",
+    "PRECISIONS",
+    "EpochBatchSampler",
+    "LoopPosition",
+    "LoopPositioner",
+    "TrainerOptions",
+    "board_accelerator",
+    "check_loop_api",
+    "make_trainer",
+    "position_of",
+    "steps_per_epoch",
+]

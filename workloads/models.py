@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 OPTIMIZERS = ("adam", "sgd")
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 
 def single_optimizer(configured: Any) -> torch.optim.Optimizer:

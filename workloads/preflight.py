@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from protocol.errors import ConfigError
-from workloads.lightning_api import package_of
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.lightning_api import package_of
 
 log = logging.getLogger(__name__)
 

@@ -26,15 +26,15 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from protocol.errors import ConfigError
-from workloads.datasets import (
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.datasets import (
     BUILTIN_DATASETS,
     DatasetFactory,
     check_split,
     split_indices,
 )
-from workloads.lightning_api import is_datamodule_class, is_lightning_module_class
-from workloads.models import BUILTIN_MODELS
+from edgefleet.workloads.lightning_api import is_datamodule_class, is_lightning_module_class
+from edgefleet.workloads.models import BUILTIN_MODELS
 
 MODEL_GROUP = "edgefleet.models"
 DATASET_GROUP = "edgefleet.datasets"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Sampler
 
-from protocol.errors import ConfigError, ProtocolError
+from edgefleet.protocol.errors import ConfigError, ProtocolError
 
 
 def _epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def load_training_data(*, dataset: str = "", dataset_options: Mapping[str, Any] 
         ConfigError: both or neither named, an unknown spec, a DataModule without
             ``train_dataloader()``, or an iterable-style dataset.
     """
-    from workloads.registry import build_dataset, build_dataset_cached, build_datamodule
+    from edgefleet.workloads.registry import build_datamodule, build_dataset, build_dataset_cached
 
     if bool(dataset) == bool(datamodule):
         raise ConfigError("name the data once: a dataset (--dataset) or a LightningDataModule (--datamodule), not both")
@@ -101,7 +101,7 @@ def _from_datamodule(module: Any, spec: str, with_val: bool) -> TrainingData:
 
 
 def _has_val_dataloader(module: Any) -> bool:
-    from workloads.lightning_api import package_of
+    from edgefleet.workloads.lightning_api import package_of
 
     base = package_of(module).LightningDataModule
     return getattr(type(module), "val_dataloader", None) is not getattr(base, "val_dataloader", None)
@@ -116,4 +116,4 @@ def _check_map_style(dataset: Any, what: str) -> None:
         raise ConfigError(f"{what} is empty")
 
 
-__all__ = ["TrainingData", "VAL_BATCH_SIZE", "load_training_data"]
+__all__ = ["VAL_BATCH_SIZE", "TrainingData", "load_training_data"]

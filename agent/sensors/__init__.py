@@ -1,5 +1,5 @@
 """Telemetry sources of a board, one module per kind of reading."""
 
-from agent.sensors.sampler import Sampler
+from edgefleet.agent.sensors.sampler import Sampler
 
 __all__ = ["Sampler"]

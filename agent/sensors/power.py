@@ -12,18 +12,19 @@ what was looked for and how to fix it. ``none`` reports no power at all.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from agent.sensors.base import PowerSource
-from agent.sensors.power_estimated import EstimatedPower
-from agent.sensors.power_hwmon import HwmonPower
-from agent.sensors.power_ina3221 import Ina3221Power
-from agent.sensors.power_jtop import JtopPower
-from agent.sensors.power_rapl import RaplPower
-from agent.sensors.power_rpi5_pmic import Rpi5PmicPower
-from protocol.errors import ConfigError
+from edgefleet.agent.sensors.base import PowerSource
+from edgefleet.agent.sensors.power_estimated import EstimatedPower
+from edgefleet.agent.sensors.power_hwmon import HwmonPower
+from edgefleet.agent.sensors.power_ina3221 import Ina3221Power
+from edgefleet.agent.sensors.power_jtop import JtopPower
+from edgefleet.agent.sensors.power_rapl import RaplPower
+from edgefleet.agent.sensors.power_rpi5_pmic import Rpi5PmicPower
+from edgefleet.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class EstimatedPower:
         """The estimate in watts, or None if the CPU load is unknown."""
         try:
             cpu = self.cpu_percent()
-        except Exception:  # noqa: BLE001 - a failing load callback means "unknown", not a crash
+        except Exception:
             log.debug("cpu_percent callback failed", exc_info=True)
             cpu = None
         try:

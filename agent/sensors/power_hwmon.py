@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sensors.sysfs import read_int, read_str
+from edgefleet.agent.sensors.sysfs import read_int, read_str
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class HwmonPower:
         """True if at least one meter reads. Never raises."""
         try:
             return bool(self._rails()[1])
-        except Exception:  # noqa: BLE001 - available() must not raise
+        except Exception:
             log.debug("hwmon ina2xx probe failed", exc_info=True)
             return False
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sensors.sysfs import read_int, read_str
+from edgefleet.agent.sensors.sysfs import read_int, read_str
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Ina3221Power:
         """True if an INA3221 with at least one readable rail is present. Never raises."""
         try:
             return bool(self._rails())
-        except Exception:  # noqa: BLE001 - available() must not raise
+        except Exception:
             log.debug("ina3221 probe failed", exc_info=True)
             return False
 

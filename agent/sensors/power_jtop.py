@@ -90,7 +90,7 @@ class JtopPower:
         try:
             self._start()
             return True
-        except Exception as exc:  # noqa: BLE001 - available() must not raise
+        except Exception as exc:
             self.reason = str(exc) or type(exc).__name__
             log.debug("jtop unavailable: %s", self.reason)
             return False
@@ -111,7 +111,7 @@ class JtopPower:
         if client is not None:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001 - best effort at shutdown
+            except Exception:
                 log.debug("jtop close failed", exc_info=True)
 
     def _start(self) -> Any:

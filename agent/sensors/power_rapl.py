@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class RaplPower:
             return True
         except PermissionError as exc:
             self.reason = f"permission denied ({exc.filename or 'energy_uj'}); run as root"
-        except Exception as exc:  # noqa: BLE001 - available() must not raise
+        except Exception as exc:
             self.reason = f"unreadable: {exc}"
         log.debug("rapl unavailable: %s", self.reason)
         return False

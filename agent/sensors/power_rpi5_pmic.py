@@ -17,8 +17,9 @@ import logging
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Rpi5PmicPower:
         """True if ``pmic_read_adc`` answers with at least one rail. Never raises."""
         try:
             return parse_pmic(self._vcgencmd("pmic_read_adc"))[0] is not None
-        except Exception:  # noqa: BLE001 - available() must not raise
+        except Exception:
             log.debug("pmic probe failed", exc_info=True)
             return False
 

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.sensors.base import PowerSource, TelemetrySource
-from agent.sensors.cgroup_cpu import CgroupCpuSource
-from agent.sensors.cpu import CpuSource
-from agent.sensors.memory import MemorySource
-from agent.sensors.network import NetworkSource
-from agent.sensors.power import select_power_source
-from agent.sensors.thermal import ThermalSource
-from protocol.errors import ConfigError
-from protocol.messages import TelemetrySample
+from edgefleet.agent.sensors.base import PowerSource, TelemetrySource
+from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource
+from edgefleet.agent.sensors.cpu import CpuSource
+from edgefleet.agent.sensors.memory import MemorySource
+from edgefleet.agent.sensors.network import NetworkSource
+from edgefleet.agent.sensors.power import select_power_source
+from edgefleet.agent.sensors.thermal import ThermalSource
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.messages import TelemetrySample
 
 log = logging.getLogger(__name__)
 

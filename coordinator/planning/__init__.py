@@ -7,7 +7,7 @@ feeds per-step compute times to a :class:`Rebalancer`.
 
 from __future__ import annotations
 
-from coordinator.planning.cost_model import (
+from edgefleet.coordinator.planning.cost_model import (
     OBJECTIVES,
     Candidate,
     Estimate,
@@ -15,8 +15,8 @@ from coordinator.planning.cost_model import (
     estimate,
     format_duration,
 )
-from coordinator.planning.pareto import pareto_front, write_pareto_png
-from coordinator.planning.profiles import (
+from edgefleet.coordinator.planning.pareto import pareto_front, write_pareto_png
+from edgefleet.coordinator.planning.profiles import (
     PROFILE_SCHEMA_VERSION,
     BatchPoint,
     BoardProfile,
@@ -29,8 +29,8 @@ from coordinator.planning.profiles import (
     save_profiles,
     variant_label,
 )
-from coordinator.planning.rebalance import RebalanceDecision, Rebalancer
-from coordinator.planning.search import (
+from edgefleet.coordinator.planning.rebalance import RebalanceDecision, Rebalancer
+from edgefleet.coordinator.planning.search import (
     Exclusion,
     GapReport,
     PlanResult,

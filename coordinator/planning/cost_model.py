@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.planning.profiles import BoardProfile, FleetProfile, variant_label
-from protocol.errors import PlanError
+from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile, variant_label
+from edgefleet.protocol.errors import PlanError
 
 log = logging.getLogger(__name__)
 

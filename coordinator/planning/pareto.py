@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from coordinator.planning.cost_model import Estimate
+from edgefleet.coordinator.planning.cost_model import Estimate
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import PlanError
+from edgefleet.protocol.errors import PlanError
 
 log = logging.getLogger(__name__)
 

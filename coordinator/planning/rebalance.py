@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.planning.cost_model import min_max_split
+from edgefleet.coordinator.planning.cost_model import min_max_split
 
 log = logging.getLogger(__name__)
 

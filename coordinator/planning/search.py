@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from coordinator.planning.cost_model import (
+from edgefleet.coordinator.planning.cost_model import (
     CONSTRAINT_NAMES,
     DEADLINE,
     MEMORY,
@@ -55,8 +55,8 @@ from coordinator.planning.cost_model import (
     row_feasibility,
     row_figures,
 )
-from coordinator.planning.profiles import FleetProfile
-from protocol.errors import PlanError
+from edgefleet.coordinator.planning.profiles import FleetProfile
+from edgefleet.protocol.errors import PlanError
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sensors.cgroup_cpu import CgroupCpuSource
-from agent.sensors.power_estimated import EstimatedPower
+from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource
+from edgefleet.agent.sensors.power_estimated import EstimatedPower
 
 
 class FakeClock:
@@ -170,7 +170,7 @@ def test_this_machine() -> None:
 @pytest.mark.parametrize(("quota_us", "threads"), [(20_000, 1), (100_000, 1), (150_000, 2), (-1, 4)])
 def test_torch_threads_fit_the_quota_not_the_host(tmp_path: Path, quota_us: int, threads: int) -> None:
     """0.2 and 1.0 core -> 1 thread, 1.5 -> 2, no quota -> the 4 CPUs the process may use."""
-    from agent.cpu_threads import fitting_threads
+    from edgefleet.agent.cpu_threads import fitting_threads
 
     root, proc = _v1_tree(tmp_path, quota_us=quota_us)
     source = CgroupCpuSource(cgroup_root=root, proc_self_cgroup=proc, cpu_count=4)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_agent_config
-from protocol.address import HostPort
-from protocol.errors import ConfigError
+from edgefleet.agent.config import load_agent_config
+from edgefleet.protocol.address import HostPort
+from edgefleet.protocol.errors import ConfigError
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -60,13 +60,13 @@ def test_password_file_is_read_and_never_printed(tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("s3cret\n")
     path = _write(tmp_path, f'[broker]\nusername = "pi"\npassword_file = "{tmp_path / "pw"}"\n')
     assert load_agent_config(path).broker.password == "s3cret"
-    out = subprocess.run([sys.executable, "-m", "agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "edgefleet.agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
     assert out.returncode == 0 and "config OK" in out.stdout and "s3cret" not in out.stdout
 
 
 def test_check_config_exits_78_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     path = _write(tmp_path, '[broker]\nport = "x"\n')
-    out = subprocess.run([sys.executable, "-m", "agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "edgefleet.agent", "--config", str(path), "--check-config"], capture_output=True, text=True)
     assert out.returncode == 78
     assert "broker.port" in out.stderr and "Traceback" not in out.stderr
 
@@ -74,8 +74,8 @@ def test_check_config_exits_78_with_one_line_and_no_traceback(tmp_path: Path) ->
 def test_readme_documents_every_key() -> None:
     from dataclasses import fields
 
-    from agent.config import PowerSettings, SecuritySettings, TelemetrySettings
-    from protocol.settings import BrokerSettings
+    from edgefleet.agent.config import PowerSettings, SecuritySettings, TelemetrySettings
+    from edgefleet.transport.settings import BrokerSettings
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for section, cls in (("broker", BrokerSettings), ("telemetry", TelemetrySettings), ("power", PowerSettings),

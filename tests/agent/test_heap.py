@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.heap import HEAP_SETTINGS, worker_environment
-from agent.job_runner import JobRunner
+from edgefleet.agent.heap import HEAP_SETTINGS, worker_environment
+from edgefleet.agent.job_runner import JobRunner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEP_FAULTS = """
 import resource, statistics, torch
 torch.set_num_threads(1)
-from workloads.registry import build_model
+from edgefleet.workloads.registry import build_model
 model = build_model("resnet_small", {}, input_shape=(1, 32, 32), num_classes=10)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(32, 1, 32, 32), torch.randint(10, (32,))
@@ -36,7 +36,7 @@ print(statistics.median(faults))
 # RSS (kB) with 300 MB freed into the heap, then after release_free_heap().
 RELEASE = """
 import resource
-from agent.heap import release_free_heap
+from edgefleet.agent.heap import release_free_heap
 def rss_kb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
 blocks = [bytearray(1 << 20) for _ in range(300)]

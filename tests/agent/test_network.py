@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agent.sensors.network import COUNTER_32, NetworkSource, counter_delta, rates
+from edgefleet.agent.sensors.network import COUNTER_32, NetworkSource, counter_delta, rates
 
 
 def test_counter_delta_normal_wrap_and_reset() -> None:

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.sensors import power_rapl, power_rpi5_pmic
-from agent.sensors.power import AUTO_ORDER, KINDS, NoPower, select_power_source
-from agent.sensors.power_estimated import EstimatedPower
-from agent.sensors.power_hwmon import HwmonPower
-from agent.sensors.power_ina3221 import Ina3221Power
-from agent.sensors.power_jtop import JtopPower, parse_jtop_power
-from agent.sensors.power_rapl import RaplPower, energy_delta_uj
-from agent.sensors.power_rpi5_pmic import Rpi5PmicPower, parse_pmic, parse_throttled, run_vcgencmd
-from protocol.errors import ConfigError
-from protocol.messages import POWER_SOURCES, is_measured
+from edgefleet.agent.sensors import power_rapl, power_rpi5_pmic
+from edgefleet.agent.sensors.power import AUTO_ORDER, KINDS, NoPower, select_power_source
+from edgefleet.agent.sensors.power_estimated import EstimatedPower
+from edgefleet.agent.sensors.power_hwmon import HwmonPower
+from edgefleet.agent.sensors.power_ina3221 import Ina3221Power
+from edgefleet.agent.sensors.power_jtop import JtopPower, parse_jtop_power
+from edgefleet.agent.sensors.power_rapl import RaplPower, energy_delta_uj
+from edgefleet.agent.sensors.power_rpi5_pmic import Rpi5PmicPower, parse_pmic, parse_throttled, run_vcgencmd
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.messages import POWER_SOURCES, is_measured
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "power"
 PMIC_PI5 = (FIXTURES / "rpi5_pmic_read_adc.txt").read_text()

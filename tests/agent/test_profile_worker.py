@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from agent.board_resources import PowerMeter, cgroup_memory_limit
-from agent.job_runner import JobRunner, WorkerContext, job_line
-from agent.link_probe import ProfileError, probe_link
-from agent.profile_worker import run_profile
-from coordinator.link_probe import LinkProbeServer
-from protocol.errors import ConfigError
-from protocol.jobs import ProfileCommand
+from edgefleet.agent.board_resources import PowerMeter, cgroup_memory_limit
+from edgefleet.agent.job_runner import JobRunner, WorkerContext, job_line
+from edgefleet.agent.link_probe import ProfileError, probe_link
+from edgefleet.agent.profile_worker import run_profile
+from edgefleet.coordinator.link_probe import LinkProbeServer
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.jobs import ProfileCommand
 from tests.helpers import wait_until
 
 TOKEN = "s" * 32
@@ -98,10 +98,10 @@ def test_the_estimated_power_counts_the_whole_cgroup_of_the_agent(tmp_path: Path
     (group / "cpu.cfs_period_us").write_text("100000\n")
     proc = tmp_path / "cgroup"
     proc.write_text("4:cpu,cpuacct:/board\n")
-    from agent.sensors import cgroup_cpu
+    from edgefleet.agent.sensors import cgroup_cpu
 
     real = cgroup_cpu.CgroupCpuSource
-    monkeypatch.setattr("agent.board_resources.CgroupCpuSource",
+    monkeypatch.setattr("edgefleet.agent.board_resources.CgroupCpuSource",
                         lambda: real(cgroup_root=tmp_path, proc_self_cgroup=proc, cpu_count=2))
     meter = PowerMeter(WorkerContext(power_source="estimated", idle_w=2.0, max_w=6.0))
     assert meter.cores == 0.5  # the group's quota
@@ -166,7 +166,7 @@ def test_a_later_variant_times_only_its_own_gradient_and_stops_early_on_a_slow_l
     first = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-0", board_id="b1", nbytes=100_000,
                        round_bytes=1000, rounds=3)
     assert first.bulk is not None and first.rounds is not None and first.rounds.rounds == 2
-    monkeypatch.setattr("agent.link_probe.ROUND_BUDGET_S", 0.0)  # every round is "slow": stop at the minimum
+    monkeypatch.setattr("edgefleet.agent.link_probe.ROUND_BUDGET_S", 0.0)  # every round is "slow": stop at the minimum
     later = probe_link(host="127.0.0.1", port=port, token=TOKEN, job_id="p-1", board_id="b1", nbytes=0,
                        round_bytes=40_000, rounds=50)
     assert later.bulk is None and later.rounds is not None
@@ -216,7 +216,7 @@ def test_an_unknown_model_is_a_config_error_naming_what_exists() -> None:
 
 def test_one_worker_process_runs_jobs_until_its_input_ends() -> None:
     context = WorkerContext(power_source="estimated")
-    worker = subprocess.Popen([sys.executable, "-m", "agent.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    worker = subprocess.Popen([sys.executable, "-m", "edgefleet.agent.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL)
     try:
         assert worker.stdin is not None and worker.stdout is not None

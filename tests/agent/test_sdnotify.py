@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sdnotify import sd_notify
-from coordinator.local_broker import LocalBroker
+from edgefleet.agent.sdnotify import sd_notify
+from edgefleet.coordinator.local_broker import LocalBroker
 from tests.conftest import AgentFactory
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.sensors.thermal import ThermalSource, parse_millidegrees, read_thermal_zones
+from edgefleet.agent.sensors.thermal import ThermalSource, parse_millidegrees, read_thermal_zones
 
 # A Raspberry Pi 5 and a Jetson Orin Nano as the kernel shows them (type, temp in m°C).
 PI5 = [("cpu-thermal", "51350\n")]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from protocol.signing import generate_key_hex
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 
 BOARDS = ("c1", "c2", "c3")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.local_broker import LocalBroker
+from edgefleet.coordinator.local_broker import LocalBroker
 from tests.conformance.cases import CASES, REFUSED
 from tests.conformance.conftest import BOARDS
 from tests.conformance.reference import Case, ddp_reference, lightning_reference, relative_l2
@@ -43,7 +43,7 @@ def _options(values: dict[str, Any]) -> str:
 
 def _train(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     broker, key = fleet
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--boards", ",".join(BOARDS), "--batch", BATCHES, "--steps", str(STEPS), "--seed", str(SEED),
            "--threads", "1", "--no-rebalance", "--run-dir", str(run_dir), "--model", case.model,
            "--model-options", _options(case.model_options)]

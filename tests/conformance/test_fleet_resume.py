@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from tests.conformance.cases import CLASSIFICATION, SMALL
-from tests.conformance.reference import Case, lightning_reference, relative_l2
 from tests.conformance.conftest import BOARDS
+from tests.conformance.reference import Case, lightning_reference, relative_l2
 from tests.conformance.test_fleet_conformance import BATCHES, GLOBAL_BATCH, SEED, STEPS, TOLERANCE
 from tests.helpers import interrupt_after
 
@@ -31,7 +31,7 @@ def test_a_run_interrupted_mid_epoch_resumes_to_lightnings_result(fleet, tmp_pat
 
     broker, key = fleet
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--boards", ",".join(BOARDS), "--batch", BATCHES, "--steps", str(STEPS), "--seed", str(SEED),
            "--threads", "1", "--run-dir", str(run_dir), "--checkpoint-every", "1", "--model", CASE.model,
            "--model-options", "lr=0.1", "--dataset", str(CASE.dataset), "--dataset-options", "n=120,seed=0",

@@ -10,7 +10,14 @@ from torch.utils.data import default_collate
 from tests.conformance import data
 from tests.conformance.cases import CASES, REFUSED
 from tests.conformance.reference import (
-    Case, GlobalBatchSampler, fit_reference, initial_state, lightning_reference, load, relative_l2, state_of,
+    Case,
+    GlobalBatchSampler,
+    fit_reference,
+    initial_state,
+    lightning_reference,
+    load,
+    relative_l2,
+    state_of,
 )
 
 STEPS, GLOBAL_BATCH, SEED = 20, 24, 3

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
-from coordinator.exchange import ExchangeError, ExchangeServer
-from protocol.codec import encode_value
-from protocol.errors import EdgeTrainError
+from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
+from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer
+from edgefleet.protocol.codec import encode_value
+from edgefleet.protocol.errors import EdgeTrainError
 
 P = 1000  # parameters
 BOARDS = [("b0", 8), ("b1", 16), ("b2", 24)]
@@ -205,7 +205,7 @@ class SplitBoard(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from agent.worker_exchange import welcome_splits
+        from edgefleet.agent.worker_exchange import welcome_splits
 
         sizes_from = [(0, [n for _, n in BOARDS])]
         try:
@@ -282,7 +282,7 @@ def test_a_resumed_exchange_welcomes_boards_with_the_split_in_force() -> None:
 
 
 def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wait() -> None:
-    from protocol.framing import recv_frame, send_frame
+    from edgefleet.transport.frame_io import recv_frame, send_frame
 
     listener = socket.create_server(("127.0.0.1", 0))
     seen: list[str] = []

@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from coordinator.fleet import FleetView
-from protocol.messages import BoardStatus, TelemetrySample
+from edgefleet.coordinator.fleet import FleetView
+from edgefleet.protocol.messages import BoardStatus, TelemetrySample
 
 P = "edgefleet/v1"
 

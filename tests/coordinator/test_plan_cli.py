@@ -11,11 +11,11 @@ import json
 import signal
 from pathlib import Path
 
-from coordinator.local_broker import LocalBroker
-from coordinator.planning import save_profiles
-from coordinator.planning.profiles import ProfileMeta
-from protocol import __version__
-from protocol.signing import generate_key_hex
+from edgefleet import __version__
+from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.coordinator.planning import save_profiles
+from edgefleet.coordinator.planning.profiles import ProfileMeta
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import coordinator, status_json, wait_until
 from tests.planning import MB, board, fleet

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from coordinator.fleet import FleetView
-from coordinator.power_meter import PowerMeter
-from protocol.messages import TelemetrySample
-from protocol.topics import telemetry_topic
+from edgefleet.coordinator.fleet import FleetView
+from edgefleet.coordinator.power_meter import PowerMeter
+from edgefleet.protocol.messages import TelemetrySample
+from edgefleet.protocol.topics import telemetry_topic
 from tests.helpers import wait_until
 
 PREFIX = "edgefleet/v1"

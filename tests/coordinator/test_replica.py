@@ -11,11 +11,11 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from coordinator.replica import Replica, ReplicaError
+from edgefleet.coordinator.replica import Replica, ReplicaError
+from edgefleet.workloads.fleet_trainer import TrainerOptions
 from tests.conformance import reference
 from tests.conformance.cases import CASES
 from tests.conformance.reference import Case, case_data, load, relative_l2, state_of
-from workloads.fleet_trainer import TrainerOptions
 
 STEPS, GLOBAL_BATCH, SEED = 20, 24, 3
 # Schedulers by step and by epoch, clipping, a short accumulation window at every epoch's end.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.signing import generate_key_hex
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.helpers import coordinator
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.local_broker import free_port
+from edgefleet.coordinator.local_broker import free_port
 from tests.deploy.certs import TlsFiles, make_broker_certificate
 from tests.deploy.mqtt_probe import Probe, connack_reason
 from tests.deploy.playbook import PlaybookRun, run_playbook

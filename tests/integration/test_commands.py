@@ -10,11 +10,12 @@ import msgpack
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from coordinator.local_broker import LocalBroker
-from protocol.jobs import JobEvent, TrainCommand
-from protocol.messages import BoardStatus
-from protocol.signing import generate_key_hex, sign_command
-from protocol.topics import cmd_topic, events_topic, status_topic
+from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.protocol.jobs import JobEvent, TrainCommand
+from edgefleet.protocol.messages import BoardStatus
+from edgefleet.protocol.signing import sign_command
+from edgefleet.protocol.topics import cmd_topic, events_topic, status_topic
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from protocol.messages import BoardStatus
-from protocol.topics import status_topic
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.protocol.messages import BoardStatus
+from edgefleet.protocol.topics import status_topic
 from tests.helpers import coordinator
 
 BOARDS = 400

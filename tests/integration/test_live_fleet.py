@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from coordinator.local_broker import LocalBroker
+from edgefleet.coordinator.local_broker import LocalBroker
 from tests.conftest import AgentFactory
 from tests.helpers import status_json, wait_until
 
@@ -87,7 +87,7 @@ def test_status_watch_shows_the_fleet_until_ctrl_c(mosquitto: LocalBroker, agent
                what="agent online")
     # A pseudo-terminal, so that the live view draws as it does for a person.
     master, slave = pty.openpty()
-    watch = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "--broker", mosquitto.address, "status", "--watch"],
+    watch = subprocess.Popen([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", mosquitto.address, "status", "--watch"],
                              stdout=slave, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "120"})
     os.close(slave)
     screen = b""

@@ -15,10 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator.local_broker import LocalBroker
-from coordinator.planning.profiles import load_profile_meta, load_profiles
-from protocol.jobs import ProfileCommand
-from protocol.signing import generate_key_hex, sign_command
+from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.coordinator.planning.profiles import load_profile_meta, load_profiles
+from edgefleet.protocol.jobs import ProfileCommand
+from edgefleet.protocol.signing import sign_command
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
 from tests.integration.test_commands import Client
@@ -49,7 +50,7 @@ def fleet(mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def _profile(broker: LocalBroker, key: Path, *args: str, timeout_s: float = 240,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "profile", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "profile", "--fleet-key", str(key),
            "--threads", "1", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
                           env={**os.environ, **(env or {})})

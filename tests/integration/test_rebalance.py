@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.exchange import SPLIT_LEAD_STEPS
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from protocol.signing import generate_key_hex
+from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import interrupt_after
 from tests.integration.test_training import (
@@ -53,7 +53,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroke
 
 
 def _train_cmd(broker: LocalBroker, key: Path, run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    return [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
             "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
             "--threads", "1", "--run-dir", str(run_dir), *args]
 

@@ -18,8 +18,8 @@ import psutil
 import pytest
 import torch
 
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from protocol.signing import generate_key_hex
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import interrupt_after, status_json, wait_until
 
@@ -51,7 +51,7 @@ def _agent_config(board: str, key: Path) -> str:
 
 
 def _train(broker: LocalBroker, key: Path, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
            "--threads", "1", "--run-dir", str(run_dir), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -59,9 +59,9 @@ def _train(broker: LocalBroker, key: Path, run_dir: Path, *args: str, timeout_s:
 
 def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
     """One process, no agents, no exchange: the reference."""
-    from workloads.params import single_optimizer
-    from workloads.registry import build_dataset, build_model
-    from workloads.sharding import GlobalBatchPlan
+    from edgefleet.workloads.params import single_optimizer
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import GlobalBatchPlan
 
     dataset = build_dataset("digits", "train", {})
     torch.manual_seed(SEED)
@@ -129,7 +129,7 @@ def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_
     assert whole.returncode == 0, whole.stderr + whole.stdout
 
     run_dir = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
            "--threads", "1", "--run-dir", str(run_dir), *args]
     code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 12, what="12 steps of the interrupted run")
@@ -151,7 +151,7 @@ def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path:
     victim = factory.start("victim", broker.address, config=_agent_config("victim", key))
     wait_until(lambda: "connected to broker" in victim.log(), timeout_s=30, what="victim agent connected")
     run_dir = tmp_path / "kill"
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--model", "lenet5", "--dataset", "digits", "--seed", str(SEED), "--threads", "1", "--run-dir", str(run_dir),
            "--boards", "t1,victim", "--batch", "16,16", "--steps", "120",
            "--no-rebalance"]  # a re-split on timing noise before the kill would change t1's share
@@ -177,12 +177,12 @@ def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path
     ghost = _train(broker, key, tmp_path / "ghost", "--boards", "t1,ghost", "--steps", "5", timeout_s=120)
     assert ghost.returncode == 1 and "board ghost has never reported" in ghost.stderr
     assert "Traceback" not in ghost.stderr
-    unknown = subprocess.run([sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key",
+    unknown = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key",
                               str(key), "--boards", "t1", "--model", "no-such-model", "--steps", "5"],
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 1 and "no-such-model" in unknown.stderr and "lenet5" in unknown.stderr
     assert "Traceback" not in unknown.stderr
-    planner_only = subprocess.run([sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train",
+    planner_only = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train",
                                    "--fleet-key", str(key), "--boards", "t1", "--objective", "time", "--max-power", "20",
                                    "--steps", "5"], capture_output=True, text=True, timeout=120)
     assert planner_only.returncode == 1 and "--objective, --max-power" in planner_only.stderr
@@ -192,7 +192,7 @@ def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path
 def test_the_readme_example_model_and_dataset_train_unchanged(fleet, tmp_path: Path) -> None:
     broker, key, _ = fleet
     run_dir = tmp_path / "user"
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
            "--boards", "t1,t2", "--model", "examples.my_fleet_job.model:LitClassifier", "--model-options", "hidden=32",
            "--dataset", "examples.my_fleet_job.data:make_dataset", "--batch", "32,32", "--epochs", "3",
            "--threads", "1", "--logger", "tensorboard", "--run-dir", str(run_dir)]

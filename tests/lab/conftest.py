@@ -1,6 +1,6 @@
-"""The lab's fixtures (``lab``, ``lab8``, ``lab_manager``, ``no_lab``), from ``tests.lab.fixtures``.
+"""The lab's fixtures (``lab``, ``lab8``, ``lab_manager``, ``no_lab``), from ``edgefleet.lab.fixtures``.
 
-Other test directories load them with ``pytest_plugins = ["tests.lab.fixtures"]`` in their
+Other test directories load them with ``pytest_plugins = ["edgefleet.lab.fixtures"]`` in their
 conftest.py. Here, the shared lab is also torn down when the last test of this package ends, so
 the rest of the suite runs on a quiet machine.
 """
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.lab.fixtures import LabManager, lab, lab8, lab_manager, no_lab  # noqa: F401 - fixtures
+from edgefleet.lab.fixtures import LabManager, lab, lab8, lab_manager, no_lab  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="package", autouse=True)

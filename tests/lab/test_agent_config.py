@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.caps import read_board_model
-from agent.config import load_agent_config
-from tests.lab.cgroups import Cgroup
-from tests.lab.fixtures import MIXED4
-from tests.lab.fleet_file import load_fleet
-from tests.lab.lab import (
+from edgefleet.agent.caps import read_board_model
+from edgefleet.agent.config import load_agent_config
+from edgefleet.lab.cgroups import Cgroup
+from edgefleet.lab.fixtures import MIXED4
+from edgefleet.lab.fleet_file import load_fleet
+from edgefleet.lab.lab import (
     Board,
     Lab,
     agent_supports_cpu_scope,
@@ -20,7 +20,7 @@ from tests.lab.lab import (
     emulated_model,
     write_board_sysfs,
 )
-from tests.lab.naming import board_address
+from edgefleet.lab.naming import board_address
 
 
 def _board(lab: Lab, tmp_path: Path, index: int = 0) -> Board:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.signing import generate_key_hex
-from tests.lab.fleet_file import FleetError, parse_fleet
-from tests.lab.lab import Lab, agent_supports_fleet_key
+from edgefleet.lab.fleet_file import FleetError, parse_fleet
+from edgefleet.lab.lab import Lab, agent_supports_fleet_key
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.lab.quota_fleet import quota_fleet_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_a_resnet_with_batchnorm_converges_on_the_lab(tmp_path: Path, no_lab: No
     with Lab(fleet, fleet_key_file=key, logs_dir=tmp_path / "logs") as lab:
         lab.wait_online(timeout_s=60)
         done = subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
+            [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
              "--boards", ",".join(QUOTAS), "--batch", ",".join(str(BATCHES[b]) for b in QUOTAS),
              "--model", "examples.my_fleet_job.resnet:TinyResNet", "--model-options", f"lr={LR}",
              "--dataset", "digits", "--epochs", str(EPOCHS),

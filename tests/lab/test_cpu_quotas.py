@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from tests.lab.cgroups import SHARES_PER_CPU
-from tests.lab.fixtures import MIXED4
-from tests.lab.fleet_file import parse_fleet
-from tests.lab.lab import Lab
-from tests.lab.measurements import (
+from edgefleet.lab.cgroups import SHARES_PER_CPU
+from edgefleet.lab.fixtures import MIXED4
+from edgefleet.lab.fleet_file import parse_fleet
+from edgefleet.lab.lab import Lab
+from edgefleet.lab.measurements import (
     START_TIMEOUT_S,
     TOLERANCE,
     CpuMeasurement,
@@ -98,7 +98,7 @@ def test_an_oversubscribed_host_slows_every_board_alike(lab: Lab) -> None:
 def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> None:
     """agent/sensors/cgroup_cpu.py inside a board: 100 % means the board's quota, not the host's cores."""
     script = ("import json, time\n"
-              "from agent.sensors.cgroup_cpu import CgroupCpuSource\n"
+              "from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource\n"
               "s = CgroupCpuSource()\n"
               "end = time.monotonic() + 2.0\n"
               "while time.monotonic() < end: pass\n"
@@ -116,7 +116,7 @@ def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> No
 def test_a_board_trains_with_the_threads_its_quota_fits_and_its_caps_say_so(lab: Lab) -> None:
     """torch would start one thread per host CPU in a 0.2-core board; the worker's default is one."""
     script = ("import torch\n"
-              "from agent.cpu_threads import board_threads\n"
+              "from edgefleet.agent.cpu_threads import board_threads\n"
               "default = torch.get_num_threads()\n"
               "torch.set_num_threads(board_threads())\n"
               "print(default, torch.get_num_threads())\n")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from edgefleet.lab.fixtures import TEST_KEEPALIVE_S
+from edgefleet.lab.lab import Lab
 from tests.helpers import wait_until
-from tests.lab.fixtures import TEST_KEEPALIVE_S
-from tests.lab.lab import Lab
 
 
 def test_every_board_appears_with_the_lab_s_power_labels(lab: Lab) -> None:
@@ -41,7 +41,7 @@ def test_the_human_table_lists_every_board(lab: Lab) -> None:
 
 
 def test_lab_status_shows_quotas_beside_what_the_agents_report(lab: Lab) -> None:
-    done = subprocess.run([sys.executable, "-m", "tests.lab", "status", "--json"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "status", "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     rows = {r["board_id"]: r for r in json.loads(done.stdout)}
     assert set(rows) == set(lab.boards)
@@ -74,8 +74,8 @@ def test_a_board_whose_cable_is_pulled_goes_offline_then_comes_back(lab: Lab) ->
 def test_estimated_power_follows_the_board_s_own_load(lab: Lab) -> None:
     """With ``telemetry.cpu_scope = "cgroup"`` a busy board reports near its max_w and an idle one
     near its idle_w, whatever the rest of the machine does."""
-    from tests.lab.lab import agent_supports_cpu_scope
-    from tests.lab.measurements import BUSY_LOOP
+    from edgefleet.lab.lab import agent_supports_cpu_scope
+    from edgefleet.lab.measurements import BUSY_LOOP
 
     if not agent_supports_cpu_scope():
         pytest.skip('the agent has no telemetry.cpu_scope yet: its CPU (and estimated power) is host-wide')

@@ -10,12 +10,12 @@ import logging
 
 import pytest
 
-from tests.lab.fixtures import MIXED4
-from tests.lab.fleet_file import parse_fleet
-from tests.lab.lab import Lab
-from tests.lab.links import qdisc_rate_bps
-from tests.lab.measurements import TOLERANCE, first_that_holds, measure_link, on_mark
-from tests.lab.units import format_rate
+from edgefleet.lab.fixtures import MIXED4
+from edgefleet.lab.fleet_file import parse_fleet
+from edgefleet.lab.lab import Lab
+from edgefleet.lab.links import qdisc_rate_bps
+from edgefleet.lab.measurements import TOLERANCE, first_that_holds, measure_link, on_mark
+from edgefleet.lab.units import format_rate
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 import sys
 
+from edgefleet.lab.lab import Lab
+from edgefleet.lab.measurements import MEMORY_HOG
+from edgefleet.lab.units import format_size
 from tests.helpers import wait_until
-from tests.lab.lab import Lab
-from tests.lab.measurements import MEMORY_HOG
-from tests.lab.units import format_size
 
 
 def test_the_kernel_holds_every_board_s_memory_limit(lab: Lab) -> None:

@@ -35,13 +35,13 @@ from typing import Any
 
 import pytest
 
-from coordinator.exchange import SPLIT_LEAD_STEPS
-from protocol.signing import generate_key_hex
+from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
+from edgefleet.lab.fleet_file import FleetError, parse_fleet
+from edgefleet.lab.lab import Lab, agent_supports_fleet_key
+from edgefleet.lab.measurements import HostSteal, skip_if_stolen
+from edgefleet.transport.fleet_key import generate_key_hex
 from tests.helpers import wait_until
-from tests.lab.fleet_file import FleetError, parse_fleet
-from tests.lab.lab import Lab, agent_supports_fleet_key
 from tests.lab.quota_fleet import quota_fleet_toml
-from tests.lab.measurements import HostSteal, skip_if_stolen
 
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
 BATCHES = {"big": 87, "mid": 62, "small": 31}   # ~3.4 ms of CPU per sample: ~0.5 s a step on each board
@@ -103,7 +103,7 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
         lab.wait_online(timeout_s=60)
         for board in QUOTAS:
             lab.board(board).cgroup.set_cpu_quota(STARTUP_QUOTA, period_us=CFS_PERIOD_US)
-        cmd = [sys.executable, "-m", "coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
+        cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
                "--boards", ",".join(QUOTAS), "--batch", ",".join(str(BATCHES[b]) for b in QUOTAS),
                "--model", "resnet_small", "--model-options", "width=48,optimizer=sgd,lr=0.05",
                "--dataset", "synthetic", "--dataset-options", "n=4096,n_val=64", "--steps", "60", "--threads", "1",

@@ -6,16 +6,16 @@ import subprocess
 
 import pytest
 
-from tests.lab.lab import Lab
-from tests.lab.links import qdisc_rate_bps
-from tests.lab.measurements import (
+from edgefleet.lab.lab import Lab
+from edgefleet.lab.links import qdisc_rate_bps
+from edgefleet.lab.measurements import (
     TOLERANCE,
     first_that_holds,
     measure_cpu,
     measure_link,
     on_mark,
 )
-from tests.lab.naming import SERVER, SERVER_ADDRESS
+from edgefleet.lab.naming import SERVER, SERVER_ADDRESS
 
 
 def test_all_eight_boards_reach_the_coordinator_in_its_own_namespace(lab8: Lab) -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from edgefleet.lab import host_check
+from edgefleet.lab.cgroups import find_controller_mounts
+from edgefleet.lab.fleet_file import parse_fleet
+from edgefleet.lab.lab import Lab, LabBusy, LabUnavailable
+from edgefleet.lab.leftovers import leftovers
+from edgefleet.lab.naming import CGROUP_PARENT
 from tests.helpers import wait_until
-from tests.lab import host_check
-from tests.lab.cgroups import find_controller_mounts
-from tests.lab.fleet_file import parse_fleet
-from tests.lab.lab import Lab, LabBusy, LabUnavailable
-from tests.lab.leftovers import leftovers
-from tests.lab.naming import CGROUP_PARENT
 
 SMALL_FLEET = """
 [lab]
@@ -96,8 +96,8 @@ def _read_until(proc: subprocess.Popen[str], marker: str, *, timeout_s: float) -
 
 
 def _start_up(fleet: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
-    """``python -m tests.lab up``, waited on until it prints ``broker=HOST:PORT``."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.lab", "up", "--fleet", str(fleet), "--interval", "0.5"],
+    """``edge-lab up``, waited on until it prints ``broker=HOST:PORT``."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgefleet.lab", "up", "--fleet", str(fleet), "--interval", "0.5"],
                             stdout=subprocess.PIPE, stderr=(tmp_path / "up.err").open("w"), text=True)
     line, seen = _read_until(proc, "broker=", timeout_s=90)
     if line is None:
@@ -145,7 +145,7 @@ def test_down_removes_what_a_killed_lab_left_behind(small_fleet: Path, tmp_path:
         assert leftovers(), "a killed lab leaves its objects behind"
         assert all(_alive(p) for p in pids), "and its processes"
 
-        done = subprocess.run([sys.executable, "-m", "tests.lab", "down"], capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "down"], capture_output=True, text=True, timeout=120, check=False)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -154,7 +154,7 @@ def test_down_removes_what_a_killed_lab_left_behind(small_fleet: Path, tmp_path:
     assert "removed netns efl-t-1" in done.stdout and "removed link efl-br0" in done.stdout
     assert leftovers() == []
     wait_until(lambda: not [p for p in pids if _alive(p)], timeout_s=10, what="the killed lab's processes to be gone")
-    again = subprocess.run([sys.executable, "-m", "tests.lab", "down"], capture_output=True, text=True, timeout=60, check=False)
+    again = subprocess.run([sys.executable, "-m", "edgefleet.lab", "down"], capture_output=True, text=True, timeout=60, check=False)
     assert again.returncode == 0 and "nothing to remove" in again.stdout
 
 
@@ -185,7 +185,7 @@ def test_a_pytest_run_killed_with_sigterm_still_tears_its_lab_down(small_fleet: 
         f"    lab_manager.get(Path({str(small_fleet)!r}), start_agents=False)\n"
         "    print('LAB IS UP', flush=True)\n"
         "    time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "tests.lab.fixtures", "-p", "no:cacheprovider",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "edgefleet.lab.fixtures", "-p", "no:cacheprovider",
                              "--rootdir", str(tmp_path), str(test_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parents[2])
     try:

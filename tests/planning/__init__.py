@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.planning.profiles import BatchPoint, BoardProfile, FleetProfile
+from edgefleet.coordinator.planning.profiles import BatchPoint, BoardProfile, FleetProfile
 
 MB = 10**6
 GB = 10**9
@@ -37,7 +37,7 @@ def fleet(*boards: BoardProfile, grad_bytes: int = 1 * MB, coordinator_link: flo
                         dataset_len=dataset_len, boards={b.board_id: b for b in boards}, variant=variant or {})
 
 
-# Board kinds after tests/lab/fleets/mixed4.toml: relative CPU speed, active/idle W, memory, link.
+# Board kinds after lab/fleets/mixed4.toml: relative CPU speed, active/idle W, memory, link.
 KINDS = {
     "pi4": (1.0, 6.4, 2.7, 1 * GB, 2.5 * MB),
     "pi5": (2.25, 7.0, 2.7, 2 * GB, 7.5 * MB),

@@ -5,8 +5,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coordinator.planning import search
-from coordinator.planning.cost_model import (
+from edgefleet.coordinator.planning import search
+from edgefleet.coordinator.planning.cost_model import (
     OK,
     Candidate,
     FleetArrays,
@@ -14,8 +14,8 @@ from coordinator.planning.cost_model import (
     allocate_batches,
     estimate,
 )
-from coordinator.planning.search import Limits
-from protocol.errors import PlanError
+from edgefleet.coordinator.planning.search import Limits
+from edgefleet.protocol.errors import PlanError
 from tests.planning import GB, MB, board, fleet, random_fleet
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.planning.cost_model import Candidate, estimate
-from coordinator.planning.pareto import pareto_front, write_pareto_png
-from coordinator.planning.search import plan
+from edgefleet.coordinator.planning.cost_model import Candidate, estimate
+from edgefleet.coordinator.planning.pareto import pareto_front, write_pareto_png
+from edgefleet.coordinator.planning.search import plan
 from tests.planning import board, fleet, random_variants
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.planning.profiles import (
+from edgefleet.coordinator.planning.profiles import (
     PROFILE_SCHEMA_VERSION,
     BatchPoint,
     BoardProfile,
@@ -18,7 +18,7 @@ from coordinator.planning.profiles import (
     save_profiles,
     variant_label,
 )
-from protocol.errors import PlanError
+from edgefleet.protocol.errors import PlanError
 from tests.planning import GB, KEY, MB, board, fleet
 
 

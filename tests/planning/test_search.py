@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coordinator.planning import search
-from coordinator.planning.cost_model import (
+from edgefleet.coordinator.planning import search
+from edgefleet.coordinator.planning.cost_model import (
     OBJECTIVES,
     FleetArrays,
     fill_per_board,
     format_duration,
 )
-from coordinator.planning.profiles import BoardProfile, FleetProfile
-from coordinator.planning.search import FEWER_BOARDS_WITHIN, heuristic_gap, plan
-from protocol.errors import PlanError
+from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile
+from edgefleet.coordinator.planning.search import FEWER_BOARDS_WITHIN, heuristic_gap, plan
+from edgefleet.protocol.errors import PlanError
 from tests.planning import (
     GB,
     MB,

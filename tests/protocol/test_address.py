@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.address import HostPort, broker_from_env, parse_host_port
-from protocol.errors import ConfigError
+from edgefleet.protocol.address import HostPort, broker_from_env, parse_host_port
+from edgefleet.protocol.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from protocol.codec import (
+from edgefleet.protocol.codec import (
     WIRE_DTYPES,
     DecodeLimits,
     decode_array,
@@ -24,7 +24,7 @@ from protocol.codec import (
     from_bf16_bits,
     to_bf16_bits,
 )
-from protocol.errors import DecodeError
+from edgefleet.protocol.errors import DecodeError
 
 NUMPY_DTYPES = ["<f4", "<f2", "<f8", "<i8", "<i4", "|u1", "|b1", "<u2"]  # uint16: bfloat16 bits
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)
@@ -304,7 +304,7 @@ def test_decode_value_on_arbitrary_structures_returns_or_raises_decode_error(val
 
 
 def test_importing_the_protocol_keeps_numpy_and_torch_out() -> None:
-    code = ("import sys, protocol.codec, protocol.framing, protocol.signing; "
+    code = ("import sys, edgefleet.protocol.codec, edgefleet.protocol.framing, edgefleet.protocol.signing; "
             "print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

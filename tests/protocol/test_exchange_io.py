@@ -10,15 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocol.codec import decode_array, encode_array
-from protocol.errors import DecodeError
-from protocol.exchange_io import (
+from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.framing import encode_frame
+from edgefleet.transport.exchange_io import (
     FrameReader,
     async_send_frame,
     frame_segments,
     send_to_all,
 )
-from protocol.framing import ConnectionClosed, encode_frame, recv_frame
+from edgefleet.transport.frame_io import ConnectionClosed, recv_frame
 
 TIMEOUT_S = 10.0
 

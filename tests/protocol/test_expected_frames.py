@@ -19,16 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocol.codec import decode_array, encode_array
-from protocol.errors import DecodeError
-from protocol.exchange_io import FrameReader
-from protocol.framing import (
-    ConnectionClosed,
-    FrameReceiver,
-    encode_frame,
-    recv_frame,
-    set_os_timeouts,
-)
+from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.framing import encode_frame
+from edgefleet.transport.exchange_io import FrameReader
+from edgefleet.transport.frame_io import ConnectionClosed, FrameReceiver, recv_frame, set_os_timeouts
 from tests.helpers import wait_until
 
 TIMEOUT_S = 10.0
@@ -67,7 +62,7 @@ def test_a_blocking_socket_gets_a_frame_whose_second_half_comes_after_the_first_
     def reader() -> None:
         try:
             got["frame"] = recv_frame(receiver) if read == "recv_frame" else FrameReceiver(receiver).recv()
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:
             got["error"] = exc
 
     thread = threading.Thread(target=reader)

@@ -14,22 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import protocol._msgpack_view as msgpack_view
-from protocol._msgpack_view import ZERO_COPY_MIN_BYTES
-from protocol.codec import decode_array, decode_value, encode_array, encode_value
-from protocol.errors import DecodeError
-from protocol.framing import (
-    FRAME_ALIGN,
-    MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    ConnectionClosed,
-    decode_frame,
-    encode_frame,
-    read_frame,
-    recv_frame,
-    send_frame,
-    write_frame,
-)
+import edgefleet.protocol._msgpack_view as msgpack_view
+from edgefleet.protocol._msgpack_view import ZERO_COPY_MIN_BYTES
+from edgefleet.protocol.codec import decode_array, decode_value, encode_array, encode_value
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.framing import FRAME_ALIGN, MAX_FRAME_BYTES, PROTOCOL_VERSION, decode_frame, encode_frame
+from edgefleet.transport.frame_io import ConnectionClosed, read_frame, recv_frame, send_frame, write_frame
 
 TIMEOUT_S = 10.0
 
@@ -422,7 +412,7 @@ def test_async_frames_round_trip_over_a_tcp_server() -> None:
                     w = decode_array(message["w"], max_elements=1 << 22)
                     write_frame(writer, {"type": "doubled", "step": message["step"], "w": encode_array(w * 2)})
                     await writer.drain()
-            except Exception as exc:  # noqa: BLE001 - the test inspects how the server loop ended
+            except Exception as exc:
                 server_ended.set_result(exc)
             finally:
                 writer.close()
@@ -461,7 +451,7 @@ def test_async_reader_reports_bad_streams(raw: bytes, error: type[Exception], fr
         async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 await read_frame(reader)
-            except Exception as exc:  # noqa: BLE001 - the test inspects whatever was raised
+            except Exception as exc:
                 raised.set_result(exc)
             finally:
                 writer.close()

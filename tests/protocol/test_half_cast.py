@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol import half_cast
-from protocol.half_cast import cast_into
+from edgefleet.protocol import half_cast
+from edgefleet.protocol.half_cast import cast_into
 
 EDGES = np.array([0.0, -0.0, 1.0, -1.0, 65504.0, 65519.99, 65520.0, -65520.0, 1e9, np.inf, -np.inf,
                   6.1035156e-05, 6.0e-08, 5.9604645e-08, 2.98e-08, 2.99e-08, 1e-45, 0.1, 1 / 3, 2049.0, 2051.0],
@@ -46,7 +46,7 @@ def test_other_dtypes_and_strided_arrays_fall_back_to_numpy() -> None:
 
 
 def test_bfloat16_bits_go_through_the_codec_both_ways() -> None:
-    from protocol.codec import from_bf16_bits, to_bf16_bits
+    from edgefleet.protocol.codec import from_bf16_bits, to_bf16_bits
 
     src = _values()
     bits = np.empty(src.shape, np.uint16)

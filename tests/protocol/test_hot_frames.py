@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.codec import encode_array
-from protocol.errors import DecodeError
-from protocol.framing import FRAME_ALIGN, decode_frame, encode_frame
-from protocol.hot_frames import HotFrame
+from edgefleet.protocol.codec import encode_array
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.framing import FRAME_ALIGN, decode_frame, encode_frame
+from edgefleet.protocol.hot_frames import HotFrame
 
 _NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 u32 = st.integers(0, 2**32 - 1)

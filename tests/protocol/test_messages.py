@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from protocol.errors import DecodeError
-from protocol.messages import BoardCaps, BoardStatus, TelemetrySample, is_measured
-from protocol.topics import fleet_filter, parse_board_topic, status_topic, telemetry_topic, valid_board_id, valid_prefix
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample, is_measured
+from edgefleet.protocol.topics import fleet_filter, parse_board_topic, status_topic, telemetry_topic, valid_board_id, valid_prefix
 
 
 def _sample(**over: object) -> TelemetrySample:

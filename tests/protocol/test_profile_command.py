@@ -7,9 +7,9 @@ import math
 import msgpack
 import pytest
 
-from protocol.errors import DecodeError
-from protocol.jobs import MAX_EVENT_BYTES, JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
-from protocol.signing import CommandVerifier, sign_command
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.jobs import MAX_EVENT_BYTES, JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.protocol.signing import CommandVerifier, sign_command
 
 KEY = b"k" * 32
 

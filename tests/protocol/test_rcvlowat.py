@@ -13,9 +13,10 @@ import threading
 
 import numpy as np
 
-from protocol.codec import encode_array
-from protocol.exchange_io import FrameReader
-from protocol.framing import RCVLOWAT_FROM, encode_frame, recv_frame
+from edgefleet.protocol.codec import encode_array
+from edgefleet.protocol.framing import encode_frame
+from edgefleet.transport.exchange_io import FrameReader
+from edgefleet.transport.frame_io import RCVLOWAT_FROM, recv_frame
 from tests.helpers import wait_until
 
 
@@ -77,7 +78,7 @@ def test_the_event_loop_reader_waits_for_the_rest_of_a_frame_and_resets_the_mark
 
 
 def test_a_peer_that_closes_mid_frame_still_wakes_the_reader(tcp_pair) -> None:
-    from protocol.errors import DecodeError
+    from edgefleet.protocol.errors import DecodeError
 
     sender, receiver = tcp_pair
     receiver.settimeout(30)

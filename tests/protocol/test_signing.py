@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.errors import ConfigError
-from protocol.signing import CommandVerifier, SignatureError, load_fleet_key, sign_command
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.signing import CommandVerifier, SignatureError, sign_command
+from edgefleet.transport.fleet_key import load_fleet_key
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -204,7 +205,7 @@ def test_bad_key_files_name_the_path_and_the_fix(tmp_path: Path, content: bytes,
         load_fleet_key(path)
     message = str(excinfo.value)
     assert str(path) in message and fragment in message
-    assert "python -m protocol.signing --generate > fleet.key" in message
+    assert "python -m edgefleet.transport.fleet_key --generate > fleet.key" in message
 
 
 def test_a_missing_key_file_names_the_path_and_the_fix(tmp_path: Path) -> None:
@@ -216,13 +217,13 @@ def test_a_world_readable_key_is_loaded_with_a_warning(tmp_path: Path, caplog: p
     path = tmp_path / "fleet.key"
     path.write_text(KEY.hex())
     path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="protocol.signing"):
+    with caplog.at_level(logging.WARNING, logger="edgefleet.transport.fleet_key"):
         assert load_fleet_key(path) == KEY
     assert f"chmod 600 {path}" in caplog.text
 
 
 def test_generated_key_loads_and_signs(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "protocol.signing", "--generate"],
+    out = subprocess.run([sys.executable, "-m", "edgefleet.transport.fleet_key", "--generate"],
                          capture_output=True, text=True, check=True, cwd=os.getcwd()).stdout
     assert len(out.strip()) == 64
     path = tmp_path / "fleet.key"
@@ -233,5 +234,5 @@ def test_generated_key_loads_and_signs(tmp_path: Path) -> None:
 
 
 def test_the_module_without_arguments_says_what_to_do() -> None:
-    result = subprocess.run([sys.executable, "-m", "protocol.signing"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "edgefleet.transport.fleet_key"], capture_output=True, text=True)
     assert result.returncode == 2 and "--generate" in result.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import DecodeError
-from protocol.jobs import TRAIN_SCHEMA_VERSION, TrainCommand, command_from_dict
+from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.jobs import TRAIN_SCHEMA_VERSION, TrainCommand, command_from_dict
 
 BASE = {"kind": "train", "job_id": "j", "board_id": "b", "exchange_host": "127.0.0.1", "exchange_port": 9000,
         "token": "t", "model": "lenet5", "dataset": "digits", "board_index": 0, "batch_sizes": [8, 8], "seed": 1,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocol.errors import ConfigError
-from workloads.datasets import (
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.datasets import (
     load_digits_dataset,
     load_npz_dataset,
     make_synthetic_dataset,
@@ -33,7 +33,7 @@ def test_digits_is_all_1797_samples_split_80_20_without_overlap() -> None:
 def test_digits_is_standardised_and_independent_of_the_global_seed() -> None:
     torch.manual_seed(123)
     first = load_digits_dataset("train")
-    from workloads import datasets
+    from edgefleet.workloads import datasets
     datasets._digits_tensors.cache_clear()   # really load again, not the cached tensors
     torch.manual_seed(456)
     second = load_digits_dataset("train")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from protocol.errors import ConfigError
-from workloads.datasets import load_digits_dataset
-from workloads.models import BUILTIN_MODELS, MLP, LeNet5, ResNetSmall, count_parameters
-from workloads.sharding import GlobalBatchPlan
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.datasets import load_digits_dataset
+from edgefleet.workloads.models import BUILTIN_MODELS, MLP, LeNet5, ResNetSmall, count_parameters
+from edgefleet.workloads.sharding import GlobalBatchPlan
 
 
 @pytest.fixture(autouse=True)

@@ -10,16 +10,14 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from protocol.errors import ConfigError
-from tests.workloads import user_plugins
-from workloads import registry
-from workloads.datasets import (
-    ClassificationDataset,
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads import registry
+from edgefleet.workloads.datasets import (
     load_digits_dataset,
     make_synthetic_dataset,
 )
-from workloads.models import MLP, LeNet5, ResNetSmall
-from workloads.registry import (
+from edgefleet.workloads.models import MLP, LeNet5, ResNetSmall
+from edgefleet.workloads.registry import (
     available_datasets,
     available_models,
     build_dataset,
@@ -29,6 +27,7 @@ from workloads.registry import (
     resolve_dataset,
     resolve_model,
 )
+from tests.workloads import user_plugins
 
 PLUGINS = "tests.workloads.user_plugins"
 

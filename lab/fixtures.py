@@ -1,7 +1,7 @@
 """pytest fixtures for the emulated fleet; a plugin any test directory (or benchmark) can load.
 
     # tests/lab/conftest.py loads these; elsewhere add to a conftest.py:
-    pytest_plugins = ["tests.lab.fixtures"]
+    pytest_plugins = ["edgefleet.lab.fixtures"]
 
     def test_something(lab):             # mixed4, agents online, keepalive 2 s
         rows = lab.status_json()
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.lab.fleet_file import FleetError, load_fleet
-from tests.lab.host_check import lab_unavailable_reason
-from tests.lab.lab import Lab, LabBusy, LabUnavailable
-from tests.lab.naming import PREFIX
+from edgefleet.lab.fleet_file import FleetError, load_fleet
+from edgefleet.lab.host_check import lab_unavailable_reason
+from edgefleet.lab.lab import Lab, LabBusy, LabUnavailable
+from edgefleet.lab.naming import PREFIX
 
 log = logging.getLogger(__name__)
 

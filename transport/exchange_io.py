@@ -13,16 +13,14 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from protocol.errors import DecodeError, ProtocolError
-from protocol.framing import (
+from edgefleet.protocol.errors import DecodeError, ProtocolError
+from edgefleet.protocol.framing import MAX_FRAME_BYTES, decode_frame, encode_frame
+from edgefleet.transport.frame_io import (
     BODY_AT,
-    MAX_FRAME_BYTES,
     RCVLOWAT_FROM,
     RCVLOWAT_MAX,
     ConnectionClosed,
     claim_buffer,
-    decode_frame,
-    encode_frame,
     set_rcvlowat,
 )
 
@@ -252,7 +250,7 @@ class FrameReader:
                     return  # wait for the next callback
         except (ProtocolError, OSError) as exc:  # ConnectionClosed, DecodeError, a socket error
             self.stop(exc)
-        except Exception as exc:  # noqa: BLE001 - on_frame failed: end this connection, never the loop
+        except Exception as exc:
             self.stop(DecodeError(f"{type(exc).__name__}: {exc}"))
 
     def _read_some(self) -> bool:

@@ -1,9 +1,9 @@
-"""``python -m tests.lab up|down|status|check|coordinator``: the emulated fleet from a shell.
+"""``edge-lab up|down|status|check|coordinator``: the emulated fleet from a shell.
 
-    python -m tests.lab up --fleet tests/lab/fleets/mixed4.toml   # runs until Ctrl-C / SIGTERM / down
+    edge-lab up --fleet lab/fleets/mixed4.toml   # runs until Ctrl-C / SIGTERM / down
     edge-coordinator --broker 198.18.0.1:PORT status              # in another terminal
-    python -m tests.lab status                                     # the lab's view: quotas vs use
-    python -m tests.lab down                                       # stop it and remove every trace
+    edge-lab status                                     # the lab's view: quotas vs use
+    edge-lab down                                       # stop it and remove every trace
 
 ``up`` stays in the foreground as the boards' supervisor: it prints a line whenever a board's
 process ends unasked (for example killed by the OOM killer), and tears the lab down on Ctrl-C,
@@ -25,14 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.lab import leftovers
-from tests.lab.cgroups import Cgroup
-from tests.lab.fleet_file import FleetError, load_fleet
-from tests.lab.lab import Lab, LabBusy, LabUnavailable
-from tests.lab.supervisor import Report
-from tests.lab.units import format_rate, format_size
+from edgefleet.lab import leftovers
+from edgefleet.lab.cgroups import Cgroup
+from edgefleet.lab.fleet_file import FleetError, load_fleet
+from edgefleet.lab.lab import Lab, LabBusy, LabUnavailable
+from edgefleet.lab.supervisor import Report
+from edgefleet.lab.units import format_rate, format_size
+from edgefleet.launch import module_command
 
-log = logging.getLogger("tests.lab")
+log = logging.getLogger("edgefleet.lab")
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -76,8 +77,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"waiting for {len(lab.boards)} agents to come online...", flush=True)
                 lab.wait_online(timeout_s=args.timeout)
             print(f"broker={lab.broker_address}", flush=True)
-            coord = "python -m tests.lab coordinator -- status" if lab.server_netns else f"edge-coordinator --broker {lab.broker_address} status"
-            print(f"try: {coord}\nstop: Ctrl-C here, or python -m tests.lab down", flush=True)
+            coord = "edge-lab coordinator -- status" if lab.server_netns else f"edge-coordinator --broker {lab.broker_address} status"
+            print(f"try: {coord}\nstop: Ctrl-C here, or edge-lab down", flush=True)
             while True:
                 signal.pause()
     except LabUnavailable as exc:
@@ -115,7 +116,7 @@ def cmd_down(_args: argparse.Namespace) -> int:
 
 
 def _coordinator_cmd(state: dict[str, Any], args: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", str(state["broker"]), *args]
+    cmd = module_command("edgefleet.coordinator.cli", "--broker", str(state["broker"]), *args)
     if state.get("server_netns"):
         cmd = ["nsenter", f"--net=/run/netns/{state['server_netns']}", "--", *cmd]
     return cmd
@@ -124,7 +125,7 @@ def _coordinator_cmd(state: dict[str, Any], args: list[str]) -> list[str]:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     state = leftovers.running_lab()
     if state is None or "broker" not in state:
-        print("lab: no lab is up (python -m tests.lab up --fleet FILE)", file=sys.stderr)
+        print("lab: no lab is up (edge-lab up --fleet FILE)", file=sys.stderr)
         return 1
     rest = [a for a in args.rest if a != "--"] or ["status"]
     return subprocess.call(_coordinator_cmd(state, rest))
@@ -133,7 +134,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     state = leftovers.running_lab()
     if state is None or "broker" not in state:
-        print("lab: no lab is up (python -m tests.lab up --fleet FILE)", file=sys.stderr)
+        print("lab: no lab is up (edge-lab up --fleet FILE)", file=sys.stderr)
         return 1
     done = subprocess.run(_coordinator_cmd(state, ["status", "--json", "--wait", "2"]), capture_output=True, text=True, timeout=30, check=False)
     rows = {r["board_id"]: r for r in json.loads(done.stdout)} if done.returncode == 0 and done.stdout.strip() else {}
@@ -180,13 +181,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.lab",
+    parser = argparse.ArgumentParser(prog="edge-lab",
                                      description="The emulated fleet: boards as network namespaces with CPU, memory and link limits.",
                                      epilog="\n".join(__doc__.splitlines()[2:7]), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up = sub.add_parser("up", help="build the fleet and supervise it until Ctrl-C, SIGTERM or `down`")
-    up.add_argument("--fleet", required=True, help="fleet file (TOML), e.g. tests/lab/fleets/mixed4.toml")
+    up.add_argument("--fleet", required=True, help="fleet file (TOML), e.g. lab/fleets/mixed4.toml")
     up.add_argument("--interval", type=float, help="agents' telemetry interval in seconds (default: the fleet file's)")
     up.add_argument("--logs", metavar="DIR", help="keep the boards' logs here (default: removed with the lab)")
     up.add_argument("--no-agents", action="store_true", help="build the boards without starting agents")
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("fleet")
     check.set_defaults(func=cmd_check)
     coord = sub.add_parser("coordinator", help="run edge-coordinator against the lab, where the coordinator lives",
-                           description="python -m tests.lab coordinator -- status --json")
+                           description="edge-lab coordinator -- status --json")
     coord.add_argument("rest", nargs=argparse.REMAINDER)
     coord.set_defaults(func=cmd_coordinator)
     return parser
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:  # `up` prints the supervisor's reports itself, once
-        logging.getLogger("tests.lab.supervisor").setLevel(logging.ERROR)
+        logging.getLogger("edgefleet.lab.supervisor").setLevel(logging.ERROR)
     return int(args.func(args))
 
 

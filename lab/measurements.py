@@ -2,7 +2,7 @@
 
 Why measured rather than read back from tc and cgroupfs: a tbf with too small a burst, a veth
 offload, or a busy host can all make a board slower than its file says while every setting reads
-back correctly. The self-check tests, ``python -m tests.lab`` users and benchmarks call these.
+back correctly. The self-check tests, ``edge-lab`` users and benchmarks call these.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tests.lab.lab import Lab
-from tests.lab.naming import SERVER, SERVER_ADDRESS
-from tests.lab.supervisor import BoardProcess
+from edgefleet.lab.lab import Lab
+from edgefleet.lab.naming import SERVER, SERVER_ADDRESS
+from edgefleet.lab.supervisor import BoardProcess
 
 log = logging.getLogger(__name__)
 
-WORKLOADS = Path(__file__).parent / "workloads"
-BULK_TRANSFER = WORKLOADS / "bulk_transfer.py"
-BUSY_LOOP = WORKLOADS / "busy_loop.py"
-MEMORY_HOG = WORKLOADS / "memory_hog.py"
+SCRIPTS = Path(__file__).parent / "scripts"
+BULK_TRANSFER = SCRIPTS / "bulk_transfer.py"
+BUSY_LOOP = SCRIPTS / "busy_loop.py"
+MEMORY_HOG = SCRIPTS / "memory_hog.py"
 
 # A Python process starting on a board with a 0.09-CPU quota needs several seconds.
 START_TIMEOUT_S = 30.0

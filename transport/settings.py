@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol.errors import ConfigError
-from protocol.topics import DEFAULT_PREFIX, valid_prefix
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.topics import DEFAULT_PREFIX, valid_prefix
 
 if sys.version_info >= (3, 11):
     import tomllib

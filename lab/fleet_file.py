@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ConfigError
-from protocol.topics import valid_board_id
-from tests.lab.units import UnitError, format_rate, format_size, parse_rate, parse_size
+from edgefleet.lab.units import UnitError, format_rate, format_size, parse_rate, parse_size
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.topics import valid_board_id
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -291,7 +291,7 @@ def load_fleet(path: Path | str, *, host_cores: int | None = None) -> Fleet:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FleetError(f"fleet file {path} does not exist (shipped fleets: tests/lab/fleets/*.toml)") from None
+        raise FleetError(f"fleet file {path} does not exist (shipped fleets: lab/fleets/*.toml)") from None
     except OSError as exc:
         raise FleetError(f"fleet file {path} cannot be read: {exc.strerror}") from None
     return parse_fleet(text, source=str(path), host_cores=host_cores)

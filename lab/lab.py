@@ -1,6 +1,6 @@
 """The emulated fleet: boards as namespaces + cgroups running real agents against a real Mosquitto.
 
-    with Lab(load_fleet("tests/lab/fleets/mixed4.toml")) as lab:
+    with Lab(load_fleet("lab/fleets/mixed4.toml")) as lab:
         print(lab.broker_address)          # e.g. 198.18.0.1:40123
         lab.wait_online(timeout_s=60)
         rows = lab.status_json()           # edge-coordinator status --json, from the coordinator's side
@@ -8,7 +8,7 @@
 Why a context manager that also cleans up on its own: the lab changes the machine (namespaces,
 links, cgroups, processes). ``__exit__`` tears everything down, ``atexit`` covers an exit that
 skips it, and ``up()`` first removes what a crashed lab left (found by the ``efl-`` prefix). The
-CLI (``python -m tests.lab``) and the pytest fixtures are thin layers over this class.
+CLI (``edge-lab``) and the pytest fixtures are thin layers over this class.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.local_broker import LocalBroker, start_mosquitto
-from tests.lab import leftovers, links
-from tests.lab.cgroups import LAB_PARENT_SHARES, Cgroup, find_controller_mounts
-from tests.lab.fleet_file import BoardSpec, Fleet
-from tests.lab.host_check import lab_unavailable_reason
-from tests.lab.naming import (
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.lab import leftovers, links
+from edgefleet.lab.cgroups import LAB_PARENT_SHARES, Cgroup, find_controller_mounts
+from edgefleet.lab.fleet_file import BoardSpec, Fleet
+from edgefleet.lab.host_check import lab_unavailable_reason
+from edgefleet.lab.naming import (
     BROKER_MEMBER,
     CGROUP_PARENT,
     HOST_ADDRESS,
@@ -47,8 +46,9 @@ from tests.lab.naming import (
     peer_ifname,
     workdir,
 )
-from tests.lab.supervisor import BoardProcess, Report, Supervisor
-from tests.lab.units import format_rate
+from edgefleet.lab.supervisor import BoardProcess, Report, Supervisor
+from edgefleet.lab.units import format_rate
+from edgefleet.launch import module_command
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +82,14 @@ class Board:
 
 def agent_supports_cpu_scope() -> bool:
     """True once the agent has ``telemetry.cpu_scope`` (then the lab asks for the board's own CPU)."""
-    from agent.config import TelemetrySettings
+    from edgefleet.agent.config import TelemetrySettings
 
     return "cpu_scope" in {f.name for f in dataclasses.fields(TelemetrySettings)}
 
 
 def agent_supports_fleet_key() -> bool:
     """True once the agent has a ``[security]`` section (signed training commands)."""
-    from agent.config import AgentConfig
+    from edgefleet.agent.config import AgentConfig
 
     return "security" in {f.name for f in dataclasses.fields(AgentConfig)}
 
@@ -154,7 +154,7 @@ class Lab:
 
     # Life cycle ----------------------------------------------------------------------------
 
-    def __enter__(self) -> Lab:  # noqa: PYI034 - returns the lab it brought up
+    def __enter__(self) -> Lab:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
@@ -173,7 +173,7 @@ class Lab:
         other = leftovers.running_lab()
         if other is not None:
             raise LabBusy(f"a lab is already up on this machine (pid {other['pid']}, fleet {other.get('fleet')}); "
-                          "stop it with: python -m tests.lab down")
+                          "stop it with: edge-lab down")
         stale = leftovers.leftovers()
         if stale:
             log.warning("removing what an earlier lab left behind: %s", ", ".join(stale))
@@ -316,8 +316,8 @@ class Lab:
         board = self.boards[board_id]
         config = board.home / "agent.toml"
         config.write_text(self.agent_config(board))
-        return self.start_in_board(board_id, AGENT, [sys.executable, "-m", "agent", "--config", str(config),
-                                                     "--broker", self.broker_address])
+        return self.start_in_board(board_id, AGENT, module_command("edgefleet.agent", "--config", str(config),
+                                                                  "--broker", self.broker_address))
 
     def agent(self, board_id: str) -> BoardProcess:
         """The board's most recent agent process."""
@@ -349,7 +349,7 @@ class Lab:
 
     def coordinator(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run ``edge-coordinator --broker <lab broker> ARGS`` where the coordinator lives."""
-        cmd = [sys.executable, "-m", "coordinator.cli", "--broker", self.broker_address, *args]
+        cmd = module_command("edgefleet.coordinator.cli", "--broker", self.broker_address, *args)
         if self.server_netns is not None:
             cmd = ["nsenter", f"--net=/run/netns/{self.server_netns}", "--", *cmd]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from tests.lab.naming import BOARD_IFNAME, BRIDGE, HOST_ADDRESS, PREFIX, SUBNET
+from edgefleet.lab.naming import BOARD_IFNAME, BRIDGE, HOST_ADDRESS, PREFIX, SUBNET
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
             finally:
                 os.close(fd)
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=target, name=f"in-{netns}", daemon=True)

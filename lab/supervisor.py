@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tests.lab.cgroups import Cgroup
-from tests.lab.units import format_size
+from edgefleet.lab.cgroups import Cgroup
+from edgefleet.lab.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.lab.naming import CGROUP_PARENT, PREFIX
+from edgefleet.lab.naming import CGROUP_PARENT, PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from protocol.errors import BrokerError
-from protocol.settings import BrokerSettings
+from edgefleet.protocol.errors import BrokerError
+from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 

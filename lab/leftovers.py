@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.lab import links
-from tests.lab.cgroups import leftover_groups, remove_leftover_groups
-from tests.lab.naming import PREFIX, workdir
+from edgefleet.lab import links
+from edgefleet.lab.cgroups import leftover_groups, remove_leftover_groups
+from edgefleet.lab.naming import PREFIX, workdir
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.lab.cgroups import CONTROLLERS, find_controller_mounts
-from tests.lab.naming import PREFIX
+from edgefleet.lab.cgroups import CONTROLLERS, find_controller_mounts
+from edgefleet.lab.naming import PREFIX
 
 log = logging.getLogger(__name__)
 
