@@ -29,7 +29,8 @@ exit codes: 0 stopped cleanly, 2 bad usage, 78 bad configuration (systemd does n
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="edge-agent", description="Stream this board's CPU, memory, network, temperature and power over MQTT, and run the training work it is given.",
+        prog="edge-agent", description="Stream this board's CPU, memory, network, temperature and power over MQTT, and run the training "
+                                       "work it is given.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (keys: see the README's configuration reference)")
     parser.add_argument("--id", dest="board_id", metavar="BOARD_ID", help="board id, one topic level (default: the host name)")

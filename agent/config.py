@@ -121,7 +121,8 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     final_id = board_id or top.board_id or default_board_id()
     if not valid_board_id(final_id):
         where = "--id" if board_id else f"{source}: board_id"
-        raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a "
+                          "letter or digit")
     return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, security=security,
                        training=training, source=source)
 

@@ -51,12 +51,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
-from edgefleet.protocol.errors import BrokerError, DecodeError  # noqa: E402
-from edgefleet.protocol.messages import TelemetrySample  # noqa: E402
-from edgefleet.protocol.topics import DEFAULT_PREFIX, telemetry_topic  # noqa: E402
-from edgefleet.transport.mqtt_link import MqttLink  # noqa: E402
-from edgefleet.transport.settings import BrokerSettings  # noqa: E402
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.protocol.errors import BrokerError, DecodeError
+from edgefleet.protocol.messages import TelemetrySample
+from edgefleet.protocol.topics import DEFAULT_PREFIX, telemetry_topic
+from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.settings import BrokerSettings
 
 BOARD_ID = "bench-1"
 INTERVAL_S = 1.0
@@ -306,7 +306,8 @@ def run(args: argparse.Namespace, stack: ExitStack) -> Result:
         if agent_proc.poll() is not None:
             raise BenchError(f"the agent exited with code {agent_proc.returncode} during the window; its log:\n{agent_log_tail()}")
         if time.monotonic() > deadline:
-            raise BenchError(f"only {watch.received - start_count} of {args.seconds} samples arrived in time; the agent's log:\n{agent_log_tail()}")
+            raise BenchError(f"only {watch.received - start_count} of {args.seconds} samples arrived in time; the agent's "
+                             f"log:\n{agent_log_tail()}")
         result.agent.read(agent)
         result.baseline.read(baseline)
         if time.monotonic() >= next_progress:

@@ -66,18 +66,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
-
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.fleet import FleetView  # noqa: E402
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto  # noqa: E402
-from edgefleet.coordinator.monitor import monitor_fleet  # noqa: E402
-from edgefleet.protocol.errors import BrokerError  # noqa: E402
-from edgefleet.protocol.messages import TelemetrySample  # noqa: E402
-from edgefleet.protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic  # noqa: E402
-from edgefleet.transport.settings import BrokerSettings  # noqa: E402
+from edgefleet.coordinator.fleet import FleetView
+from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.monitor import monitor_fleet
+from edgefleet.protocol.errors import BrokerError
+from edgefleet.protocol.messages import TelemetrySample
+from edgefleet.protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic
+from edgefleet.transport.settings import BrokerSettings
 
 TARGET_RATE = 5_000.0          # messages per second folded by the fleet view, QoS 1, nothing lost
 QOS = 1
@@ -471,7 +468,8 @@ def run_round(label: str, broker: LocalBroker, args: argparse.Namespace, receive
                 problems.append(f"{bad} malformed")
             wrong = [b for b, s in expected_last.items() if last_seen.get(b) != s]
             if wrong:
-                problems.append(f"{len(wrong)} boards' last seq wrong (e.g. {wrong[0]}: {last_seen.get(wrong[0])} != {expected_last[wrong[0]]})")
+                problems.append(f"{len(wrong)} boards' last seq wrong (e.g. {wrong[0]}: {last_seen.get(wrong[0])} != "
+                                f"{expected_last[wrong[0]]})")
             if problems and link_events.messages:
                 problems.append(f"the coordinator's MQTT link: {link_events.messages[0]}")
             rec.lost_detail = "; ".join(problems)

@@ -81,7 +81,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from edgefleet.coordinator.exchange import ExchangeServer  # noqa: E402
+from edgefleet.coordinator.exchange import ExchangeServer
 
 SIZES: dict[str, int] = {"0.25 MB": 61_706, "4.6 MB": 1_150_000, "45 MB": 11_250_000}  # float32 elements
 ROUNDS_FACTOR: dict[str, int] = {"0.25 MB": 10, "4.6 MB": 3, "45 MB": 1}  # short rounds get more repeats

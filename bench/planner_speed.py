@@ -35,13 +35,9 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-
 from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
 
 from edgefleet.coordinator.planning import (

@@ -278,7 +278,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bench._table import print_table
+from _table import print_table
+
 from edgefleet.coordinator.planning.cost_model import OBJECTIVE_KEY, OBJECTIVES
 
 ANCHOR_HIT_RATE = 0.7667
@@ -406,7 +407,8 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
 
     fields: dict[str, Any] = {
         "run_id": f"sel-{secrets.token_hex(4)}", "boards": boards, "batch_sizes": batches, "model": model,
-        "dataset": "synthetic", "dataset_options": _dataset_options(args), "total_steps": total, "steps_per_epoch": 10**9, "model_options": options, "seed": 0,
+        "dataset": "synthetic", "dataset_options": _dataset_options(args), "total_steps": total, "steps_per_epoch": 10**9,
+        "model_options": options, "seed": 0,
         "threads": 1, "checkpoint_every": 10**9, "step_timeout_s": 60.0}
     if "rebalance" in TrainSpec.__dataclass_fields__:
         fields["rebalance"] = False  # ground truth measures the configuration as planned

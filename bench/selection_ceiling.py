@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _table import print_table
+from selection_accuracy import HIT_TOLERANCE
 
-from bench._table import print_table
-from bench.selection_accuracy import HIT_TOLERANCE
 from edgefleet.coordinator.planning.cost_model import OBJECTIVE_KEY
 
 

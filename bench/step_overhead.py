@@ -10,7 +10,8 @@ What is measured, all with ``torch.set_num_threads(1)`` in every process:
 * distributed step: the real components of a training job without MQTT. This process runs the
   coordinator's side: ``coordinator.exchange.ExchangeServer`` on 127.0.0.1 (asyncio) with the real
   ``coordinator.replica.Replica`` as ``apply`` (the coordinator's replica steps once the step's
-  result is on its way to the boards, while they compute the next step, as in ``coordinator.training``). Two board processes (spawned) each run what
+  result is on its way to the boards, while they compute the next step, as in ``coordinator.training``). Two board
+  processes (spawned) each run what
   ``agent.worker.run_job`` runs: ``ExchangeClient.hello``, the welcome's model and optimizer state,
   a ``BoardBatchSampler`` over a ``GlobalBatchPlan`` with batch sizes (32, 32), and
   ``Trainer.fit`` with ``agent.worker_exchange.GradientExchange`` as the callback. The client's
@@ -44,10 +45,7 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
 
 MODEL, DATASET, INPUT_SHAPE, CLASSES = "lenet5", "digits", (1, 32, 32), 10
 BATCH = 32
@@ -369,7 +367,9 @@ def report(plain: list[float], lightning: list[float], lightning_compute: list[f
                "time in client.exchange / step wall time (sums over the timed steps, mean of the boards). Waiting = "
                "last board's exchange start - this board's (mean of the boards); round = last board's start of "
                "exchange to the last board having the average. The coordinator's replica applies each average after "
-               "sending it, while the boards compute: on this machine it shares the CPUs with them. Forward + backward: on_train_batch_start to the optimizer step (what GradientExchange reports as compute_s), locally and on the boards: the difference is CPU contention. Reference: plain about 8 ms, Lightning about 11 ms on this machine. " + args.cpu_note)
+               "sending it, while the boards compute: on this machine it shares the CPUs with them. Forward + "
+               "backward: on_train_batch_start to the optimizer step (what GradientExchange reports as compute_s), "
+               "locally and on the boards: the difference is CPU contention. " + args.cpu_note)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right")

@@ -27,7 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from bench._table import print_table
+from _table import print_table
+
 from edgefleet.agent.heap import HEAP_SETTINGS, worker_environment
 from edgefleet.lab.cgroups import Cgroup
 

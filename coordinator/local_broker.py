@@ -11,8 +11,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefleet.protocol.errors import BrokerError
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.embedded_broker import EmbeddedBroker
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,7 @@ def start_mosquitto(*, host: str = "127.0.0.1", port: int | None = None, extra_c
     return broker
 
 
-def start_local_broker() -> LocalBroker:
+def start_local_broker() -> LocalBroker | EmbeddedBroker:
     """Mosquitto on loopback if it is installed, else the in-process broker (``[embedded-broker]``).
 
     Raises:

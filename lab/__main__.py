@@ -136,7 +136,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state is None or "broker" not in state:
         print("lab: no lab is up (edge-lab up --fleet FILE)", file=sys.stderr)
         return 1
-    done = subprocess.run(_coordinator_cmd(state, ["status", "--json", "--wait", "2"]), capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(_coordinator_cmd(state, ["status", "--json", "--wait", "2"]), capture_output=True, text=True, timeout=30,
+                          check=False)
     rows = {r["board_id"]: r for r in json.loads(done.stdout)} if done.returncode == 0 and done.stdout.strip() else {}
     groups = {b["id"]: Cgroup(b["cgroup"]) for b in state["boards"]}
     window = 1.0

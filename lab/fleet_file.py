@@ -196,13 +196,15 @@ def _parse_board(table: Any, index: int, source: str, host_cores: int) -> BoardS
             raise FleetError(f"{source}: {where}: missing key {key!r}")
     board_id = data["id"]
     if not isinstance(board_id, str) or not valid_board_id(board_id):
-        raise FleetError(f"{source}: {where}: id = {board_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise FleetError(f"{source}: {where}: id = {board_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
     model = data.get("model", "")
     if not isinstance(model, str):
         raise FleetError(f"{source}: {where}: model = {model!r} should be a string")
     cpu = _number(data["cpu"], where=where, key="cpu", source=source)
     if not 0.01 <= cpu <= host_cores:
-        raise FleetError(f"{source}: {where}: cpu = {cpu:g} should be between 0.01 and {host_cores} (this machine's cores), as a fraction of one core")
+        raise FleetError(f"{source}: {where}: cpu = {cpu:g} should be between 0.01 and {host_cores} (this machine's cores), as a fraction "
+                         "of one core")
     try:
         memory = parse_size(data["memory"])
     except UnitError as exc:
@@ -260,7 +262,8 @@ def parse_fleet(text: str, *, source: str = "<fleet>", host_cores: int | None = 
     for index, table in enumerate(raw_boards):
         board = _parse_board(table, index, source, cores)
         if board.id in seen:
-            raise FleetError(f"{source}: board {board.id!r}: id = {board.id!r} is used twice (boards #{seen[board.id] + 1} and #{index + 1}); board ids must be unique")
+            raise FleetError(f"{source}: board {board.id!r}: id = {board.id!r} is used twice (boards #{seen[board.id] + 1} and "
+                             f"#{index + 1}); board ids must be unique")
         seen[board.id] = index
         total += board.cpu
         if total > budget + 1e-9:
@@ -273,7 +276,8 @@ def parse_fleet(text: str, *, source: str = "<fleet>", host_cores: int | None = 
     mem_total = sum(b.memory_bytes for b in boards)
     for board in boards:
         if host_mem and board.memory_bytes > host_mem:
-            raise FleetError(f"{source}: board {board.id!r}: memory = {format_size(board.memory_bytes)} is more than this machine's {format_size(host_mem)}")
+            raise FleetError(f"{source}: board {board.id!r}: memory = {format_size(board.memory_bytes)} is more than this machine's "
+                             f"{format_size(host_mem)}")
     if host_mem and mem_total > host_mem:
         log.warning("%s: the boards' memory limits add up to %s, more than this machine's %s: limits are ceilings, "
                     "not reservations, but boards that all use theirs would push the host into swapping or its own OOM killer",

@@ -51,7 +51,8 @@ def write_state(state: dict[str, Any]) -> None:
 
 def read_state() -> dict[str, Any] | None:
     try:
-        return json.loads(state_path().read_text())
+        state: dict[str, Any] | None = json.loads(state_path().read_text())
+        return state
     except (OSError, ValueError):
         return None
 

@@ -46,7 +46,8 @@ def parse_rate(value: object) -> int:
     number, unit = float(match.group(1)), match.group(2).lower()
     unit_key = unit.removesuffix("/s")
     if unit in _BYTE_RATE_UNITS:
-        raise UnitError(f"{value!r} uses {match.group(2)!r}, which tc reads as BYTES per second; write bits per second, e.g. {RATE_EXAMPLE}")
+        raise UnitError(f"{value!r} uses {match.group(2)!r}, which tc reads as BYTES per second; "
+                        f"write bits per second, e.g. {RATE_EXAMPLE}")
     if unit_key not in _RATE_UNITS:
         shown = match.group(2) or "no unit"
         raise UnitError(f"{value!r} has {shown!r}, not a rate unit; write e.g. {RATE_EXAMPLE}")

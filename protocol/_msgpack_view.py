@@ -154,13 +154,13 @@ def pack_segments(message: Any, *, align: int = 0) -> list[BytesLike]:
     out.entries(message, 1)  # the map's header goes in front once the padding is known
     out.flush()
     if out.first_big is None:  # every segment is small packed bytes
-        return [_map_header(len(message)) + b"".join(out.segments)]  # type: ignore[arg-type]
+        return [_map_header(len(message)) + b"".join(out.segments)]
     if align > 256:
         raise ValueError(f"align={align} is over 256 bytes")
     header = _map_header(len(message) + 1) + _ALIGN_ENTRY
     pad = -(len(header) + 1 + out.first_big) % align  # + 1: the bin8 length byte
     # segments[0] is packed bytes: the first key comes before any big value.
-    return [header + bytes((pad,)) + bytes(pad) + out.segments[0], *out.segments[1:]]  # type: ignore[operator]
+    return [header + bytes((pad,)) + bytes(pad) + out.segments[0], *out.segments[1:]]
 
 
 _ALIGN_ENTRY = msgpack.packb(ALIGN_KEY) + b"\xc4"  # the key, then a bin8 type byte; its length and zeros follow

@@ -120,7 +120,8 @@ def message_from_dict(cls: type[T], data: Any, *, schema_version: int) -> T:
         raise DecodeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version", schema_version)
     if not isinstance(version, int) or version > schema_version:
-        raise DecodeError(f"{cls.__name__}: schema_version {version!r} is newer than this side understands ({schema_version}); upgrade edgefleet")
+        raise DecodeError(f"{cls.__name__}: schema_version {version!r} is newer than this side understands ({schema_version}); upgrade "
+                          "edgefleet")
     kwargs: dict[str, Any] = {}
     get = data.get
     for name, check, required, annotation in _plan(cls):

@@ -132,7 +132,7 @@ def decode_array(m: dict[str, Any], *, max_elements: int) -> np.ndarray:
     if nbytes != count * dtype.itemsize:
         raise DecodeError(f"{name} tensor of shape {m['shape']} needs {count * dtype.itemsize} bytes, "
                           f"got {nbytes}")
-    array = np.frombuffer(data, dtype=dtype, count=count).reshape(m["shape"])
+    array: np.ndarray = np.frombuffer(data, dtype=dtype, count=count).reshape(m["shape"])
     if name == "bool" and count and array.view(np.uint8).max() > 1:
         raise DecodeError("bool tensor holds bytes other than 0 and 1")
     array.flags.writeable = False

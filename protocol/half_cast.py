@@ -11,25 +11,21 @@ idle agent); without torch, numpy does it. bfloat16 (uint16 bit patterns) goes t
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
 
-_torch: Any = None  # the torch module once imported; False if it cannot be
-
-
+@functools.cache
 def _load_torch() -> Any:
-    global _torch
-    if _torch is None:
-        try:
-            import torch
-        except ImportError:  # a coordinator without the train extra: numpy does it
-            _torch = False
-        else:
-            _torch = torch
-    return _torch
+    """The torch module, imported on first use; False where it is not installed."""
+    try:
+        import torch
+    except ImportError:  # a coordinator without the train extra: numpy does it
+        return False
+    return torch
 
 
 def cast_into(dst: np.ndarray, src: np.ndarray) -> None:

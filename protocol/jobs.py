@@ -246,7 +246,8 @@ class JobEvent:
             raise ValueError(f"phase {self.phase!r} is not one of {EVENT_PHASES}")
 
     def to_msgpack(self) -> bytes:
-        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+        packed: bytes = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+        return packed
 
     @classmethod
     def from_msgpack(cls, payload: bytes) -> JobEvent:

@@ -192,7 +192,7 @@ class MqttLink:
 
     def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         if self._on_message_cb is not None:
-            self._on_message_cb(message.topic, message.payload, bool(message.retain))
+            self._on_message_cb(message.topic, bytes(message.payload), bool(message.retain))
 
 
 __all__ = ["MqttLink", "Will"]

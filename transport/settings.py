@@ -70,11 +70,13 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; create it (see the README's configuration reference) or drop --config") from None
+        raise ConfigError(f"config file {path} does not exist; create it (see the README's configuration "
+                          "reference) or drop --config") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     try:
-        return tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(text)
+        return data
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
@@ -102,7 +104,8 @@ def _type_ok(value: Any, annotation: str) -> tuple[bool, Any]:
 
 
 def _describe(value: Any) -> str:
-    kind = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}.get(type(value), type(value).__name__)
+    kinds = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
+    kind = kinds.get(type(value), type(value).__name__)
     return f"{value!r} ({kind})"
 
 
@@ -152,7 +155,8 @@ def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings
     try:
         password = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(f"{source}: broker.password_file = {str(path)!r} cannot be read ({exc.strerror}); create it or remove the key") from None
+        raise ConfigError(f"{source}: broker.password_file = {str(path)!r} cannot be read ({exc.strerror}); "
+                          "create it or remove the key") from None
     return dataclasses.replace(settings, password=password)
 
 

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     )
 
 _HOME_MODULE = {
-    "BUILTIN_DATASETS": "datasets", "ClassificationDataset": "datasets", "TensorClassificationDataset": "datasets", "load_digits_dataset": "datasets",
+    "BUILTIN_DATASETS": "datasets", "ClassificationDataset": "datasets", "TensorClassificationDataset": "datasets",
+    "load_digits_dataset": "datasets",
     "load_npz_dataset": "datasets", "make_synthetic_dataset": "datasets",
     "BUILTIN_MODELS": "models", "ClassifierModule": "models", "LeNet5": "models", "MLP": "models",
     "ResNetSmall": "models", "count_parameters": "models",

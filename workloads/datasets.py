@@ -126,7 +126,7 @@ def load_digits_dataset(split: str = "train", size: int = 32) -> TensorClassific
 @functools.lru_cache(maxsize=2)
 def _digits_tensors(size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # Cached: train and val are usually loaded together, and the upscale is the slow part.
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]  # here: slow to import
+    from sklearn.datasets import load_digits  # here: slow to import
 
     digits = load_digits()
     images = torch.from_numpy(digits.images).to(torch.float32).unsqueeze(1) / 16.0   # (1797, 1, 8, 8) in [0, 1]

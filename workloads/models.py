@@ -56,7 +56,8 @@ class ClassifierModule(pl.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return the logits, shape ``(batch, num_classes)``."""
-        return self.net(x)
+        logits: torch.Tensor = self.net(x)
+        return logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Return the mean cross-entropy over the batch (the reducer weights it by batch size)."""
@@ -190,7 +191,8 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Add the residual branch to the input."""
-        return x + self.body(x)
+        out: torch.Tensor = x + self.body(x)
+        return out
 
 
 NORMS = ("group", "batch")

@@ -21,7 +21,7 @@ import reprlib
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -94,7 +94,7 @@ def resolve_dataset(spec: str) -> DatasetFactory:
     """
     factory = _resolve(spec, BUILTIN_DATASETS, DATASET_GROUP, "dataset")
     if callable(factory):
-        return factory
+        return cast("Callable[..., Dataset[Any]]", factory)
     raise ConfigError(f"dataset {spec!r} is {_describe(factory)}, not callable; a dataset spec must name a function "
                       "or class that returns a map-style dataset of (input, target) pairs")
 

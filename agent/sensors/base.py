@@ -35,4 +35,12 @@ class PowerSource(TelemetrySource, Protocol):
     """
 
 
-__all__ = ["PowerSource", "TelemetrySource"]
+class SensorPowerSource(PowerSource, Protocol):
+    """A power sensor that may be missing on this board, and says where it looked."""
+
+    def looked_for(self) -> str:
+        """The files, devices or services probed, for an error that says what is missing."""
+        ...
+
+
+__all__ = ["PowerSource", "SensorPowerSource", "TelemetrySource"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgefleet.agent.sensors.base import PowerSource
+from edgefleet.agent.sensors.base import PowerSource, SensorPowerSource
 from edgefleet.agent.sensors.power_estimated import EstimatedPower
 from edgefleet.agent.sensors.power_hwmon import HwmonPower
 from edgefleet.agent.sensors.power_ina3221 import Ina3221Power
@@ -48,7 +48,7 @@ class NoPower:
         return {"power_w": None, "power_source": "none", "power_rails_w": {}}
 
 
-def _sensor(kind: str, sysfs_root: Path) -> Any:
+def _sensor(kind: str, sysfs_root: Path) -> SensorPowerSource:
     """A fresh, unprobed source of one sensor kind."""
     if kind == "jtop":
         return JtopPower()

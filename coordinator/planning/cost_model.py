@@ -394,7 +394,7 @@ class SubsetStats:
 def _doubling(values: np.ndarray, op: np.ufunc, empty: float) -> np.ndarray:
     """``op`` over the members of every non-empty subset, O(2^n) work: each board doubles the table."""
     n = len(values)
-    out = np.empty((1 << n,) + values.shape[1:], dtype=np.result_type(values, type(empty)))
+    out = np.empty((1 << n, *values.shape[1:]), dtype=np.result_type(values, type(empty)))
     out[0] = empty
     for i in range(n):
         h = 1 << i

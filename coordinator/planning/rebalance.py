@@ -155,7 +155,8 @@ class Rebalancer:
         decision = RebalanceDecision(
             step=step, old_batch_sizes=dict(self._batches), new_batch_sizes=dict(zip(boards, map(int, new))),
             drift=drift, current_step_s=current, predicted_step_s=predicted,
-            message=f"{_describe(drift) if drift else _describe_imbalance(boards, per_sample_s * old)}: batches {','.join(map(str, old))} -> {','.join(map(str, new))}")
+            message=f"{_describe(drift) if drift else _describe_imbalance(boards, per_sample_s * old)}: batches {','.join(map(str, old))} "
+                    f"-> {','.join(map(str, new))}")
         self._batches = decision.new_batch_sizes
         for q in self._recent.values():
             q.clear()

@@ -16,7 +16,7 @@ import sys
 import time
 
 
-def spin(seconds: float, ready: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+def spin(seconds: float, ready: multiprocessing.synchronize.Event) -> None:
     ready.set()
     end = time.monotonic() + seconds
     n = 0

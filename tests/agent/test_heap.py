@@ -74,7 +74,7 @@ def test_a_kept_worker_gives_freed_memory_back_between_jobs() -> None:
 
 
 def test_the_job_runner_starts_its_worker_with_the_settings() -> None:
-    runner = JobRunner(board_id="b1", verify=lambda payload: json.loads(payload), publish_event=lambda e: None,
+    runner = JobRunner(board_id="b1", verify=json.loads, publish_event=lambda e: None,
                        set_busy=lambda busy: None)
     worker = runner._spawn()  # the worker waits for a job on its stdin
     try:

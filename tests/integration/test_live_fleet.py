@@ -72,7 +72,8 @@ def test_telemetry_agrees_with_psutil(mosquitto: LocalBroker, agents: AgentFacto
     assert row["caps"]["ram_bytes"] == vm.total
     assert 0.0 <= row["cpu_percent"] <= 100.0
     # estimated power follows the model from the CPU reading of the same sample
-    assert row["power_w"] == round(2.0 + 4.0 * row["cpu_percent"] / 100, 3) or abs(row["power_w"] - (2.0 + 4.0 * row["cpu_percent"] / 100)) < 0.01
+    expected_w = 2.0 + 4.0 * row["cpu_percent"] / 100
+    assert row["power_w"] == round(expected_w, 3) or abs(row["power_w"] - expected_w) < 0.01
     assert row["net_rx_bytes_per_s"] >= 0 and row["net_tx_bytes_per_s"] >= 0
 
 

@@ -124,10 +124,12 @@ def test_a_board_larger_than_this_machine_is_refused() -> None:
 def test_the_cli_check_refuses_with_the_same_words(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(_fleet(_board("pi4-1"), _board("pi4-1")))
-    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", str(bad)], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", str(bad)],
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 78
     assert "board 'pi4-1'" in done.stderr and "used twice" in done.stderr and "Traceback" not in done.stderr
-    good = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", str(MIXED4)], capture_output=True, text=True, timeout=60, check=False)
+    good = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", str(MIXED4)],
+                          capture_output=True, text=True, timeout=60, check=False)
     if (os.cpu_count() or 1) >= THIS_MACHINE_CORES:
         assert good.returncode == 0, good.stderr
         assert "4 boards" in good.stdout and "pi4-1" in good.stdout

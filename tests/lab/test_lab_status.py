@@ -41,7 +41,8 @@ def test_the_human_table_lists_every_board(lab: Lab) -> None:
 
 
 def test_lab_status_shows_quotas_beside_what_the_agents_report(lab: Lab) -> None:
-    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "status", "--json"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "status", "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     rows = {r["board_id"]: r for r in json.loads(done.stdout)}
     assert set(rows) == set(lab.boards)
