@@ -1,9 +1,9 @@
 """``edge-lab up|down|status|check|coordinator``: the emulated fleet from a shell.
 
-    edge-lab up --fleet lab/fleets/mixed4.toml   # runs until Ctrl-C / SIGTERM / down
-    edge-coordinator --broker 198.18.0.1:PORT status              # in another terminal
-    edge-lab status                                     # the lab's view: quotas vs use
-    edge-lab down                                       # stop it and remove every trace
+    edge-lab up --fleet mixed4                       # a shipped fleet (or a TOML file); until Ctrl-C / down
+    edge-coordinator --broker 198.18.0.1:PORT status # in another terminal
+    edge-lab status                                  # the lab's view: quotas vs use
+    edge-lab down                                    # stop it and remove every trace
 
 ``up`` stays in the foreground as the boards' supervisor: it prints a line whenever a board's
 process ends unasked (for example killed by the OOM killer), and tears the lab down on Ctrl-C,
@@ -27,7 +27,7 @@ from typing import Any
 
 from edgefleet.lab import leftovers
 from edgefleet.lab.cgroups import Cgroup
-from edgefleet.lab.fleet_file import FleetError, load_fleet
+from edgefleet.lab.fleet_file import FleetError, load_fleet, shipped_fleets
 from edgefleet.lab.lab import Lab, LabBusy, LabUnavailable
 from edgefleet.lab.supervisor import Report
 from edgefleet.lab.units import format_rate, format_size
@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up = sub.add_parser("up", help="build the fleet and supervise it until Ctrl-C, SIGTERM or `down`")
-    up.add_argument("--fleet", required=True, help="fleet file (TOML), e.g. lab/fleets/mixed4.toml")
+    up.add_argument("--fleet", required=True, metavar="FILE|NAME",
+                    help=f"fleet file (TOML), or a shipped fleet: {', '.join(shipped_fleets())}")
     up.add_argument("--interval", type=float, help="agents' telemetry interval in seconds (default: the fleet file's)")
     up.add_argument("--logs", metavar="DIR", help="keep the boards' logs here (default: removed with the lab)")
     up.add_argument("--no-agents", action="store_true", help="build the boards without starting agents")
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="a JSON list for scripts")
     status.set_defaults(func=cmd_status)
     check = sub.add_parser("check", help="validate a fleet file (no root needed)")
-    check.add_argument("fleet")
+    check.add_argument("fleet", metavar="FILE|NAME", help="fleet file (TOML), or a shipped fleet's name")
     check.set_defaults(func=cmd_check)
     coord = sub.add_parser("coordinator", help="run edge-coordinator against the lab, where the coordinator lives",
                            description="edge-lab coordinator -- status --json")

@@ -37,11 +37,9 @@ LAB_PARENT_SHARES = 1024 * 64
 # A board's own cpu.shares per core of quota. With equal weights (the default 1024 each) a board's
 # share of a contended host core does not depend on its quota, so when every board computes at
 # once the large ones (an x86 box of 0.6 CPU beside a Pi of 0.2 on the same core) fall below their
-# quotas first, and a board's speed depends on which others are busy: measured on mixed4, the
-# Pi 5 and the x86 box ran ResNet steps 20-30% slower while profiled with the others than alone,
-# the small boards not at all. Weights in proportion to the quotas share a contended core in the
-# same proportion as the quotas, so every board slows alike, if at all (mixed4's quotas x 1.6 on 2
-# cores: each board 0.88-0.91 of its quota; with equal shares x86-1 0.71-0.75, the small boards 1.0).
+# quotas first, and a board's speed depends on which others are busy. Weights in proportion to the
+# quotas share a contended core in the same proportion as the quotas, so every board slows alike,
+# if at all (tests/lab/test_cpu_quotas.py checks both).
 SHARES_PER_CPU = 10_240
 
 

@@ -285,17 +285,34 @@ def parse_fleet(text: str, *, source: str = "<fleet>", host_cores: int | None = 
     return Fleet(source=source, lab=lab, boards=tuple(boards), server=server)
 
 
+SHIPPED_FLEETS = Path(__file__).parent / "fleets"  # in the package: edge-lab up --fleet mixed4
+
+
+def shipped_fleets() -> list[str]:
+    """Names of the fleet files that come with edgefleet (``mixed4``, ``fleet8``)."""
+    return sorted(p.stem for p in SHIPPED_FLEETS.glob("*.toml"))
+
+
+def fleet_path(name_or_path: Path | str) -> Path:
+    """A fleet file's path: an existing file as given, else a shipped fleet by its name."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    return SHIPPED_FLEETS / f"{path.name}.toml"
+
+
 def load_fleet(path: Path | str, *, host_cores: int | None = None) -> Fleet:
-    """Read and validate a fleet file.
+    """Read and validate a fleet file (a path, or the name of a shipped fleet such as ``mixed4``).
 
     Raises:
         FleetError: the file is missing or wrong (the message names the board and the key).
     """
-    path = Path(path)
+    path = fleet_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FleetError(f"fleet file {path} does not exist (shipped fleets: lab/fleets/*.toml)") from None
+        raise FleetError(f"fleet file {path} does not exist; give a TOML file or a shipped fleet: "
+                         f"{', '.join(shipped_fleets())}") from None
     except OSError as exc:
         raise FleetError(f"fleet file {path} cannot be read: {exc.strerror}") from None
     return parse_fleet(text, source=str(path), host_cores=host_cores)

@@ -31,14 +31,11 @@ Formulas (units in brackets):
 * memory headroom_i = 1 - m_i(b_i) / M_i                   [fraction of the board's memory]
 
 The batch allocation equalises ``ready_i``: a board on a slow uplink gets fewer samples, so that
-its gradient arrives with the others (measured on the emulated lab: charging up + down after the
-slowest compute overestimated a 3-board LeNet-5 step by 60-170%). For energy, a participant draws
-its active power while it computes, its link power while its gradient goes up and the average comes
-down, and its idle power while it waits. Charging active power for the whole step overestimated
-the energy of link-bound configurations by up to 35% on the emulated lab (a board on 20 Mbit/s
-Wi-Fi rates spends most of a LeNet-5 step sending its gradient); charging idle power for the
-transfers underestimated a slow board's: a Jetson Nano at 0.15 of a core drew 5.1 W on an MLP
-whose compute alone predicts 2.8 W, since moving 1.2 MB a step is a quarter of its CPU.
+its gradient arrives with the others (charging up + down after the slowest compute would count a
+fast board's transfer twice). For energy, a participant draws its active power while it computes,
+its link power while its gradient goes up and the average comes down, and its idle power while it
+waits: a board on a slow link spends most of a small model's step sending, which active power would
+overcharge, and moving megabytes a step costs a slow board real CPU, which idle power would miss.
 
 A candidate is ruled out, in this order, by: ``batch`` (fewer samples than boards), ``memory``
 (some m_i(b_i) > M_i * max_memory_fraction; the board is named), ``power`` (power > max_power_w),

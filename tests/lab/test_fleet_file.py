@@ -159,3 +159,12 @@ def test_tbf_bucket_holds_a_timer_tick_and_the_queue_a_tcp_burst(rate: int) -> N
     assert burst >= 4 * 1514
     assert burst <= rate / 8 * 0.01         # at most 10 ms of line rate in one go
     assert limit - burst >= 128 * 1024      # a TSQ's worth of one TCP socket: no drop-tail storms
+
+
+def test_a_shipped_fleet_is_found_by_its_name_from_any_folder(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", "fleet8"], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=tmp_path)
+    assert done.returncode == 0 and "8 boards" in done.stdout, done.stdout + done.stderr
+    missing = subprocess.run([sys.executable, "-m", "edgefleet.lab", "check", "fleet9"], capture_output=True, text=True,
+                             timeout=60, check=False, cwd=tmp_path)
+    assert missing.returncode != 0 and "fleet8, mixed4" in missing.stderr and "Traceback" not in missing.stderr
