@@ -285,12 +285,12 @@ def parse_fleet(text: str, *, source: str = "<fleet>", host_cores: int | None = 
     return Fleet(source=source, lab=lab, boards=tuple(boards), server=server)
 
 
-SHIPPED_FLEETS = Path(__file__).parent / "fleets"  # in the package: edge-lab up --fleet mixed4
+FLEETS_DIR = Path(__file__).parent / "fleets"  # shipped in the package: edge-lab up --fleet mixed4
 
 
 def shipped_fleets() -> list[str]:
     """Names of the fleet files that come with edgefleet (``mixed4``, ``fleet8``)."""
-    return sorted(p.stem for p in SHIPPED_FLEETS.glob("*.toml"))
+    return sorted(p.stem for p in FLEETS_DIR.glob("*.toml"))
 
 
 def fleet_path(name_or_path: Path | str) -> Path:
@@ -298,7 +298,7 @@ def fleet_path(name_or_path: Path | str) -> Path:
     path = Path(name_or_path)
     if path.exists() or path.suffix or len(path.parts) > 1:
         return path
-    return SHIPPED_FLEETS / f"{path.name}.toml"
+    return FLEETS_DIR / f"{path.name}.toml"
 
 
 def load_fleet(path: Path | str, *, host_cores: int | None = None) -> Fleet:
