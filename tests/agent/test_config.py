@@ -83,3 +83,27 @@ def test_readme_documents_every_key() -> None:
         for f in fields(cls):
             assert f"`{section}.{f.name}`" in readme, f"README lacks {section}.{f.name}"
     assert "`board_id`" in readme
+
+
+def test_the_example_config_lists_every_key_and_loads(tmp_path: Path) -> None:
+    import dataclasses
+    import tomllib
+
+    from edgefleet.agent.config import AgentConfig
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "agent.toml"
+    data = tomllib.loads(example.read_text())
+    defaults = AgentConfig(board_id="x")
+    for section in dataclasses.fields(AgentConfig):
+        value = getattr(defaults, section.name)
+        if dataclasses.is_dataclass(value):
+            keys = {f.name for f in dataclasses.fields(value) if f.init and not f.name.startswith("_")}
+            missing = keys - set(data.get(section.name, {}))
+            assert not missing, f"examples/agent.toml lacks [{section.name}] {sorted(missing)}"
+    key = tmp_path / "fleet.key"
+    key.write_text("ab" * 32 + "\n")
+    key.chmod(0o600)
+    text = example.read_text().replace("/etc/edge-agent/fleet.key", str(key)).replace(
+        'password_file = "/etc/edge-agent/mqtt-password"', 'password_file = ""')
+    path = _write(tmp_path, text)
+    assert load_agent_config(path).security.fleet_key_file == str(key)
