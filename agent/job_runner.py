@@ -124,9 +124,9 @@ class JobRunner:
         else:
             self._start(command)
 
-    def _event(self, job_id: str, phase: str, message: str = "", **fields: object) -> None:
+    def _event(self, job_id: str, phase: str, message: str = "", **fields: Any) -> None:
         self._publish(JobEvent(job_id=job_id, board_id=self.board_id, phase=phase, message=message,
-                               ts=round(time.time(), 3), **fields))  # type: ignore[arg-type]
+                               ts=round(time.time(), 3), **fields))
 
     def _start(self, command: TrainCommand | ProfileCommand) -> None:
         with self._lock:

@@ -121,9 +121,11 @@ class FleetView:
                 board.sample, board.sample_received = message, now
                 board.last_good_n = self.messages
             elif parsed.kind == "status":
-                board.status = message  # type: ignore[assignment]
+                assert isinstance(message, BoardStatus)
+                board.status = message
             else:
-                board.caps = message  # type: ignore[assignment]
+                assert isinstance(message, BoardCaps)
+                board.caps = message
 
     def _bad(self, board: _Board, kind: str, error: str) -> None:
         self.bad_messages += 1

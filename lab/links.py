@@ -165,7 +165,8 @@ def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
     own threads stay where they are; sockets opened and processes started by ``fn`` (a child
     inherits the namespace of the thread that forked it) live in ``netns``.
     """
-    box: dict[str, object] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def target() -> None:
         try:
@@ -174,16 +175,16 @@ def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
                 _setns(fd)
             finally:
                 os.close(fd)
-            box["value"] = fn()
+            values.append(fn())
         except BaseException as exc:
-            box["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=target, name=f"in-{netns}", daemon=True)
     thread.start()
     thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 __all__ = ["LinkError", "call_in_netns", "create_bridge", "create_member", "delete_link", "delete_netns", "list_links",
