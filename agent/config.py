@@ -14,10 +14,11 @@ from typing import Any
 
 from edgefleet.protocol.address import HostPort, broker_from_env
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.messages import POWER_SOURCES
 from edgefleet.protocol.topics import valid_board_id
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
-POWER_KINDS = ("auto", "jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
+POWER_KINDS = ("auto", *POWER_SOURCES)  # power.source: a source of protocol.messages, or "auto" (the first found)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

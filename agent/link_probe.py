@@ -1,7 +1,7 @@
 """The board's side of the link probe: time an upload and a download against the coordinator.
 
 After its steps are measured, a profile job connects to the coordinator's probe endpoint
-(``coordinator.link_probe.LinkProbeServer``, frames ``protocol.jobs.PROBE_VERSION``) and waits for
+(``coordinator.link_probe.LinkProbeServer``, frames ``protocol.probe_frames``) and waits for
 its turn (the coordinator serves one board at a time so that each board's figures are its own).
 
 * Bulk (a board's first job): it sends ``nbytes`` of zeros and then receives as many: the two
@@ -24,15 +24,33 @@ together with the other boards, which measures the coordinator's link.
 
 from __future__ import annotations
 
+import logging
 import socket
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
-from edgefleet.protocol.errors import EdgeTrainError
-from edgefleet.protocol.jobs import MAX_PROBE_ROUNDS, PROBE_VERSION, probe_rounds_ok
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.jobs import MAX_PROBE_ROUNDS, probe_rounds_ok
+from edgefleet.protocol.probe_frames import (
+    Aggregate,
+    Done,
+    Down,
+    End,
+    Go,
+    Got,
+    ProbeFrame,
+    ProbeHello,
+    ProbeRefusal,
+    ProbeRound,
+    ProbeVersionError,
+    decode_probe_frame,
+    frame_name,
+)
 from edgefleet.transport.frame_io import FrameReceiver, recv_frame, send_frame
+
+log = logging.getLogger(__name__)
 
 PROBE_CONNECT_TIMEOUT_S = 30.0
 PROBE_WAIT_S = 900.0      # for the coordinator to serve the boards before this one
@@ -95,12 +113,24 @@ def _send_zeros(sock: socket.socket, nbytes: int) -> None:
         left -= n
 
 
-def _expect(sock: socket.socket, kind: str) -> dict[str, Any]:
-    frame = recv_frame(sock, max_bytes=64 * 1024)
-    if frame["type"] == "error":
-        raise ProfileError(f"the coordinator refused the link probe: {frame.get('message')}")
-    if frame["type"] != kind:
-        raise ProfileError(f"link probe: expected {kind!r} from the coordinator, got {frame['type']!r}")
+_Expected = TypeVar("_Expected", Go, Got, Done)
+
+
+def _recv(sock: socket.socket) -> ProbeFrame:
+    """The coordinator's next frame. Raises ProfileError: it refused the probe, or speaks another version."""
+    try:
+        frame = decode_probe_frame(recv_frame(sock, max_bytes=64 * 1024))
+    except ProbeVersionError as exc:
+        raise ProfileError(str(exc)) from None
+    if isinstance(frame, ProbeRefusal):
+        raise ProfileError(f"the coordinator refused the link probe: {frame.message}")
+    return frame
+
+
+def _expect(sock: socket.socket, kind: type[_Expected]) -> _Expected:
+    frame = _recv(sock)
+    if not isinstance(frame, kind):
+        raise ProfileError(f"link probe: expected {kind.TYPE!r} from the coordinator, got {frame_name(frame)!r}")
     return frame
 
 
@@ -125,18 +155,18 @@ def probe_link(*, host: str, port: int, token: str, job_id: str, board_id: str, 
                            "check the coordinator's address towards the boards and the firewall") from None
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_frame(sock, {"type": "probe-hello", "v": PROBE_VERSION, "job_id": job_id, "board_id": board_id,
-                          "token": token, "bytes": nbytes, "round_bytes": round_bytes, "rounds": rounds})
+        send_frame(sock, ProbeHello(job_id=job_id, board_id=board_id, token=token, nbytes=nbytes, round_bytes=round_bytes,
+                                    rounds=rounds).to_wire())
         sock.settimeout(PROBE_WAIT_S)
-        _expect(sock, "go")
+        _expect(sock, Go)
         sock.settimeout(PROBE_CONNECT_TIMEOUT_S + max(nbytes, round_bytes) / 10_000)  # at least 10 kB/s
         bulk = _bulk(sock, nbytes, meter) if nbytes else None
         timed = _rounds(sock, round_bytes, rounds, meter) if rounds else None
         sock.settimeout(PROBE_WAIT_S)
-        if _next(sock) == "aggregate":
+        if _aggregate_next(sock):
             _send_zeros(sock, nbytes)
-            _expect(sock, "got")
-            _expect(sock, "done")
+            _expect(sock, Got)
+            _expect(sock, Done)
         return ProbeResult(bulk, timed)
     except (OSError, EdgeTrainError) as exc:
         if isinstance(exc, ProfileError):
@@ -151,10 +181,10 @@ def _bulk(sock: socket.socket, nbytes: int, meter: Meter | None) -> LinkFigures:
         meter.start()
     started = time.perf_counter()
     _send_zeros(sock, nbytes)
-    _expect(sock, "got")
+    _expect(sock, Got)
     up_s = time.perf_counter() - started
     started = time.perf_counter()
-    send_frame(sock, {"type": "down"})
+    send_frame(sock, Down().to_wire())
     _recv_discard(sock, nbytes)
     down_s = time.perf_counter() - started
     power_w = meter.stop() if meter is not None else None
@@ -163,7 +193,7 @@ def _bulk(sock: socket.socket, nbytes: int, meter: Meter | None) -> LinkFigures:
 
 def _rounds(sock: socket.socket, round_bytes: int, rounds: int, meter: Meter | None) -> RoundFigures:
     """Send a ``round`` frame of ``round_bytes`` and receive it back, as the worker does a step's gradient."""
-    frame = {"type": "round", "data": bytes(round_bytes)}
+    frame = ProbeRound(bytes(round_bytes)).to_wire()
     receiver = FrameReceiver(sock, max_bytes=round_bytes + 1024)
     times: list[float] = []
     for i in range(rounds):
@@ -171,23 +201,25 @@ def _rounds(sock: socket.socket, round_bytes: int, rounds: int, meter: Meter | N
             meter.start()
         started = time.perf_counter()
         send_frame(sock, frame)
-        echo = receiver.recv()
-        if echo.get("type") != "round" or len(echo.get("data", b"")) != round_bytes:
-            raise ProfileError(f"link probe: the coordinator sent back {echo.get('type')!r} instead of the round")
+        try:
+            ProbeRound.from_wire(receiver.recv(), round_bytes=round_bytes)
+        except DecodeError as exc:
+            raise ProfileError(f"link probe: the coordinator did not send the round back ({exc})") from None
         if i:
             times.append(time.perf_counter() - started)
         if len(times) >= MIN_TIMED_ROUNDS and sum(times) >= ROUND_BUDGET_S:
             break
     power_w = meter.stop() if meter is not None else None
-    send_frame(sock, {"type": "end"})
+    send_frame(sock, End().to_wire())
     return RoundFigures(round_bytes, len(times), statistics.median(times), power_w)
 
 
-def _next(sock: socket.socket) -> str:
-    frame = recv_frame(sock, max_bytes=64 * 1024)
-    if frame["type"] not in ("aggregate", "done"):
-        raise ProfileError(f"link probe: unexpected {frame['type']!r} from the coordinator")
-    return str(frame["type"])
+def _aggregate_next(sock: socket.socket) -> bool:
+    """True if the coordinator asks for the aggregate upload next, False if the probe is done."""
+    frame = _recv(sock)
+    if not isinstance(frame, (Aggregate, Done)):
+        raise ProfileError(f"link probe: unexpected {frame_name(frame)!r} from the coordinator")
+    return isinstance(frame, Aggregate)
 
 
 __all__ = ["LinkFigures", "Meter", "ProbeResult", "ProfileError", "RoundFigures", "probe_link"]

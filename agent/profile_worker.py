@@ -38,6 +38,7 @@ from edgefleet.agent.board_resources import (
 from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
+from edgefleet.protocol.profile_report import LinkReport, MeasuredPoint, ProfileReport, RoundsReport
 
 if TYPE_CHECKING:
     from edgefleet.agent.job_runner import WorkerContext
@@ -87,7 +88,7 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
     return torch.randint(n, (count, batch_size), generator=generator).tolist()
 
 
-def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> dict[str, Any]:
+def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
     from torch.utils.data import DataLoader
 
     from edgefleet.workloads.fleet_trainer import board_accelerator
@@ -120,13 +121,13 @@ def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMet
                            f"{batch_size}; does its training_step skip batches?")
     median = statistics.median(periods)
     spread = MAD_TO_SIGMA * statistics.median(abs(p - median) for p in periods)
-    return {"batch_size": batch_size, "step_time_s": median, "step_time_min_s": min(periods),
-            "step_time_max_s": max(periods), "step_time_spread_s": spread, "samples_per_s": batch_size / median,
-            "peak_memory_bytes": peak_rss_bytes(), "power_w": clock.power_w}
+    return MeasuredPoint(batch_size=batch_size, step_time_s=median, step_time_min_s=min(periods),
+                         step_time_max_s=max(periods), step_time_spread_s=spread, samples_per_s=batch_size / median,
+                         peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w)
 
 
 def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext) -> int:
-    """Measure ``job`` and report one ``finished`` event with the figures in ``data``.
+    """Measure ``job`` and report one ``finished`` event whose ``data`` is the ``protocol.profile_report.ProfileReport``.
 
     Raises:
         EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
@@ -151,9 +152,9 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
         for batch_size in sorted(set(job.batch_sizes)):
             point = _measure(job, dataset, batch_size, meter)
             points.append(point)
-            events.emit("progress", f"batch {batch_size}: {point['step_time_s'] * 1000:.1f} ms/step, "
-                                    f"{point['samples_per_s']:.0f} samples/s, peak {point['peak_memory_bytes'] / 1e6:.0f} MB, "
-                                    f"{point['power_w']:.2f} W ({meter.label})")
+            events.emit("progress", f"batch {batch_size}: {point.step_time_s * 1000:.1f} ms/step, "
+                                    f"{point.samples_per_s:.0f} samples/s, peak {point.peak_memory_bytes / 1e6:.0f} MB, "
+                                    f"{point.power_w:.2f} W ({meter.label})")
         link = rounds = None
         if job.probe_bytes or job.probe_rounds:  # after the steps: another board's probe traffic must not slow them
             probed = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
@@ -169,16 +170,17 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
                                         f"{rounds.power_w:.2f} W ({meter.label})")
     finally:
         meter.close()
-    windows = [p["step_time_s"] * job.timed_steps for p in points]
-    active_w = sum(p["power_w"] * w for p, w in zip(points, windows)) / sum(windows)
-    data = {"agent_version": __version__, "worker_pid": pid, "torch_threads": torch.get_num_threads(),
-            "param_count": count, "points": points, "active_power_w": active_w, "idle_power_w": idle_w,
-            "power_source": meter.label, "memory_total_bytes": memory_total_bytes(),
-            "link": None if link is None else {"up_bytes_per_s": link.up_bytes_per_s,
-                                               "down_bytes_per_s": link.down_bytes_per_s, "bytes": job.probe_bytes,
-                                               "power_w": link.power_w},
-            "link_rounds": None if rounds is None else {"round_bytes": rounds.round_bytes, "rounds": rounds.rounds,
-                                                        "round_s": rounds.round_s, "power_w": rounds.power_w}}
+    windows = [p.step_time_s * job.timed_steps for p in points]
+    active_w = sum(p.power_w * w for p, w in zip(points, windows)) / sum(windows)
+    report = ProfileReport(
+        agent_version=__version__, worker_pid=pid, torch_threads=torch.get_num_threads(), param_count=count,
+        points=tuple(points), active_power_w=active_w, idle_power_w=idle_w, power_source=meter.label,
+        memory_total_bytes=memory_total_bytes(),
+        link=None if link is None else LinkReport(up_bytes_per_s=link.up_bytes_per_s, down_bytes_per_s=link.down_bytes_per_s,
+                                                  nbytes=job.probe_bytes, power_w=link.power_w),
+        link_rounds=None if rounds is None else RoundsReport(round_bytes=rounds.round_bytes, rounds=rounds.rounds,
+                                                             round_s=rounds.round_s, power_w=rounds.power_w))
+    data = report.to_wire()
     try:
         size = len(json.dumps(data, allow_nan=False))  # the coordinator refuses non-finite numbers
     except ValueError:

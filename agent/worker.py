@@ -85,8 +85,8 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
     client = ExchangeClient(job.exchange_host, job.exchange_port)
     try:
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=job.token, param_count=count)
-        model.load_state_dict(to_torch_tree(decode_value(welcome["model"])))
-        start = int(welcome["step"])
+        model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
+        start = welcome.step
         if job.data_mode == "global":
             # The job's batch sizes are the initial split; the welcome lists later re-splits still in
             # force or announced, and each step's result may announce another (the schedule follows them).
@@ -106,8 +106,8 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
         package = package_of(model)
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
-            optimizer_state=decode_value(welcome["optimizer"]), on_step=events.progress, on_split=on_split,
-            scheduler_states=decode_value(welcome.get("schedulers", [])), step_logs=StepLogs(model))
+            optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
+            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model))
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
         events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",

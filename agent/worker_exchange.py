@@ -6,7 +6,6 @@ Imported only by the training worker (it needs torch and Lightning).
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 from collections.abc import Callable
@@ -15,8 +14,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.exchange_frames import (
+    BatchSplit,
+    Grad,
+    Hello,
+    Refusal,
+    Stop,
+    Welcome,
+    decode_hello_reply,
+    decode_step_reply,
+    splits_as_pairs,
+)
 from edgefleet.protocol.framing import decode_frame
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
@@ -34,51 +44,16 @@ from edgefleet.workloads.params import (
 
 log = logging.getLogger(__name__)
 
-EXCHANGE_VERSION = 1
 RESULT_TIMEOUT_S = 900.0  # waiting for a step's result: slow boards and first steps take long
-MAX_SPLIT_BOARDS = 4096   # a split frame naming more boards than this is malformed
 
 
-def parse_split(value: Any) -> tuple[int, list[int]]:
-    """A ``split`` map from the exchange, ``{"from_step": s, "batch_sizes": [...]}``, as (s, sizes).
-
-    Raises:
-        DecodeError: not a map of a step >= 0 and a list of positive batch sizes.
-    """
-    if not isinstance(value, dict):
-        raise DecodeError(f"a split must be a map, got {type(value).__name__}")
-    from_step, sizes = value.get("from_step"), value.get("batch_sizes")
-    if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
-        raise DecodeError(f"split from_step {from_step!r} is not a step number")
-    if (not isinstance(sizes, list) or not 0 < len(sizes) <= MAX_SPLIT_BOARDS
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes)):
-        raise DecodeError(f"split batch_sizes {sizes!r} is not a list of positive integers")
-    return from_step, list(sizes)
-
-
-def parse_lrs(value: Any) -> list[float]:
-    """The learning rates (one per param group) a result sets.
-
-    Raises:
-        DecodeError: not a short list of finite numbers >= 0.
-    """
-    if (not isinstance(value, list) or not 0 < len(value) <= MAX_SPLIT_BOARDS
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                       for v in value)):
-        raise DecodeError(f"lrs {str(value)[:60]} is not a list of learning rates")
-    return [float(v) for v in value]
-
-
-def welcome_splits(welcome: dict[str, Any]) -> list[tuple[int, list[int]]]:
-    """The re-splits a welcome frame lists (the one in force at the board's first step, then later ones)."""
-    splits = welcome.get("splits", [])
-    if not isinstance(splits, list) or len(splits) > MAX_SPLIT_BOARDS:
-        raise DecodeError("the welcome's splits is not a list")
-    return [parse_split(split) for split in splits]
+def welcome_splits(welcome: Welcome) -> list[tuple[int, list[int]]]:
+    """The re-splits a welcome lists (the one in force at the board's first step, then later ones), as (from_step, sizes)."""
+    return splits_as_pairs(welcome.splits)
 
 
 class ExchangeRefused(EdgeTrainError):
-    """The coordinator refused this board (wrong token, wrong model, not part of the job)."""
+    """The coordinator refused this board (wrong token, wrong model, not part of the job, another protocol version)."""
 
 
 class StopTraining(Exception):
@@ -100,23 +75,27 @@ class ExchangeClient:
         set_os_timeouts(self.sock, result_timeout_s)  # blocking: no poll before every read and write
         self._receiver = FrameReceiver(self.sock)  # its buffer is reused for every result
         self.param_count = 0
-        self._shape: tuple[int, ...] = (0,)  # of a step's result
-        self.split: tuple[int, list[int]] | None = None  # the re-split in the last result, if any
-        self.lrs: list[float] | None = None  # learning rates in the last result (a ReduceLROnPlateau's), if any
+        self.split: BatchSplit | None = None  # the re-split in the last result, if any
+        self.lrs: tuple[float, ...] | None = None  # learning rates in the last result (a ReduceLROnPlateau's), if any
         self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
         self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
         self._sent_tensor: dict[str, Any] | None = None
 
-    def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> dict[str, Any]:
-        send_frame(self.sock, {"type": "hello", "v": EXCHANGE_VERSION, "job_id": job_id, "board_id": board_id,
-                               "token": token, "param_count": param_count})
-        reply = self._recv()
-        if reply["type"] == "error":
-            raise ExchangeRefused(f"the coordinator refused this board: {reply.get('message')}")
-        if reply["type"] != "welcome" or not isinstance(reply.get("step"), int):
-            raise DecodeError(f"expected a welcome frame, got {reply['type']!r}")
+    def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> Welcome:
+        """Join the job; the welcome (the step to start at, the state to start from).
+
+        Raises:
+            ExchangeRefused: the coordinator refused this board (its message says why and what to do).
+            ExchangeVersionError: the coordinator speaks another exchange protocol version (the message says
+                which side to upgrade).
+            DecodeError: the coordinator's answer is malformed.
+        """
+        send_frame(self.sock, Hello(job_id=job_id, board_id=board_id, token=token, param_count=param_count).to_wire())
+        reply = decode_hello_reply(self._recv())
+        if isinstance(reply, Refusal):
+            raise ExchangeRefused(f"the coordinator refused this board: {reply.message}")
         self._receiver.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
-        self.param_count, self._shape = param_count, (param_count,)
+        self.param_count = param_count
         return reply
 
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float,
@@ -132,6 +111,7 @@ class ExchangeClient:
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.
             TimeoutError: the coordinator did not answer within ``result_timeout_s``.
+            DecodeError: the coordinator's answer is not this step's result of the gradient's shape and dtype.
         """
         tensor = self._sent_tensor if grad is self._sent_array else None  # the worker sends from one buffer every step
         if tensor is None:
@@ -142,29 +122,21 @@ class ExchangeClient:
         if hot is None:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
             self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a step's result
-        values = {"step": step, "n": n, "loss": loss, "compute_s": compute_s}
-        segments = hot[0].encode(values, tensor) if logs is None else None  # fixed layout: one struct.pack
+        segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
         try:
-            if segments is None:
-                send_frame(self.sock, {"type": "grad", **values, "g": tensor, **({"logs": logs} if logs else {})})
-            else:
+            if segments is None:  # logs, or a loss of None: the general encoder
+                send_frame(self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor, logs=logs or None).to_wire())
+            else:  # fixed layout: one struct.pack
                 send_segments(self.sock, segments)
         except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
             raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
-        reply = self._recv(hot[1].decode_any_array)
-        if reply["type"] == "stop":
-            raise StopTraining(str(reply.get("reason", "stopped by the coordinator")))
-        if reply["type"] != "avg" or reply.get("step") != step:
-            raise DecodeError(f"expected the result of step {step}, got {reply['type']!r} for step {reply.get('step')!r}")
-        avg = reply["g"]
-        if not isinstance(avg, np.ndarray):  # a general frame (the fixed layout's arrives as an array)
-            avg = decode_array(avg, max_elements=self.param_count)
-        if avg.shape != self._shape or avg.dtype != grad.dtype:
-            raise DecodeError(f"the step's result has shape {avg.shape} and dtype {avg.dtype}; expected "
-                              f"({self.param_count},) {grad.dtype}")
-        self.split = parse_split(reply["split"]) if "split" in reply else None
-        self.lrs = parse_lrs(reply["lrs"]) if "lrs" in reply else None
-        return avg
+        reply = decode_step_reply(self._recv(hot[1].decode_any_array), elements=self.param_count, dtype=hot[1].dtype)
+        if isinstance(reply, Stop):
+            raise StopTraining(reply.reason)
+        if reply.step != step:
+            raise DecodeError(f"expected the result of step {step}, got the result of step {reply.step}")
+        self.split, self.lrs = reply.split, reply.lrs
+        return reply.array
 
     def _recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
         try:
@@ -262,7 +234,7 @@ class GradientExchange:
         if self.client.lrs is not None:
             self._set_lrs(self.client.lrs)
         if self.client.split is not None:
-            self._follow_split(*self.client.split)
+            self._follow_split(self.client.split.from_step, list(self.client.split.batch_sizes))
         if self._avg32 is not None:
             cast_into(self._avg32, avg)
             avg = self._avg32
@@ -272,7 +244,7 @@ class GradientExchange:
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
 
-    def _set_lrs(self, lrs: list[float]) -> None:
+    def _set_lrs(self, lrs: tuple[float, ...]) -> None:
         groups = self._optimizer.param_groups
         if len(lrs) != len(groups):
             raise DecodeError(f"the result sets {len(lrs)} learning rates; the optimizer has {len(groups)} param groups")

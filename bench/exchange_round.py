@@ -169,7 +169,7 @@ def board_ours(client_class: Any, index: int, cmd: dict[str, Any], grad: np.ndar
     try:
         welcome = client.hello(job_id=cmd["job_id"], board_id=f"board-{index}", token=cmd["token"],
                                param_count=grad.size)
-        step = int(welcome["step"])
+        step = welcome.step
         del welcome
         starts, ends, cpu0 = [], [], 0.0
         for k in range(cmd["total"]):

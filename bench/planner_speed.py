@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
 
+from edgefleet.coordinator.objectives import OBJECTIVES
 from edgefleet.coordinator.planning import (
     BatchPoint,
     BoardProfile,
@@ -54,7 +55,6 @@ GB = 10**9
 TARGETS_S = {"exhaustive": 2.0, "heuristic": 1.0}
 LAYERS = (2, 3, 4)
 GLOBAL_BATCHES = (32, 64, 128)
-OBJECTIVES = ("time", "energy", "edp")
 # kind: (speed relative to a Pi 4, active W, idle W, memory bytes, link bytes/s), after lab/fleets/mixed4.toml
 KINDS: dict[str, tuple[float, float, float, int, float]] = {
     "pi4": (1.0, 6.4, 2.7, 2 * GB, 20e6 / 8),

@@ -220,7 +220,8 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
                       info: dict[str, dict[str, Any]], args: argparse.Namespace, steps_per_epoch: int, *,
                       warmup: int, timed: int) -> dict[str, float]:
     """One real training run; returns the measured step time, power, energy and EDP per epoch."""
-    from edgefleet.coordinator.training import TrainingRun, TrainSpec
+    from edgefleet.coordinator.job_spec import JobSpec as TrainSpec
+    from edgefleet.coordinator.training import TrainingRun
 
     total = warmup + timed + 1  # the last step also evaluates: outside the timed window
     marks: dict[int, tuple[float, dict[str, int]]] = {}

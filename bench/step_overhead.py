@@ -210,12 +210,12 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
         compute: list[float] = []
         try:
             welcome = client.hello(job_id="bench", board_id=f"board-{index}", token=token, param_count=count)
-            model.load_state_dict(to_torch_tree(decode_value(welcome["model"])))
-            start = int(welcome["step"])
+            model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
+            start = welcome.step
             sampler = BoardBatchSampler(GlobalBatchPlan(len(dataset), [BATCH] * BOARDS, SEED), index, start, total)
             exchange = callback_class(pl, GradientExchange, "GradientExchange")(
                                         client, batch_size=BATCH, start_step=start, wire_dtype="float32",
-                                        optimizer_state=decode_value(welcome["optimizer"]),
+                                        optimizer_state=decode_value(welcome.optimizer),
                                         on_step=lambda step, loss, compute_s: compute.append(compute_s))
             timer = make_step_timer()
             trainer = pl.Trainer(**trainer_kwargs(total), callbacks=[exchange, timer])

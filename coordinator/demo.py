@@ -1,25 +1,31 @@
-"""``edge-coordinator demo``: a local fleet on an embedded broker, training LeNet-5 on digits.
+"""The demo's fleet (``edge-coordinator demo``): a private broker, local agents, and the job they train.
 
 Everything stays on 127.0.0.1: a private Mosquitto (or the in-process broker when Mosquitto is not
-installed), three ``edge-agent`` processes with their own power models, a fresh fleet key, and the
+installed), ``edge-agent`` processes with their own power models, a fresh fleet key, and the
 real training path (signed commands, the TCP exchange, Lightning on every board).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.local_broker import start_local_broker
 from edgefleet.coordinator.monitor import monitor_fleet
 from edgefleet.launch import module_command
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.fleet_key import generate_key_hex
 from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
 
 # Power models of the demo's boards (estimated, and labelled so): idle and full-load watts.
 _DEMO_BOARDS = [("demo-pi4", 2.7, 6.4), ("demo-pi5", 3.0, 9.5), ("demo-nano", 1.9, 10.0), ("demo-x86", 8.0, 35.0)]
@@ -46,9 +52,9 @@ def local_fleet(count: int, workdir: Path, broker_address: str, key_file: Path) 
             conf = workdir / f"{board_id}.toml"
             conf.write_text(f'board_id = "{board_id}"\n[power]\nsource = "estimated"\nidle_w = {idle_w}\nmax_w = {max_w}\n'
                             f'[security]\nfleet_key_file = "{key_file}"\n')
-            log = (workdir / f"{board_id}.log").open("wb")
+            agent_log = (workdir / f"{board_id}.log").open("wb")
             procs.append(subprocess.Popen(module_command("edgefleet.agent", "--config", str(conf), "--broker", broker_address),
-                                          stdout=log, stderr=subprocess.STDOUT))
+                                          stdout=agent_log, stderr=subprocess.STDOUT))
             ids.append(board_id)
         yield ids
     finally:
@@ -61,52 +67,54 @@ def local_fleet(count: int, workdir: Path, broker_address: str, key_file: Path) 
                 proc.kill()
 
 
-def _wait_online(settings: BrokerSettings, ids: list[str], timeout_s: float = 60.0) -> None:
-    with monitor_fleet(settings) as view:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            online = {r.board_id for r in view.rows() if r.state == "online"}
-            if set(ids) <= online:
-                return
-            time.sleep(0.1)
-    raise EdgeTrainError(f"the demo's agents did not come online within {timeout_s:.0f} s")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoFleet:
+    """A running demo fleet: its private broker and the agents on it."""
+
+    broker: BrokerSettings
+    address: str                 # host:port of the broker
+    kind: str                    # which broker: Mosquitto or the in-process one
+    boards: list[str]
+    fleet_key: bytes
 
 
-def run_demo(*, boards: int, seconds: float, fleet_only: bool, watch: Callable[..., None],
-             run_root: Path = Path("runs")) -> int:
-    from edgefleet.coordinator.train_cli import run_training_ui
-
+@contextmanager
+def demo_fleet(boards: int) -> Iterator[DemoFleet]:
+    """Start a private broker and ``boards`` agents with a fresh fleet key; stop everything at the end."""
+    if boards < 1:
+        raise EdgeTrainError("--boards must be at least 1")
     with start_local_broker() as broker:
         key_file = broker.workdir / "fleet.key"
         key_file.write_text(generate_key_hex() + "\n")
         os.chmod(key_file, 0o600)
         settings = BrokerSettings(host=broker.host, port=broker.port)
-        print(f"broker={broker.address}  ({broker.kind}; in another terminal: "
-              f"EDGEFLEET_BROKER={broker.address} edge-coordinator status --watch)")
         with local_fleet(boards, broker.workdir, broker.address, key_file) as ids:
-            if fleet_only:
-                with monitor_fleet(settings) as view:
-                    watch(view, title=f"edgefleet demo @ {broker.address}  (Ctrl-C to stop)", seconds=seconds)
-                return 0
-            _wait_online(settings, ids)
-            spec = _demo_spec(ids)
-            print(f"training LeNet-5 on scikit-learn's digits on {len(ids)} local boards "
-                  f"({DEMO_BATCH} samples each per step, {spec.total_steps} steps)")
-            return run_training_ui(spec, run_root / spec.run_id, broker=settings,
-                                   fleet_key=bytes.fromhex(key_file.read_text().strip()), resume=False)
+            yield DemoFleet(broker=settings, address=broker.address, kind=broker.kind, boards=ids,
+                            fleet_key=bytes.fromhex(key_file.read_text().strip()))
 
 
-def _demo_spec(ids: list[str]):  # type: ignore[no-untyped-def]
-    import secrets
+def wait_online(fleet: DemoFleet, timeout_s: float = 60.0) -> None:
+    """Wait until every demo agent says it is online. Raises EdgeTrainError after ``timeout_s``."""
+    with monitor_fleet(fleet.broker) as view:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            online = {r.board_id for r in view.rows() if r.state == "online"}
+            if set(fleet.boards) <= online:
+                return
+            time.sleep(0.1)
+    raise EdgeTrainError(f"the demo's agents did not come online within {timeout_s:.0f} s")
 
-    from edgefleet.coordinator.training import TrainSpec
-    from edgefleet.workloads.registry import build_dataset
-    from edgefleet.workloads.sharding import GlobalBatchPlan
 
-    batches = [DEMO_BATCH] * len(ids)
-    steps_per_epoch = GlobalBatchPlan(len(build_dataset("digits", "train", {})), batches, 0).steps_per_epoch  # type: ignore[arg-type]
+def demo_job(boards: list[str]) -> JobSpec:
+    """LeNet-5 on digits for :data:`DEMO_EPOCHS` epochs, :data:`DEMO_BATCH` samples per board per step."""
+    from edgefleet.coordinator.train_job import resolve_job
+
     # On a small machine the local boards share the cores: one torch thread each keeps them from fighting.
-    threads = 1 if (os.cpu_count() or 1) <= len(ids) else 0
-    return TrainSpec(run_id=f"demo-lenet5-digits-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}", boards=ids,
-                     batch_sizes=batches, model="lenet5", dataset="digits", total_steps=DEMO_EPOCHS * steps_per_epoch,
-                     steps_per_epoch=steps_per_epoch, batches_per_epoch=steps_per_epoch, seed=0, lr=DEMO_LR, threads=threads, checkpoint_every=100)
+    threads = 1 if (os.cpu_count() or 1) <= len(boards) else 0
+    spec = JobSpec(run_id=f"demo-lenet5-digits-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}",
+                   model="lenet5", dataset="digits", boards=tuple(boards), batch_sizes=(DEMO_BATCH,), epochs=DEMO_EPOCHS,
+                   seed=0, lr=DEMO_LR, threads=threads, checkpoint_every=100)
+    return resolve_job(spec)
+
+
+__all__ = ["DEMO_BATCH", "DEMO_EPOCHS", "DEMO_LR", "DemoFleet", "demo_fleet", "demo_job", "local_fleet", "wait_online"]

@@ -7,30 +7,26 @@ that misses the step's deadline is left out of that step and flagged; it receive
 result like everyone else, so its replica stays identical, and it is back at the next step. A
 gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged.
 
-Frames (msgpack maps, ``transport.exchange_io``):
-    board -> server  hello {job_id, board_id, token, param_count, v}
-    server -> board  welcome {step, model, optimizer, schedulers?, splits?}   | error {message}
-    board -> server  grad {step, n, loss, compute_s, g: tensor}
-    server -> board  avg {step, n, boards, g: tensor, split?}    | stop {reason}
+This module is the connections: accepting boards, their hello and welcome, reading gradients and
+sending results, deadlines. The frames are ``protocol.exchange_frames`` (a board of another
+protocol version is refused and reported for that board), the arithmetic is
+``coordinator.gradient_reduce``, the batch splits in force are ``coordinator.split_schedule``.
 
 Re-splitting the global batch (re-balancing when a board slows down): :meth:`ExchangeServer.announce_split`
-puts ``split = {"from_step": s, "batch_sizes": [b_0, b_1, ...]}`` (by board index, the same sum)
-into the next ``avg`` frame; a board joining later finds the splits that still matter in its
-welcome's ``splits`` list (the one in force at its first step, then any announced for later
-steps). ``s`` is that ``avg`` frame's step plus :data:`SPLIT_LEAD_STEPS`, because a board reads
-the result of step ``t`` when its data loader may already have drawn the batch of step ``t + 1``.
-Every gradient still carries its own ``n``, so the reduce stays exact on both sides of the change.
+puts the split (from which step, each board's batch size by board index, the same sum) into the
+next ``avg`` frame; a board joining later finds the splits that still matter in its welcome (the
+one in force at its first step, then any announced for later steps). The split starts at that
+``avg`` frame's step plus :data:`SPLIT_LEAD_STEPS`. Every gradient still carries its own ``n``, so
+the reduce stays exact on both sides of the change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import socket
 import statistics
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,9 +35,21 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.protocol.codec import decode_array, encode_array
+from edgefleet.coordinator.gradient_reduce import FOLD_MAX_ELEMENTS, GradientReducer, sample_weights
+from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
+from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
-from edgefleet.protocol.half_cast import cast_into
+from edgefleet.protocol.exchange_frames import (
+    Avg,
+    BatchSplit,
+    ExchangeVersionError,
+    Grad,
+    GradientRefused,
+    Hello,
+    Refusal,
+    Stop,
+    Welcome,
+)
 from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.transport.exchange_io import (
     ConnectionClosed,
@@ -55,54 +63,9 @@ from edgefleet.transport.exchange_io import (
 
 log = logging.getLogger(__name__)
 
-EXCHANGE_VERSION = 1
 HELLO_TIMEOUT_S = 10.0
-REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratch stay in the CPU cache
-FOLD_MAX_ELEMENTS = 1 << 19  # gradients up to this size (2 MB of float32) are summed as they arrive
-# A split announced in the avg frame of step t takes effect at step t + SPLIT_LEAD_STEPS. When that
-# frame arrives the board has trained on step t, and Lightning's fetcher may already have drawn
-# step t + 1: it prefetches one batch to learn whether it is the last, whenever the loader has no
-# len() (Lightning 2.6 skips it for sized loaders such as the worker's). Step t + 2 is drawn after
-# the frame in every case. tests/workloads/test_sharding.py measures the fetcher's lead with the
-# installed Lightning; a board refuses a split for a step it has already drawn (SplitError).
-SPLIT_LEAD_STEPS = 2
-_WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-
-
-MAX_LOGGED = 64  # names a board may log in one step
-
-
-def _checked_logs(value: Any) -> dict[str, list[Any]] | None:
-    """A grad frame's ``logs`` (name -> [finite value, on_step, on_epoch, prog_bar]), or None if absent.
-
-    Raises:
-        DecodeError: anything else: a board's bad logs refuse its gradient for the step, they never reach a logger.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict) or len(value) > MAX_LOGGED:
-        raise DecodeError(f"logs must be a map of at most {MAX_LOGGED} names")
-    for name, entry in value.items():
-        if not (isinstance(name, str) and 0 < len(name) <= 128 and isinstance(entry, list) and len(entry) == 4
-                and isinstance(entry[0], (int, float)) and not isinstance(entry[0], bool) and math.isfinite(entry[0])
-                and all(isinstance(flag, bool) for flag in entry[1:])):
-            raise DecodeError(f"logged value {str(name)[:40]!r} is not [finite number, on_step, on_epoch, prog_bar]")
-    return value
-
-
-def _scale_into(target: np.ndarray, grad: np.ndarray, weight: np.float32) -> float:
-    """``target = weight * grad`` in float32 (a wire dtype widened first); the gradient's squared norm.
-
-    float32 is read in place, with no widening copy. NaN or Inf anywhere makes the norm non-finite.
-    """
-    if grad.dtype == np.float32:
-        square = float(np.dot(grad, grad))
-        np.multiply(grad, weight, out=target)
-        return square
-    cast_into(target, grad)
-    square = float(np.dot(target, target))
-    target *= weight
-    return square
+MAX_HELLO_BYTES = 64 * 1024
+STOP_TIMEOUT_S = 5.0  # telling one board to stop
 
 
 class ExchangeError(EdgeTrainError):
@@ -188,13 +151,13 @@ class ExchangeServer:
             (BatchNorm's running statistics), not a gradient.
         buffer_sync: ``broadcast``: the result carries the first contributing board's buffers (DDP's
             rule: rank 0's buffers at every forward); ``average``: their sample-weighted average.
-        splits: re-splits already in force or announced, as (from_step, batch sizes), in step
-            order (a resumed run's, from its checkpoint); boards learn them in their welcome.
+        splits: re-splits already in force or announced, as ``BatchSplit`` or (from_step, batch sizes),
+            in step order (a resumed run's, from its checkpoint); boards learn them in their welcome.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
                  welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6,
-                 splits: Sequence[tuple[int, Sequence[int]]] = (),
+                 splits: Sequence[BatchSplit | tuple[int, Sequence[int]]] = (),
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast") -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
@@ -203,17 +166,10 @@ class ExchangeServer:
         self._in_order = list(self.boards.values())  # by board index: the reduce's fixed order
         self._welcome_state = welcome_state
         self._welcome_extra = welcome_extra
-        if not 0 <= buffer_elements <= param_count or buffer_sync not in ("broadcast", "average"):
-            raise ValueError(f"buffer_elements {buffer_elements} / buffer_sync {buffer_sync!r} out of range")
-        self._buffer_elements = buffer_elements
-        self._buffers_from = param_count - buffer_elements if buffer_elements and buffer_sync == "broadcast" else None
-        self.max_grad_norm = max_grad_norm
-        self._sum = np.zeros(param_count, dtype=np.float32)
-        self._scratch = np.zeros(param_count, dtype=np.float32)
-        self._wire_out = np.zeros(param_count, dtype=_WIRE_NUMPY[wire_dtype])
-        self._grad_shape, self._grad_dtype = (param_count,), self._wire_out.dtype  # what a gradient must be
-        self._sum_tensor, self._wire_tensor = encode_array(self._sum), encode_array(self._wire_out)
-        self._applied: np.ndarray | None = None  # fp16/bf16 jobs: the average widened back, for the replica
+        self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
+                                        buffer_elements=buffer_elements, buffer_sync=buffer_sync)
+        self._sum_tensor = encode_array(self._reducer.sum)  # fixed arrays: described once
+        self._wire_tensor = encode_array(self._reducer.wire_out)
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self._grad_frame_bytes = self._hot_grad.prefix_bytes + param_count * self._hot_grad.itemsize  # a step's gradient frame
         self._step: int | None = None
@@ -225,16 +181,20 @@ class ExchangeServer:
         self._recent_s: deque[float] = deque(maxlen=20)  # the last steps' wall times, for the deadline
         self._fold: _Fold | None = None
         self._fold_weights: tuple[list[int], list[np.float32]] = ([], [])  # the last fold's counts and weights
-        self._global_batch = sum(b for _, b in boards)
-        self._splits: list[dict[str, Any]] = []
-        self._unsent_split: dict[str, Any] | None = None  # goes out in the next avg frame
-        self._unsent_lrs: list[float] | None = None  # the replica's learning rates, when a ReduceLROnPlateau moved them
+        try:
+            self._schedule = SplitSchedule([b for _, b in boards], splits)
+        except SplitRefused as exc:
+            raise ExchangeError(str(exc)) from None
+        self._unsent_split: BatchSplit | None = None  # goes out in the next avg frame
+        self._unsent_lrs: tuple[float, ...] | None = None  # the replica's learning rates, when a ReduceLROnPlateau moved them
         self._next_avg_step: int | None = None            # the step of the next avg frame to be built
-        for from_step, sizes in splits:
-            self._splits.append(self._checked_split(from_step, sizes))
         self.bytes_in = 0
         self.bytes_out = 0
         self.finished = False  # set by the driver after the last step
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self._reducer.max_grad_norm
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
@@ -265,10 +225,11 @@ class ExchangeServer:
     async def close(self, reason: str = "job finished") -> None:
         """Tell every board to stop, then close everything."""
         loop = asyncio.get_running_loop()
+        stop = Stop(reason).to_wire()
         for board in self.boards.values():
             if board.sock is not None and board.welcomed:
                 try:
-                    await asyncio.wait_for(async_send_frame(loop, board.sock, {"type": "stop", "reason": reason}), 5)
+                    await asyncio.wait_for(async_send_frame(loop, board.sock, stop), STOP_TIMEOUT_S)
                 except (OSError, asyncio.TimeoutError):
                     pass
         for task in list(self._tasks):
@@ -294,37 +255,28 @@ class ExchangeServer:
         board: _Board | None = None
         try:
             board = await self._handshake(loop, conn, peer)
-            if board is None:
-                conn.close()
-                return
-            await self._read_grads(loop, board)
-        except (ConnectionClosed, OSError) as exc:
+            if board is not None:
+                await self._read_grads(loop, board)
+        except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
             if board is not None and board.sock is conn:
                 self._gone(board, f"connection closed ({exc})", quiet=self.finished)
         except DecodeError as exc:
             if board is not None and board.sock is conn:
                 self._gone(board, f"sent a malformed frame ({exc})")
-            conn.close()
+        finally:
+            if board is None or board.sock is not conn:
+                conn.close()
 
     async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Any) -> _Board | None:
+        """Read the hello; welcome the board (returned) or refuse the connection (None)."""
         buffer = bytearray()
-        hello = await asyncio.wait_for(async_recv_frame(loop, conn, buffer, max_bytes=64 * 1024), HELLO_TIMEOUT_S)
-        board = self.boards.get(str(hello.get("board_id")))
-        problem = ""
-        if hello.get("type") != "hello" or hello.get("v") != EXCHANGE_VERSION:
-            problem = f"expected hello version {EXCHANGE_VERSION}"
-        elif hello.get("job_id") != self.job_id or not hmac.compare_digest(str(hello.get("token", "")), self._token):
-            problem = "wrong job or token"
-        elif board is None:
-            problem = f"board {hello.get('board_id')!r} is not part of job {self.job_id}"
-        elif hello.get("param_count") != self.param_count:
-            problem = (f"the board's model has {hello.get('param_count')} trainable parameters, the coordinator's "
-                       f"{self.param_count}: the same model name resolves to different code; install the same version")
-        if problem:
+        frame = await asyncio.wait_for(async_recv_frame(loop, conn, buffer, max_bytes=MAX_HELLO_BYTES), HELLO_TIMEOUT_S)
+        hello, problem = self._checked_hello(frame)
+        if hello is None:
             log.warning("exchange: refused a connection from %s: %s", peer, problem)
-            await async_send_frame(loop, conn, {"type": "error", "message": problem})
+            await async_send_frame(loop, conn, Refusal(problem).to_wire())
             return None
-        assert board is not None
+        board = self.boards[hello.board_id]
         async with self._boundary:
             self._disconnect(board)  # a reconnect replaces the old connection
             next_step, model_state, optimizer_state = self._welcome_state()
@@ -332,16 +284,45 @@ class ExchangeServer:
                 self._step = next_step
             board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
             board.grad = None
-            welcome = {"type": "welcome", "step": next_step, "model": model_state, "optimizer": optimizer_state}
+            welcome = Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
+                              splits=tuple(self._schedule.splits_from(next_step)))
             if self._welcome_extra is not None:
-                welcome.update(self._welcome_extra())
-            splits = self.splits_from(next_step)
-            if splits:
-                welcome["splits"] = splits
-            self.bytes_out += await async_send_frame(loop, conn, welcome)
+                welcome = welcome.with_fields(self._welcome_extra())
+            self.bytes_out += await async_send_frame(loop, conn, welcome.to_wire())
         log.info("exchange: board %s joined from %s at step %d", board.board_id, peer, next_step)
         self._changed.set()
         return board
+
+    def _checked_hello(self, frame: dict[str, Any]) -> tuple[Hello | None, str]:
+        """The hello if this job takes it, else None and why not.
+
+        A board of this job (its id, the job's id and token) speaking another protocol version is
+        reported for that board: :meth:`wait_for_boards` fails naming it and the side to upgrade.
+        """
+        try:
+            hello = Hello.from_wire(frame)
+        except ExchangeVersionError as exc:
+            board = self.boards.get(exc.board_id or "") if exc.vouched_by(self.job_id, self._token) else None
+            if board is not None and not board.welcomed:
+                self._refuse_board(board, str(exc))
+            return None, str(exc)
+        except DecodeError as exc:
+            return None, f"malformed hello ({exc})"
+        if not hello.vouched_by(self.job_id, self._token):
+            return None, "wrong job or token"
+        if hello.board_id not in self.boards:
+            return None, f"board {hello.board_id!r} is not part of job {self.job_id}"
+        if hello.param_count != self.param_count:
+            return None, (f"the board's model has {hello.param_count} trainable parameters, the coordinator's "
+                          f"{self.param_count}: the same model name resolves to different code; install the same version")
+        return hello, ""
+
+    def _refuse_board(self, board: _Board, reason: str) -> None:
+        """A board of this job cannot join at all (another protocol version): it counts as failed."""
+        board.gone_reason = reason
+        board.flags.append(f"refused: {reason}")
+        log.error("exchange: board %s cannot join: %s", board.board_id, reason)
+        self._changed.set()
 
     def _disconnect(self, board: _Board) -> None:
         """Stop reading the board's connection (before its descriptor is closed), then close it."""
@@ -377,7 +358,7 @@ class ExchangeServer:
         """Wait until every board in ``need`` joined.
 
         Raises:
-            ExchangeError: a board failed or time ran out, naming the boards and why.
+            ExchangeError: a board failed or was refused, or time ran out, naming the boards and why.
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -398,21 +379,11 @@ class ExchangeServer:
                 pass
 
     # --- re-splitting the global batch ----------------------------------------------------
-    def _checked_split(self, from_step: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
-        sizes = [int(b) for b in batch_sizes]
-        if len(sizes) != len(self.boards) or min(sizes) < 1 or sum(sizes) != self._global_batch:
-            raise ExchangeError(f"re-split {sizes} must give each of the {len(self.boards)} boards at least one "
-                                f"sample and keep the global batch of {self._global_batch}")
-        if self._splits and from_step < self._splits[-1]["from_step"]:
-            raise ExchangeError(f"a re-split from step {from_step} would come before the one from step "
-                                f"{self._splits[-1]['from_step']}")
-        return {"from_step": int(from_step), "batch_sizes": sizes}
-
     @property
     def next_split_step(self) -> int:
         """The step a split announced now takes effect at (the next avg frame's step + the lead)."""
         next_avg = self._next_avg_step if self._next_avg_step is not None else self._step
-        return (next_avg or 0) + SPLIT_LEAD_STEPS
+        return split_step(next_avg or 0)
 
     def announce_split(self, batch_sizes: Sequence[int]) -> int:
         """Re-divide the global batch among the boards (by board index) from :attr:`next_split_step` on.
@@ -423,34 +394,25 @@ class ExchangeServer:
         Raises:
             ExchangeError: the sizes change the global batch or the number of boards, or leave a board empty.
         """
-        split = self._checked_split(self.next_split_step, batch_sizes)
-        if self._splits and self._splits[-1]["from_step"] == split["from_step"]:
-            self._splits.pop()  # announced twice between two steps: the later one wins
-        self._splits.append(split)
+        try:
+            split = self._schedule.add(self.next_split_step, batch_sizes)
+        except SplitRefused as exc:
+            raise ExchangeError(str(exc)) from None
         self._unsent_split = split
-        log.info("exchange: batch sizes %s from step %d", split["batch_sizes"], split["from_step"])
-        return int(split["from_step"])
+        return split.from_step
 
     @property
-    def splits(self) -> list[dict[str, Any]]:
-        """Every split announced (or restored), in step order, as ``{"from_step", "batch_sizes"}``."""
-        return [dict(s) for s in self._splits]
+    def splits(self) -> list[BatchSplit]:
+        """Every split announced (or restored), in step order."""
+        return self._schedule.splits
 
-    def splits_from(self, step: int) -> list[dict[str, Any]]:
+    def splits_from(self, step: int) -> list[BatchSplit]:
         """The splits a board starting at ``step`` needs: the one in force then, and any later ones."""
-        first = 0
-        for i, split in enumerate(self._splits):
-            if split["from_step"] <= step:
-                first = i
-        return [dict(s) for s in self._splits[first:]]
+        return self._schedule.splits_from(step)
 
     def batch_sizes_at(self, step: int) -> list[int]:
         """Every board's batch size at ``step``, by board index."""
-        sizes = [b.batch_size for b in self._in_order]
-        for split in self._splits:
-            if split["from_step"] <= step:
-                sizes = list(split["batch_sizes"])
-        return sizes
+        return self._schedule.batch_sizes_at(step)
 
     # --- steps ----------------------------------------------------------------------------
     async def _read_grads(self, loop: asyncio.AbstractEventLoop, board: _Board) -> None:
@@ -486,8 +448,7 @@ class ExchangeServer:
         if self.param_count > FOLD_MAX_ELEMENTS or not boards or 0 in ns:
             return
         if self._fold_weights[0] != ns:  # the counts rarely change: the weights are made once
-            total = sum(ns)
-            self._fold_weights = (ns, [np.float32(n / total) for n in ns])
+            self._fold_weights = (ns, sample_weights(ns))
         self._fold = _Fold(step, boards, ns, self._fold_weights[1])
         self._fold_arrived()  # gradients that came early
 
@@ -501,47 +462,41 @@ class ExchangeServer:
             board = fold.boards[i]
             if board.grad is None or board.n != fold.ns[i]:
                 return  # not here yet, refused, or another count: summed in full at the end if need be
-            fold.squares.append(self._add_weighted(board.grad, fold.weights[i], first=i == 0))
+            fold.squares.append(self._reducer.add_weighted(board.grad, fold.weights[i], first=i == 0))
 
-    def _add_weighted(self, grad: np.ndarray, weight: np.float32, *, first: bool) -> float:
-        """``sum (+)= weight * grad`` for a small gradient, the same operations as :meth:`_weighted_sum`; its squared norm."""
-        square = _scale_into(self._sum if first else self._scratch, grad, weight)
-        if not first:
-            self._sum += self._scratch
-        return square
+    def _accept_grad(self, board: _Board, raw: dict[str, Any]) -> None:
+        """Keep a board's gradient for the current step, or flag why not.
 
-    def _accept_grad(self, board: _Board, frame: dict[str, Any]) -> None:
-        """Keep a board's gradient for the current step, or flag why not."""
-        if frame.get("type") != "grad":
-            raise DecodeError(f"expected a grad frame, got {frame.get('type')!r}")
-        step = frame.get("step")
-        if step != self._step:
-            if isinstance(step, int) and self._step is not None and step < self._step:
-                board.flags.append(f"step {step}: arrived after the deadline")
-                return
-            raise DecodeError(f"grad for step {step!r} while the exchange is at step {self._step}")
-        board.answered_step = step
+        Raises:
+            DecodeError: not a gradient for this step or an earlier one: the board's stream is broken.
+        """
         try:
-            grad = frame.get("g")
-            if not isinstance(grad, np.ndarray):  # a general frame (the fixed layout's arrives as an array)
-                grad = decode_array(grad, max_elements=self.param_count)  # type: ignore[arg-type]
-            n = frame.get("n")
-            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                raise DecodeError(f"sample count {n!r} is not a positive integer")
-            if grad.shape != self._grad_shape or grad.dtype != self._grad_dtype:
-                raise DecodeError(f"gradient of shape {grad.shape} and dtype {grad.dtype}, expected "
-                                  f"({self.param_count},) {self.wire_dtype}")
-            logs = _checked_logs(frame.get("logs"))
-        except DecodeError as exc:
-            board.refusal = str(exc)
-            board.flags.append(f"step {step}: refused ({exc})")
-            log.warning("exchange: step %s: refused board %s's gradient: %s", step, board.board_id, exc)
+            frame = Grad.from_wire(raw, elements=self.param_count, dtype=self.wire_dtype)
+        except GradientRefused as exc:
+            if self._answers_open_step(board, exc.step):
+                board.refusal = str(exc)
+                board.flags.append(f"step {exc.step}: refused ({exc})")
+                log.warning("exchange: step %s: refused board %s's gradient: %s", exc.step, board.board_id, exc)
             return
-        self.bytes_in += grad.nbytes
-        board.grad, board.n, board.logs = grad, n, logs
-        loss, compute = frame.get("loss"), frame.get("compute_s")
-        board.loss = float(loss) if isinstance(loss, (int, float)) else None
-        board.compute_s = float(compute) if isinstance(compute, (int, float)) else None
+        if self._answers_open_step(board, frame.step):
+            grad = frame.array
+            self.bytes_in += grad.nbytes
+            board.grad, board.n, board.logs = grad, frame.n, frame.logs
+            board.loss, board.compute_s = frame.loss, frame.compute_s
+
+    def _answers_open_step(self, board: _Board, step: int) -> bool:
+        """Whether a gradient for ``step`` answers the open step (noted); one that came after its deadline is flagged.
+
+        Raises:
+            DecodeError: a step the exchange is not at and has not passed.
+        """
+        if step != self._step:
+            if self._step is not None and step < self._step:
+                board.flags.append(f"step {step}: arrived after the deadline")
+                return False
+            raise DecodeError(f"grad for step {step} while the exchange is at step {self._step}")
+        board.answered_step = step
+        return True
 
     def _waiting(self) -> bool:
         """Whether a connected board has not answered the open step yet."""
@@ -557,65 +512,31 @@ class ExchangeServer:
             return max(minimum_s, 60.0)
         return max(minimum_s, 5 * statistics.median(self._recent_s))
 
-    def _weighted_sum(self, grads: list[tuple[np.ndarray, int]], total: int) -> list[float]:
-        """``sum = Σ (n_i / total) g_i`` in board order, in one cache-blocked pass over memory.
-
-        Returns each gradient's squared norm (NaN or Inf anywhere makes it non-finite). Widening
-        fp16/bf16 and weighting happen block by block in the scratch buffer: no large temporary.
-        Each gradient is scaled by its weight n_i / total as it is added (no separate division
-        pass); the result equals Σ n_i g_i / Σ n_i to float32 rounding.
-        """
-        squares = [0.0] * len(grads)
-        weights = [np.float32(n / total) for _, n in grads]
-        for start in range(0, self.param_count, REDUCE_BLOCK):
-            end = min(start + REDUCE_BLOCK, self.param_count)
-            acc, tmp = self._sum[start:end], self._scratch[:end - start]
-            for i, (grad, _) in enumerate(grads):
-                squares[i] += _scale_into(acc if i == 0 else tmp, grad[start:end], weights[i])
-                if i:
-                    acc += tmp
-        return squares
-
     def _reduce(self, step: int, started: float) -> tuple[StepResult, np.ndarray]:
         refused: dict[str, str] = {}
         late: list[str] = []
-        kept: list[_Board] = []
+        answered: list[_Board] = []
         for board in self._in_order:  # fixed order: deterministic sums
             if not board.welcomed:
                 continue
             if board.grad is not None:
-                kept.append(board)
+                answered.append(board)
             elif board.answered_step != step:
                 late.append(board.board_id)
                 board.flags.append(f"step {step}: missed the deadline")
             else:
                 refused[board.board_id] = board.refusal
         fold, self._fold = self._fold, None
-        folded = (fold is not None and fold.step == step and fold.complete and fold.boards == kept
-                  and all(b.n == n for b, n in zip(kept, fold.ns)))
-        limit = min(self.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
-        while kept:
-            total = sum(b.n for b in kept)
-            if folded:  # summed as the gradients arrived, with these very weights
-                assert fold is not None
-                squares, folded = fold.squares, False
-            else:
-                squares = self._weighted_sum([(b.grad, b.n) for b in kept], total)  # type: ignore[misc]
-            if self._buffer_elements:  # the norm check is the gradient's; buffers count only for NaN or Inf
-                squares = [square - self._buffer_square(b.grad) for b, square in zip(kept, squares)]
-            bad = [(b, q) for b, q in zip(kept, squares) if not q <= limit]  # NaN, Inf or too large
-            if not bad:
-                break
-            for board, square in bad:  # rare: refuse it and sum again without it
-                why = "NaN or Inf in the gradient" if not math.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
-                refused[board.board_id] = why
-                board.flags.append(f"step {step}: refused ({why})")
-                log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
-                kept.remove(board)
-        if kept and self._buffers_from is not None:  # the buffers of the first board that answered, exactly
-            start, first = self._buffers_from, kept[0].grad
-            assert first is not None
-            _scale_into(self._sum[start:], first[start:], np.float32(1.0))
+        folded = (fold is not None and fold.step == step and fold.complete and fold.boards == answered
+                  and all(b.n == n for b, n in zip(answered, fold.ns)))
+        grads = [(b.grad, b.n) for b in answered if b.grad is not None]
+        outcome = self._reducer.reduce(grads, fold.squares if folded and fold is not None else None)
+        for i, why in outcome.refused:  # rare: NaN, Inf or an implausible norm
+            board = answered[i]
+            refused[board.board_id] = why
+            board.flags.append(f"step {step}: refused ({why})")
+            log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)
+        kept = [answered[i] for i in outcome.kept]
         for board in self._in_order:
             board.grad = None
         if not kept:
@@ -647,32 +568,11 @@ class ExchangeServer:
                             refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
                             logs={name: s / w for name, (s, w) in logged.items() if math.isfinite(s / w)},
                             log_flags=log_flags)
-        return result, self._sum
-
-    def _buffer_square(self, vector: np.ndarray | None) -> float:
-        """The squared norm of a board's float buffers (the vector's tail), widened from the wire dtype if need be."""
-        assert vector is not None  # a kept board's
-        tail = vector[self.param_count - self._buffer_elements:]
-        if tail.dtype != np.float32:
-            widened = self._scratch[:tail.size]  # free again: the weighted sum is done
-            cast_into(widened, tail)
-            tail = widened
-        return float(np.dot(tail, tail))
-
-    def _to_wire(self, avg: np.ndarray) -> np.ndarray:
-        """The average as it travels, and as every replica (the coordinator's too) applies it."""
-        if self.wire_dtype == "float32":
-            return avg
-        cast_into(self._wire_out, avg)
-        return self._wire_out
+        return result, self._reducer.sum
 
     def wire_to_float32(self, wire: np.ndarray) -> np.ndarray:
-        if self.wire_dtype == "float32":
-            return wire
-        if self._applied is None:
-            self._applied = np.zeros(self.param_count, dtype=np.float32)
-        cast_into(self._applied, wire)
-        return self._applied
+        """A result as it travelled, widened to float32 for the replica."""
+        return self._reducer.wire_to_float32(wire)
 
     async def run_step(self, step: int, *, apply: Callable[[np.ndarray, StepResult], None],
                        minimum_deadline_s: float = 10.0) -> StepResult:
@@ -702,9 +602,9 @@ class ExchangeServer:
                 timer.cancel()
                 self._gathering = None
             if finished.unsent:  # a large result the send buffers could not take at once
-                waiting = [(board, rest) for board, rest in finished.unsent if board.sock is not None]
-                failures = await send_rest(loop, [(board.sock, rest) for board, rest in waiting])  # type: ignore[misc]
-                for (board, _), failure in zip(waiting, failures):
+                waiting = [(board, board.sock, rest) for board, rest in finished.unsent if board.sock is not None]
+                failures = await send_rest(loop, [(sock, rest) for _, sock, rest in waiting if sock is not None])
+                for (board, _, _), failure in zip(waiting, failures):
                     if failure is not None:
                         self._gone(board, f"could not receive the step's result ({failure})")
                     else:
@@ -729,24 +629,23 @@ class ExchangeServer:
     def _finish_step(self, step: int, started: float) -> _Finished:
         """Reduce ``step``, encode the result once, and hand it to every board's socket."""
         result, avg = self._reduce(step, started)
-        wire = self._to_wire(avg)
-        values = {"step": step, "n": result.n_total, "boards": len(result.contributors)}
-        tensor = self._sum_tensor if wire is self._sum else self._wire_tensor  # fixed arrays: described once
-        plain = self._unsent_split is None and self._unsent_lrs is None
-        segments = self._hot_avg.encode(values, tensor) if plain else None  # encoded once
+        wire = self._reducer.to_wire(avg)
+        tensor = self._sum_tensor if wire is avg else self._wire_tensor  # fixed arrays: described once
+        segments = None  # encoded once, for every board
+        if self._unsent_split is None and self._unsent_lrs is None:
+            segments = Avg.encode_hot(self._hot_avg, step=step, n=result.n_total, boards=len(result.contributors),
+                                      tensor=tensor)
         if segments is None:  # a re-split or learning rates travel with it: the general encoder
-            frame = {"type": "avg", **values, "g": tensor}
-            if self._unsent_split is not None:
-                frame["split"], self._unsent_split = self._unsent_split, None
-            if self._unsent_lrs is not None:
-                frame["lrs"], self._unsent_lrs = self._unsent_lrs, None
-            segments = frame_segments(frame)
+            frame = Avg(step=step, n=result.n_total, boards=len(result.contributors), g=tensor, split=self._unsent_split,
+                        lrs=self._unsent_lrs)
+            segments = frame_segments(frame.to_wire())
+        self._unsent_split = self._unsent_lrs = None
         self._next_avg_step = step + 1  # from here on, an announced split waits for the next frame
         self._step = step + 1  # a fast board may send the next step's gradient while the others still receive
         frame_bytes = sum(memoryview(segment).nbytes for segment in segments)
         targets = [b for b in self.boards.values() if b.welcomed and b.sock is not None]
         unsent: list[tuple[_Board, list[memoryview]]] = []
-        for board, rest in zip(targets, send_now_to_all([b.sock for b in targets], segments)):  # type: ignore[misc]
+        for board, rest in zip(targets, send_now_to_all([b.sock for b in targets if b.sock is not None], segments)):
             if isinstance(rest, OSError):
                 self._gone(board, f"could not receive the step's result ({rest})")
             elif rest:
@@ -758,10 +657,10 @@ class ExchangeServer:
     def announce_lrs(self, lrs: Sequence[float]) -> None:
         """Send the replica's learning rates (one per param group) with the next result: every board sets them
         before that step's update (a ReduceLROnPlateau decides on the coordinator, where its metric is)."""
-        self._unsent_lrs = [float(lr) for lr in lrs]
+        self._unsent_lrs = tuple(float(lr) for lr in lrs)
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}
 
 
-__all__ = ["ExchangeError", "ExchangeServer", "StepResult"]
+__all__ = ["SPLIT_LEAD_STEPS", "ExchangeError", "ExchangeServer", "StepResult"]

@@ -5,6 +5,7 @@ the named boards can take a job now. Shared by the commands that send jobs (``pr
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from edgefleet.coordinator.board_channel import BoardChannel
 from edgefleet.protocol.errors import EdgeTrainError
@@ -23,7 +24,7 @@ def online_trainers(broker: BrokerSettings, *, wait_s: float = 1.0) -> list[str]
     return [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
 
 
-async def check_boards_ready(channel: BoardChannel, boards: list[str]) -> None:
+async def check_boards_ready(channel: BoardChannel, boards: Sequence[str]) -> None:
     """Refuse to start unless every board is online, idle and able to train.
 
     Raises:

@@ -1,6 +1,6 @@
 """The endpoint the boards measure their link against during ``edge-coordinator profile``.
 
-Each profile job connects here (frames: ``protocol.jobs.PROBE_VERSION``). A board's first job
+Each profile job connects here (frames: ``protocol.probe_frames``). A board's first job
 uploads then downloads a given number of bytes in bulk; every job then sends gradient-sized
 frames that come straight back, and the board times both (``agent.link_probe``). Boards are served
 one at a time, so that one board's figures are not shared with another's. Then, unless the boards
@@ -12,17 +12,24 @@ closed by ``coordinator.profiling.profile_fleet``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-from edgefleet.protocol.errors import EdgeTrainError
-from edgefleet.protocol.jobs import (
-    MAX_PROBE_BYTES,
-    MAX_PROBE_ROUNDS,
-    PROBE_VERSION,
-    probe_rounds_ok,
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.probe_frames import (
+    Aggregate,
+    Done,
+    Down,
+    End,
+    Go,
+    Got,
+    ProbeHello,
+    ProbeRefusal,
+    ProbeRound,
+    ProbeVersionError,
+    decode_probe_frame,
+    frame_name,
 )
 from edgefleet.transport.frame_io import read_frame, write_frame
 
@@ -34,7 +41,7 @@ _CHUNK = 1 << 20
 
 
 class LinkProbeServer:
-    """The endpoint boards measure their link against (frames: ``protocol.jobs.PROBE_VERSION``).
+    """The endpoint boards measure their link against (frames: ``protocol.probe_frames``).
 
     Args:
         job_id: the profile's first job id; a board must name it or another job of the same profile
@@ -92,52 +99,42 @@ class LinkProbeServer:
         self._started = asyncio.get_running_loop().time()
         self._release.set()
 
-    def _refusal(self, hello: dict[str, Any]) -> str:
-        if hello.get("type") != "probe-hello" or hello.get("v") != PROBE_VERSION:
-            return f"expected probe-hello version {PROBE_VERSION}; upgrade the agent or the coordinator"
-        job_id = str(hello.get("job_id"))
+    def _checked_hello(self, frame: dict[str, Any]) -> tuple[ProbeHello | None, str]:
+        """The hello if this profile takes it, else None and why not (another version: which side to upgrade)."""
+        try:
+            hello = ProbeHello.from_wire(frame)
+        except (ProbeVersionError, DecodeError) as exc:
+            return None, str(exc)
+        job_id = hello.job_id
         same_profile = job_id == self.job_id or (job_id.startswith(self._job_prefix)
                                                  and job_id[len(self._job_prefix):].isdigit())
-        if not same_profile or not hmac.compare_digest(str(hello.get("token", "")), self.token):
-            return "wrong profile job or token"
-        if hello.get("board_id") not in self.expected:
-            return f"board {hello.get('board_id')!r} is not part of this profile"
-        size, round_bytes, rounds = hello.get("bytes"), hello.get("round_bytes"), hello.get("rounds")
-        if not isinstance(size, int) or not 0 <= size <= MAX_PROBE_BYTES:
-            return f"bytes must be 0-{MAX_PROBE_BYTES}"
-        if not isinstance(round_bytes, int) or not 0 <= round_bytes <= MAX_PROBE_BYTES:
-            return f"round_bytes must be 0-{MAX_PROBE_BYTES}"
-        if not isinstance(rounds, int) or not probe_rounds_ok(rounds) or (rounds > 0) != (round_bytes > 0):
-            return (f"rounds must be 0 or 2-{MAX_PROBE_ROUNDS} (the first is not timed), and more than 0 exactly "
-                    "when round_bytes is")
-        if not size and not rounds:
-            return "nothing to measure: bytes and rounds are both 0"
-        return ""
+        if not same_profile or not hello.presents(self.token):
+            return None, "wrong profile job or token"
+        if hello.board_id not in self.expected:
+            return None, f"board {hello.board_id!r} is not part of this profile"
+        return hello, ""
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         board = "?"
         try:
-            hello = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
-            refusal = self._refusal(hello)
-            if refusal:
+            hello, refusal = self._checked_hello(await asyncio.wait_for(read_frame(reader, max_bytes=4096),
+                                                                        PROBE_IO_TIMEOUT_S))
+            if hello is None:
                 log.warning("link probe: refused a connection: %s", refusal)
-                write_frame(writer, {"type": "error", "message": refusal})
-                await writer.drain()
+                await _send(writer, ProbeRefusal(refusal).to_wire())
                 return
-            board, size = str(hello["board_id"]), int(hello["bytes"])
+            board, size = hello.board_id, hello.nbytes
             async with self._solo:  # one board at a time: its figures are its own
-                await _send(writer, {"type": "go"})
+                await _send(writer, Go().to_wire())
                 if size:
                     await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
-                    await _send(writer, {"type": "got"})
-                    down = await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S)
-                    if down.get("type") != "down":
-                        raise EdgeTrainError(f"expected 'down', got {down.get('type')!r}")
+                    await _send(writer, Got().to_wire())
+                    Down.from_wire(await asyncio.wait_for(read_frame(reader, max_bytes=4096), PROBE_IO_TIMEOUT_S))
                     await asyncio.wait_for(_zeros(writer, size), PROBE_IO_TIMEOUT_S)
-                if hello["rounds"]:
-                    await _echo_rounds(reader, writer, int(hello["round_bytes"]), int(hello["rounds"]))
+                if hello.rounds:
+                    await _echo_rounds(reader, writer, hello.round_bytes, hello.rounds)
             if not self.aggregate or not size:
-                await _send(writer, {"type": "done"})
+                await _send(writer, Done().to_wire())
                 return
             self._waiting.add(board)
             self._maybe_release()
@@ -149,11 +146,11 @@ class LinkProbeServer:
                                 ", ".join(sorted(self.expected - self._dropped - self._waiting)), PROBE_WAIT_S)
                     self._release_now()
             if board in self._members:
-                await _send(writer, {"type": "aggregate"})
+                await _send(writer, Aggregate().to_wire())
                 await asyncio.wait_for(_discard(reader, size), PROBE_IO_TIMEOUT_S)
                 self._uploads.append((size, asyncio.get_running_loop().time()))
-                await _send(writer, {"type": "got"})
-            await _send(writer, {"type": "done"})
+                await _send(writer, Got().to_wire())
+            await _send(writer, Done().to_wire())
         except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, EdgeTrainError) as exc:
             log.warning("link probe of board %s failed: %s", board, exc or type(exc).__name__)
         finally:
@@ -168,13 +165,13 @@ class LinkProbeServer:
 async def _echo_rounds(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, round_bytes: int, rounds: int) -> None:
     """Send every ``round`` frame straight back until the board says ``end`` (at most ``rounds``)."""
     for _ in range(rounds + 1):
-        frame = await asyncio.wait_for(read_frame(reader, max_bytes=round_bytes + 1024), PROBE_IO_TIMEOUT_S)
-        if frame.get("type") == "end":
+        frame = decode_probe_frame(await asyncio.wait_for(read_frame(reader, max_bytes=round_bytes + 1024), PROBE_IO_TIMEOUT_S),
+                                   round_bytes=round_bytes)
+        if isinstance(frame, End):
             return
-        data = frame.get("data")
-        if frame.get("type") != "round" or not isinstance(data, (bytes, memoryview)) or len(data) != round_bytes:
-            raise EdgeTrainError(f"expected a round of {round_bytes} bytes or 'end', got {frame.get('type')!r}")
-        await _send(writer, {"type": "round", "data": data})
+        if not isinstance(frame, ProbeRound):
+            raise EdgeTrainError(f"expected a round of {round_bytes} bytes or 'end', got {frame_name(frame)!r}")
+        await _send(writer, frame.to_wire())
     raise EdgeTrainError(f"the board sent more than the {rounds} rounds it announced")
 
 

@@ -15,6 +15,7 @@ that builds it with another parameter count is refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from edgefleet.coordinator.planning.profiles import (
     model_key,
     variant_label,
 )
-from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
     MAX_PROBE_ROUNDS,
@@ -41,7 +42,10 @@ from edgefleet.protocol.jobs import (
     StopCommand,
     probe_rounds_ok,
 )
+from edgefleet.protocol.profile_report import LinkReport, ProfileReport, ProfileReportVersionError
 from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
 
 JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20 s on a Pi) plus every batch size
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -136,8 +140,8 @@ class _Jobs:
             if event is not None and event.board_id in self.queues:
                 self.queues[event.board_id].put_nowait(event)
 
-    async def run(self, board: str, command: ProfileCommand, label: str) -> dict[str, Any]:
-        """Send ``command`` and return its ``finished`` event's data.
+    async def run(self, board: str, command: ProfileCommand, label: str) -> ProfileReport:
+        """Send ``command`` and return the report its ``finished`` event carries.
 
         Raises:
             ProfileFailed: the board refused or failed the job, went offline, or timed out.
@@ -168,38 +172,49 @@ class _Jobs:
                 if not isinstance(event.data, dict):
                     raise ProfileFailed(f"board {board} finished variant {label} without a result; is its agent older than "
                                         "the coordinator? Upgrade it")
-                return event.data
+                return read_report(board, label, event.data)
             if event.message:
                 self.on_note(f"{board} [{label}]: {event.message}")
 
 
-def _board_profile(board: str, variant: _Variant, data: dict[str, Any], link: dict[str, Any]) -> BoardProfile:
-    """A board's result as a BoardProfile; ProfileFailed if it is unusable.
+def read_report(board: str, label: str, data: dict[str, Any]) -> ProfileReport:
+    """The report of ``board``'s job for variant ``label``.
 
-    ``link`` is the bulk probe of the board's first job; ``data["link_rounds"]``, if present, the
+    Raises:
+        ProfileFailed: a report of another version (naming the side to upgrade), or an unreadable one.
+    """
+    try:
+        return ProfileReport.from_wire(data)
+    except ProfileReportVersionError as exc:
+        log.warning("profile: board %s, %s: %s", board, label, exc)
+        raise ProfileFailed(f"board {board}, {label}: {exc}") from None
+    except DecodeError as exc:
+        log.warning("profile: board %s sent an unreadable report of %s: %s", board, label, exc)
+        raise ProfileFailed(f"board {board} sent an unreadable profile of {label} ({exc}); "
+                            "run the same edgefleet version on the board and the coordinator") from None
+
+
+def _board_profile(board: str, variant: _Variant, report: ProfileReport, link: LinkReport) -> BoardProfile:
+    """A board's report as a BoardProfile; ProfileFailed if it is unusable.
+
+    ``link`` is the bulk probe of the board's first job; ``report.link_rounds``, if present, the
     variant's own gradient-sized rounds, whose draw is then the board's link power.
     """
-    if data.get("param_count") != variant.param_count:
-        raise ProfileFailed(f"board {board} built {variant.label} with {data.get('param_count')} trainable parameters, "
+    if report.param_count != variant.param_count:
+        raise ProfileFailed(f"board {board} built {variant.label} with {report.param_count} trainable parameters, "
                             f"the coordinator with {variant.param_count}: install the same model code on both")
+    rounds = report.link_rounds
+    link_power_w = link.power_w if rounds is None or rounds.power_w is None else rounds.power_w
     try:
-        rounds = data.get("link_rounds")
-        if rounds is not None and not isinstance(rounds, dict):
-            raise TypeError(f"link_rounds is a {type(rounds).__name__}")
-        link_power_w = link.get("power_w") if rounds is None or rounds.get("power_w") is None else rounds["power_w"]
-        points = tuple(BatchPoint.from_json(p) for p in data["points"])
-        return BoardProfile(board_id=board, agent_version=str(data["agent_version"]), model_key=variant.model_key,
-                            points=points, active_power_w=float(data["active_power_w"]),
-                            idle_power_w=float(data["idle_power_w"]), power_source=str(data["power_source"]),
-                            memory_total_bytes=int(data["memory_total_bytes"]),
-                            link_bytes_per_s=float(link["up_bytes_per_s"]),
-                            link_down_bytes_per_s=float(link["down_bytes_per_s"]),
-                            link_power_w=None if link_power_w is None else float(link_power_w),
-                            link_round_bytes=None if rounds is None else int(rounds["round_bytes"]),
-                            link_round_s=None if rounds is None else float(rounds["round_s"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProfileFailed(f"board {board} sent an unreadable profile of {variant.label} ({type(exc).__name__}: {exc}); "
-                            "run the same edgefleet version on the board and the coordinator") from None
+        points = tuple(BatchPoint(p.batch_size, p.step_time_s, p.peak_memory_bytes, p.step_time_spread_s)
+                       for p in report.points)
+        return BoardProfile(board_id=board, agent_version=report.agent_version, model_key=variant.model_key,
+                            points=points, active_power_w=report.active_power_w, idle_power_w=report.idle_power_w,
+                            power_source=report.power_source, memory_total_bytes=report.memory_total_bytes,
+                            link_bytes_per_s=link.up_bytes_per_s, link_down_bytes_per_s=link.down_bytes_per_s,
+                            link_power_w=link_power_w,
+                            link_round_bytes=None if rounds is None else rounds.round_bytes,
+                            link_round_s=None if rounds is None else rounds.round_s)
     except EdgeTrainError as exc:  # PlanError: a figure the planner cannot use
         raise ProfileFailed(f"board {board}, {variant.label}: {exc}") from None
 
@@ -237,7 +252,7 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         on_note(f"{run_id}: {len(variants)} variant(s) on {len(boards)} board(s), batch sizes "
                 f"{','.join(map(str, sorted(set(request.batch_sizes))))}; link probe at {advertised}:{port}")
 
-        async def one_board(board: str) -> list[dict[str, Any]]:
+        async def one_board(board: str) -> list[ProfileReport]:
             results = []
             for i, variant in enumerate(variants):
                 command = ProfileCommand(
@@ -273,14 +288,14 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
             channel.send(board, StopCommand(job_id=job_id, board_id=board).to_dict(), wait_s=1.0)
         await probe.close()
         channel.close()
-    links: dict[str, dict[str, Any]] = {}
+    links: dict[str, LinkReport] = {}
     for board, results in per_board.items():
-        link = results[0].get("link")
-        if not isinstance(link, dict):
+        link = results[0].link
+        if link is None:
             raise ProfileFailed(f"board {board} did not report its link throughput; upgrade its agent")
         links[board] = link
     # Not measured (boards profiled apart): the boards' uplinks added up, i.e. no bottleneck of its own.
-    coordinator_link = probe.aggregate_bytes_per_s or sum(float(link["up_bytes_per_s"]) for link in links.values())
+    coordinator_link = probe.aggregate_bytes_per_s or sum(link.up_bytes_per_s for link in links.values())
     return {v.label: FleetProfile(model_key=v.model_key, grad_bytes=grad_bytes[v.label],
                                   coordinator_link_bytes_per_s=coordinator_link, dataset_len=dataset_len,
                                   boards={b: _board_profile(b, v, per_board[b][i], links[b]) for b in boards},

@@ -16,7 +16,6 @@ order). The splits are part of the checkpoint: a resumed run keeps the one in fo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import secrets
 import signal
@@ -40,14 +39,14 @@ from edgefleet.coordinator.checkpoints import (
 )
 from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.fleet_select import check_boards_ready
+from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.planning.rebalance import Rebalancer
 from edgefleet.coordinator.replica import Replica
 from edgefleet.coordinator.run_logger import make_logger
+from edgefleet.coordinator.train_job import batches_per_epoch
 from edgefleet.protocol.codec import encode_value
-from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import StopCommand, TrainCommand
 from edgefleet.transport.settings import BrokerSettings
-from edgefleet.workloads.fleet_trainer import TrainerOptions
 
 log = logging.getLogger(__name__)
 
@@ -56,62 +55,6 @@ JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch a
 # they would make a poor reference for the rebalancer, so it starts watching after them.
 REBALANCE_WARMUP_STEPS = 2
 ACCURACY_KEYS = ("val_acc", "val_accuracy", "val/acc", "val/accuracy")  # a validation_step's accuracy, as commonly logged
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSpec:
-    """Everything that defines a run; saved as ``config.json`` and reused by ``--resume``."""
-
-    run_id: str
-    boards: list[str]
-    batch_sizes: list[int]
-    model: str
-    dataset: str                         # a dataset spec, or "" with a datamodule
-    total_steps: int
-    steps_per_epoch: int                 # optimizer steps in an epoch
-    model_options: dict[str, Any] = field(default_factory=dict)
-    dataset_options: dict[str, Any] = field(default_factory=dict)
-    datamodule: str = ""                 # "pkg.mod:Class", a LightningDataModule
-    datamodule_options: dict[str, Any] = field(default_factory=dict)
-    batches_per_epoch: int = 0           # global batches in an epoch (0 in runs saved before: steps_per_epoch)
-    accumulate_grad_batches: int = 1     # Lightning's Trainer flags, the same on every replica
-    gradient_clip_val: float | None = None
-    gradient_clip_algorithm: str = "norm"
-    deterministic: bool = False
-    precision: str = "32-true"
-    logger: str = "none"                 # the coordinator's Lightning logger: none, csv or tensorboard
-    sync_buffers: str = "broadcast"      # float buffers each step: the first board's (DDP) or their average
-    log_every_n_steps: int = 50          # the logger's cadence for per-step values (Lightning's flag)
-    seed: int = 0
-    lr: float | None = None
-    wire_dtype: str = "float32"
-    data_mode: str = "global"
-    threads: int = 0
-    checkpoint_every: int = 50
-    step_timeout_s: float = 10.0
-    exchange_host: str = ""
-    exchange_port: int = 0
-    rebalance: bool = True               # re-balance batch sizes when a board's speed drifts
-    rebalance_threshold: float = 0.15    # relative change of a board's time per sample that counts as drift
-    force_split: dict[str, Any] | None = None  # test hook: {"from_step": s, "batch_sizes": [...]}, announced in time
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def trainer_options(self) -> TrainerOptions:
-        return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
-                              gradient_clip_val=self.gradient_clip_val,
-                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic,
-                              precision=self.precision)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainSpec:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ConfigError(f"config.json has unknown keys {sorted(unknown)}: written by a newer edgefleet?")
-        return cls(**data)
 
 
 @dataclass
@@ -158,9 +101,10 @@ class _Adaptation:
         first_step: The step this (possibly resumed) run starts at.
     """
 
-    def __init__(self, spec: TrainSpec, splits: list[dict[str, Any]], first_step: int) -> None:
+    def __init__(self, spec: JobSpec, splits: list[dict[str, Any]], first_step: int) -> None:
         self.spec = spec
-        self.splits = [{"from_step": int(s["from_step"]), "batch_sizes": [int(b) for b in s["batch_sizes"]]} for s in splits]
+        self.splits: list[dict[str, Any]] = [
+            {"from_step": int(s["from_step"]), "batch_sizes": [int(b) for b in s["batch_sizes"]]} for s in splits]
         # With accumulation a step is several batches of each board: re-splits are not offered there (yet).
         self.enabled = (spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
                         and spec.accumulate_grad_batches == 1)
@@ -215,11 +159,13 @@ class _Adaptation:
 class TrainingRun:
     """One run, fresh or resumed."""
 
-    def __init__(self, spec: TrainSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
+    def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
         from edgefleet.workloads.registry import build_model
         from edgefleet.workloads.training_data import load_training_data
 
+        if not spec.resolved:
+            raise ValueError("a run needs a resolved job (train_job.resolve_job fixes its boards, batch sizes and length)")
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
         if spec.threads:
             torch.set_num_threads(spec.threads)
@@ -229,7 +175,7 @@ class TrainingRun:
         options = dict(spec.model_options) | ({"lr": spec.lr} if spec.lr is not None else {})
         torch.manual_seed(spec.seed)  # the replica's initial weights; boards receive them, never re-draw them
         model = build_model(spec.model, options, data=self.data.train)
-        self.batches_per_epoch = spec.batches_per_epoch or _batches_per_epoch(spec, len(self.data.train))
+        self.batches_per_epoch = spec.batches_per_epoch or batches_per_epoch(spec, len(self.data.train), spec.batch_sizes)
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
                                logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps)
@@ -314,7 +260,7 @@ class TrainingRun:
         return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port, token=token,
                                     model=s.model, model_options=s.model_options, dataset=s.dataset,
                                     dataset_options=s.dataset_options, datamodule=s.datamodule,
-                                    datamodule_options=s.datamodule_options, board_index=i, batch_sizes=s.batch_sizes,
+                                    datamodule_options=s.datamodule_options, board_index=i, batch_sizes=list(s.batch_sizes),
                                     seed=s.seed, total_steps=s.total_steps, data_mode=s.data_mode, lr=s.lr,
                                     wire_dtype=s.wire_dtype, threads=s.threads, batches_per_epoch=self.batches_per_epoch,
                                     accumulate_grad_batches=s.accumulate_grad_batches,
@@ -327,7 +273,7 @@ class TrainingRun:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
-        channel = BoardChannel(self.broker, self.fleet_key, self.spec.boards)
+        channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
         token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
         exchange = ExchangeServer(job_id=self.spec.run_id, token=token,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
@@ -415,9 +361,9 @@ class TrainingRun:
         interrupted = self.replica.step < spec.total_steps
         if not interrupted:
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
-        result = self._result(elapsed, samples, exchange, interrupted)
-        atomic_write_json(self.run_dir / "result.json", result)
-        return TrainOutcome(self.run_dir, result, interrupted)
+        summary = self._result(elapsed, samples, exchange, interrupted)
+        atomic_write_json(self.run_dir / "result.json", summary)
+        return TrainOutcome(self.run_dir, summary, interrupted)
 
     def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None) -> None:
         # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
@@ -457,15 +403,6 @@ class TrainingRun:
                                for r in self.adapt.records]}
 
 
-def _batches_per_epoch(spec: TrainSpec, dataset_len: int) -> int:
-    """Global batches per epoch of a spec that does not say (a run saved before it did, or a verify run)."""
-    from edgefleet.workloads.sharding import GlobalBatchPlan
-
-    if spec.data_mode == "global":
-        return GlobalBatchPlan(dataset_len, spec.batch_sizes, spec.seed).steps_per_epoch
-    return max(1, dataset_len // max(spec.batch_sizes))
-
-
 def _rebalance_note(record: dict[str, Any]) -> str:
     """The user's line for a re-balance, e.g. ``step 41: re-balancing from step 44: pi4-1 slowed 38% ...``."""
     line = f"step {record['step']}: re-balancing from step {record['from_step']}: {record['message']}"
@@ -474,4 +411,4 @@ def _rebalance_note(record: dict[str, Any]) -> str:
     return line
 
 
-__all__ = ["ExchangeError", "StepView", "TrainOutcome", "TrainSpec", "TrainingRun", "exchange_host_for"]
+__all__ = ["ExchangeError", "StepView", "TrainOutcome", "TrainingRun", "exchange_host_for"]

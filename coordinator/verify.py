@@ -19,11 +19,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgefleet.coordinator.plan_render import batches_text, fmt_power, fmt_si, fmt_step
+from edgefleet.coordinator.job_spec import JobSpec
+from edgefleet.coordinator.objectives import OBJECTIVE_KEY
+from edgefleet.coordinator.plan_summary import batches_text, estimate_json, fmt_si, fmt_step
 from edgefleet.coordinator.planning import Estimate, format_duration
 from edgefleet.coordinator.power_meter import PowerMeter, PowerReading
 from edgefleet.protocol.errors import EdgeTrainError
@@ -34,21 +36,6 @@ log = logging.getLogger(__name__)
 DISAGREEMENT = 0.15      # a measured figure this far (relative) from its estimate is flagged
 WARMUP_STEPS = 3
 READY_TIMEOUT_S = 60.0   # boards return to idle after a job once their worker has exited
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobSpec:
-    """What a pre-training run trains, apart from the candidate (boards, batch sizes, variant)."""
-
-    model: str
-    dataset: str
-    base_options: dict[str, Any] = field(default_factory=dict)   # the variant's options go on top
-    dataset_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    lr: float | None = None
-    wire_dtype: str = "float32"
-    threads: int = 0
-    data_mode: str = "global"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +52,9 @@ class Measurement:
     steps: int                     # step intervals timed
 
     def objective_value(self, objective: str) -> float | None:
-        return {"time": self.epoch_time_s, "energy": self.energy_per_epoch_j, "edp": self.edp_j_s}[objective]
+        """The measured figure ``objective`` minimises (None: energy or EDP without power telemetry)."""
+        value: float | None = getattr(self, OBJECTIVE_KEY[objective])
+        return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,18 +116,31 @@ def wait_ready(view: Any, boards: Sequence[str], *, timeout_s: float = READY_TIM
         time.sleep(0.1)
 
 
+def pretraining_job(job: JobSpec, estimate: Estimate, total_steps: int) -> JobSpec:
+    """``job`` on the candidate's boards, batch sizes and variant, for ``total_steps`` steps in one epoch.
+
+    The job's other settings (seed, learning rate, wire dtype, data mode, threads, Lightning's flags,
+    the exchange's address) are kept, so the candidate is measured as it would train; it writes no
+    checkpoint and no logger, and a forced split (a test hook) is dropped.
+    """
+    c = estimate.candidate
+    return replace(job, run_id=f"verify-{secrets.token_hex(3)}", boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
+                   model_options=dict(job.model_options) | dict(c.variant), epochs=None, steps=total_steps,
+                   total_steps=total_steps, steps_per_epoch=total_steps, batches_per_epoch=0, checkpoint_every=10**9,
+                   logger="none", force_split=None)
+
+
 def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter,
              dataset_len: int, steps: int, warmup_steps: int = WARMUP_STEPS, count_idle: bool = False) -> Measurement:
-    """Train one candidate for ``warmup_steps + steps + 1`` real steps and measure it."""
-    from edgefleet.coordinator.training import StepView, TrainingRun, TrainSpec
+    """Train one candidate of ``job`` for ``warmup_steps + steps + 1`` real steps and measure it.
+
+    ``job``'s model options are the base every variant's options go on top of.
+    """
+    from edgefleet.coordinator.training import StepView, TrainingRun
 
     c = estimate.candidate
     total = warmup_steps + steps + 1
-    spec = TrainSpec(run_id=f"verify-{secrets.token_hex(3)}", boards=list(c.boards), batch_sizes=list(c.batch_sizes),
-                     model=job.model, dataset=job.dataset, total_steps=total, steps_per_epoch=total,
-                     model_options=dict(job.base_options) | dict(c.variant), dataset_options=dict(job.dataset_options),
-                     seed=job.seed, lr=job.lr, wire_dtype=job.wire_dtype, data_mode=job.data_mode, threads=job.threads,
-                     checkpoint_every=10**9)
+    spec = pretraining_job(job, estimate, total)
     done: list[float] = []
     window: dict[str, float] = {}
 
@@ -210,9 +212,9 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     return result
 
 
-# ------------------------------------------------------------------------------------- reporting
+# ------------------------------------------------------------------------------------- figures in words
 
-_FIGURES = (  # (label, attribute of both Estimate and Measurement, formatter)
+FIGURES = (  # (label, attribute of both Estimate and Measurement, formatter)
     ("step time", "step_time_s", fmt_step),
     ("samples/s", "samples_per_s", lambda v: f"{v:.0f}"),
     ("time per epoch", "epoch_time_s", format_duration),
@@ -225,7 +227,7 @@ _FIGURES = (  # (label, attribute of both Estimate and Measurement, formatter)
 def differences(estimate: Estimate, measured: Measurement) -> list[tuple[str, float, float | None, float | None]]:
     """(figure, predicted, measured, relative difference) for every figure of the comparison."""
     out = []
-    for label, name, _ in _FIGURES:
+    for label, name, _ in FIGURES:
         predicted, actual = float(getattr(estimate, name)), getattr(measured, name)
         rel = None if actual is None or predicted == 0 else actual / predicted - 1.0
         out.append((label, predicted, actual, rel))
@@ -234,7 +236,7 @@ def differences(estimate: Estimate, measured: Measurement) -> list[tuple[str, fl
 
 def disagreements(estimate: Estimate, measured: Measurement, *, tolerance: float = DISAGREEMENT) -> list[str]:
     """``"step time 45.0 ms vs 30.0 ms predicted (+50%)"`` for every figure off by more than ``tolerance``."""
-    fmt = {label: f for label, _, f in _FIGURES}
+    fmt = {label: f for label, _, f in FIGURES}
     return [f"{label} {fmt[label](actual)} vs {fmt[label](predicted)} predicted ({rel:+.0%})"
             for label, predicted, actual, rel in differences(estimate, measured)
             if rel is not None and actual is not None and abs(rel) > tolerance]
@@ -249,58 +251,8 @@ def disagreement_line(what: str, estimate: Estimate, measured: Measurement, *,
     return f"{what}: the measurement disagrees with the estimate by more than {tolerance:.0%}: " + "; ".join(found)
 
 
-def comparison_table(rows: Sequence[tuple[str, Estimate, Measurement | None]], *, title: str,
-                     tolerance: float = DISAGREEMENT) -> Any:
-    """Predicted against measured, one block of figures per configuration; differences over ``tolerance`` marked."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("configuration", "figure", "predicted", "measured", "difference"):
-        table.add_column(name, justify="left" if name in ("configuration", "figure") else "right")
-    fmt = {label: f for label, _, f in _FIGURES}
-    for n, (label, estimate, measured) in enumerate(rows):
-        if n:
-            table.add_section()
-        figures = differences(estimate, measured) if measured is not None else [
-            (name, float(getattr(estimate, attr)), None, None) for name, attr, _ in _FIGURES]
-        for i, (figure, predicted, actual, rel) in enumerate(figures):
-            off = rel is not None and abs(rel) > tolerance
-            table.add_row(label if i == 0 else "", figure, fmt[figure](predicted),
-                          "-" if actual is None else fmt[figure](actual) + (
-                              "*" if figure == "power" and measured is not None and not measured.power_measured else ""),
-                          "-" if rel is None else f"{rel:+.0%}" + (" !" if off else ""),
-                          style="yellow" if off else None)
-    table.caption = (f"! measured differs from the estimate by more than {tolerance:.0%}; "
-                     "* power estimated by the agents from CPU load, not measured")
-    table.caption_justify = "left"
-    return table
-
-
-def verify_report(console: Any, result: VerifyResult) -> None:
-    """The pre-training's table, its disagreements and its choice, printed on a rich console."""
-    rows = [(f"{'▶ ' if t is result.chosen else ''}#{i} {batches_text(t.estimate)}", t.estimate, t.measured)
-            for i, t in enumerate(result.trials, 1)]
-    console.print(comparison_table(rows, title=f"pre-training: predicted vs measured "
-                                               f"({format_duration(result.elapsed_s)} of pre-training)"))
-    for i, t in enumerate(result.trials, 1):
-        if t.measured is None:
-            console.print(f"#{i}: not measured: {t.error}", markup=False, soft_wrap=True)
-            continue
-        console.print(disagreement_line(f"#{i}", t.estimate, t.measured), markup=False, soft_wrap=True)
-    rank = result.trials.index(result.chosen) + 1
-    m = result.chosen.measured
-    assert m is not None
-    console.print(f"chosen on measurement: #{rank} {batches_text(result.chosen.estimate)} "
-                  f"({result.chosen.estimate.variant_label}): {fmt_step(m.step_time_s)} per step, "
-                  f"{format_duration(m.epoch_time_s)} per epoch"
-                  + ("" if m.power_w is None else f", {fmt_power(m.power_w, not m.power_measured)}")
-                  + ("; the estimates ranked it first too" if result.agrees
-                     else f"; the estimates ranked #1 {batches_text(result.trials[0].estimate)}"), markup=False, soft_wrap=True)
-
-
 def verify_json(result: VerifyResult) -> dict[str, Any]:
-    from edgefleet.coordinator.plan_render import estimate_json
+    """The pre-training's figures and choice, as ``plan --json`` prints them."""
 
     def trial(t: Trial) -> dict[str, Any]:
         m = t.measured
@@ -315,6 +267,6 @@ def verify_json(result: VerifyResult) -> dict[str, Any]:
             "chosen": result.trials.index(result.chosen), "trials": [trial(t) for t in result.trials]}
 
 
-__all__ = ["DISAGREEMENT", "JobSpec", "Measurement", "Trial", "VerifyResult", "comparison_table", "differences",
-           "disagreement_line", "disagreements", "measure", "pretrain", "step_intervals", "verify_candidates", "verify_json",
-           "verify_report", "wait_ready"]
+__all__ = ["DISAGREEMENT", "FIGURES", "Measurement", "Trial", "VerifyResult", "differences", "disagreement_line",
+           "disagreements", "measure", "pretrain", "pretraining_job", "step_intervals", "verify_candidates", "verify_json",
+           "wait_ready"]

@@ -17,6 +17,9 @@ multiple of ``FRAME_ALIGN`` bytes in the payload, as ``protocol.framing`` does.
 Anything else (a loss of None, a re-split in an avg frame, a step beyond 32 bits, another
 encoder's frame) goes through the general encoder or decoder: :meth:`HotFrame.encode` returns
 None and :meth:`HotFrame.decode` returns None, and the caller takes the general path.
+
+The typed frames of ``protocol.exchange_frames`` go out in these layouts through ``Grad.encode_hot``
+and ``Avg.encode_hot``, and their ``from_wire`` reads what :meth:`HotFrame.decode` gives.
 """
 
 from __future__ import annotations

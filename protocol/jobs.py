@@ -33,16 +33,7 @@ MAX_PROFILE_BATCH_SIZES = 32        # each one is a full Trainer run on the boar
 MAX_PROBE_BYTES = 256 * 1024 * 1024  # per direction of the link probe
 MAX_PROBE_ROUNDS = 1000             # gradient-sized rounds of one link probe
 _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
-# The link probe a profile job runs against the coordinator (TCP, ``protocol.framing`` frames
-# around raw payload bytes). Board -> ``probe-hello`` {v, job_id, board_id, token, bytes,
-# round_bytes, rounds}; the coordinator answers ``go`` when the board's turn comes (one board at a
-# time) or ``error``. If ``bytes`` > 0 (the board's first job): the board sends ``bytes`` raw bytes,
-# the coordinator answers ``got``; the board sends ``down`` and receives ``bytes`` raw bytes. Then
-# at most ``rounds`` times, as a training step moves a gradient: the board sends a ``round`` frame
-# whose ``data`` holds ``round_bytes`` bytes and the coordinator sends it straight back; the board
-# ends them with ``end``. Then either ``done``, or (``bytes`` > 0 only) ``aggregate`` (every board
-# uploads ``bytes`` again at once, answered by ``got``) followed by ``done``.
-PROBE_VERSION = 2
+# The link probe a profile job runs against the coordinator: its frames and version are ``protocol.probe_frames``.
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -275,7 +266,6 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "MAX_PROBE_BYTES",
     "MAX_PROBE_ROUNDS",
-    "PROBE_VERSION",
     "TRAIN_SCHEMA_VERSION",
     "WIRE_DTYPES",
     "Command",

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgefleet.protocol._msgpack_view import BytesLike
@@ -62,7 +62,7 @@ def send_frame(sock: socket.socket, message: dict[str, Any], *, max_bytes: int =
     return send_segments(sock, encode_frame(message, max_bytes=max_bytes))
 
 
-def send_segments(sock: socket.socket, pieces: list[BytesLike]) -> int:
+def send_segments(sock: socket.socket, pieces: Sequence[BytesLike]) -> int:
     """Send an encoded frame (its length header first) on a blocking socket; returns the bytes sent.
 
     One ``sendmsg`` per 1024 segments; without ``sendmsg`` (TLS) each segment goes by ``sendall``.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgefleet.agent.config import POWER_KINDS as KINDS
 from edgefleet.agent.sensors.base import PowerSource, SensorPowerSource
 from edgefleet.agent.sensors.power_estimated import EstimatedPower
 from edgefleet.agent.sensors.power_hwmon import HwmonPower
@@ -29,7 +30,6 @@ from edgefleet.protocol.errors import ConfigError
 log = logging.getLogger(__name__)
 
 AUTO_ORDER = ("jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl")
-KINDS = ("auto", *AUTO_ORDER, "estimated", "none")
 _FIX = 'set power.source = "auto" or "estimated" (or "none" to report no power)'
 
 

@@ -1,6 +1,8 @@
-"""Rich tables of the fleet view."""
+"""Rich tables: the fleet view (``status``) and the end of a training run."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -29,6 +31,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet") -> Table:
+    """One row per board: state, age of its sample, CPU, memory, network, temperature and power."""
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for name, justify in (("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"),
                           ("memory", "right"), ("net rx/tx", "right"), ("temp", "right"),
@@ -65,14 +68,15 @@ def make_console() -> Console:
     return console if console.is_terminal else Console(width=120)
 
 
-def summary_line(result: dict) -> str:
+def summary_line(result: dict[str, Any]) -> str:
+    """One line of a run's result: steps, validation accuracy, time and throughput."""
     acc = result.get("val_accuracy")
     return (f"run {result['run_id']}: {result['steps']}/{result['total_steps']} steps, "
             f"val accuracy {'-' if acc is None else f'{acc:.2%}'}, {result['elapsed_s']:.1f} s training, "
             f"{result.get('samples_per_s') or 0:.0f} samples/s")
 
 
-def summary_table(result: dict) -> Table:
+def summary_table(result: dict[str, Any]) -> Table:
     """The end-of-run table: each board's share of the run."""
     table = Table(header_style="bold", box=box.SIMPLE_HEAD)
     for name in ("board", "batch", "steps", "median compute", "flags"):

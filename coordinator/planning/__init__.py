@@ -7,8 +7,8 @@ feeds per-step compute times to a :class:`Rebalancer`.
 
 from __future__ import annotations
 
+from edgefleet.coordinator.objectives import OBJECTIVES
 from edgefleet.coordinator.planning.cost_model import (
-    OBJECTIVES,
     Candidate,
     Estimate,
     allocate_batches,

@@ -56,13 +56,11 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.coordinator.objectives import OBJECTIVE_KEY
 from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile, variant_label
 from edgefleet.protocol.errors import PlanError
 
 log = logging.getLogger(__name__)
-
-OBJECTIVES = ("time", "energy", "edp")
-OBJECTIVE_KEY = {"time": "epoch_time_s", "energy": "energy_per_epoch_j", "edp": "edp_j_s"}  # the Estimate field each minimises
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

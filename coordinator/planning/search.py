@@ -30,12 +30,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from edgefleet.coordinator.objectives import OBJECTIVE_KEY, OBJECTIVES
 from edgefleet.coordinator.planning.cost_model import (
     CONSTRAINT_NAMES,
     DEADLINE,
     MEMORY,
-    OBJECTIVE_KEY,
-    OBJECTIVES,
     OK,
     POWER,
     TOO_SMALL,

@@ -87,6 +87,7 @@ def test_readme_documents_every_key() -> None:
 
 def test_the_example_config_lists_every_key_and_loads(tmp_path: Path) -> None:
     import dataclasses
+
     import tomllib
 
     from edgefleet.agent.config import AgentConfig

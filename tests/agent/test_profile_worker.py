@@ -22,7 +22,8 @@ from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.agent.profile_worker import run_profile
 from edgefleet.coordinator.link_probe import LinkProbeServer
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.protocol.jobs import ProfileCommand
+from edgefleet.protocol.jobs import JobEvent, ProfileCommand
+from edgefleet.protocol.profile_report import PROFILE_REPORT_VERSION, ProfileReport
 from tests.helpers import wait_until
 
 TOKEN = "s" * 32
@@ -198,14 +199,17 @@ def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     phases = [e["phase"] for e in events.lines]
     assert phases[0] == "running" and phases[-1] == "finished" and phases.count("progress") == 2
     data = events.lines[-1]["data"]
-    assert [p["batch_size"] for p in data["points"]] == [4, 8]  # ascending
-    for point in data["points"]:
-        assert 0 < point["step_time_min_s"] <= point["step_time_s"] <= point["step_time_max_s"]
-        assert 0 <= point["step_time_spread_s"] <= point["step_time_max_s"] - point["step_time_min_s"]
-        assert point["peak_memory_bytes"] > 10_000_000 and 2.7 <= point["power_w"] <= 6.4
-    assert data["power_source"] == "estimated" and data["idle_power_w"] == 2.7
-    assert data["memory_total_bytes"] > 0 and data["link"] is None and data["worker_pid"] == os.getpid()
-    assert data["torch_threads"] == 1 and data["param_count"] > 0 and data["agent_version"]
+    report = ProfileReport.from_wire(JobEvent.from_msgpack(JobEvent(job_id="p-0", board_id="b1", phase="finished",
+                                                                    data=data).to_msgpack()).data)
+    assert report.to_wire() == data and report.v == PROFILE_REPORT_VERSION
+    assert [p.batch_size for p in report.points] == [4, 8]  # ascending
+    for point in report.points:
+        assert 0 < point.step_time_min_s <= point.step_time_s <= point.step_time_max_s
+        assert 0 <= point.step_time_spread_s <= point.step_time_max_s - point.step_time_min_s
+        assert point.peak_memory_bytes > 10_000_000 and 2.7 <= point.power_w <= 6.4
+    assert report.power_source == "estimated" and report.idle_power_w == 2.7
+    assert report.memory_total_bytes > 0 and report.link is None and report.worker_pid == os.getpid()
+    assert report.torch_threads == 1 and report.param_count > 0 and report.agent_version
     assert len(json.dumps(data)) < 8000
 
 
@@ -245,7 +249,7 @@ def test_one_worker_process_runs_jobs_until_its_input_ends() -> None:
 def test_a_job_sent_while_the_last_worker_exits_starts_when_it_has_exited() -> None:
     events: list[Any] = []
     busy: list[bool] = []
-    runner = JobRunner(board_id="b1", verify=lambda payload: json.loads(payload), publish_event=events.append,
+    runner = JobRunner(board_id="b1", verify=json.loads, publish_event=events.append,
                        set_busy=busy.append)
     try:
         runner.handle(json.dumps(_job(job_id="j-0", batch_sizes=[2, 4], timed_steps=2).to_dict()).encode())

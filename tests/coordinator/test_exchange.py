@@ -15,6 +15,7 @@ from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused, Sto
 from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.exchange_frames import BatchSplit, Grad, Hello, Refusal, Welcome, decode_hello_reply
 
 P = 1000  # parameters
 BOARDS = [("b0", 8), ("b1", 16), ("b2", 24)]
@@ -180,6 +181,67 @@ def test_strangers_are_refused() -> None:
     assert isinstance(stranger.error, ExchangeRefused) and "not part of job" in str(stranger.error)
 
 
+def _hello(port: int, hello: Hello) -> Welcome | Refusal:
+    """What the exchange answers ``hello`` on a fresh connection."""
+    from edgefleet.transport.frame_io import recv_frame, send_frame
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        send_frame(sock, hello.to_wire())
+        return decode_hello_reply(recv_frame(sock))
+
+
+@pytest.mark.parametrize("version, upgrade", [(2, "upgrade edge-coordinator"), (0, "upgrade edge-agent on board b1")])
+def test_a_board_of_another_protocol_version_is_refused_and_reported_for_that_board(monkeypatch, version: int,
+                                                                                    upgrade: str) -> None:
+    """The real board client speaking another version: it is told which side to upgrade, and the coordinator's
+    wait for the boards fails naming it. A hello of another version without the job's token fails no board."""
+    import functools
+
+    monkeypatch.setattr("edgefleet.agent.worker_exchange.Hello", functools.partial(Hello, v=version))
+
+    async def main() -> tuple[Board, Welcome | Refusal, str, dict[str, list[str]]]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        stranger = await loop.run_in_executor(None, _hello, port, Hello(job_id="job", board_id="b0", token="guess",
+                                                                         param_count=P, v=version))
+        board = Board("b1", port, 1, lambda s: _grads(s)["b1"])
+        board.start()
+        try:
+            with pytest.raises(ExchangeError) as failed:
+                await server.wait_for_boards(10, need={"b0", "b1"})
+            await loop.run_in_executor(None, board.join, 10)
+            return board, stranger, str(failed.value), server.flags()
+        finally:
+            await server.close()
+
+    board, stranger, failure, flags = _run(main())
+    message = f"board b1 speaks exchange protocol {version}, this coordinator 1: {upgrade}"
+    assert isinstance(board.error, ExchangeRefused) and str(board.error) == f"the coordinator refused this board: {message}"
+    assert failure == f"board b1: {message}"
+    assert flags == {"b1": [f"refused: {message}"]}
+    assert isinstance(stranger, Refusal) and stranger.message.startswith(f"board b0 speaks exchange protocol {version}")
+
+
+def test_a_malformed_hello_is_refused_with_what_is_wrong() -> None:
+    async def main() -> list[Welcome | Refusal]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        try:
+            return [await loop.run_in_executor(None, _hello, port, hello) for hello in (
+                Hello(job_id="job", board_id="b0", token="secret", param_count=-1),
+                Hello(job_id="job", board_id="b0", token="secret", param_count=P + 1),
+                Hello(job_id="job", board_id="b0", token="secret", param_count=P))]
+        finally:
+            await server.close()
+
+    negative, other_model, fine = _run(main())
+    assert isinstance(negative, Refusal) and negative.message == "malformed hello (hello frame: param_count -1 is below 0)"
+    assert isinstance(other_model, Refusal) and f"{P + 1} trainable parameters" in other_model.message
+    assert isinstance(fine, Welcome) and fine.step == 0
+
+
 def test_port_in_use_is_a_clear_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -200,7 +262,7 @@ class SplitBoard(threading.Thread):
         super().__init__(daemon=True)
         self.board_id, self.port, self.steps = board_id, port, steps
         self.index = [b for b, _ in BOARDS].index(board_id)
-        self.welcome: dict[str, Any] = {}
+        self.welcome: Welcome | None = None
         self.announced: dict[int, tuple[int, list[int]]] = {}  # step whose result carried a split -> the split
         self.error: BaseException | None = None
 
@@ -212,13 +274,13 @@ class SplitBoard(threading.Thread):
             client = ExchangeClient("127.0.0.1", self.port)
             self.welcome = client.hello(job_id="job", board_id=self.board_id, token="secret", param_count=P)
             sizes_from += welcome_splits(self.welcome)
-            start = self.welcome["step"]
+            start = self.welcome.step
             for step in range(start, start + self.steps):
                 n = [sizes for first, sizes in sizes_from if first <= step][-1][self.index]
                 client.exchange(step=step, grad=_grads(step)[self.board_id], n=n, loss=1.0, compute_s=0.01)
                 if client.split is not None:
-                    self.announced[step] = client.split
-                    sizes_from.append(client.split)
+                    self.announced[step] = (client.split.from_step, list(client.split.batch_sizes))
+                    sizes_from.append(self.announced[step])
             client.close()
         except (EdgeTrainError, OSError) as exc:  # reported to the test through self.error
             self.error = exc
@@ -258,11 +320,12 @@ def test_a_resplit_travels_in_the_next_result_and_in_later_welcomes() -> None:
     results, boards, in_force = _run(main())
     assert not any(board.error for board in boards), [board.error for board in boards]
     assert [board.announced for board in boards[:2]] == [{1: (3, [16, 16, 16])}] * 2
-    assert boards[2].welcome["step"] == 2 and boards[2].welcome["splits"] == [{"from_step": 3, "batch_sizes": [16, 16, 16]}]
-    assert "splits" not in boards[0].welcome and boards[2].announced == {}
+    assert boards[2].welcome is not None and boards[0].welcome is not None
+    assert boards[2].welcome.step == 2 and boards[2].welcome.splits == (BatchSplit(3, (16, 16, 16)),)
+    assert boards[0].welcome.splits == () and boards[2].announced == {}
     assert [r.batch_sizes for r in results[:3]] == [{"b0": 8, "b1": 16}, {"b0": 8, "b1": 16}, {"b0": 8, "b1": 16, "b2": 24}]
     assert all(r.batch_sizes == {"b0": 16, "b1": 16, "b2": 16} and r.n_total == 48 for r in results[3:])
-    assert in_force == [{"from_step": 3, "batch_sizes": [16, 16, 16]}]
+    assert in_force == [BatchSplit(3, (16, 16, 16))]
     g = _grads(4)  # after the change the reduce weighs each board by its new n
     np.testing.assert_allclose(applied[4], sum(16 * g[b] for b, _ in BOARDS) / 48, atol=1e-6)
 
@@ -271,9 +334,8 @@ def test_a_resumed_exchange_welcomes_boards_with_the_split_in_force() -> None:
     server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
                             welcome_state=lambda: (0, encode_value({}), encode_value({})),
                             splits=[(4, [16, 16, 16]), (9, [4, 20, 24])])
-    assert server.splits_from(3) == server.splits == [{"from_step": 4, "batch_sizes": [16, 16, 16]},
-                                                       {"from_step": 9, "batch_sizes": [4, 20, 24]}]
-    assert server.splits_from(9) == [{"from_step": 9, "batch_sizes": [4, 20, 24]}]
+    assert server.splits_from(3) == server.splits == [BatchSplit(4, (16, 16, 16)), BatchSplit(9, (4, 20, 24))]
+    assert server.splits_from(9) == [BatchSplit(9, (4, 20, 24))]
     assert server.splits_from(5) == server.splits_from(4) == server.splits
     assert [server.batch_sizes_at(s) for s in (3, 4, 9)] == [[8, 16, 24], [16, 16, 16], [4, 20, 24]]
     with pytest.raises(ExchangeError, match="would come before"):
@@ -291,9 +353,9 @@ def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wai
         conn, _ = listener.accept()
         with conn:
             conn.settimeout(10)
-            seen.append(recv_frame(conn)["type"])
-            send_frame(conn, {"type": "welcome", "step": 0, "model": {}, "optimizer": {}})
-            seen.append(recv_frame(conn)["type"])
+            seen.append(type(Hello.from_wire(recv_frame(conn))).__name__)
+            send_frame(conn, Welcome(step=0, model={}, optimizer={}).to_wire())
+            seen.append(type(Grad.from_wire(recv_frame(conn), elements=P, dtype="float32")).__name__)
             conn.recv(1)  # until the board gives up and closes
 
     coordinator = threading.Thread(target=silent_coordinator, daemon=True)
@@ -307,7 +369,7 @@ def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wai
         client.close()
         listener.close()
     coordinator.join(10)
-    assert seen == ["hello", "grad"]
+    assert seen == ["Hello", "Grad"]
 
 
 def _reference_sum(grads: dict[str, np.ndarray], counts: dict[str, int]) -> np.ndarray:
@@ -351,14 +413,14 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
     async def main() -> tuple[list[np.ndarray], int]:
         server = _server()
         full_sums = 0
-        original = server._weighted_sum
+        original = server._reducer.weighted_sum
 
         def counting(*args: Any) -> list[float]:
             nonlocal full_sums
             full_sums += 1
             return original(*args)
 
-        server._weighted_sum = counting  # type: ignore[method-assign]
+        server._reducer.weighted_sum = counting  # type: ignore[method-assign]
         port = await server.start("127.0.0.1", 0)
         for b, _ in BOARDS:
             CountingBoard(b, port, steps, make(b), before_send=before_send(b)).start()

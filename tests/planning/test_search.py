@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgefleet.coordinator.objectives import OBJECTIVES
 from edgefleet.coordinator.planning import search
 from edgefleet.coordinator.planning.cost_model import (
-    OBJECTIVES,
     FleetArrays,
     fill_per_board,
     format_duration,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgefleet.protocol.codec import decode_array, encode_array
 from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.exchange_frames import Grad
 from edgefleet.protocol.framing import encode_frame
 from edgefleet.transport.exchange_io import FrameReader
 from edgefleet.transport.frame_io import ConnectionClosed, FrameReceiver, recv_frame, set_os_timeouts
@@ -31,12 +31,13 @@ TIMEOUT_S = 10.0
 
 def _wire(step: int, elements: int) -> bytes:
     grad = np.arange(elements, dtype=np.float32) + step
-    return b"".join(bytes(s) for s in encode_frame({"type": "grad", "step": step, "g": encode_array(grad)}))
+    frame = Grad(step=step, n=1, loss=None, compute_s=None, g=grad)  # a general frame: loss None has no fixed layout
+    return b"".join(bytes(s) for s in encode_frame(frame.to_wire()))
 
 
 def _check(frame: dict[str, Any], step: int, elements: int) -> None:
-    assert frame["step"] == step
-    assert np.array_equal(decode_array(frame["g"], max_elements=elements), np.arange(elements, dtype=np.float32) + step)
+    grad = Grad.from_wire(frame, elements=elements, dtype="float32")
+    assert grad.step == step and np.array_equal(grad.array, np.arange(elements, dtype=np.float32) + step)
 
 
 def _queued(sock: socket.socket) -> int:
@@ -129,16 +130,17 @@ def test_the_event_loop_reader_with_an_expected_size_delivers_every_frame(sizes,
     with ``pause`` the reader stops after each frame and must find them again on resume."""
     stream = b"".join(_wire(step, n) for step, n in enumerate(sizes))
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[tuple[int, np.ndarray]]:
         loop = asyncio.get_running_loop()
         left, right = socket.socketpair()
         left.setblocking(False)
         right.setblocking(False)
-        frames: list[dict[str, Any]] = []
+        frames: list[tuple[int, np.ndarray]] = []
         arrived = asyncio.Event()
 
         def on_frame(frame: dict[str, Any]) -> bool:
-            frames.append({"step": frame["step"], "g": decode_array(frame["g"], max_elements=10_000).copy()})
+            grad = Grad.from_wire(frame, elements=sizes[len(frames)], dtype="float32")
+            frames.append((grad.step, grad.array.copy()))
             arrived.set()
             return not pause
 
@@ -156,9 +158,9 @@ def test_the_event_loop_reader_with_an_expected_size_delivers_every_frame(sizes,
         return frames
 
     frames = asyncio.run(main())
-    assert [f["step"] for f in frames] == list(range(len(sizes)))
-    for frame, n in zip(frames, sizes):
-        assert np.array_equal(frame["g"], np.arange(n, dtype=np.float32) + frame["step"])
+    assert [step for step, _ in frames] == list(range(len(sizes)))
+    for (step, grad), n in zip(frames, sizes):
+        assert np.array_equal(grad, np.arange(n, dtype=np.float32) + step)
 
 
 def test_where_the_kernel_refuses_its_timeouts_the_socket_gets_a_python_timeout_instead() -> None:

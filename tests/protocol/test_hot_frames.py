@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.exchange_frames import Avg, BatchSplit, Stop, decode_step_reply
 from edgefleet.protocol.framing import FRAME_ALIGN, decode_frame, encode_frame
 from edgefleet.protocol.hot_frames import HotFrame
 
@@ -67,13 +68,14 @@ def test_what_does_not_fit_the_layout_is_left_to_the_general_path() -> None:
 
 def test_other_frames_fall_back_and_bad_input_raises_the_protocols_error() -> None:
     hot = HotFrame("avg", "float32")
-    general = encode_frame({"type": "avg", "step": 3, "n": 16, "boards": 2, "split": {"from_step": 5, "batch_sizes": [8, 8]},
-                            "g": encode_array(np.ones(20_000, dtype=np.float32))})
-    payload = _payload(general)
+    resplit = Avg(step=3, n=16, boards=2, g=np.ones(20_000, dtype=np.float32), split=BatchSplit(5, (8, 8)))
+    assert resplit.hot_segments(hot) is None
+    payload = _payload(encode_frame(resplit.to_wire()))
     assert hot.decode(payload) is None
-    assert hot.decode_any(payload)["split"] == {"from_step": 5, "batch_sizes": [8, 8]}
-    stop = _payload(encode_frame({"type": "stop", "reason": "done"}))
-    assert hot.decode(stop) is None and hot.decode_any(stop) == {"type": "stop", "reason": "done"}
+    back = decode_step_reply(hot.decode_any_array(payload), elements=20_000, dtype="float32")
+    assert isinstance(back, Avg) and back.split == BatchSplit(5, (8, 8))
+    stop = _payload(encode_frame(Stop("done").to_wire()))
+    assert hot.decode(stop) is None and decode_step_reply(hot.decode_any(stop), elements=1, dtype="float32") == Stop("done")
     fine = _payload(hot.encode({"step": 1, "n": 2, "boards": 1}, encode_array(np.ones(100, dtype=np.float32))))
     for broken in (fine[:-1], fine[:50], memoryview(bytearray(b"\x00" * len(fine)))):
         assert hot.decode(broken) is None

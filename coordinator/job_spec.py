@@ -1,0 +1,180 @@
+"""The job the coordinator trains: one typed spec for ``train``, ``train --auto``, pre-training and the demo.
+
+A :class:`JobSpec` says what to train (model, data, options), on which boards with which batch
+sizes, for how long, and with which Lightning and exchange settings. The request fields come from
+the user (the command line builds them from its flags; a script builds them directly); the run
+fields (``run_id``, ``total_steps``, ``steps_per_epoch``, ``batches_per_epoch``) are filled in by
+:func:`edgefleet.coordinator.train_job.resolve_job` once the boards and the dataset's size are
+known. A resolved spec is what a run saves as ``config.json`` and what ``--resume`` reads back.
+
+The board's side of a job is :class:`edgefleet.protocol.jobs.TrainCommand`, the wire message each
+board receives: the coordinator builds one per board from the resolved spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+
+if TYPE_CHECKING:  # torch: only when a job is checked or run, not with the command line's parser
+    from edgefleet.workloads.fleet_trainer import TrainerOptions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EPOCHS = 5.0        # when a job gives neither epochs nor steps
+DEFAULT_BATCH = 32          # per board
+BUFFER_SYNC = ("broadcast", "average")  # float buffers after each step: the first board's (DDP) or their average
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One training job: what to train, where, for how long and how.
+
+    Attributes:
+        model: ``lenet5``, ``mlp``, ``resnet_small``, an entry point or ``pkg.module:Class``.
+        dataset: A dataset spec (``digits``, ``synthetic``, ``npz``, ``pkg.module:factory``), or ""
+            with ``datamodule``.
+        model_options: The model constructor's keyword arguments (a variant's options included).
+        dataset_options: The dataset factory's keyword arguments.
+        datamodule: ``pkg.mod:Class``, a LightningDataModule, instead of ``dataset``.
+        datamodule_options: The DataModule constructor's keyword arguments.
+        boards: The boards that take part, in order; () = every online board that can train (for
+            ``auto_train``: the planner may use any of them).
+        batch_sizes: Each board's batch size, by index; one value = the same for every board.
+        epochs: Epochs over the dataset (:data:`DEFAULT_EPOCHS` when neither this nor ``steps``).
+        steps: Global steps instead of epochs.
+        seed: Seeds the initial weights and the data order.
+        lr: Overrides the model's learning rate.
+        wire_dtype: Gradients on the wire (:data:`~edgefleet.protocol.jobs.WIRE_DTYPES`).
+        data_mode: ``global`` (each board takes its slice of every global batch) or ``local``.
+        threads: Torch threads per board; 0 = what the board's CPU quota (else its CPUs) fits.
+        accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, deterministic,
+            precision: Lightning's Trainer flags, the same on every board and on the replica.
+        logger: The coordinator's Lightning logger: ``none``, ``csv`` or ``tensorboard``.
+        sync_buffers: Float buffers after each step (:data:`BUFFER_SYNC`).
+        log_every_n_steps: The logger's cadence for per-step values.
+        checkpoint_every: Steps between checkpoints.
+        step_timeout_s: A board later than max(this, 5x the median step) is left out of that step.
+        exchange_host: The address the boards connect to; "" = this machine's towards the broker.
+        exchange_port: The gradient exchange's TCP port; 0 = any free port.
+        rebalance: Re-balance the batch sizes when a board's speed drifts (global data mode).
+        rebalance_threshold: Relative change of a board's time per sample that counts as drift.
+        force_split: Test hook: ``{"from_step": s, "batch_sizes": [...]}``, a re-split announced in time.
+        run_id: The run's name (set by ``resolve_job``).
+        total_steps: Global steps of the run (set by ``resolve_job``).
+        steps_per_epoch: Optimizer steps in an epoch (set by ``resolve_job``).
+        batches_per_epoch: Global batches in an epoch (set by ``resolve_job``; 0 in runs saved
+            before it was recorded: counted from the data).
+    """
+
+    model: str
+    dataset: str = ""
+    model_options: dict[str, Any] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    datamodule: str = ""
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    boards: tuple[str, ...] = ()
+    batch_sizes: tuple[int, ...] = (DEFAULT_BATCH,)
+    epochs: float | None = None
+    steps: int | None = None
+    seed: int = 0
+    lr: float | None = None
+    wire_dtype: str = "float32"
+    data_mode: str = "global"
+    threads: int = 0
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    deterministic: bool = False
+    precision: str = "32-true"
+    logger: str = "none"
+    sync_buffers: str = "broadcast"
+    log_every_n_steps: int = 50
+    checkpoint_every: int = 50
+    step_timeout_s: float = 10.0
+    exchange_host: str = ""
+    exchange_port: int = 0
+    rebalance: bool = True
+    rebalance_threshold: float = 0.15
+    force_split: dict[str, Any] | None = None
+    run_id: str = ""
+    total_steps: int = 0
+    steps_per_epoch: int = 0
+    batches_per_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        # config.json holds lists; a spec holds tuples
+        object.__setattr__(self, "boards", tuple(self.boards))
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        self._check()
+
+    def _check(self) -> None:
+        """Raises ConfigError for a value no run could take, naming the command line's flag."""
+        if bool(self.dataset) == bool(self.datamodule):
+            raise ConfigError("give a dataset or a DataModule (exactly one of them)")
+        if self.datamodule and self.dataset_options:
+            raise ConfigError("--dataset-options belong to --dataset; a DataModule takes --datamodule-options")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: every batch size must be at least 1")
+        if len(set(self.boards)) != len(self.boards):
+            raise ConfigError(f"--boards names a board twice: {','.join(self.boards)}")
+        if self.epochs is not None and self.steps is not None:
+            raise ConfigError("give epochs or steps, not both")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ConfigError(f"--epochs {self.epochs:g} must be positive")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps {self.steps}: give at least 1 step")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
+        if self.data_mode not in DATA_MODES:
+            raise ConfigError(f"--data-mode {self.data_mode!r} is not one of {', '.join(DATA_MODES)}")
+        if self.sync_buffers not in BUFFER_SYNC:
+            raise ConfigError(f"--sync-buffers {self.sync_buffers!r} is not one of {', '.join(BUFFER_SYNC)}")
+        if not self.rebalance_threshold > 0:
+            raise ConfigError(f"--rebalance-threshold {self.rebalance_threshold}: use a fraction above 0, e.g. 0.15")
+        if self.force_split is not None and self.data_mode != "global":
+            raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
+        if self.log_every_n_steps < 1:
+            raise ConfigError(f"--log-every-n-steps {self.log_every_n_steps}: use a whole number of steps >= 1")
+        _ = self.trainer_options  # TrainerOptions checks Lightning's flags
+
+    @property
+    def trainer_options(self) -> TrainerOptions:
+        """Lightning's Trainer flags of the job. Raises ConfigError for a value Lightning cannot honour here."""
+        from edgefleet.workloads.fleet_trainer import TrainerOptions
+
+        return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
+                              gradient_clip_val=self.gradient_clip_val,
+                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic,
+                              precision=self.precision)
+
+    @property
+    def resolved(self) -> bool:
+        """True once the boards, the batch size of each and the run's length are fixed (``resolve_job``)."""
+        return bool(self.run_id) and self.total_steps > 0 and len(self.boards) == len(self.batch_sizes) > 0
+
+    @property
+    def data_name(self) -> str:
+        """The dataset's or DataModule's spec, whichever the job uses."""
+        return self.datamodule or self.dataset
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as ``config.json`` holds it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        """A spec from ``config.json``. Raises ConfigError for keys this version does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"config.json has unknown keys {sorted(unknown)}: written by a newer edgefleet?")
+        return cls(**data)
+
+
+__all__ = ["BUFFER_SYNC", "DEFAULT_BATCH", "DEFAULT_EPOCHS", "JobSpec"]

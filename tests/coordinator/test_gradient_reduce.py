@@ -1,0 +1,144 @@
+"""The exchange's reduce on arrays: the exact sample-weighted average, its norm check and the buffers' sync."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgefleet.coordinator.gradient_reduce import (
+    REDUCE_BLOCK,
+    GradientReducer,
+    refusal_reason,
+    sample_weights,
+    scale_into,
+)
+from edgefleet.protocol.half_cast import cast_into
+
+
+def _vectors(count: int, size: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
+
+
+def _reference(grads: list[np.ndarray], counts: list[int]) -> np.ndarray:
+    """Σ (n_i / Σ n) g_i in float32, each weight rounded once, added in the order given."""
+    acc = None
+    for grad, weight in zip(grads, sample_weights(counts)):
+        part = grad.astype(np.float32) * weight
+        acc = part if acc is None else acc + part
+    assert acc is not None
+    return acc
+
+
+@pytest.mark.parametrize("size", [10, REDUCE_BLOCK + 17, 3 * REDUCE_BLOCK])
+def test_the_weighted_sum_is_the_float32_reference_bit_for_bit_in_blocks_or_not(size: int) -> None:
+    grads, counts = _vectors(3, size), [8, 16, 24]
+    reducer = GradientReducer(size)
+    squares = reducer.weighted_sum(list(zip(grads, counts)), sum(counts))
+    assert np.array_equal(reducer.sum, _reference(grads, counts))
+    assert squares == pytest.approx([float(np.dot(g, g)) for g in grads], rel=1e-5)
+    np.testing.assert_allclose(reducer.sum, sum(n * g.astype(np.float64) for g, n in zip(grads, counts)) / 48, atol=1e-6)
+
+
+def test_adding_as_vectors_arrive_gives_the_same_bits_as_the_whole_sum() -> None:
+    grads, counts = _vectors(4, 5000, seed=3), [5, 7, 11, 13]
+    whole, folded = GradientReducer(5000), GradientReducer(5000)
+    whole_squares = whole.weighted_sum(list(zip(grads, counts)), sum(counts))
+    folded_squares = [folded.add_weighted(g, w, first=i == 0) for i, (g, w) in enumerate(zip(grads, sample_weights(counts)))]
+    assert np.array_equal(whole.sum, folded.sum) and folded_squares == pytest.approx(whole_squares, rel=1e-6)
+    outcome = folded.reduce(list(zip(grads, counts)), folded_squares)  # the squares say it is summed already
+    assert outcome.kept == [0, 1, 2, 3] and not outcome.refused and np.array_equal(folded.sum, whole.sum)
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_half_precision_vectors_are_widened_and_summed_in_float32(wire: str) -> None:
+    grads32, counts = _vectors(2, REDUCE_BLOCK + 5, seed=1), [3, 5]
+    grads = []
+    for g in grads32:
+        half = np.zeros(g.size, dtype=np.float16 if wire == "float16" else np.uint16)
+        cast_into(half, g)
+        grads.append(half)
+    widened = []
+    for h in grads:
+        w = np.zeros(h.size, np.float32)
+        cast_into(w, h)
+        widened.append(w)
+    reducer = GradientReducer(g.size, wire_dtype=wire)
+    reducer.weighted_sum(list(zip(grads, counts)), 8)
+    assert np.array_equal(reducer.sum, _reference(widened, counts))
+    on_wire = reducer.to_wire(reducer.sum)
+    assert on_wire is reducer.wire_out and on_wire.dtype == grads[0].dtype
+    back = reducer.wire_to_float32(on_wire)
+    np.testing.assert_allclose(back, reducer.sum, rtol=1e-2 if wire == "bfloat16" else 1e-3, atol=1e-3)
+
+
+def test_float32_travels_as_it_is() -> None:
+    reducer = GradientReducer(10)
+    assert reducer.to_wire(reducer.sum) is reducer.sum and reducer.wire_to_float32(reducer.sum) is reducer.sum
+
+
+def test_nan_inf_and_implausible_norms_are_refused_and_the_rest_summed_again() -> None:
+    grads, counts = _vectors(4, 1000, seed=2), [8, 8, 8, 8]
+    grads[1] = grads[1].copy()
+    grads[1][5] = np.nan
+    grads[2] = grads[2] * np.float32(1e4)  # norm about 3e5
+    grads[3] = grads[3].copy()
+    grads[3][0] = np.inf
+    reducer = GradientReducer(1000, max_grad_norm=1e3)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    refused = dict(outcome.refused)
+    assert outcome.kept == [0] and sorted(refused) == [1, 2, 3]
+    assert refused[1] == refused[3] == "NaN or Inf in the gradient"
+    assert refused[2] == f"gradient norm {float(np.linalg.norm(grads[2])):.3g} is implausible"
+    assert np.array_equal(reducer.sum, _reference([grads[0]], [8]))  # summed again without them
+
+
+def test_refusal_reasons() -> None:
+    assert refusal_reason(4.0, 4.0) is None
+    assert refusal_reason(float("nan"), 1.0) == refusal_reason(float("inf"), 1e308) == "NaN or Inf in the gradient"
+    assert refusal_reason(400.0, 100.0) == "gradient norm 20 is implausible"
+
+
+def test_with_every_vector_refused_nothing_is_kept() -> None:
+    grads = [np.full(10, np.nan, np.float32), np.full(10, np.inf, np.float32)]
+    outcome = GradientReducer(10).reduce([(grads[0], 1), (grads[1], 2)])
+    assert outcome.kept == [] and [i for i, _ in outcome.refused] == [0, 1]
+
+
+@pytest.mark.parametrize("sync", ["broadcast", "average"])
+def test_buffers_are_outside_the_norm_check_and_broadcast_from_the_first_kept_vector(sync: str) -> None:
+    buffers = 10
+    grads, counts = _vectors(3, 1000, seed=4), [8, 16, 24]
+    for i, g in enumerate(grads):
+        g[-buffers:] = 1e6 * (i + 1)  # buffers far over max_grad_norm: not a gradient
+    grads[0][0] = np.nan  # the first vector is refused: the second one's buffers travel
+    reducer = GradientReducer(1000, max_grad_norm=1e3, buffer_elements=buffers, buffer_sync=sync)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [1, 2] and dict(outcome.refused) == {0: "NaN or Inf in the gradient"}
+    expected = _reference(grads[1:], counts[1:])
+    assert np.array_equal(reducer.sum[:-buffers], expected[:-buffers])
+    if sync == "broadcast":
+        assert np.array_equal(reducer.sum[-buffers:], grads[1][-buffers:])
+    else:
+        assert np.array_equal(reducer.sum[-buffers:], expected[-buffers:])
+
+
+def test_nan_in_the_buffers_still_refuses_the_vector() -> None:
+    grads = _vectors(2, 100, seed=5)
+    grads[1][-1] = np.nan
+    outcome = GradientReducer(100, buffer_elements=5).reduce([(grads[0], 4), (grads[1], 4)])
+    assert outcome.kept == [0] and dict(outcome.refused) == {1: "NaN or Inf in the gradient"}
+
+
+def test_scale_into_reads_float32_in_place_and_returns_the_squared_norm() -> None:
+    grad, target = np.array([3.0, 4.0], np.float32), np.zeros(2, np.float32)
+    assert scale_into(target, grad, np.float32(0.5)) == 25.0 and target.tolist() == [1.5, 2.0]
+
+
+def test_out_of_range_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="buffer_elements 11"):
+        GradientReducer(10, buffer_elements=11)
+    with pytest.raises(ValueError, match="buffer_sync 'mean'"):
+        GradientReducer(10, buffer_sync="mean")
+    with pytest.raises(ValueError, match="wire dtype 'int8'"):
+        GradientReducer(10, wire_dtype="int8")
