@@ -18,7 +18,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.errors import ConfigError, DecodeError
+from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
 
 if TYPE_CHECKING:  # torch: only when a job is checked or run, not with the command line's parser
@@ -64,7 +65,7 @@ class JobSpec:
         exchange_port: The gradient exchange's TCP port; 0 = any free port.
         rebalance: Re-balance the batch sizes when a board's speed drifts (global data mode).
         rebalance_threshold: Relative change of a board's time per sample that counts as drift.
-        force_split: Test hook: ``{"from_step": s, "batch_sizes": [...]}``, a re-split announced in time.
+        force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
         steps_per_epoch: Optimizer steps in an epoch (set by ``resolve_job``).
@@ -101,7 +102,7 @@ class JobSpec:
     exchange_port: int = 0
     rebalance: bool = True
     rebalance_threshold: float = 0.15
-    force_split: dict[str, Any] | None = None
+    force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0
     steps_per_epoch: int = 0
@@ -111,6 +112,11 @@ class JobSpec:
         # config.json holds lists; a spec holds tuples
         object.__setattr__(self, "boards", tuple(self.boards))
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        if isinstance(self.force_split, dict):  # as config.json holds it
+            try:
+                object.__setattr__(self, "force_split", BatchSplit.from_wire(self.force_split))
+            except DecodeError as exc:
+                raise ConfigError(f"force_split: {exc}") from None
         self._check()
 
     def _check(self) -> None:
@@ -165,7 +171,9 @@ class JobSpec:
 
     def to_json(self) -> dict[str, Any]:
         """The spec as ``config.json`` holds it."""
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["force_split"] = None if self.force_split is None else self.force_split.to_wire()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:

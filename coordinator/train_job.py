@@ -16,10 +16,11 @@ import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.job_spec import DEFAULT_EPOCHS, JobSpec
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.training import StepView, TrainOutcome
@@ -69,12 +70,11 @@ def per_board_batches(batch_sizes: tuple[int, ...], boards: tuple[str, ...]) -> 
     return batch_sizes
 
 
-def check_force_split(force_split: dict[str, Any], batch_sizes: tuple[int, ...]) -> None:
+def check_force_split(force_split: BatchSplit, batch_sizes: tuple[int, ...]) -> None:
     """The test hook's re-split must keep the global batch and give every board a sample, after the lead steps."""
     from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS
 
-    from_step = int(force_split["from_step"])
-    sizes = [int(b) for b in force_split["batch_sizes"]]
+    from_step, sizes = force_split.from_step, list(force_split.batch_sizes)
     text = f"{from_step}:{','.join(map(str, sizes))}"
     if len(sizes) != len(batch_sizes) or min(sizes, default=0) < 1 or sum(sizes) != sum(batch_sizes):
         raise ConfigError(f"--force-split {text!r}: give each of the {len(batch_sizes)} boards at least one sample, "

@@ -45,6 +45,8 @@ from edgefleet.coordinator.replica import Replica
 from edgefleet.coordinator.run_logger import make_logger
 from edgefleet.coordinator.train_job import batches_per_epoch
 from edgefleet.protocol.codec import encode_value
+from edgefleet.protocol.errors import ConfigError, DecodeError
+from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import StopCommand, TrainCommand
 from edgefleet.transport.settings import BrokerSettings
 
@@ -92,6 +94,17 @@ def exchange_host_for(broker: BrokerSettings) -> str:
         return "0.0.0.0"
 
 
+def _checkpointed_splits(saved: Any, run_dir: Path) -> list[BatchSplit]:
+    """The batch splits a checkpoint recorded. Raises ConfigError: the checkpoint holds something else."""
+    try:
+        if not isinstance(saved, list):
+            raise DecodeError(f"splits is a {type(saved).__name__}, not a list")
+        return [BatchSplit.from_wire(s) for s in saved]
+    except DecodeError as exc:
+        raise ConfigError(f"{run_dir}: the checkpoint's batch splits are unreadable ({exc}); "
+                          "resume from an intact copy or start a new run") from None
+
+
 class _Adaptation:
     """The batch split in force, the rebalancer that changes it, and the forced split of ``force_split``.
 
@@ -101,10 +114,9 @@ class _Adaptation:
         first_step: The step this (possibly resumed) run starts at.
     """
 
-    def __init__(self, spec: JobSpec, splits: list[dict[str, Any]], first_step: int) -> None:
+    def __init__(self, spec: JobSpec, splits: list[BatchSplit], first_step: int) -> None:
         self.spec = spec
-        self.splits: list[dict[str, Any]] = [
-            {"from_step": int(s["from_step"]), "batch_sizes": [int(b) for b in s["batch_sizes"]]} for s in splits]
+        self.splits = list(splits)
         # With accumulation a step is several batches of each board: re-splits are not offered there (yet).
         self.enabled = (spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
                         and spec.accumulate_grad_batches == 1)
@@ -117,21 +129,21 @@ class _Adaptation:
 
     def latest(self) -> list[int]:
         """The newest split's sizes (possibly not in force yet), by board index."""
-        return list(self.splits[-1]["batch_sizes"]) if self.splits else list(self.spec.batch_sizes)
+        return list(self.splits[-1].batch_sizes) if self.splits else list(self.spec.batch_sizes)
 
     def at(self, step: int) -> list[int]:
         """The batch sizes in force at ``step``, by board index."""
         sizes = list(self.spec.batch_sizes)
         for split in self.splits:
-            if split["from_step"] <= step:
-                sizes = list(split["batch_sizes"])
+            if split.from_step <= step:
+                sizes = list(split.batch_sizes)
         return sizes
 
     def after_step(self, r: StepResult, exchange: ExchangeServer) -> dict[str, Any] | None:
         """Feed step ``r`` to the rebalancer; announce a new split if it (or the test hook) asks. The record, if so."""
         forced = self.spec.force_split
-        if forced is not None and exchange.next_split_step == int(forced["from_step"]):
-            sizes = [int(b) for b in forced["batch_sizes"]]
+        if forced is not None and exchange.next_split_step == forced.from_step:
+            sizes = list(forced.batch_sizes)
             record = self._announce(r.step, sizes, exchange, drift={}, message="forced re-split (test hook)")
             if self.enabled:
                 self.rebalancer = self._rebalancer(sizes)  # a fresh reference at the new sizes
@@ -149,7 +161,7 @@ class _Adaptation:
     def _announce(self, step: int, sizes: list[int], exchange: ExchangeServer, **why: Any) -> dict[str, Any]:
         old = self.latest()
         from_step = exchange.announce_split(sizes)
-        self.splits = [s for s in self.splits if s["from_step"] != from_step] + [{"from_step": from_step, "batch_sizes": sizes}]
+        self.splits = [s for s in self.splits if s.from_step != from_step] + [BatchSplit(from_step, tuple(sizes))]
         record = {"step": step, "from_step": from_step, "old_batch_sizes": dict(zip(self.spec.boards, old)),
                   "new_batch_sizes": dict(zip(self.spec.boards, sizes)), **why}
         self.records.append(record)
@@ -187,7 +199,7 @@ class TrainingRun:
         self._announced_lrs: list[float] = []
         self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
-        splits: list[dict[str, Any]] = []
+        splits: list[BatchSplit] = []
         if resume:
             state = load_checkpoint(run_dir)
             self.replica.load_state_dict(state["replica"])
@@ -196,7 +208,7 @@ class TrainingRun:
             self.val_metrics = dict(state.get("val_metrics", {}))
             self.train_metrics = dict(state.get("train_metrics", {}))
             self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
-            splits = list(state.get("splits", []))
+            splits = _checkpointed_splits(state.get("splits", []), run_dir)
             MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,7 +257,7 @@ class TrainingRun:
         save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
                                        "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
-                                       "elapsed_s": elapsed_s, "splits": self.adapt.splits})
+                                       "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]})
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = self.replica.wire_state()
@@ -280,7 +292,7 @@ class TrainingRun:
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
-                                  splits=[(s["from_step"], s["batch_sizes"]) for s in self.adapt.splits])
+                                  splits=self.adapt.splits)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()

@@ -13,6 +13,7 @@ from typing import Any
 from edgefleet.coordinator.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, JobSpec
 from edgefleet.coordinator.run_logger import LOGGERS
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
 
 TRAIN_EPILOG = """\
@@ -116,8 +117,8 @@ def parse_batches(text: str) -> tuple[int, ...]:
     return values
 
 
-def parse_force_split(text: str) -> dict[str, Any]:
-    """``--force-split STEP:B,B,…`` (a test hook) as ``{"from_step": STEP, "batch_sizes": [...]}``.
+def parse_force_split(text: str) -> BatchSplit:
+    """``--force-split STEP:B,B,…`` (a test hook): batch sizes B,B,… from step STEP on.
 
     Whether the sizes fit the boards is checked when the job is resolved (``train_job.check_force_split``).
     """
@@ -126,7 +127,9 @@ def parse_force_split(text: str) -> dict[str, Any]:
         from_step, sizes = int(step_text), [int(v) for v in sizes_text.split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"--force-split {text!r}: use STEP:B,B,…, e.g. 8:16,16,16") from None
-    return {"from_step": from_step, "batch_sizes": sizes}
+    if from_step < 0 or not sizes:
+        raise ConfigError(f"--force-split {text!r}: use STEP:B,B,…, e.g. 8:16,16,16")
+    return BatchSplit(from_step, tuple(sizes))
 
 
 def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | None = None) -> JobSpec:
