@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from edgefleet.protocol.codec import WIRE_DTYPES, decode_array, encode_array
 from edgefleet.protocol.errors import DecodeError, ProtocolError
+from edgefleet.protocol.frame_fields import expect_kind, frame_kind, is_int
 
 if TYPE_CHECKING:
     import numpy as np
@@ -93,35 +94,24 @@ def same_secret(given: str, expected: str) -> bool:
 
 # ------------------------------------------------------------------------------------------ field checks
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _is_number(value: object) -> TypeGuard[int | float]:
-    return type(value) is float or _is_int(value) or isinstance(value, float)
+    return type(value) is float or is_int(value) or isinstance(value, float)
 
 
 def _kind(d: Any) -> str:
     """The frame's ``type``. Raises DecodeError: not a map, or no str type."""
-    if type(d) is not dict and not isinstance(d, Mapping):
-        raise DecodeError(f"an exchange frame is a map, not {type(d).__name__}")
-    kind = d.get("type")
-    if type(kind) is not str:
-        raise DecodeError(f"exchange frame without a str type (type = {kind!r:.40})")
-    return kind
+    return frame_kind(d, "exchange")
 
 
 def _expect(d: Any, kind: str) -> None:
-    got = _kind(d)
-    if got != kind:
-        raise DecodeError(f"expected a {kind} frame, got {got!r:.40}")
+    expect_kind(d, kind, "exchange")
 
 
 def _whole(d: Mapping[str, Any], frame: str, key: str, *, minimum: int = 0) -> int:
     value = d.get(key)
     if type(value) is int and value >= minimum:  # the usual case, first
         return value
-    if not _is_int(value):
+    if not is_int(value):
         raise DecodeError(f"{frame} frame: {key} {value!r:.40} is not a whole number")
     if value < minimum:
         raise DecodeError(f"{frame} frame: {key} {value} is below {minimum}")
@@ -146,7 +136,7 @@ def _number_or_none(d: Mapping[str, Any], frame: str, key: str) -> float | None:
 
 def _version(d: Mapping[str, Any], frame: str, *, default: int | None = None) -> int:
     value = d.get("v", default)
-    if not _is_int(value):
+    if not is_int(value):
         raise DecodeError(f"{frame} frame names no exchange protocol version (v = {value!r:.20})")
     return int(value)
 
@@ -231,10 +221,10 @@ class BatchSplit:
         if not isinstance(d, Mapping):
             raise DecodeError(f"a split must be a map, got {type(d).__name__}")
         from_step, sizes = d.get("from_step"), d.get("batch_sizes")
-        if not _is_int(from_step) or from_step < 0:
+        if not is_int(from_step) or from_step < 0:
             raise DecodeError(f"split from_step {from_step!r:.40} is not a step number")
         if (not isinstance(sizes, (list, tuple)) or not 0 < len(sizes) <= MAX_SPLIT_BOARDS
-                or not all(_is_int(b) and b > 0 for b in sizes)):
+                or not all(is_int(b) and b > 0 for b in sizes)):
             raise DecodeError(f"split batch_sizes {sizes!r:.80} is not a list of positive integers")
         return cls(int(from_step), tuple(int(b) for b in sizes))
 
@@ -428,10 +418,10 @@ class Grad:
                 and type(compute_s) is float and type(g) is ndarray and g.shape == (elements,) and g.dtype == expected
                 and d.get("logs") is None):
             return cls(step=step, n=n, loss=loss, compute_s=compute_s, g=g)  # the fixed layout's frame
-        if not _is_int(step) or step < 0:
+        if not is_int(step) or step < 0:
             raise DecodeError(f"grad frame: step {step!r:.40} is not a step number")
         try:
-            if not _is_int(n) or n <= 0:
+            if not is_int(n) or n <= 0:
                 raise DecodeError(f"sample count {n!r:.40} is not a positive integer")
             array = flat_array(g, GRAD, elements=elements, dtype=dtype)
             loss, compute_s = _number_or_none(d, GRAD, "loss"), _number_or_none(d, GRAD, "compute_s")

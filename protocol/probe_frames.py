@@ -24,10 +24,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeGuard, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from edgefleet.protocol.errors import DecodeError, ProtocolError
 from edgefleet.protocol.exchange_frames import same_secret
+from edgefleet.protocol.frame_fields import expect_kind, frame_kind, is_int
 from edgefleet.protocol.jobs import MAX_PROBE_BYTES, MAX_PROBE_ROUNDS, probe_rounds_ok
 
 PROBE_VERSION: Final = 2
@@ -42,23 +43,12 @@ class ProbeVersionError(ProtocolError):
     """A peer speaks another version of the link probe; the message says which side to upgrade."""
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _kind(d: Any) -> str:
-    if not isinstance(d, Mapping):
-        raise DecodeError(f"a link probe frame is a map, not {type(d).__name__}")
-    kind = d.get("type")
-    if not isinstance(kind, str):
-        raise DecodeError(f"link probe frame without a str type (type = {kind!r:.40})")
-    return kind
+    return frame_kind(d, "link probe")
 
 
 def _expect(d: Any, kind: str) -> None:
-    got = _kind(d)
-    if got != kind:
-        raise DecodeError(f"link probe: expected {kind!r}, got {got!r:.40}")
+    expect_kind(d, kind, "link probe")
 
 
 def _text(d: Mapping[str, Any], key: str, *, limit: int = MAX_ID) -> str:
@@ -70,7 +60,7 @@ def _text(d: Mapping[str, Any], key: str, *, limit: int = MAX_ID) -> str:
 
 def _bytes_field(d: Mapping[str, Any], key: str) -> int:
     value = d.get(key)
-    if not _is_int(value) or not 0 <= value <= MAX_PROBE_BYTES:
+    if not is_int(value) or not 0 <= value <= MAX_PROBE_BYTES:
         raise DecodeError(f"{key} must be 0-{MAX_PROBE_BYTES}")
     return value
 
@@ -99,7 +89,7 @@ class ProbeHello:
         """
         _expect(d, HELLO)
         v = d.get("v")
-        if not _is_int(v):
+        if not is_int(v):
             raise DecodeError(f"{HELLO} names no link probe version (v = {v!r:.20})")
         if v != PROBE_VERSION:
             board_id = d.get("board_id")
@@ -107,7 +97,7 @@ class ProbeHello:
             upgrade = "edge-coordinator" if v > PROBE_VERSION else f"edge-agent on {who}"
             raise ProbeVersionError(f"{who} speaks link probe protocol {v}, this coordinator {PROBE_VERSION}: upgrade {upgrade}")
         nbytes, round_bytes, rounds = _bytes_field(d, "bytes"), _bytes_field(d, "round_bytes"), d.get("rounds")
-        if not _is_int(rounds) or not probe_rounds_ok(rounds) or (rounds > 0) != (round_bytes > 0):
+        if not is_int(rounds) or not probe_rounds_ok(rounds) or (rounds > 0) != (round_bytes > 0):
             raise DecodeError(f"rounds must be 0 or 2-{MAX_PROBE_ROUNDS} (the first is not timed), and more than 0 exactly "
                               "when round_bytes is")
         if not nbytes and not rounds:
@@ -150,7 +140,7 @@ class Go:
         """Raises ProbeVersionError: the coordinator speaks another version; DecodeError: not a go."""
         _expect(d, cls.TYPE)
         v = d.get("v", PROBE_VERSION)
-        if not _is_int(v):
+        if not is_int(v):
             raise DecodeError(f"go names no link probe version (v = {v!r:.20})")
         if v != PROBE_VERSION:
             upgrade = "edge-agent on this board" if v > PROBE_VERSION else "edge-coordinator"

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 from edgefleet.protocol.errors import DecodeError, ProtocolError
+from edgefleet.protocol.frame_fields import is_int
 
 PROFILE_REPORT_VERSION: Final = 1
 MAX_POINTS = 64  # batch sizes in one report (a profile command allows fewer)
@@ -27,10 +28,6 @@ MAX_POINTS = 64  # batch sizes in one report (a profile command allows fewer)
 
 class ProfileReportVersionError(ProtocolError):
     """A profile report of another version; the message says which side to upgrade."""
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _map(value: Any, what: str) -> Mapping[str, Any]:
@@ -41,14 +38,14 @@ def _map(value: Any, what: str) -> Mapping[str, Any]:
 
 def _whole(d: Mapping[str, Any], what: str, key: str, *, minimum: int = 0) -> int:
     value = d.get(key)
-    if not _is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise DecodeError(f"{what}: {key} {value!r:.40} is not a whole number >= {minimum}")
     return value
 
 
 def _number(d: Mapping[str, Any], what: str, key: str, *, positive: bool = False) -> float:
     value = d.get(key)
-    if not (_is_int(value) or type(value) is float) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not (is_int(value) or type(value) is float) or not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise DecodeError(f"{what}: {key} {value!r:.40} is not a finite number {'> 0' if positive else '>= 0'}")
     return float(value)
 
@@ -170,7 +167,7 @@ class ProfileReport:
         what = "the profile report"
         d = _map(d, what)
         v = d.get("v", 1)
-        if not _is_int(v):
+        if not is_int(v):
             raise DecodeError(f"{what} names no version (v = {v!r:.20})")
         if v != PROFILE_REPORT_VERSION:
             upgrade = "edge-coordinator" if v > PROFILE_REPORT_VERSION else "edge-agent on the board"

@@ -70,7 +70,7 @@ def test_the_token_stays_out_of_the_repr_and_is_compared_in_constant_time() -> N
     ({"bytes": 0}, "nothing to measure: bytes and rounds are both 0"),
     ({"board_id": None}, "probe-hello: board_id None is not a string"),
     ({"v": None}, "probe-hello names no link probe version"),
-    ({"type": "go"}, "link probe: expected 'probe-hello', got 'go'"),
+    ({"type": "go"}, "link probe: expected a probe-hello frame, got 'go'"),
 ])
 def test_a_malformed_hello_names_the_field(over: dict[str, Any], message: str) -> None:
     with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)")):
