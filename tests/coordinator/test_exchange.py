@@ -383,7 +383,8 @@ def _reference_sum(grads: dict[str, np.ndarray], counts: dict[str, int]) -> np.n
     return acc
 
 
-def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_order() -> None:
+def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """b2 starts sending first and b0 last; from step 1 on the server adds each gradient as it arrives (the
     counts of step 0 give the weights), and at step 3 b1 sends another count: summed in full again."""
     steps = 5
@@ -420,7 +421,7 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
             full_sums += 1
             return original(*args)
 
-        server._reducer.weighted_sum = counting  # type: ignore[method-assign]
+        monkeypatch.setattr(server._reducer, "weighted_sum", counting)
         port = await server.start("127.0.0.1", 0)
         for b, _ in BOARDS:
             CountingBoard(b, port, steps, make(b), before_send=before_send(b)).start()
