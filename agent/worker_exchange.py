@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgefleet.agent.step_channel import StepChannel
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.exchange_frames import (
+    Avg,
     BatchSplit,
     Grad,
     Hello,
@@ -27,7 +29,6 @@ from edgefleet.protocol.exchange_frames import (
     decode_step_reply,
     splits_as_pairs,
 )
-from edgefleet.protocol.framing import decode_frame
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
@@ -80,6 +81,7 @@ class ExchangeClient:
         self._hot: dict[str, tuple[HotFrame, HotFrame]] = {}  # wire dtype -> (grad, avg) fixed layouts
         self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
         self._sent_tensor: dict[str, Any] | None = None
+        self._channel: StepChannel | None = None  # the usual step's round trip, once the gradient array is known
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> Welcome:
         """Join the job; the welcome (the step to start at, the state to start from).
@@ -91,7 +93,7 @@ class ExchangeClient:
             DecodeError: the coordinator's answer is malformed.
         """
         send_frame(self.sock, Hello(job_id=job_id, board_id=board_id, token=token, param_count=param_count).to_wire())
-        reply = decode_hello_reply(self._recv())
+        reply = decode_hello_reply(self._recv(self._receiver.recv))
         if isinstance(reply, Refusal):
             raise ExchangeRefused(f"the coordinator refused this board: {reply.message}")
         self._receiver.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
@@ -113,6 +115,19 @@ class ExchangeClient:
             TimeoutError: the coordinator did not answer within ``result_timeout_s``.
             DecodeError: the coordinator's answer is not this step's result of the gradient's shape and dtype.
         """
+        channel = self._channel
+        if channel is not None and channel.grad is grad and not logs:  # the usual step: fixed layouts, nothing made
+            sent = self._send(channel.send, step, n, loss, compute_s)
+            if sent:
+                answer = self._recv(channel.receive)
+                if type(answer) is tuple:
+                    if answer[0] != step:
+                        raise DecodeError(f"expected the result of step {step}, got the result of step {answer[0]}")
+                    self.split = self.lrs = None
+                    return channel.array
+                if answer is None:  # not the usual size: the general receiver has the bytes read so far
+                    answer = self._recv(self._receiver.recv, channel.avg_layout.decode_any_array)
+                return self._result_of(step, self._step_reply(answer, channel.avg_layout.dtype))
         tensor = self._sent_tensor if grad is self._sent_array else None  # the worker sends from one buffer every step
         if tensor is None:
             tensor = encode_array(grad)
@@ -122,15 +137,22 @@ class ExchangeClient:
         if hot is None:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
             self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a step's result
+        if self._sent_array is grad and grad.size == self.param_count:
+            self._channel = StepChannel(self.sock, self._receiver, grad, grad_layout=hot[0], avg_layout=hot[1],
+                                        elements=self.param_count)  # from the next step on
         segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
-        try:
-            if segments is None:  # logs, or a loss of None: the general encoder
-                send_frame(self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor, logs=logs or None).to_wire())
-            else:  # fixed layout: one struct.pack
-                send_segments(self.sock, segments)
-        except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
-            raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
-        reply = decode_step_reply(self._recv(hot[1].decode_any_array), elements=self.param_count, dtype=hot[1].dtype)
+        if segments is None:  # logs, or a loss of None: the general encoder
+            frame = Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor, logs=logs or None).to_wire()
+            self._send(send_frame, self.sock, frame)
+        else:  # fixed layout: one struct.pack
+            self._send(send_segments, self.sock, segments)
+        answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
+        return self._result_of(step, self._step_reply(answer, hot[1].dtype))
+
+    def _step_reply(self, frame: dict[str, Any], dtype: str) -> Avg | Stop:
+        return decode_step_reply(frame, elements=self.param_count, dtype=dtype)
+
+    def _result_of(self, step: int, reply: Avg | Stop) -> np.ndarray:
         if isinstance(reply, Stop):
             raise StopTraining(reply.reason)
         if reply.step != step:
@@ -138,9 +160,15 @@ class ExchangeClient:
         self.split, self.lrs = reply.split, reply.lrs
         return reply.array
 
-    def _recv(self, decode: Callable[[memoryview], dict[str, Any]] = decode_frame) -> dict[str, Any]:
+    def _send(self, send: Callable[..., Any], *args: Any) -> Any:
         try:
-            return self._receiver.recv(decode)
+            return send(*args)
+        except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
+            raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
+
+    def _recv(self, receive: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return receive(*args)
         except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out (or the Python timeout standing in for it)
             raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:g} s") from None
 

@@ -32,7 +32,7 @@ import msgpack
 
 from edgefleet.protocol._msgpack_view import ALIGN_KEY
 from edgefleet.protocol.codec import WIRE_DTYPES
-from edgefleet.protocol.framing import FRAME_ALIGN, decode_frame
+from edgefleet.protocol.framing import FRAME_ALIGN, FRAME_HEADER, decode_frame
 
 _U32_MAX = (1 << 32) - 1
 # (key, kind) in frame order; kind: "u32" or "f64" (a number), or a str constant (the frame's type)
@@ -143,6 +143,23 @@ class HotFrame:
                       else {"dtype": self.dtype, "shape": [elements], "data": data})
         return frame
 
+    def header_writer(self, elements: int) -> HeaderWriter:
+        """A writer of this layout's length header and prefix for a tensor of ``elements`` values, again and again."""
+        return HeaderWriter(self, elements)
+
+    def numbers_in(self, buffer: Any, offset: int, payload_bytes: int) -> tuple[Any, ...] | None:
+        """The frame's numbers (in :attr:`keys` order) if the payload of ``payload_bytes`` at ``offset`` of ``buffer``
+        is in this layout with its tensor filling the rest, else None (decode it with ``decode_frame``)."""
+        if payload_bytes < self.prefix_bytes:
+            return None
+        row = self._struct.unpack_from(buffer, offset)
+        if self._const_at(row) != self._consts:
+            return None
+        elements, nbytes = row[self._elements_at], row[self._bytes_at]
+        if nbytes != payload_bytes - self.prefix_bytes or elements * self.itemsize != nbytes:
+            return None
+        return self._numbers_at(row) if len(self.keys) > 1 else (self._numbers_at(row),)
+
     def decode_any(self, payload: memoryview) -> dict[str, Any]:
         """Any frame: this layout's fast path, else ``decode_frame`` (which raises ``DecodeError`` on bad input)."""
         return self.decode(payload) or decode_frame(payload)
@@ -152,4 +169,34 @@ class HotFrame:
         return self.decode(payload, array=True) or decode_frame(payload)
 
 
-__all__ = ["HotFrame"]
+class HeaderWriter:
+    """One layout's length header and prefix for one tensor size, packed from a step's numbers in one call.
+
+    :meth:`pack` gives the same bytes as the first segment of :meth:`HotFrame.encode` for the
+    same numbers, or raises ``struct.error``/``TypeError`` where ``encode`` would return None (a
+    number out of range or of the wrong kind): then send the frame through the general encoder.
+    """
+
+    def __init__(self, layout: HotFrame, elements: int) -> None:
+        nbytes = elements * layout.itemsize
+        if elements < 0 or nbytes > _U32_MAX:
+            raise ValueError(f"no fixed layout for a tensor of {elements} values")
+        row: list[Any] = [layout.prefix_bytes + nbytes, *layout._template]
+        row[1 + layout._elements_at], row[1 + layout._bytes_at] = elements, nbytes
+        self._row = row
+        self._at = tuple(1 + index for index, _, _ in layout._numbers)
+        self._u32 = tuple(is_u32 for _, is_u32, _ in layout._numbers)
+        self._pack = layout._framed.pack
+        self.frame_bytes = FRAME_HEADER.size + layout.prefix_bytes + nbytes
+
+    def pack(self, *numbers: Any) -> bytes:
+        """The header and prefix for ``numbers`` in the layout's key order."""
+        row = self._row
+        for at, is_u32, value in zip(self._at, self._u32, numbers):
+            if is_u32 and type(value) is not int:  # struct takes a bool or numpy integer; the layout's encode does not
+                raise TypeError(f"{type(value).__name__} is not an int")
+            row[at] = value
+        return self._pack(*row)
+
+
+__all__ = ["HeaderWriter", "HotFrame"]

@@ -255,6 +255,15 @@ class FrameReceiver:
             body += n
         return decode(view[BODY_AT:BODY_AT + size])
 
+    @property
+    def holds_bytes(self) -> bool:
+        """Whether bytes already read from the socket wait to begin the next frame (read it with :meth:`recv`)."""
+        return bool(self._carry)
+
+    def unread(self, data: bytes) -> None:
+        """Put bytes read from the socket elsewhere back in front: the next :meth:`recv` begins with them."""
+        self._carry = bytes(data) + self._carry
+
     def _take_carry(self, target: memoryview) -> int:
         """Copy kept bytes of the next frame into ``target``; how many (the rest stays kept)."""
         if not self._carry:
