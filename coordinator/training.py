@@ -150,7 +150,8 @@ class _Adaptation:
             return record
         if self.rebalancer is None or r.step < self.watch_from or set(r.contributors) != set(self.spec.boards):
             return None  # steps some board missed say little about the fleet's balance
-        decision = self.rebalancer.observe(r.compute_s, step=r.step, batch_sizes=r.batch_sizes)
+        decision = self.rebalancer.observe(r.compute_s, step=r.step, batch_sizes=r.batch_sizes,
+                                           steps_left=self.spec.total_steps - exchange.next_split_step)
         if decision is None:
             return None
         sizes = [decision.new_batch_sizes[b] for b in self.spec.boards]

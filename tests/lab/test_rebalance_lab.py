@@ -48,7 +48,8 @@ BATCHES = {"big": 87, "mid": 62, "small": 31}   # ~3.4 ms of CPU per sample: ~0.
 CUT = "small"
 WARMUP_STEPS = 2          # coordinator.training.REBALANCE_WARMUP_STEPS
 WINDOW = 5                # the rebalancer's window (its default)
-STEPS_AFTER = 10          # steps measured after the re-balance took effect
+REFERENCE_STEPS = 2 * WINDOW  # the steps at a split before the rebalancer judges it (Rebalancer.reference_steps)
+STEPS_AFTER = REFERENCE_STEPS + 2  # steps measured after the re-balance took effect: past the check of its own split
 # A 20 ms CFS period instead of the kernel's 100 ms: a throttled board then waits at most 20 ms for
 # its next slice, not up to 100 ms, which at ~0.5 s steps would be noise the size of the effect.
 CFS_PERIOD_US = 20_000
@@ -106,7 +107,7 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
         cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
                "--boards", ",".join(QUOTAS), "--batch", ",".join(str(BATCHES[b]) for b in QUOTAS),
                "--model", "resnet_small", "--model-options", "width=48,optimizer=sgd,lr=0.05",
-               "--dataset", "synthetic", "--dataset-options", "n=4096,n_val=64", "--steps", "60", "--threads", "1",
+               "--dataset", "synthetic", "--dataset-options", "n=4096,n_val=64", "--steps", "150", "--threads", "1",
                "--rebalance-threshold", str(THRESHOLD), "--run-dir", str(run_dir)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         steal = HostSteal()  # the drift and the recovery are timings: they need the host's CPU
@@ -123,10 +124,10 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
                 return max([WARMUP_STEPS + 1, *(r["from_step"] for r in _rebalances(_lines(run_dir)))])
 
             # Execute: cut once the reference at the current split is complete, then wait until the
-            # split has settled: STEPS_AFTER steps (more than the rebalancer's window, after which it
+            # split has settled: STEPS_AFTER steps (more than the rebalancer's reference, after which it
             # checks a split it chose) since the last re-balance.
-            wait_until(lambda: len(_lines(run_dir)) > split_since() + WINDOW or proc.poll() is not None, timeout_s=120,
-                       what="the rebalancer's reference steps")
+            wait_until(lambda: len(_lines(run_dir)) > split_since() + REFERENCE_STEPS + WINDOW or proc.poll() is not None,
+                       timeout_s=120, what="the rebalancer's reference steps")
             cut_step = len(_lines(run_dir))      # the first step that may run on the cut quota
             lab.board(CUT).cgroup.set_cpu_quota(QUOTAS[CUT] / 3, period_us=CFS_PERIOD_US)
             steal_before, steal = steal.share, HostSteal()
@@ -150,10 +151,11 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
     assert isinstance(rebalances, list), f"no re-balance after the cut at step {cut_step}:\n{out[-2000:]}\n{err[-2000:]}"
     assert proc.returncode == 130, err[-3000:]
     lines = _lines(run_dir)
-    # The reaction: the cut board's drift, within a window of the cut, announced to the user.
+    # The reaction: the cut board's drift, seen in one window of steps and confirmed in the next (a
+    # noisy board's windows are longer), announced to the user.
     rebalance = rebalances[0]
     assert CUT in rebalance["drift"] and rebalance["drift"][CUT] > THRESHOLD, rebalance
-    assert rebalance["step"] <= cut_step + WINDOW, f"the re-balance came at step {rebalance['step']}, the cut at {cut_step}"
+    assert rebalance["step"] <= cut_step + 4 * WINDOW, f"the re-balance came at step {rebalance['step']}, the cut at {cut_step}"
     assert rebalance["from_step"] == rebalance["step"] + SPLIT_LEAD_STEPS + 1
     assert f"re-balancing from step {rebalance['from_step']}: {CUT} slowed" in out
     # At most one correction once the new split's own reference is measured; the split it ends at.
