@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import signal
 import time
@@ -23,10 +24,12 @@ log = logging.getLogger(__name__)
 
 CONTROLLERS = ("cpu", "cpuacct", "memory")
 
-# The CFS period the quotas are expressed in. 100 ms is the kernel's default; a quota of 0.2 CPU
-# is then 20 ms of CPU in every 100 ms. Shorter periods smooth a slow board's stalls but cost
-# accounting overhead and accuracy at small quotas (the kernel hands out 5 ms slices).
-CFS_PERIOD_US = 100_000
+# The CFS period the quotas are expressed in. The kernel's default is 100 ms: a board with 0.09 of
+# a core would then run 9 ms and stall up to 91 ms, at every step and every exchange, which is
+# slower than a slow CPU would be. At 10 ms it stalls at most ~9 ms, like a slower CPU. The kernel
+# refuses a quota under 1 ms, so a board below 0.1 core gets a longer period (1 ms of CPU in it).
+CFS_PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000
 
 # cpu.shares of the lab's parent group. In v1 the parent competes with every task at the root as
 # ONE entity of weight 1024, so on a busy host all boards together would get the share of a single
@@ -97,7 +100,9 @@ class Cgroup:
         log.debug("cgroup %s created", self.relpath)
 
     def set_cpu_quota(self, cpus: float, period_us: int = CFS_PERIOD_US, *, burst_periods: float = 0.0) -> bool:
-        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 20 ms per 100 ms), and weigh it as much.
+        """Limit the group to ``cpus`` cores' worth of CPU time (0.2 = 2 ms per 10 ms), and weigh it as much.
+
+        ``period_us`` is lengthened where ``cpus`` of it would be under the kernel's 1 ms floor.
 
         ``burst_periods`` > 0 lets the group carry quota it could not use (other groups held the
         host's cores) into later periods, up to that many periods' quota, one at most
@@ -105,8 +110,11 @@ class Cgroup:
         give, but a moment of contention on the shared host no longer costs it CPU for good.
         Returns False if the kernel has no burst (the quota is set all the same).
         """
+        if not cpus > 0:
+            raise ValueError(f"a CPU quota must be positive, got {cpus}")
         directory = self.path("cpu")
-        quota = max(1000, round(cpus * period_us))
+        period_us = max(period_us, math.ceil(MIN_QUOTA_US / cpus))  # a quota of at least 1 ms: the kernel's floor
+        quota = max(MIN_QUOTA_US, round(cpus * period_us))
         _write(directory / "cpu.shares", str(max(2, round(cpus * SHARES_PER_CPU))))
         burst = directory / "cpu.cfs_burst_us"
         if burst.exists():
@@ -286,5 +294,13 @@ def remove_leftover_groups(mounts: dict[str, Path] | None = None) -> list[str]:
     return removed
 
 
-__all__ = ["CFS_PERIOD_US", "CGROUP_PARENT", "CONTROLLERS", "Cgroup", "find_controller_mounts", "leftover_groups",
-           "remove_leftover_groups"]
+__all__ = [
+    "CFS_PERIOD_US",
+    "CGROUP_PARENT",
+    "CONTROLLERS",
+    "MIN_QUOTA_US",
+    "Cgroup",
+    "find_controller_mounts",
+    "leftover_groups",
+    "remove_leftover_groups",
+]
