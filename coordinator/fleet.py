@@ -1,7 +1,14 @@
 """The live fleet view: folds every board's status, caps and telemetry into one table of rows.
 
 ``ingest()`` is called on the MQTT network thread for every message and must stay cheap; a
-malformed message is counted and logged once per board, and never stops the view.
+malformed message (bad JSON, too large or deep, a value outside what a board can report) is
+counted, logged once per board (and at most a few times a minute for the whole fleet), and never
+stops the view. The board is then shown as ``bad-data``, never as healthy.
+
+The view holds at most ``max_boards`` boards (default :data:`DEFAULT_MAX_BOARDS`), so a broker full
+of bogus retained board ids cannot grow it without bound. When it is full, a new board that says it
+is online, or sends a valid sample, takes the place of a leftover (a board that never sent a sample;
+see ``_admit``); any other new board is ignored and counted (``ignored_boards()``), and the views say so.
 """
 
 from __future__ import annotations
@@ -16,10 +23,14 @@ from typing import Any
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample, is_measured
 from edgefleet.protocol.topics import parse_board_topic
+from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 
 log = logging.getLogger(__name__)
 
 STALE_INTERVALS = 3  # a sample older than this many intervals is shown as stale
+DEFAULT_MAX_BOARDS = 512  # boards one view holds; more are ignored and counted (status --max-boards)
+MAX_IGNORED_TRACKED = 10_000  # distinct ignored board ids remembered for the count (then "at least")
+BAD_LOG_BURST = 5  # boards' first malformed messages logged per minute, fleet-wide; the rest counted
 
 
 @dataclass(slots=True)
@@ -78,6 +89,15 @@ class BoardRow:
 
 
 _DECODERS = {"status": BoardStatus.from_json, "caps": BoardCaps.from_json, "telemetry": TelemetrySample.from_json}
+_CLAIM_NONE, _CLAIM_ONLINE, _CLAIM_SAMPLE = 0, 1, 2  # how strongly a new board's first message says it is real
+
+
+def _claim(kind: str, message: object) -> int:
+    if kind == "telemetry" and message is not None:
+        return _CLAIM_SAMPLE
+    if isinstance(message, BoardStatus) and message.state != "offline":
+        return _CLAIM_ONLINE
+    return _CLAIM_NONE
 
 
 @dataclass
@@ -89,9 +109,16 @@ class FleetView:
     messages: int = 0
     bad_messages: int = 0
     clock: Callable[[], float] = time.monotonic
+    max_boards: int = DEFAULT_MAX_BOARDS
     # Set by the monitor once the broker has delivered what it retained when we subscribed.
     replayed: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ignored: set[str] = field(default_factory=set, repr=False)
+    _bad_log: LogLimiter = field(default_factory=lambda: LogLimiter(burst=BAD_LOG_BURST), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_boards < 1:
+            raise ValueError(f"max_boards = {self.max_boards}: a fleet view must hold at least one board")
 
     def ingest(self, topic: str, payload: bytes, retained: bool = False) -> None:
         parsed = parse_board_topic(self.prefix, topic)
@@ -101,17 +128,24 @@ class FleetView:
         with self._lock:
             self.messages += 1
             board = self.boards.get(parsed.board_id)
-            if board is None:
-                if not payload and parsed.kind == "status":
-                    return  # a cleared retained status of a board we never saw
-                board = self.boards[parsed.board_id] = _Board(parsed.board_id)
             if not payload and parsed.kind == "status":
-                del self.boards[parsed.board_id]  # the operator removed the board (cleared its retained topics)
+                if board is not None:
+                    del self.boards[parsed.board_id]  # the operator removed the board (cleared its retained topics)
                 return
             try:
                 message = _DECODERS[parsed.kind](payload)
             except DecodeError as exc:
-                self._bad(board, parsed.kind, str(exc))
+                error = str(exc)
+                message = None
+            except Exception as exc:  # a decoder bug must not stop the fold: the message is bad data
+                error = f"{type(exc).__name__} while decoding: {str(exc)[:200]}"
+                message = None
+            if board is None:
+                board = self._admit(parsed.board_id, claim=_claim(parsed.kind, message))
+                if board is None:
+                    return
+            if message is None:
+                self._bad(board, parsed.kind, error)
                 return
             if parsed.kind == "telemetry":
                 assert isinstance(message, TelemetrySample)
@@ -127,12 +161,52 @@ class FleetView:
                 assert isinstance(message, BoardCaps)
                 board.caps = message
 
+    def _admit(self, board_id: str, *, claim: int) -> _Board | None:
+        """A new board's entry, or None when the view is full (the id is counted as ignored). Under the lock.
+
+        In a full view, a board that never sent a sample and says it is offline (or nothing) is a
+        leftover: a new board that says it is online, or sends a valid sample, takes its place. A valid
+        sample also displaces a board that only claims to be online. Junk displaces nobody.
+        """
+        if len(self.boards) >= self.max_boards:
+            evict = None
+            if claim >= _CLAIM_ONLINE:
+                silent = [b for b in self.boards.values() if b.sample is None]
+                evict = next((b for b in silent if b.status is None or b.status.state == "offline"), None)
+                if evict is None and claim == _CLAIM_SAMPLE and silent:
+                    evict = silent[0]
+            if evict is None:
+                self._ignore(board_id)
+                return None
+            del self.boards[evict.board_id]
+            self._ignore(evict.board_id)
+        self._ignored.discard(board_id)
+        board = self.boards[board_id] = _Board(board_id)
+        return board
+
+    def _ignore(self, board_id: str) -> None:
+        if not self._ignored:
+            log.warning("more than %d boards on this broker and topic prefix: board %s and further new ones are not "
+                        "shown. Raise the limit (status --max-boards), or clear the retained topics of boards that do "
+                        "not exist (mosquitto_pub -r -n -t %s/boards/<id>/status)", self.max_boards, board_id, self.prefix)
+        if len(self._ignored) < MAX_IGNORED_TRACKED:
+            self._ignored.add(board_id)
+
+    def ignored_boards(self) -> int:
+        """How many distinct board ids the view left out for lack of room (at most MAX_IGNORED_TRACKED)."""
+        with self._lock:
+            return len(self._ignored)
+
     def _bad(self, board: _Board, kind: str, error: str) -> None:
         self.bad_messages += 1
         board.bad_messages += 1
         board.last_error, board.last_bad_n = f"{kind}: {error}", self.messages
-        if board.bad_messages == 1:  # once per board; the count is in the view
-            log.warning("board %s sent malformed %s (%s); counting further ones silently", board.board_id, kind, error)
+        if board.bad_messages == 1:  # once per board, a few boards a minute; the count is in the view
+            suppressed = self._bad_log.allow()
+            if suppressed is not None:
+                log.warning("board %s sent malformed %s (%s); dropped, and further ones from it are counted silently. "
+                            "Check that board's agent version and sensors, or who else publishes with its credentials%s",
+                            board.board_id, kind, error, suppressed_text(suppressed))
 
     def rows(self) -> list[BoardRow]:
         now = self.clock()

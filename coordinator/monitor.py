@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from edgefleet.coordinator.fleet import FleetView
+from edgefleet.coordinator.fleet import DEFAULT_MAX_BOARDS, FleetView
 from edgefleet.protocol.errors import BrokerError
 from edgefleet.protocol.topics import cmd_topic, fleet_filter
 from edgefleet.transport.mqtt_link import MqttLink
@@ -26,13 +26,18 @@ REPLAY_TIMEOUT_S = 5.0  # the marker normally returns in milliseconds; a busy ma
 
 
 @contextmanager
-def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0) -> Iterator[FleetView]:
+def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0,
+                  max_boards: int = DEFAULT_MAX_BOARDS) -> Iterator[FleetView]:
     """Yield a FleetView that the broker keeps up to date until the block ends.
+
+    Every message is decoded under the protocol's size, depth and range limits; one that fails them
+    marks its board as sending bad data, and one that makes the fold raise is dropped by the link
+    with a warning, so no board can stop the view. At most ``max_boards`` boards are held.
 
     Raises:
         BrokerError: the broker could not be reached or refused us within ``connect_timeout_s``.
     """
-    view = FleetView(settings.topic_prefix)
+    view = FleetView(settings.topic_prefix, max_boards=max_boards)
     marker_topic = cmd_topic(settings.topic_prefix, f"{_MARKER_BOARD}-{socket.gethostname()}-{os.getpid()}")
     # A subscriber busy folding thousands of messages a second can miss paho's ping deadline and
     # reconnect with a clean session, losing what the broker had queued: give it a longer keepalive.

@@ -1,7 +1,11 @@
-"""Type checks for decoded messages, compiled once per dataclass from its own annotations.
+"""Type and range checks for decoded messages, compiled once per dataclass from its own annotations.
 
 The fleet view validates every telemetry message it folds (thousands per second), so each field's
-check is built once per class and is a plain function call per message.
+check is built once per class and is a plain function call per message. A class may also have
+bounds (:func:`set_bounds`, see ``bounds.py``): what a board can physically report per field.
+
+JSON from the network is decoded under a size and a nesting-depth limit (:func:`load_json`), so a
+payload of 100 KB of ``[[[[`` is refused in words instead of raising RecursionError in the parser.
 """
 
 from __future__ import annotations
@@ -9,15 +13,57 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
+from itertools import accumulate, repeat
 from typing import Any, TypeVar
 
+from edgefleet.protocol.bounds import Bound, short_repr
 from edgefleet.protocol.errors import DecodeError
 
 T = TypeVar("T")
 Check = Callable[[Any], bool]
 _isfinite = math.isfinite
 _NUMBER_TYPES = frozenset((int, float))   # exact types: bool (an int subclass) is not one
+_STR_TYPE = {str}
+
+MAX_JSON_BYTES = 64 * 1024   # a telemetry sample is ~600 bytes; one of a 1024-core board ~12 KB
+MAX_JSON_DEPTH = 8           # the messages nest 2 deep (an object holding lists and maps)
+
+# A JSON string (escapes included) or one bracket: the tokens that decide how deep a document nests.
+_DEPTH_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+_DEPTH_STEP = {b"[": 1, b"{": 1, b"]": -1, b"}": -1}
+
+
+def json_depth(payload: bytes) -> int:
+    """How deep the arrays and objects of a JSON document nest (brackets inside strings do not count).
+
+    A document of valid JSON up to any point is measured exactly up to that point, so an invalid one
+    cannot hide depth from the parser either.
+    """
+    tokens = _DEPTH_TOKENS.findall(payload)
+    return max(accumulate(map(_DEPTH_STEP.get, tokens, repeat(0))), default=0)
+
+
+def load_json(payload: bytes | str, *, what: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for a payload from the network, refused in words when too large or too deep.
+
+    Raises:
+        DecodeError: naming ``what``, and the size, depth or syntax that was wrong.
+    """
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8", "surrogatepass")
+    if len(payload) > max_bytes:
+        raise DecodeError(f"{what}: {len(payload)} bytes, over the limit of {max_bytes} for one message")
+    # Cheap first: a document with no more opening brackets than the limit cannot nest deeper.
+    if payload.count(b"[") + payload.count(b"{") > max_depth:
+        depth = json_depth(payload)
+        if depth > max_depth:
+            raise DecodeError(f"{what}: JSON nested {depth} deep, over the limit of {max_depth}")
+    try:
+        return json.loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise DecodeError(f"{what}: not valid JSON ({str(exc)[:120]})") from None
 
 
 def _float(v: Any) -> bool:
@@ -64,7 +110,10 @@ _OPTIONAL_CHECKS: dict[str, Check] = {"float|None": _opt_float, "int|None": _opt
 def _numbers(values: Any) -> bool:
     """All finite int/float, at C speed for the usual exact types; else element by element."""
     if set(map(type, values)) <= _NUMBER_TYPES:
-        return all(map(_isfinite, values))
+        try:
+            return all(map(_isfinite, values))
+        except OverflowError:  # an int too large for a float is finite: the field's bound judges it
+            return all(map(_float, values))
     return all(map(_float, values))
 
 
@@ -93,21 +142,72 @@ def _compile(annotation: str) -> Check:
     raise TypeError(f"unsupported annotation {annotation!r} in a wire message")
 
 
-_PLANS: dict[type, tuple[tuple[str, Check, bool, str], ...]] = {}
+Plan = tuple[tuple[str, Check, Check, "Check | None", bool, str, "Bound | None"], ...]
+_PLANS: dict[type, Plan] = {}
+_BOUNDS: dict[type, Mapping[str, Bound]] = {}
 
 
-def _plan(cls: type) -> tuple[tuple[str, Check, bool, str], ...]:
-    """(name, checker, required, annotation) per field of ``cls``; computed on first use."""
+def set_bounds(cls: type, bounds: Mapping[str, Bound]) -> None:
+    """Check every message of ``cls`` decoded from now on against ``bounds`` (field name -> Bound)."""
+    _BOUNDS[cls] = dict(bounds)
+    _PLANS.pop(cls, None)
+
+
+def _fast(annotation: str, check: Check, bound: Bound | None, in_bounds: Check | None) -> Check:
+    """One predicate for a field's type and bound, fused where it can be (the hot path of every sample).
+
+    True means valid; False means "look closer" (the separate checks then decide and name the problem),
+    so the fused forms may be stricter than the real checks (exact types) but never looser.
+    """
+    if bound is None or in_bounds is None:
+        return check
+    a = annotation.replace(" ", "")
+    optional = a.endswith("|None")
+    base = a[: -len("|None")] if optional else a
+    if base in ("float", "int") and not bound.max_items and not bound.max_chars:
+        types = _NUMBER_TYPES if base == "float" else frozenset((int,))
+        lo, hi = bound.lo, bound.hi  # a finite range also refuses NaN and the infinities
+        if optional:
+            return lambda v: (type(v) in types and lo <= v <= hi) or v is None
+        return lambda v: type(v) in types and lo <= v <= hi
+    if base == "str" and bound.max_chars:
+        chars = bound.max_chars
+        if optional:
+            return lambda v: (type(v) is str and len(v) <= chars and v.isprintable()) or v is None
+        return lambda v: type(v) is str and len(v) <= chars and v.isprintable()
+    if base == "list[float]" and bound.max_items and not optional:
+        return lambda v: type(v) is list and (not v or (set(map(type, v)) <= _NUMBER_TYPES and in_bounds(v)))
+    if base == "dict[str,float]" and bound.max_items and not optional:
+        return lambda v: type(v) is dict and (not v or (set(map(type, v)) == _STR_TYPE
+                                                        and set(map(type, v.values())) <= _NUMBER_TYPES and in_bounds(v)))
+    return lambda v: check(v) and in_bounds(v)
+
+
+def _plan(cls: type) -> Plan:
+    """(name, fused check, type check, bound check, required, annotation, bound) per field of ``cls``; made on first use."""
     plan = _PLANS.get(cls)
     if plan is None:
+        bounds = _BOUNDS.get(cls, {})
+        fields = [(f, str(f.type), _compile(str(f.type)), bounds.get(f.name)) for f in dataclasses.fields(cls)]
         plan = _PLANS[cls] = tuple(
-            (f.name, _compile(str(f.type)),
-             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, str(f.type))
-            for f in dataclasses.fields(cls))
+            (f.name, _fast(annotation, check, bound, in_bounds), check, in_bounds,
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, annotation, bound)
+            for f, annotation, check, bound in fields
+            for in_bounds in [None if bound is None else bound.compile()])
     return plan
 
 
 _MISSING = object()
+
+
+def _preview(value: Any) -> str:
+    """At most 60 characters of ``value``'s repr; never the decimal digits of a huge int (slow, and useless)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return short_repr(value)
+    try:
+        return f"{value!r:.60}"
+    except ValueError:  # an int inside a list past Python's 4300-digit str() limit
+        return f"a {type(value).__name__} too large to show"
 
 
 def message_from_dict(cls: type[T], data: Any, *, schema_version: int) -> T:
@@ -124,14 +224,18 @@ def message_from_dict(cls: type[T], data: Any, *, schema_version: int) -> T:
                           "edgefleet")
     kwargs: dict[str, Any] = {}
     get = data.get
-    for name, check, required, annotation in _plan(cls):
+    for name, fast, check, in_bounds, required, annotation, bound in _plan(cls):
         value = get(name, _MISSING)
         if value is _MISSING:
             if required:
                 raise DecodeError(f"{cls.__name__}: required field {name!r} is missing")
             continue
-        if not check(value):
-            raise DecodeError(f"{cls.__name__}: field {name!r} should be {annotation}, got {value!r:.60}")
+        if not fast(value):
+            if not check(value):
+                what = "a finite number" if isinstance(value, float) and not _isfinite(value) else annotation
+                raise DecodeError(f"{cls.__name__}: field {name!r} should be {what}, got {_preview(value)}")
+            if in_bounds is not None and bound is not None and not in_bounds(value):
+                raise DecodeError(f"{cls.__name__}: field {name!r} {bound.problem(value)}")
         kwargs[name] = value
     try:
         return cls(**kwargs)
@@ -143,16 +247,13 @@ def message_from_json(cls: type[T], payload: bytes | str, *, schema_version: int
     """Decode a JSON message and validate it into the frozen dataclass ``cls``.
 
     Unknown keys are ignored, so that an older coordinator can read a newer agent's messages;
-    a missing required key, a wrong type or a non-finite number raises.
+    a payload over :data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_JSON_DEPTH`, a missing
+    required key, a wrong type, a non-finite number or a value outside the class's bounds raises.
 
     Raises:
         DecodeError: naming the message type and the offending field.
     """
-    try:
-        data = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DecodeError(f"{cls.__name__}: not valid JSON ({exc})") from None
-    return message_from_dict(cls, data, schema_version=schema_version)
+    return message_from_dict(cls, load_json(payload, what=cls.__name__), schema_version=schema_version)
 
 
 def message_to_json(message: Any) -> bytes:

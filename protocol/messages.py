@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgefleet.protocol._validate import message_from_json, message_to_json
+from edgefleet.protocol._validate import message_from_json, message_to_json, set_bounds
+from edgefleet.protocol.bounds import Bound, bounds_for
+from edgefleet.protocol.errors import DecodeError
 
 SCHEMA_VERSION = 1
 STATES = ("online", "offline", "busy")
@@ -107,10 +109,55 @@ class TelemetrySample:
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> TelemetrySample:
-        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+        sample = message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+        for part, total in (("mem_used_bytes", "mem_total_bytes"), ("mem_available_bytes", "mem_total_bytes"),
+                            ("swap_used_bytes", "swap_total_bytes")):
+            a, b = getattr(sample, part), getattr(sample, total)
+            if a is not None and b is not None and a > b:
+                raise DecodeError(f"TelemetrySample: field {part!r} = {a} is more than {total} = {b}")
+        return sample
+
+
+# What a board can physically report (see bounds.py); every decoded message is checked against these.
+# Generous on purpose: the agent itself keeps temperatures within -40..150 °C, CPU within 0-100 %.
+MAX_MEMORY_BYTES = 1 << 50        # 1 PiB of RAM or swap
+MAX_CORES = 4096
+MAX_POWER_W = 5000.0              # a whole board, however large; a rail may read slightly negative
+_EPOCH_S = Bound(0, 1e10, "s since 1970")   # until the year 2286
+_PERIOD_S = Bound(0.01, 86_400, "s")
+_BYTES = Bound(0, MAX_MEMORY_BYTES, "bytes")
+_PERCENT = Bound(0, 100, "%")
+_CELSIUS = Bound(-100, 250, "°C")
+_SCHEMA = Bound(0, 1 << 31)
+_SHORT_TEXT = Bound(max_chars=64)
+_BOARD_ID = Bound(max_chars=63)
+
+set_bounds(BoardStatus, bounds_for(BoardStatus, {
+    "ts": _EPOCH_S, "interval_s": _PERIOD_S, "keepalive_s": Bound(0, 86_400, "s"), "agent_version": _SHORT_TEXT,
+    "schema_version": _SCHEMA}))
+set_bounds(BoardCaps, bounds_for(BoardCaps, {
+    "board_id": _BOARD_ID, "machine": _SHORT_TEXT, "accelerator": _SHORT_TEXT, "power_source": _SHORT_TEXT,
+    "agent_version": _SHORT_TEXT, "python_version": _SHORT_TEXT,
+    "cores": Bound(1, MAX_CORES, "cores"), "ram_bytes": _BYTES, "cpu_cores": Bound(0, MAX_CORES, "cores"),
+    "train_threads": Bound(0, MAX_CORES, "threads"), "schema_version": _SCHEMA}))
+set_bounds(TelemetrySample, bounds_for(TelemetrySample, {
+    "board_id": _BOARD_ID, "ts": _EPOCH_S, "seq": Bound(0, (1 << 63) - 1), "interval_s": _PERIOD_S,
+    "cpu_percent": _PERCENT, "cpu_percent_per_core": Bound(0, 100, "%", max_items=MAX_CORES),
+    "cpu_freq_mhz": Bound(0, 100_000, "MHz"),
+    "load_avg_1m": Bound(0, 1e6), "load_avg_5m": Bound(0, 1e6), "load_avg_15m": Bound(0, 1e6),
+    "mem_total_bytes": _BYTES, "mem_used_bytes": _BYTES, "mem_available_bytes": _BYTES, "mem_percent": _PERCENT,
+    "swap_total_bytes": _BYTES, "swap_used_bytes": _BYTES,
+    "net_rx_bytes_per_s": Bound(0, 1e12, "bytes/s"), "net_tx_bytes_per_s": Bound(0, 1e12, "bytes/s"),
+    "temp_c": _CELSIUS, "temps_c": Bound(_CELSIUS.lo, _CELSIUS.hi, "°C", max_items=256, max_chars=128),
+    "power_w": Bound(0, MAX_POWER_W, "W"), "power_source": _SHORT_TEXT,
+    "power_rails_w": Bound(-50, MAX_POWER_W, "W", max_items=64, max_chars=128),
+    "schema_version": _SCHEMA}))
 
 
 __all__ = [
+    "MAX_CORES",
+    "MAX_MEMORY_BYTES",
+    "MAX_POWER_W",
     "POWER_SOURCES",
     "SCHEMA_VERSION",
     "STATES",

@@ -74,12 +74,16 @@ class BoardTopic:
 
 
 def parse_board_topic(prefix: str, topic: str) -> BoardTopic | None:
-    """Split ``<prefix>/boards/<id>/<kind>``; None if the topic is not one of ours."""
+    """Split ``<prefix>/boards/<id>/<kind>``; None if the topic is not one of ours.
+
+    A level that is not a valid board id (:func:`valid_board_id`: markup, spaces, 200 characters)
+    is not a board of ours either, so nothing downstream ever shows or stores it.
+    """
     head = f"{prefix}/boards/"
     if not topic.startswith(head):
         return None
     rest = topic[len(head):].split("/")
-    if len(rest) != 2 or rest[1] not in KINDS or not rest[0]:
+    if len(rest) != 2 or rest[1] not in KINDS or not valid_board_id(rest[0]):
         return None
     return BoardTopic(board_id=rest[0], kind=rest[1])
 

@@ -3,6 +3,10 @@
 It speaks MQTT 3.1.1 unless told otherwise, reconnects with backoff, renews subscriptions on every
 reconnect (they are made in ``on_connect``), sets the last will, and turns paho's reason codes into
 one clear log line per attempt window instead of a traceback.
+
+Nothing a peer publishes can raise out of the message callback: an exception there would end paho's
+network thread, and with it every later message (a frozen ``status --watch``, a ``train`` that no
+longer hears its boards). The message is dropped instead, with a rate-limited warning naming the topic.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from edgefleet.protocol.errors import BrokerError
+from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -26,6 +31,8 @@ log = logging.getLogger(__name__)
 RECONNECT_MIN_S = 1
 RECONNECT_MAX_S = 30
 LOG_WINDOW_S = 60.0  # a failure that repeats is logged again at most this often
+DROP_LOG_BURST = 3   # dropped messages warned about per LOG_WINDOW_S; the others are counted
+_TOPIC_SHOWN = 120   # characters of a topic quoted in a warning
 
 _AUTH_HINTS = {
     "Not authorized": "check broker.username and broker.password (or password_file), and the broker's ACL",
@@ -89,7 +96,8 @@ class MqttLink:
         client_id: unique per connection (a duplicate kicks the other client off).
         will: published by the broker if this client vanishes without ``close()``.
         on_connect: called on the network thread after every successful (re)connect; subscribe here.
-        on_message: called on the network thread for each message; must not block.
+        on_message: called on the network thread for each message; must not block. An exception it
+            raises drops that message (a rate-limited warning names the topic) and nothing else.
     """
 
     def __init__(
@@ -107,6 +115,8 @@ class MqttLink:
         self._on_connect_cb = on_connect
         self._on_message_cb = on_message
         self._failures = _FailureLog(settings.address())
+        self._drop_log = LogLimiter(window_s=LOG_WINDOW_S, burst=DROP_LOG_BURST)
+        self.dropped_messages = 0  # messages whose handler raised (counted, never re-raised)
         protocol = MQTTProtocolVersion.MQTTv5 if settings.protocol == "5" else MQTTProtocolVersion.MQTTv311
         self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
         if settings.username:
@@ -191,8 +201,27 @@ class MqttLink:
             log.warning("lost broker %s (%s); reconnecting", self.settings.address(), reason_code)
 
     def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        if self._on_message_cb is not None:
+        # The boundary: whatever the payload does to the handler, paho's network thread lives on.
+        if self._on_message_cb is None:
+            return
+        try:
             self._on_message_cb(message.topic, bytes(message.payload), bool(message.retain))
+        except Exception as exc:  # deliberately everything: RecursionError, OverflowError, ...
+            self._dropped(message, exc)
+
+    def _dropped(self, message: mqtt.MQTTMessage, exc: Exception) -> None:
+        self.dropped_messages += 1
+        suppressed = self._drop_log.allow()
+        if suppressed is None:
+            return
+        try:
+            topic = repr(message.topic[:_TOPIC_SHOWN])
+        except UnicodeDecodeError:
+            topic = "a topic that is not UTF-8"
+        log.warning("dropped a %d-byte message on %s: %s: %.200s. Whoever publishes there sent something this side "
+                    "cannot use; the connection and every other topic carry on%s", len(message.payload), topic,
+                    type(exc).__name__, str(exc) or "no details", suppressed_text(suppressed, LOG_WINDOW_S))
+        log.debug("the dropped message's traceback", exc_info=exc)
 
 
 __all__ = ["MqttLink", "Will"]

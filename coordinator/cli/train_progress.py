@@ -58,7 +58,7 @@ class TrainProgress(TrainObserver):
 
     def note(self, text: str) -> None:
         if self._progress is not None:
-            self._progress.console.print(text)
+            self._progress.console.print(text, markup=False)  # notes hold board-provided words
         else:
             self.console.print(text, markup=False, soft_wrap=True)
 
@@ -70,18 +70,18 @@ class TrainProgress(TrainObserver):
     def stopped_before_training(self) -> None:
         """Say that Ctrl-C came before the first step (so there is nothing to resume)."""
         where = f" Run directory: {self.run_dir}" if self.run_dir is not None else ""
-        self.console.print(f"stopped before training began; nothing to resume.{where}")
+        self.console.print(f"stopped before training began; nothing to resume.{where}", markup=False)
 
 
 def print_outcome(console: Console, outcome: TrainOutcome) -> int:
     """The run's summary line and table, then how to resume it or where its model is. Returns the exit status."""
-    console.print(summary_line(outcome.result))
+    console.print(summary_line(outcome.result), markup=False)
     console.print(summary_table(outcome.result))
     if outcome.interrupted:
         console.print(f"stopped at step {outcome.result['steps']} of {outcome.result['total_steps']}; checkpoint saved. "
-                      f"Continue with: edge-coordinator train --resume {outcome.run_dir}")
+                      f"Continue with: edge-coordinator train --resume {outcome.run_dir}", markup=False)
         return INTERRUPTED
-    console.print(f"run directory: {outcome.run_dir}  (model: {outcome.run_dir / 'model.pt'})")
+    console.print(f"run directory: {outcome.run_dir}  (model: {outcome.run_dir / 'model.pt'})", markup=False)
     return 0
 
 

@@ -1,4 +1,7 @@
-"""Predicted against measured on the terminal: the pre-training's table and choice, and a run's comparison."""
+"""Predicted against measured on the terminal: the pre-training's table and choice, and a run's comparison.
+
+Labels (which name boards) go into cells as plain :class:`Text`, and lines are printed with markup off.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from collections.abc import Sequence
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from edgefleet.coordinator.plan_summary import batches_text, fmt_power, fmt_step
 from edgefleet.coordinator.planning import Estimate, format_duration
@@ -16,7 +20,7 @@ from edgefleet.coordinator.verify import DISAGREEMENT, FIGURES, Measurement, Ver
 def comparison_table(rows: Sequence[tuple[str, Estimate, Measurement | None]], *, title: str,
                      tolerance: float = DISAGREEMENT) -> Table:
     """Predicted against measured, one block of figures per configuration; differences over ``tolerance`` marked."""
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=Text(title, style="table.title"), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("configuration", "figure", "predicted", "measured", "difference"):
         table.add_column(name, justify="left" if name in ("configuration", "figure") else "right")
     fmt = {label: f for label, _, f in FIGURES}
@@ -27,13 +31,13 @@ def comparison_table(rows: Sequence[tuple[str, Estimate, Measurement | None]], *
             (name, float(getattr(estimate, attr)), None, None) for name, attr, _ in FIGURES]
         for i, (figure, predicted, actual, rel) in enumerate(figures):
             off = rel is not None and abs(rel) > tolerance
-            table.add_row(label if i == 0 else "", figure, fmt[figure](predicted),
+            table.add_row(Text(label if i == 0 else ""), figure, fmt[figure](predicted),
                           "-" if actual is None else fmt[figure](actual) + (
                               "*" if figure == "power" and measured is not None and not measured.power_measured else ""),
                           "-" if rel is None else f"{rel:+.0%}" + (" !" if off else ""),
                           style="yellow" if off else None)
-    table.caption = (f"! measured differs from the estimate by more than {tolerance:.0%}; "
-                     "* power estimated by the agents from CPU load, not measured")
+    table.caption = Text(f"! measured differs from the estimate by more than {tolerance:.0%}; "
+                         "* power estimated by the agents from CPU load, not measured", style="table.caption")
     table.caption_justify = "left"
     return table
 
