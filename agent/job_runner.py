@@ -31,11 +31,13 @@ from edgefleet.agent.heap import worker_environment
 from edgefleet.launch import module_command
 from edgefleet.protocol.errors import DecodeError, ProtocolError
 from edgefleet.protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.protocol.signing import SignatureError, unverified_address
 
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 2.0  # a kept worker whose job ends by itself this soon after a stop is kept
+REFUSAL_INTERVAL_S = 1.0  # at most one refusal event a second: junk on the command topic cannot make a board chatty
 _ENDING_PHASES = ("finished", "failed")
 
 
@@ -100,6 +102,8 @@ class JobRunner:
         self._job_id = ""                  # the running job; "" when idle
         self._job_ended = threading.Event()  # the running job's worker said finished or failed
         self._next: TrainCommand | ProfileCommand | None = None  # arrived while the ended job's worker exits
+        self._refused_jobs: deque[str] = deque(maxlen=64)  # jobs told why their command was refused
+        self._last_refusal = -REFUSAL_INTERVAL_S
 
     @property
     def busy(self) -> bool:
@@ -110,11 +114,17 @@ class JobRunner:
         """Called on the MQTT thread for each command; verifies it and never blocks for long."""
         if self._verify is None:
             log.warning("refused a command: no fleet key configured (set security.fleet_key_file)")
+            self._tell_refusal(payload, f"board {self.board_id} has no fleet key (security.fleet_key_file is not set) and "
+                                        "refuses every command: install the fleet's key on it and restart edge-agent")
             return
         try:
             command = command_from_dict(self._verify(payload))
         except ProtocolError as exc:  # unsigned, forged, stale, replayed or malformed
             log.warning("refused a command: %s", exc)
+            if isinstance(exc, SignatureError) and exc.tell_sender:
+                hint = ("; its fleet key differs from the coordinator's: use the same key on both (--fleet-key, "
+                        "security.fleet_key_file)") if str(exc).startswith("bad signature") else ""
+                self._tell_refusal(payload, f"board {self.board_id} refused the command: {exc}{hint}")
             return
         if command.board_id != self.board_id:
             log.warning("refused a command for board %r: this is %r", command.board_id, self.board_id)
@@ -123,6 +133,22 @@ class JobRunner:
             self.stop(command.job_id)
         else:
             self._start(command)
+
+    def _tell_refusal(self, payload: bytes, message: str) -> None:
+        """Answer a command this board cannot accept with a ``rejected`` event, so that its job fails now
+        with the reason instead of waiting for the board. Addressed by the ids the command claims (not
+        trusted for anything else); once per job and at most one a second, so junk cannot make the board chatty."""
+        address = unverified_address(payload)
+        if address is None or address[1] != self.board_id:
+            return
+        job_id = address[0]
+        now = time.monotonic()
+        with self._lock:
+            if job_id in self._refused_jobs or now - self._last_refusal < REFUSAL_INTERVAL_S:
+                return
+            self._refused_jobs.append(job_id)
+            self._last_refusal = now
+        self._event(job_id, "rejected", message)
 
     def _event(self, job_id: str, phase: str, message: str = "", **fields: Any) -> None:
         self._publish(JobEvent(job_id=job_id, board_id=self.board_id, phase=phase, message=message,

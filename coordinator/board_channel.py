@@ -30,6 +30,8 @@ class BoardChannel:
     boards: list[str]
     status: dict[str, BoardStatus] = field(default_factory=dict)
     caps: dict[str, BoardCaps] = field(default_factory=dict)
+    # Boards whose agent went offline since this channel opened (a live status, not a retained one), and why.
+    went_offline: dict[str, str] = field(default_factory=dict)
     _events: asyncio.Queue[JobEvent] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _link: MqttLink | None = None
@@ -64,7 +66,11 @@ class BoardChannel:
             return
         try:
             if parsed.kind == "status":
-                self.status[parsed.board_id] = BoardStatus.from_json(payload)
+                status = self.status[parsed.board_id] = BoardStatus.from_json(payload)
+                if status.state == "offline" and not retained:
+                    self.went_offline[parsed.board_id] = status.reason or "no reason given"
+                elif status.state != "offline":
+                    self.went_offline.pop(parsed.board_id, None)
             elif parsed.kind == "caps":
                 self.caps[parsed.board_id] = BoardCaps.from_json(payload)
             elif parsed.kind == "events":

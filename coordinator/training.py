@@ -328,6 +328,10 @@ class TrainingRun:
             event = await channel.next_event(0.2)
             if event is not None and event.job_id == self.spec.run_id and event.phase in ("rejected", "failed"):
                 exchange.fail(event.board_id, event.message or event.phase)
+            for board in sorted(need - set(exchange.connected)):  # its agent died or lost the broker: no use waiting
+                if board in channel.went_offline:
+                    exchange.fail(board, f"went offline while joining ({channel.went_offline[board]}): check that its "
+                                         "agent is running (journalctl -u edge-agent) or leave it out of --boards")
             if self._stop.is_set():
                 waiter.cancel()
                 raise KeyboardInterrupt

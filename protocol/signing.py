@@ -47,7 +47,17 @@ GENERATE_HINT = "generate one with: python -m edgefleet.transport.fleet_key --ge
 
 
 class SignatureError(ProtocolError):
-    """A command is unsigned, forged, stale, from the future or replayed; the message says which."""
+    """A command is unsigned, forged, stale, from the future or replayed; the message says which.
+
+    ``tell_sender``: whether the board should answer the command's sender with the reason (the
+    coordinator cannot fix what it does not hear: another fleet key, clocks apart). False for
+    replays and a full nonce cache (a duplicate delivery must not fail the job it duplicates) and
+    for what is not a command at all.
+    """
+
+    def __init__(self, message: str, *, tell_sender: bool = False) -> None:
+        super().__init__(message)
+        self.tell_sender = tell_sender
 
 
 def _check_key(key: bytes) -> None:
@@ -126,6 +136,25 @@ def _open_envelope(payload: bytes) -> tuple[bytes, bytes]:
     return body, sig
 
 
+def unverified_address(payload: bytes) -> tuple[str, str] | None:
+    """The ``(job_id, board_id)`` a signed command claims, read WITHOUT checking its signature.
+
+    Only to address a refusal to the job that may be waiting for it; never to act on the command.
+    None if the payload is not an envelope around a map with two short str ids.
+    """
+    try:
+        body, _ = _open_envelope(payload)
+        command = _unpack(body, "signed body")
+    except SignatureError:
+        return None
+    if not isinstance(command, dict):
+        return None
+    job_id, board_id = command.get("job_id"), command.get("board_id")
+    if not (isinstance(job_id, str) and isinstance(board_id, str) and 0 < len(job_id) <= 128 and 0 < len(board_id) <= 128):
+        return None
+    return job_id, board_id
+
+
 class CommandVerifier:
     """Checks signed commands; one per agent, safe to call from the MQTT thread.
 
@@ -160,7 +189,8 @@ class CommandVerifier:
         """
         body, sig = _open_envelope(payload)
         if not hmac.compare_digest(sig, _mac(self._key, body)):
-            raise SignatureError("bad signature: not signed with this fleet's key, or altered in transit")
+            raise SignatureError("bad signature: not signed with this fleet's key, or altered in transit",
+                                 tell_sender=True)
         command = _unpack(body, "signed body")
         if not isinstance(command, dict):
             raise SignatureError(f"signed body is a {type(command).__name__}, not a map")
@@ -173,10 +203,10 @@ class CommandVerifier:
             age = now - ts
             if age > self._max_age_s:
                 raise SignatureError(f"stale: issued {age:.1f} s ago (limit {self._max_age_s:g} s); "
-                                     "check the clocks (NTP)")
+                                     "check the clocks (NTP)", tell_sender=True)
             if -age > self._max_age_s:
                 raise SignatureError(f"from the future: issued {-age:.1f} s ahead of this board's clock "
-                                     f"(limit {self._max_age_s:g} s); check the clocks (NTP)")
+                                     f"(limit {self._max_age_s:g} s); check the clocks (NTP)", tell_sender=True)
             self._forget_older_than(now - self._max_age_s)
             if nonce in self._seen:
                 raise SignatureError(f"replayed nonce {nonce}: this command was already accepted")
@@ -194,4 +224,4 @@ class CommandVerifier:
 
 
 __all__ = ["ALGORITHM", "ENVELOPE_VERSION", "GENERATE_HINT", "MIN_KEY_BYTES", "CommandVerifier", "SignatureError",
-           "sign_command"]
+           "sign_command", "unverified_address"]

@@ -90,7 +90,11 @@ def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(tm
         # The valid command ran, and failed before training with the reason and what exists.
         failed = wait_until(lambda: [e for e in client.events if e.phase == "failed"], timeout_s=60, what="failed event")
         assert "no-such-model" in failed[0].message and "lenet5" in failed[0].message
-        assert next(e.phase for e in client.events) == "accepted"
+        # The forged one was answered (its job would otherwise wait for this board), once for job-x
+        # (the stale one, same job, is not told again); the replay and the unsigned one were not.
+        rejected = [e for e in client.events if e.phase == "rejected"]
+        assert len(rejected) == 1 and "bad signature" in rejected[0].message and "fleet key differs" in rejected[0].message
+        assert [e.phase for e in client.events if e.phase != "rejected"][0] == "accepted"
         assert "Traceback" not in log
     finally:
         client.close()

@@ -4,6 +4,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,25 @@ def test_generated_key_loads_and_signs(tmp_path: Path) -> None:
 def test_the_module_without_arguments_says_what_to_do() -> None:
     result = subprocess.run([sys.executable, "-m", "edgefleet.transport.fleet_key"], capture_output=True, text=True)
     assert result.returncode == 2 and "--generate" in result.stderr
+
+
+def test_a_refusal_says_whether_the_sender_should_hear_it_and_where_it_would_go() -> None:
+    from edgefleet.protocol.signing import unverified_address
+
+    key, other = b"k" * 32, b"o" * 32
+    verifier = CommandVerifier(key, max_age_s=30.0)
+    command = {"job_id": "job-1", "board_id": "pi-1", "type": "train"}
+    signed = sign_command(command, key=key)
+    verifier.verify(signed)
+    told = {}
+    for name, payload in (("replayed", signed), ("forged", sign_command(command, key=other)),
+                          ("stale", sign_command(command, key=key, now=time.time() - 3600)),
+                          ("garbage", b"\x93\x01\x02\x03")):
+        with pytest.raises(SignatureError) as refused:
+            verifier.verify(payload)
+        told[name] = refused.value.tell_sender
+    assert told == {"replayed": False, "forged": True, "stale": True, "garbage": False}
+    # The ids a command claims, read without trusting it (only to address a refusal); None for junk.
+    assert unverified_address(sign_command(command, key=other)) == ("job-1", "pi-1")
+    assert unverified_address(b"\x93\x01\x02\x03") is None
+    assert unverified_address(sign_command({"job_id": 7, "board_id": "pi-1"}, key=key)) is None

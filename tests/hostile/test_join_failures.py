@@ -1,0 +1,97 @@
+"""A job whose board cannot take it fails within seconds, naming the board and the reason, instead of waiting
+the 180 s join timeout and then blaming the network: a board with another fleet key or none answers the
+command with a refusal, and a board whose agent dies while joining is dropped as soon as the broker says it
+is offline. Real Mosquitto, real agents, a real `edge-coordinator train`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.transport.fleet_key import generate_key_hex
+from tests.conftest import AgentFactory
+from tests.helpers import wait_until
+
+FAST_S = 45.0  # far below the 180 s join timeout; a board's worker import alone takes a few seconds here
+
+
+def _key(path: Path) -> Path:
+    path.write_text(generate_key_hex() + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _config(board: str, key: Path | None) -> str:
+    security = f'[security]\nfleet_key_file = "{key}"\n' if key is not None else ""
+    return f'board_id = "{board}"\n{security}[power]\nsource = "estimated"\n'
+
+
+def _train(broker: LocalBroker, key: Path, run_dir: Path, boards: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
+           "--boards", boards, "--model", "lenet5", "--dataset", "digits", "--steps", "20", "--threads", "1",
+           "--run-dir", str(run_dir)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[int, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"train still waiting after {timeout_s:.0f} s:\n{out[-2000:]}\n{err[-2000:]}") from None
+    return proc.returncode, out + err
+
+
+def _wait_online(broker: LocalBroker, boards: list[str]) -> None:
+    def online() -> bool:
+        out = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "status",
+                              "--json"], capture_output=True, text=True, timeout=30).stdout
+        return all(f'"{board}"' in out for board in boards) and out.count('"online"') >= len(boards)
+    wait_until(online, timeout_s=30, what=f"{boards} online")
+
+
+def test_a_board_with_another_fleet_key_or_none_fails_the_job_at_once_naming_it(
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    coordinator_key = _key(tmp_path / "coordinator.key")
+    other_key = _key(tmp_path / "other.key")
+    agents.start("keyed-1", mosquitto.address, config=_config("keyed-1", other_key))
+    agents.start("keyless-1", mosquitto.address, config=_config("keyless-1", None))
+    _wait_online(mosquitto, ["keyed-1", "keyless-1"])
+
+    for board, expected in (("keyed-1", "its fleet key differs from the coordinator's"),
+                            ("keyless-1", "has no fleet key (security.fleet_key_file is not set)")):
+        started = time.monotonic()
+        code, output = _finish(_train(mosquitto, coordinator_key, tmp_path / f"run-{board}", board), FAST_S)
+        took = time.monotonic() - started
+        assert code != 0 and f"board {board}" in output and expected in output, output[-3000:]
+        assert "did not connect to the exchange within" not in output  # not blamed on the network
+        assert "Traceback" not in output and took < FAST_S
+
+
+def test_a_board_whose_agent_dies_while_joining_is_dropped_as_soon_as_the_broker_says_so(
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    key = _key(tmp_path / "fleet.key")
+    agent = agents.start("dying-1", mosquitto.address, config=_config("dying-1", key))
+    _wait_online(mosquitto, ["dying-1"])
+    proc = _train(mosquitto, key, tmp_path / "run", "dying-1")
+    try:
+        # The agent took the command and starts its worker (which imports torch for seconds): kill both,
+        # as a power cut or an OOM kill of the unit would.
+        wait_until(lambda: "starting a worker" in agent.log() or proc.poll() is not None, timeout_s=60,
+                   what="the agent to accept the job")
+        family = psutil.Process(agent.proc.pid)
+        for process in [*family.children(recursive=True), family]:
+            process.kill()
+        killed = time.monotonic()
+        code, output = _finish(proc, FAST_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code != 0 and "board dying-1: went offline while joining" in output, output[-3000:]
+    assert time.monotonic() - killed < 30 and "Traceback" not in output
