@@ -152,7 +152,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
         broker: The fleet's broker.
         fleet_key: The key that signs the boards' commands.
         run_dir: Where the run is written (default ``runs/<run-id>``); with ``resume``, the
-            interrupted run's directory.
+            interrupted run's directory. A new run refuses a directory that holds a run already.
         resume: Continue the run in ``run_dir`` from its checkpoint.
         observer: Receives every step and note (default: notes to this module's log).
 
@@ -161,14 +161,20 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
         (Ctrl-C or SIGTERM stop it at a step boundary with a checkpoint to resume from).
 
     Raises:
-        EdgeTrainError: a bad spec, a board that is not ready, or a failure of the exchange.
+        EdgeTrainError: a bad spec, a run directory that holds a run already (without ``resume``),
+            a board that is not ready, or a failure of the exchange.
+        RunDirError: the run directory could not be written (DiskFullError: its disk is full); the
+            message says how to go on (``--resume`` from the last checkpoint, which is intact).
         KeyboardInterrupt: Ctrl-C before the first step began.
     """
+    from edgefleet.coordinator.checkpoints import check_new_run_dir
     from edgefleet.coordinator.training import TrainingRun
 
-    spec = resolve_job(spec, broker=broker)
     if resume and run_dir is None:
         raise ConfigError("resuming needs the run directory")
+    if not resume and run_dir is not None:
+        check_new_run_dir(run_dir)  # before the data is loaded or any board is asked
+    spec = resolve_job(spec, broker=broker)
     run_dir = run_dir or default_run_dir(spec)
     observer = observer or TrainObserver()
     run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,

@@ -16,6 +16,7 @@ order). The splits are part of the checkpoint: a resumed run keeps the one in fo
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
 import signal
@@ -31,11 +32,17 @@ import torch
 
 from edgefleet.coordinator.board_channel import BoardChannel
 from edgefleet.coordinator.checkpoints import (
+    CHECKPOINT,
     MetricsLog,
+    RunDirError,
     atomic_torch_save,
     atomic_write_json,
+    check_new_run_dir,
     load_checkpoint,
+    make_run_dir,
+    remove_stale_temps,
     save_checkpoint,
+    write_error,
 )
 from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.fleet_select import check_boards_ready
@@ -179,6 +186,8 @@ class TrainingRun:
 
         if not spec.resolved:
             raise ValueError("a run needs a resolved job (train_job.resolve_job fixes its boards, batch sizes and length)")
+        if not resume:  # before anything is loaded or any board is asked: a run directory is never mixed up
+            check_new_run_dir(run_dir)
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
         if spec.threads:
             torch.set_num_threads(spec.threads)
@@ -200,8 +209,10 @@ class TrainingRun:
         self._announced_lrs: list[float] = []
         self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
+        self.checkpointed_step: int | None = None  # the step the newest checkpoint on disk continues from
         splits: list[BatchSplit] = []
         if resume:
+            remove_stale_temps(run_dir)
             state = load_checkpoint(run_dir)
             self.replica.load_state_dict(state["replica"])
             torch.set_rng_state(state["torch_rng"])
@@ -210,11 +221,16 @@ class TrainingRun:
             self.train_metrics = dict(state.get("train_metrics", {}))
             self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
             splits = _checkpointed_splits(state.get("splits", []), run_dir)
-            MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
-        else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(run_dir / "config.json", spec.to_json())
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+            self.checkpointed_step = self.replica.step
+        try:
+            if resume:
+                MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
+            else:
+                make_run_dir(run_dir)
+                atomic_write_json(run_dir / "config.json", spec.to_json())
+            self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        except RunDirError as exc:
+            raise exc.with_advice(self._next_move()) from None
         self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
@@ -255,10 +271,28 @@ class TrainingRun:
             logger.log_metrics({"fleet_loss": loss}, step=step)  # the replica's thread waits meanwhile
 
     def _checkpoint(self, elapsed_s: float) -> None:
+        self.metrics.sync()  # every step the checkpoint covers is in metrics.jsonl on disk first
         save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
                                        "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
                                        "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]})
+        self.checkpointed_step = self.replica.step
+
+    def _next_move(self) -> str:
+        """What the user does after the run directory could not be written: resume, or start again."""
+        if self.checkpointed_step is not None and (self.run_dir / CHECKPOINT).exists():
+            return (f"the checkpoint of step {self.checkpointed_step} is intact: then continue with "
+                    f"edge-coordinator train --resume {self.run_dir}")
+        return f"nothing was checkpointed yet: then remove {self.run_dir} and start the run again"
+
+    def _disk_error(self, exc: BaseException) -> RunDirError | None:
+        """``exc`` as a run-directory error with the way on, if it is one (a full disk from Lightning's logger too)."""
+        if isinstance(exc, RunDirError):
+            return exc.with_advice(self._next_move())
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            target = Path(exc.filename) if isinstance(exc.filename, str) else self.run_dir / "logs"
+            return write_error(target, exc, None).with_advice(self._next_move())
+        return None
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
         step, model_state, optimizer_state = self.replica.wire_state()
@@ -310,7 +344,14 @@ class TrainingRun:
             if self.adapt.splits and self.replica.step > 0:
                 self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
             await self._join(channel, exchange)
-            return await self._steps(channel, exchange)
+            try:
+                return await self._steps(channel, exchange)
+            except (RunDirError, OSError) as exc:
+                disk = self._disk_error(exc)
+                if disk is None:
+                    raise
+                log.debug("writing the run directory failed", exc_info=True)
+                raise disk from None
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

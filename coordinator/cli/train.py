@@ -25,7 +25,9 @@ examples:
 
 The run directory (runs/<run-id>/ unless --run-dir) holds config.json, metrics.jsonl (one line per
 applied step), checkpoint.pt, result.json and, when the run completes, model.pt (a plain state_dict).
-Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues from.
+Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues from. A new run
+refuses a --run-dir that already holds a run. Every file is written whole or not at all: a full
+disk stops the run with the space needed, and the last checkpoint stays for --resume.
 
 When a board's time per sample drifts by more than --rebalance-threshold (a Pi throttling under
 heat), the batch sizes are re-balanced at a step boundary with the same global batch: a note
@@ -154,11 +156,14 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``edge-coordinator train``; returns the exit status."""
+    from edgefleet.coordinator.checkpoints import check_new_run_dir
     from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
     from edgefleet.coordinator.cli.shared import load_config
     from edgefleet.coordinator.cli.train_progress import run_training_ui
     from edgefleet.coordinator.train_job import default_run_dir, load_job, resolve_job
 
+    if args.resume is None and args.run_dir is not None:
+        check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
     if args.auto:
         return run_auto(args)
     planner_flags = planner_flags_given(args)

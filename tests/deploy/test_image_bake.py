@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ class Image:
     root: Path
     workdir: Path
     inventory: Path
-    port: int
+    port: int  # the boards' listener; the coordinator's is the next port
     tls: TlsFiles
     first_run: PlaybookRun
     # What the root was last rolled out with: a later run with the same settings must change nothing.
@@ -56,6 +57,10 @@ class Image:
     @property
     def credentials(self) -> Path:
         return self.workdir / "credentials"  # next to the inventory: the playbook's default
+
+    @property
+    def coordinator_port(self) -> int:
+        return self.port + 1
 
     def secret(self, name: str) -> str:
         return (self.credentials / name).read_text().strip()
@@ -82,6 +87,18 @@ class Image:
 CHROOT = "ansible_connection=community.general.chroot\nedgefleet_image_build=true"
 
 
+def _two_free_ports() -> int:
+    """A free port whose successor is free too (the broker's boards' and coordinator's listeners)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.create_server(("127.0.0.1", port + 1)):
+                return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
 def _inventory(root: Path, port: int, tls: TlsFiles, connection: str = CHROOT) -> str:
     return f"""\
 [boards]
@@ -99,6 +116,7 @@ ansible_host={root}
 ansible_python_interpreter=/usr/bin/python3
 ansible_become=false
 edgefleet_broker_port={port}
+edgefleet_coordinator_broker_port={port + 1}
 edgefleet_tls_ca_file={tls.ca}
 edgefleet_tls_cert_file={tls.cert}
 edgefleet_tls_key_file={tls.key}
@@ -116,7 +134,7 @@ def image(base_root: Path, wheel: Path, tmp_path_factory: pytest.TempPathFactory
     try:
         prepare_for_build(root)
         tls = make_broker_certificate(workdir / "tls")
-        port = free_port()
+        port = _two_free_ports()
         inventory = workdir / "inventory.ini"
         inventory.write_text(_inventory(root, port, tls))
         settings: dict[str, object] = {"edgefleet_wheel": str(wheel)}
@@ -156,7 +174,11 @@ def test_first_run_installs_broker_agent_and_coordinator(image: Image) -> None:
     # The broker: hashed users for the board and the coordinator, its ACL, TLS only.
     users = dict(line.split(":", 1) for line in image.path("/etc/mosquitto/edgefleet.passwd").read_text().splitlines()
                  if line and not line.startswith("#"))
-    assert set(users) == {BOARD_ID, "coordinator"} and all(h.startswith("$7$101$") for h in users.values())
+    assert set(users) == {BOARD_ID} and all(h.startswith("$7$101$") for h in users.values())
+    coordinators = [line.split(":", 1)[0] for line in
+                    image.path("/etc/mosquitto/edgefleet-coordinator.passwd").read_text().splitlines()
+                    if line and not line.startswith("#")]
+    assert coordinators == ["coordinator"]  # on a listener of its own: board users cannot log in there
     assert image.secret(f"mqtt/{BOARD_ID}.password") not in image.path("/etc/mosquitto/edgefleet.passwd").read_text()
     acl = image.path("/etc/mosquitto/edgefleet.acl").read_text()
     assert f"pattern write {PREFIX}/boards/%u/telemetry" in acl and f"topic write {PREFIX}/boards/+/cmd" in acl
@@ -211,11 +233,14 @@ def test_booted_image_runs_the_fleet(image: Image) -> None:
         host_config = image.workdir / "coordinator.toml"
         host_config.write_text(f'[broker]\nusername = "coordinator"\npassword_file = "{password_file}"\n'
                                f'tls_ca_file = "{image.tls.ca}"\n')
-        assert status_json(f"127.0.0.1:{image.port}", config=host_config).get(BOARD_ID, {}).get("state") == "online"
+        assert status_json(f"127.0.0.1:{image.coordinator_port}", config=host_config).get(BOARD_ID, {}).get("state") == "online"
 
         # Nothing anonymous; a board may write under its own id only.
         assert connack_reason(image.port, image.tls.ca) == "Not authorized"
+        # The probe below logs in as the board, whose client id is its user name there: the agent steps aside.
+        system.run("systemctl", "stop", "edge-agent.service", check=True)
         _check_board_cannot_write_under_another_id(image)
+        system.run("systemctl", "start", "edge-agent.service", check=True)
 
 
 def test_rollout_to_the_running_board_changes_and_restarts_only_the_agent(image: Image) -> None:
@@ -276,7 +301,7 @@ def _cannot_connect_lines(system: BootedImage) -> list[str]:
 
 
 def _check_board_cannot_write_under_another_id(image: Image) -> None:
-    coordinator = Probe(image.port, image.tls.ca, client_id="acl-watcher", username="coordinator",
+    coordinator = Probe(image.coordinator_port, image.tls.ca, client_id="acl-watcher", username="coordinator",
                         password=image.secret("mqtt/coordinator.password"))
     board = Probe(image.port, image.tls.ca, client_id="acl-board", username=BOARD_ID,
                   password=image.secret(f"mqtt/{BOARD_ID}.password"))
