@@ -1,0 +1,160 @@
+"""The scaling benchmark's arithmetic (bench/scaling_figures.py): board choice, batch split, ratios, and the
+figures it reads from a run's metrics.jsonl."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load() -> ModuleType:
+    # bench/ is a folder of scripts, not a package: the module is loaded from its file.
+    spec = importlib.util.spec_from_file_location("scaling_figures", BENCH / "scaling_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+sf = _load()
+
+FLEET8 = [sf.BoardQuota("pi4-1", 0.12, 20_000_000), sf.BoardQuota("pi4-2", 0.12, 20_000_000),
+          sf.BoardQuota("pi4-3", 0.12, 100_000_000), sf.BoardQuota("pi5-1", 0.27, 60_000_000),
+          sf.BoardQuota("pi5-2", 0.27, 100_000_000), sf.BoardQuota("nano-1", 0.09, 100_000_000),
+          sf.BoardQuota("nano-2", 0.09, 100_000_000), sf.BoardQuota("x86-1", 0.36, 100_000_000)]
+
+
+def _run(steps: int, steps_per_epoch: int, *, n: int = 64, step_s: float = 0.1, validation_s: float = 0.5,
+         accuracies: dict[int, float] | None = None, compute: dict[str, float] | None = None,
+         wall_s: float = 0.1) -> list[dict[str, Any]]:
+    """Records as the coordinator writes them: elapsed_s is taken before an epoch's validation."""
+    records, elapsed = [], 0.0
+    for step in range(steps):
+        elapsed += step_s
+        record: dict[str, Any] = {"step": step, "n": n, "elapsed_s": round(elapsed, 3), "wall_s": wall_s,
+                                  "compute_s": dict(compute or {"a": 0.06})}
+        if (step + 1) % steps_per_epoch == 0:
+            epoch = (step + 1) // steps_per_epoch
+            record["val_accuracy"] = (accuracies or {}).get(epoch, 0.5)
+            elapsed += validation_s  # shows in the next step's elapsed_s
+        records.append(record)
+    return records
+
+
+def test_fastest_boards_by_quota_then_link_then_id() -> None:
+    assert sf.fastest_boards(FLEET8, 1) == ["x86-1"]
+    assert sf.fastest_boards(FLEET8, 2) == ["x86-1", "pi5-2"]  # pi5-2's 100 Mbit/s before pi5-1's 60
+    assert sf.fastest_boards(FLEET8, 4) == ["x86-1", "pi5-2", "pi5-1", "pi4-3"]
+    assert sorted(sf.fastest_boards(FLEET8, 8)) == sorted(b.id for b in FLEET8)
+    with pytest.raises(ValueError):
+        sf.fastest_boards(FLEET8, 9)
+
+
+def test_split_batch_in_proportion_and_exact_sum() -> None:
+    assert sf.split_batch([0.36], 128) == [128]
+    assert sf.split_batch([0.6, 0.45], 128) == [73, 55]            # 73.1, 54.9
+    assert sf.split_batch([0.36, 0.27, 0.27, 0.12], 128) == [45, 34, 34, 15]
+    quotas = [0.36, 0.27, 0.27, 0.12, 0.12, 0.12, 0.09, 0.09]
+    assert sf.split_batch(quotas, 128) == [32, 24, 24, 11, 11, 10, 8, 8]  # 10.67 each: the earlier boards round up
+    assert sum(sf.split_batch(quotas, 64)) == 64
+    assert sf.split_batch([1.0, 0.01, 0.01], 3) == [1, 1, 1]        # every board at least one sample
+    assert sf.split_batch([10.0, 0.1, 0.1], 4) == [2, 1, 1]
+    with pytest.raises(ValueError):
+        sf.split_batch([0.5, 0.5, 0.5], 2)
+    with pytest.raises(ValueError):
+        sf.split_batch([0.5, 0.0], 8)
+
+
+def test_speed_up_and_efficiency_against_the_summed_quota() -> None:
+    assert sf.speed_up_time(60.0, 20.0) == pytest.approx(3.0)
+    assert sf.speed_up_rate(100.0, 250.0) == pytest.approx(2.5)
+    assert sf.speed_up_time(None, 20.0) is None and sf.speed_up_time(60.0, None) is None
+    assert sf.speed_up_rate(None, 1.0) is None and sf.speed_up_rate(0.0, 1.0) is None
+    fleet8 = [0.36, 0.27, 0.27, 0.12, 0.12, 0.12, 0.09, 0.09]
+    assert sf.quota_ratio(fleet8, 0.36) == pytest.approx(4.0)
+    assert sf.efficiency(3.0, fleet8, 0.36) == pytest.approx(0.75)
+    assert sf.efficiency(1.0, [0.36], 0.36) == pytest.approx(1.0)
+    assert sf.efficiency(None, fleet8, 0.36) is None
+
+
+def test_time_to_target_is_the_first_epoch_that_reaches_it() -> None:
+    records = _run(30, 10, accuracies={1: 0.90, 2: 0.96, 3: 0.94})
+    hit = sf.time_to_target(records, 0.95, 10)
+    assert hit is not None
+    assert (hit.epoch, hit.step, hit.accuracy) == (2, 19, 0.96)
+    # 20 steps of 0.1 s and the first epoch's validation (0.5 s); not the second epoch's own
+    assert hit.elapsed_s == pytest.approx(2.5)
+    assert sf.time_to_target(records, 0.96, 10).epoch == 2  # "at least" the target
+    assert sf.time_to_target(records, 0.97, 10) is None
+
+
+def test_time_to_target_ignores_records_without_validation() -> None:
+    records = _run(20, 10, accuracies={1: 0.99})
+    del records[9]["val_accuracy"]  # a module that logs no accuracy
+    assert sf.time_to_target(records, 0.95, 10) is None
+    records[19]["val_accuracy"] = 0.95
+    assert sf.time_to_target(records, 0.95, 10).epoch == 2
+
+
+def test_time_per_epoch_includes_one_validation_per_epoch() -> None:
+    records = _run(40, 10, step_s=0.2, validation_s=0.5)
+    assert sf.time_per_epoch(records, 10) == pytest.approx(2.5)     # 10 x 0.2 s + 0.5 s
+    assert sf.time_per_epoch(records[:15], 10) is None              # one epoch end only
+
+
+def test_samples_per_s_leaves_out_warm_up_and_validation() -> None:
+    records = _run(30, 10, n=64, step_s=0.1, validation_s=2.0)
+    records[0]["elapsed_s"] = 5.0  # a slow first step moves every later one
+    for r in records[1:]:
+        r["elapsed_s"] = round(r["elapsed_s"] + 4.9, 3)
+    assert sf.samples_per_s(records, 3, 10) == pytest.approx(640.0)
+    assert sf.samples_per_s(records[:3], 3, 10) is None
+
+
+def test_exchange_share_of_the_step_period() -> None:
+    records = _run(30, 10, step_s=0.1, validation_s=3.0, compute={"a": 0.06, "b": 0.08})
+    assert sf.exchange_share(records, 3, 10) == pytest.approx(0.2)   # 0.02 of each 0.1 s period outside b's compute
+    records[0]["elapsed_s"] = 0.0  # the warm-up's steps do not count
+    assert sf.exchange_share(records, 3, 10) == pytest.approx(0.2)
+    records[5]["compute_s"] = {"a": 0.1}  # a step computing all along: nothing outside it
+    steps = [r for r in records[3:] if r["step"] not in (10, 20)]  # steps after a validation are left out
+    assert sf.exchange_share(records, 3, 10) == pytest.approx(1 - (0.08 * (len(steps) - 1) + 0.1) / (0.1 * len(steps)))
+    for r in records:
+        r["compute_s"] = {}
+    assert sf.exchange_share(records, 3, 10) is None
+
+
+def test_exchange_share_of_wall_floors_each_step() -> None:
+    records = _run(20, 10, wall_s=0.10, compute={"a": 0.06, "b": 0.08})
+    assert sf.exchange_share_of_wall(records, 3, 10) == pytest.approx(0.2)   # 0.02 of 0.10 outside b's compute
+    # a step whose gradients were in before the exchange opened it (compute over wall) counts as no exchange
+    records[5]["wall_s"], records[5]["compute_s"] = 0.05, {"a": 0.07}
+    steps = [r for r in records[3:] if r["step"] != 10]  # step 10 follows a validation: left out
+    expected = sum(max(0.0, r["wall_s"] - max(r["compute_s"].values())) for r in steps) / sum(r["wall_s"] for r in steps)
+    assert sf.exchange_share_of_wall(records, 3, 10) == pytest.approx(expected)
+    for r in records:
+        r["compute_s"] = {}
+    assert sf.exchange_share_of_wall(records, 3, 10) is None
+
+
+def test_median_compute_per_board_after_warm_up() -> None:
+    records = _run(6, 10, compute={"a": 0.05, "b": 0.2})
+    records[0]["compute_s"] = {"a": 9.0, "b": 9.0}
+    records[4]["compute_s"] = {"a": 0.07, "b": 0.2}
+    assert sf.median_compute(records, 1) == {"a": pytest.approx(0.05), "b": pytest.approx(0.2)}
+
+
+def test_park_relative_elapsed() -> None:
+    first, second = sf.park_relative(1)
+    assert first == pytest.approx(1.0) and second == pytest.approx(1.0)
+    first, second = sf.park_relative(8)
+    assert first == pytest.approx(453 / 105) and second == pytest.approx(2436 / 1079)
+    assert sf.park_relative(12) == (None, None)
