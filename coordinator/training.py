@@ -112,6 +112,35 @@ def _checkpointed_splits(saved: Any, run_dir: Path) -> list[BatchSplit]:
                           "resume from an intact copy or start a new run") from None
 
 
+STEADY_SKIP_STEPS = 3  # steps a run (or a resumed run) takes to warm up, left out of its steady samples/s
+
+
+class SteadyRate:
+    """Samples/s once warm: from the end of the first ``skip_steps`` steps, validation time left out."""
+
+    def __init__(self, *, skip_steps: int) -> None:
+        self.skip_steps = skip_steps
+        self._since: float | None = None
+        self._samples = 0
+        self._validating_s = 0.0
+        self._now = 0.0
+
+    def add(self, index: int, samples: int, now: float, validating_s: float) -> None:
+        """Step ``index`` (0 = the run's first) of ``samples`` ended at ``now``, after ``validating_s`` of validation."""
+        if index + 1 == self.skip_steps or (self._since is None and index + 1 > self.skip_steps):
+            self._since, self._samples, self._validating_s = now, 0, 0.0
+        elif self._since is not None:
+            self._samples += samples
+            self._validating_s += validating_s
+        self._now = now
+
+    def samples_per_s(self) -> float | None:
+        if self._since is None or self._samples == 0:
+            return None
+        busy = self._now - self._since - self._validating_s
+        return round(self._samples / busy, 2) if busy > 0 else None
+
+
 class _Adaptation:
     """The batch split in force, the rebalancer that changes it, and the forced split of ``force_split``.
 
@@ -209,6 +238,8 @@ class TrainingRun:
         self._announced_lrs: list[float] = []
         self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
+        self.join_s: float | None = None  # from the commands sent until every board joined the exchange
+        self._steady = SteadyRate(skip_steps=STEADY_SKIP_STEPS)
         self.checkpointed_step: int | None = None  # the step the newest checkpoint on disk continues from
         splits: list[BatchSplit] = []
         if resume:
@@ -343,7 +374,9 @@ class TrainingRun:
                 self.on_note("re-balancing is off: in local data mode each board's batch size is tied to its own data")
             if self.adapt.splits and self.replica.step > 0:
                 self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
+            joining = time.monotonic()
             await self._join(channel, exchange)
+            self.join_s = time.monotonic() - joining
             try:
                 return await self._steps(channel, exchange)
             except (RunDirError, OSError) as exc:
@@ -389,6 +422,7 @@ class TrainingRun:
     async def _steps(self, channel: BoardChannel, exchange: ExchangeServer) -> TrainOutcome:
         spec, started = self.spec, time.monotonic()
         samples = 0
+        first_step = self.replica.step
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
@@ -398,12 +432,16 @@ class TrainingRun:
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
             self._log_fleet_loss(step, result.loss)
             self._follow_plateau(exchange)
+            val_s = None
             if epoch_end:
+                evaluating = time.monotonic()
                 self._evaluate()
+                val_s = time.monotonic() - evaluating
+            self._steady.add(step - first_step, result.n_total, time.monotonic(), val_s or 0.0)
             rebalance = self.adapt.after_step(result, exchange)
             if rebalance is not None:
                 self.on_note(_rebalance_note(rebalance))
-            self._record(result, elapsed, rebalance)
+            self._record(result, elapsed, rebalance, val_s)
             self.on_step(StepView(step=step, total_steps=spec.total_steps, loss=result.loss, val_accuracy=self.val_accuracy,
                                   samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
                                   board_compute_s=result.compute_s, late=result.late, refused=result.refused,
@@ -423,7 +461,7 @@ class TrainingRun:
         atomic_write_json(self.run_dir / "result.json", summary)
         return TrainOutcome(self.run_dir, summary, interrupted)
 
-    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None) -> None:
+    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None) -> None:
         # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
         # one line per applied step and a resume's truncation drops it with its step.
         record = {"step": r.step, "n": r.n_total, "loss": r.loss, "boards": r.contributors, "late": r.late,
@@ -437,6 +475,8 @@ class TrainingRun:
         if self.val_metrics and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
             record["val_metrics"] = dict(self.val_metrics)
+        if val_s is not None:
+            record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
         self.metrics.write(record)
         self.history.append(record)
 
@@ -454,6 +494,8 @@ class TrainingRun:
                 "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
                 "elapsed_s": round(self.elapsed_before_s + elapsed, 3),
                 "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
+                "steady_samples_per_s": self._steady.samples_per_s(),
+                "join_s": None if self.join_s is None else round(self.join_s, 3),
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,

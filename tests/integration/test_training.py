@@ -109,6 +109,9 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, 
     assert all(s["boards"] == ["t1", "t2", "t3"] and s["n"] == 48 for s in steps)
     result = json.loads((tmp_path / "split" / "result.json").read_text())
     assert result["val_accuracy"] is not None and result["steps"] == 20
+    # Timings a benchmark can use: joining, steady throughput, and each validation's own time.
+    assert result["join_s"] > 0 and result["steady_samples_per_s"] > 0
+    assert all(s["val_s"] >= 0 for s in steps if "val_accuracy" in s) and any("val_s" in s for s in steps)
 
     # The boards are back to idle: status online, no worker, torch never loaded by the agent itself.
     _, _, factory = fleet
