@@ -18,11 +18,30 @@ next ``avg`` frame; a board joining later finds the splits that still matter in 
 one in force at its first step, then any announced for later steps). The split starts at that
 ``avg`` frame's step plus :data:`SPLIT_LEAD_STEPS`. Every gradient still carries its own ``n``, so
 the reduce stays exact on both sides of the change.
+
+Deadlines count time the coordinator could read, not wall time it did not run (Ctrl-Z, a closed
+laptop lid, a paused VM, a loop blocked by other work). While a step waits, a check runs every
+:data:`DEADLINE_TICK_S`; a check that runs more than :data:`DEADLINE_SLACK_S` late means the
+process was not running at some moment since the previous one, and that whole interval is added to
+the deadline (gradients sent meanwhile are in the kernel's buffers, or wait on the boards for room
+there). When the deadline does pass, every socket is read once more before the step is reduced:
+a gradient already in the kernel's buffer counts as delivered. A pause never makes a board that
+delivered late.
+
+Hostile peers: a connection has :data:`HELLO_TIMEOUT_S` to send its hello (at most
+:data:`MAX_HELLO_BYTES`) and the same to take each part of its welcome, else it is closed; a board's
+frames after that may not exceed the job's gradient frame plus :data:`FRAME_MARGIN_BYTES` (its
+logged values), checked before anything is allocated; a board that is connected cannot be replaced
+by a second connection presenting its id (the second is refused, the first kept); a gradient whose
+norm is far above the other boards' is refused and flagged (``coordinator.gradient_reduce``). The
+accept loop outlives running out of file descriptors (EMFILE/ENFILE): it says so once and retries,
+and connections wait in the listen queue meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
 import socket
@@ -35,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.coordinator.gradient_reduce import FOLD_MAX_ELEMENTS, GradientReducer, sample_weights
+from edgefleet.coordinator.gradient_reduce import FOLD_MAX_ELEMENTS, OUTLIER_RATIO, GradientReducer, sample_weights
 from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
@@ -54,6 +73,7 @@ from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.transport.exchange_io import (
     ConnectionClosed,
     FrameReader,
+    FrameTooLarge,
     async_recv_frame,
     async_send_frame,
     frame_segments,
@@ -63,9 +83,15 @@ from edgefleet.transport.exchange_io import (
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0
-MAX_HELLO_BYTES = 64 * 1024
+HELLO_TIMEOUT_S = 10.0  # to send the hello after connecting, and to take each part of the welcome
+MAX_HELLO_BYTES = 16 * 1024  # a hello is three short strings and a number: well under 4 KiB
+FRAME_MARGIN_BYTES = 64 * 1024  # a board's frame may exceed the job's gradient frame by this (its logged values)
 STOP_TIMEOUT_S = 5.0  # telling one board to stop
+DEADLINE_TICK_S = 0.25   # while a step waits, its deadline is checked this often ...
+DEADLINE_SLACK_S = 0.1   # ... and a check this late means the process did not run: the interval does not count
+ACCEPT_RETRY_S = (0.05, 1.0)  # out of file descriptors: retry accepting after this long, doubling up to the second
+FD_WARN_EVERY_S = 60.0   # ... and say so at most this often
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class ExchangeError(EdgeTrainError):
@@ -85,8 +111,11 @@ class _Board:
     compute_s: float | None = None
     logs: dict[str, list[Any]] | None = None  # this step's ``self.log`` values: name -> [value, on_step, on_epoch, prog_bar]
     reader: FrameReader | None = None     # reads its frames in loop callbacks
+    peer: str = ""                          # where its connection comes from
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
+    sent_step: int = -1                     # the last step of any gradient on its connection (late ones too)
+    intruders: int = 0                      # connections refused because they presented this board's id
     last_n: int = 0                         # its sample count the last time its gradient was in the average
     refusal: str = ""                       # why its gradient for that step was refused
     gone_reason: str = ""
@@ -116,6 +145,43 @@ class _Finished:
     wire: np.ndarray                                # the average as it travelled
     unsent: list[tuple[_Board, list[memoryview]]]   # boards whose send buffer could not take all of it at once
     frame_bytes: int
+
+
+class _StepDeadline:
+    """Calls ``expire`` once the event loop has been running for ``span_s``; time it did not run does not count.
+
+    A check runs every :data:`DEADLINE_TICK_S`. One that runs more than :data:`DEADLINE_SLACK_S`
+    after it was due shows the process was stopped (SIGSTOP, suspend, a paused VM) or its loop
+    blocked at some moment since the previous check; that whole interval is added to the deadline.
+    A step that finishes in time costs one ``call_at`` and one ``cancel``, as a plain timer would.
+    """
+
+    __slots__ = ("_due", "_expire", "_handle", "_last", "_loop", "_planned", "paused_s")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, span_s: float, expire: Callable[[], None]) -> None:
+        self._loop, self._expire = loop, expire
+        now = self._last = loop.time()
+        self._due = now + span_s
+        self.paused_s = 0.0  # time added because the process did not run
+        self._planned = min(self._due, now + DEADLINE_TICK_S)
+        self._handle = loop.call_at(self._planned, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now - self._planned > DEADLINE_SLACK_S:  # not run when due: the interval since the last check does not count
+            self._due += now - self._last
+            self.paused_s += now - self._last
+            log.info("exchange: the coordinator did not run for up to %.1f s; the step's deadline moves by as much",
+                     now - self._last)
+        self._last = now
+        if now >= self._due:
+            self._expire()
+            return
+        self._planned = min(self._due, now + DEADLINE_TICK_S)
+        self._handle = self._loop.call_at(self._planned, self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 @dataclass(slots=True)
@@ -153,32 +219,42 @@ class ExchangeServer:
             rule: rank 0's buffers at every forward); ``average``: their sample-weighted average.
         splits: re-splits already in force or announced, as ``BatchSplit`` or (from_step, batch sizes),
             in step order (a resumed run's, from its checkpoint); boards learn them in their welcome.
+        hello_timeout_s: a connection that has not sent its hello within this long, or that takes no
+            byte of its welcome for this long, is closed.
+        outlier_ratio: a gradient whose norm exceeds this many times the median of the other boards'
+            (with at least two others) is refused for that step and flagged.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
                  welcome_state: Callable[[], tuple[int, Any, Any]], max_grad_norm: float = 1e6,
                  splits: Sequence[BatchSplit | tuple[int, Sequence[int]]] = (),
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
-                 buffer_elements: int = 0, buffer_sync: str = "broadcast") -> None:
+                 buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
+                 outlier_ratio: float = OUTLIER_RATIO) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
+        self._hello_timeout_s = hello_timeout_s
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
         self._in_order = list(self.boards.values())  # by board index: the reduce's fixed order
         self._welcome_state = welcome_state
         self._welcome_extra = welcome_extra
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
-                                        buffer_elements=buffer_elements, buffer_sync=buffer_sync)
+                                        buffer_elements=buffer_elements, buffer_sync=buffer_sync,
+                                        outlier_ratio=outlier_ratio)
         self._sum_tensor = encode_array(self._reducer.sum)  # fixed arrays: described once
         self._wire_tensor = encode_array(self._reducer.wire_out)
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self._grad_frame_bytes = self._hot_grad.prefix_bytes + param_count * self._hot_grad.itemsize  # a step's gradient frame
+        self._max_frame_bytes = self._grad_frame_bytes + FRAME_MARGIN_BYTES  # the largest frame a board may send
         self._step: int | None = None
         self._gathering: tuple[int, float, asyncio.Future[_Finished]] | None = None  # the open step, its start, its outcome
+        self._deadline: _StepDeadline | None = None  # the open step's
         self._boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
         self._changed = asyncio.Event()   # a board joined, left or failed
         self._server_sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._recent_s: deque[float] = deque(maxlen=20)  # the last steps' wall times, for the deadline
+        self._recent_s: deque[float] = deque(maxlen=20)  # the last steps' running times (pauses left out), for the deadline
+        self._fd_warned = -math.inf  # when running out of file descriptors was last reported
         self._fold: _Fold | None = None
         self._fold_weights: tuple[list[int], list[np.float32]] = ([], [])  # the last fold's counts and weights
         try:
@@ -242,13 +318,41 @@ class ExchangeServer:
 
     # --- joining --------------------------------------------------------------------------
     async def _accept_loop(self) -> None:
+        """Accept connections until the server closes; no error of one connection, nor running out of
+        file descriptors, ends it (a new connection waits in the listen queue until one is free)."""
         loop = asyncio.get_running_loop()
         assert self._server_sock is not None
+        retry_s = ACCEPT_RETRY_S[0]
         while True:
-            conn, peer = await loop.sock_accept(self._server_sock)
-            conn.setblocking(False)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                conn, peer = await loop.sock_accept(self._server_sock)
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_FDS:  # the peer gave up before it was accepted, and the like
+                    log.debug("exchange: accepting a connection failed (%s); accepting on", exc)
+                    continue
+                self._out_of_fds(exc)
+                await asyncio.sleep(retry_s)
+                retry_s = min(2 * retry_s, ACCEPT_RETRY_S[1])
+                continue
+            retry_s = ACCEPT_RETRY_S[0]
+            try:
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as exc:  # reset before we looked at it
+                log.debug("exchange: a connection from %s failed at once (%s)", peer, exc)
+                conn.close()
+                continue
             self._spawn(self._serve(conn, peer))
+
+    def _out_of_fds(self, exc: OSError) -> None:
+        """Say (at most once a minute) that connections wait because the process has no descriptor left."""
+        now = time.monotonic()
+        if now - self._fd_warned < FD_WARN_EVERY_S:
+            return
+        self._fd_warned = now
+        log.warning("exchange: cannot accept connections: %s (the coordinator has too many open files); boards "
+                    "wait in the listen queue and are accepted as descriptors free up. Raise the limit "
+                    "(ulimit -n, or LimitNOFILE= in a systemd unit) if this repeats", exc.strerror or exc)
 
     async def _serve(self, conn: socket.socket, peer: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -260,6 +364,11 @@ class ExchangeServer:
         except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
             if board is not None and board.sock is conn:
                 self._gone(board, f"connection closed ({exc})", quiet=self.finished)
+        except FrameTooLarge as exc:
+            if board is not None and board.sock is conn:
+                self._gone(board, f"sent a frame of {exc.size} bytes; this job's frames are at most {exc.max_bytes} "
+                                  f"({self.param_count} {self.wire_dtype} values and their fields): check that the board "
+                                  "runs the same model and wire dtype, and that it is not compromised")
         except DecodeError as exc:
             if board is not None and board.sock is conn:
                 self._gone(board, f"sent a malformed frame ({exc})")
@@ -268,30 +377,80 @@ class ExchangeServer:
                 conn.close()
 
     async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Any) -> _Board | None:
-        """Read the hello; welcome the board (returned) or refuse the connection (None)."""
+        """Read the hello; welcome the board (returned) or refuse the connection (None).
+
+        The hello must arrive within ``hello_timeout_s``; the welcome is sent under the step
+        boundary's lock, so a connection that stops taking it for ``hello_timeout_s`` is closed
+        rather than holding every step up.
+        """
+        where = _peer_text(peer)
         buffer = bytearray()
-        frame = await asyncio.wait_for(async_recv_frame(loop, conn, buffer, max_bytes=MAX_HELLO_BYTES), HELLO_TIMEOUT_S)
+        try:
+            frame = await asyncio.wait_for(async_recv_frame(loop, conn, buffer, max_bytes=MAX_HELLO_BYTES),
+                                           self._hello_timeout_s)
+        except asyncio.TimeoutError:
+            log.info("exchange: closed a connection from %s: no hello within %g s", where, self._hello_timeout_s)
+            return None
+        except (DecodeError, ConnectionClosed, OSError) as exc:
+            log.info("exchange: closed a connection from %s before its hello: %s", where, exc)
+            return None
         hello, problem = self._checked_hello(frame)
         if hello is None:
-            log.warning("exchange: refused a connection from %s: %s", peer, problem)
-            await async_send_frame(loop, conn, Refusal(problem).to_wire())
+            log.warning("exchange: refused a connection from %s: %s", where, problem)
+        elif self._connected(board := self.boards[hello.board_id]):  # at once, even while a step holds the boundary
+            problem = self._intruder(board, where)
+        else:
+            async with self._boundary:
+                if self._connected(board):  # it joined while this one waited
+                    problem = self._intruder(board, where)
+                else:
+                    joined = await self._welcome(loop, board, conn, buffer, where)
+                    if joined is None:
+                        return None
+                    self._changed.set()
+                    log.info("exchange: board %s joined from %s at step %d", board.board_id, where, joined)
+                    return board
+        await asyncio.wait_for(async_send_frame(loop, conn, Refusal(problem).to_wire()), self._hello_timeout_s)
+        return None
+
+    @staticmethod
+    def _connected(board: _Board) -> bool:
+        """Whether ``board`` has a connection (welcomed, or being welcomed): no other may take its place."""
+        return board.welcomed and board.sock is not None
+
+    def _intruder(self, board: _Board, where: str) -> str:
+        """A second connection presents the id of a connected board: the refusal's text (the first connection stays)."""
+        board.intruders += 1
+        if board.intruders == 1:
+            board.flags.append(f"refused a second connection presenting its id, from {where} (later ones are counted)")
+        log.warning("exchange: refused a connection from %s presenting board %s's id: that board is connected from %s "
+                    "(%d such connection(s) so far); if it was not the board itself, the job's token has leaked",
+                    where, board.board_id, board.peer, board.intruders)
+        return (f"board {board.board_id} is already connected to job {self.job_id} (from {board.peer}); a second "
+                "connection cannot replace it. If this board restarted, its old connection is dropped once it "
+                "misses a step's result; join again after that")
+
+    async def _welcome(self, loop: asyncio.AbstractEventLoop, board: _Board, conn: socket.socket, buffer: bytearray,
+                       where: str) -> int | None:
+        """Welcome ``board`` on ``conn`` (the boundary's lock held): the step it starts at, or None if it took no welcome."""
+        next_step, model_state, optimizer_state = self._welcome_state()
+        if self._step is None:
+            self._step = next_step
+        board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
+        board.grad, board.peer, board.sent_step = None, where, -1
+        welcome = Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
+                          splits=tuple(self._schedule.splits_from(next_step)))
+        if self._welcome_extra is not None:
+            welcome = welcome.with_fields(self._welcome_extra())
+        try:
+            self.bytes_out += await async_send_frame(loop, conn, welcome.to_wire(), stall_s=self._hello_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            if board.sock is conn:  # not joined after all; the board may connect again
+                board.sock, board.welcomed, board.buffer = None, False, bytearray()
+            log.warning("exchange: closed the connection of board %s from %s: it did not take its welcome (%s)",
+                        board.board_id, where, exc)
             return None
-        board = self.boards[hello.board_id]
-        async with self._boundary:
-            self._disconnect(board)  # a reconnect replaces the old connection
-            next_step, model_state, optimizer_state = self._welcome_state()
-            if self._step is None:
-                self._step = next_step
-            board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
-            board.grad = None
-            welcome = Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
-                              splits=tuple(self._schedule.splits_from(next_step)))
-            if self._welcome_extra is not None:
-                welcome = welcome.with_fields(self._welcome_extra())
-            self.bytes_out += await async_send_frame(loop, conn, welcome.to_wire())
-        log.info("exchange: board %s joined from %s at step %d", board.board_id, peer, next_step)
-        self._changed.set()
-        return board
+        return next_step
 
     def _checked_hello(self, frame: dict[str, Any]) -> tuple[Hello | None, str]:
         """The hello if this job takes it, else None and why not.
@@ -424,7 +583,8 @@ class ExchangeServer:
         """
         assert board.sock is not None
         reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame),
-                             decode=self._hot_grad.decode_any_array, expected_bytes=self._grad_frame_bytes)
+                             decode=self._hot_grad.decode_any_array, expected_bytes=self._grad_frame_bytes,
+                             max_bytes=self._max_frame_bytes)
         board.reader = reader
         reader.resume()
         reason = await reader.done
@@ -488,8 +648,11 @@ class ExchangeServer:
         """Whether a gradient for ``step`` answers the open step (noted); one that came after its deadline is flagged.
 
         Raises:
-            DecodeError: a step the exchange is not at and has not passed.
+            DecodeError: a step the exchange is not at and has not passed, or one this board sent already.
         """
+        if step <= board.sent_step:
+            raise DecodeError(f"a second gradient for step {step}")
+        board.sent_step = step
         if step != self._step:
             if self._step is not None and step < self._step:
                 board.flags.append(f"step {step}: arrived after the deadline")
@@ -563,7 +726,7 @@ class ExchangeServer:
                 on_step, on_epoch, prog_bar = flags
                 log_flags.setdefault(name, (on_step, on_epoch, prog_bar))
         wall = time.monotonic() - started
-        self._recent_s.append(wall)
+        self._recent_s.append(wall - (self._deadline.paused_s if self._deadline is not None else 0.0))
         result = StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
                             refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
                             logs={name: s / w for name, (s, w) in logged.items() if math.isfinite(s / w)},
@@ -588,19 +751,19 @@ class ExchangeServer:
         """
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        deadline = loop.time() + self.deadline_for_next_step(minimum_deadline_s)  # on the loop's clock
+        span_s = self.deadline_for_next_step(minimum_deadline_s)
         async with self._boundary:
             self._step = step  # gradients that arrived early for this step are already kept
             gathered: asyncio.Future[_Finished] = loop.create_future()
             self._gathering = (step, started, gathered)
             self._start_fold(step)
-            timer = loop.call_at(deadline, self._finish_if_ready, True)
+            self._deadline = deadline = _StepDeadline(loop, span_s, self._deadline_passed)
             try:
                 self._finish_if_ready()
                 finished = await gathered
             finally:
-                timer.cancel()
-                self._gathering = None
+                deadline.cancel()
+                self._gathering = self._deadline = None
             if finished.unsent:  # a large result the send buffers could not take at once
                 waiting = [(board, board.sock, rest) for board, rest in finished.unsent if board.sock is not None]
                 failures = await send_rest(loop, [(sock, rest) for _, sock, rest in waiting if sock is not None])
@@ -612,6 +775,16 @@ class ExchangeServer:
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
             apply(self.wire_to_float32(finished.wire), finished.result)
         return finished.result
+
+    def _deadline_passed(self) -> None:
+        """The open step's time is up: first read what waits in the kernel's buffers (delivered, not late), then reduce."""
+        step = self._step
+        for board in self._in_order:
+            if self._gathering is None:
+                return  # the last gradient read finished the step
+            if board.welcomed and board.answered_step != step and board.reader is not None:
+                board.reader.read_now()
+        self._finish_if_ready(True)
 
     def _finish_if_ready(self, expired: bool = False) -> None:
         """Reduce the open step and send its result, if every board answered or time is up."""
@@ -661,6 +834,14 @@ class ExchangeServer:
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}
+
+
+def _peer_text(peer: Any) -> str:
+    """A peer address as host:port."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)
 
 
 __all__ = ["SPLIT_LEAD_STEPS", "ExchangeError", "ExchangeServer", "StepResult"]

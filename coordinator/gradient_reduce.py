@@ -8,6 +8,17 @@ added in the order given (board order, so the bits do not depend on arrival orde
 Σ n_i g_i / Σ n_i to float32 rounding. A vector whose gradient part has a squared norm that is not
 finite or above ``max_grad_norm²`` is refused and the rest summed again without it.
 
+A vector whose gradient norm lies far above the other boards' is refused too (a compromised or
+broken board must not steer the model): with at least :data:`OUTLIER_MIN_OTHERS` others, a norm
+above ``outlier_ratio`` (default 100) times the median of the others' norms, each norm scaled by
+the square root of its board's sample count first (sampling noise makes a mean over n samples
+about sqrt(n) times smaller: a board of 1 sample late in training has a norm 100x that of a board
+of 36, honestly; scaled, 20x). The median ignores a minority of wild values, so one board cannot
+widen the band for itself; honest boards' scaled norms differ by their data, by a few times (the
+tests take 50x), not by 100. The check
+sorts the step's norms once (boards, not elements) and usually stops at the largest; when nothing
+is refused the sum is the one above, bit for bit.
+
 Buffers are not gradients: they are left out of the norm check (NaN or Inf in them still refuses
 the vector), and with ``broadcast`` the result carries the first kept vector's buffers exactly
 (DDP's rule: rank 0's buffers), with ``average`` their weighted average like the rest.
@@ -31,6 +42,8 @@ REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratc
 FOLD_MAX_ELEMENTS = 1 << 19  # vectors up to this size (2 MB of float32) may be summed as they arrive
 WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 BUFFER_SYNCS = ("broadcast", "average")
+OUTLIER_RATIO = 100.0     # a gradient norm above this many times the median of the other boards' is refused
+OUTLIER_MIN_OTHERS = 2    # ... judged only with at least this many other boards' norms
 
 
 def scale_into(target: np.ndarray, grad: np.ndarray, weight: np.float32) -> float:
@@ -61,6 +74,54 @@ def refusal_reason(square: float, limit: float) -> str | None:
     return "NaN or Inf in the gradient" if not math.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
 
 
+def outlier_reason(norm: float, others_median: float, ratio: float) -> str | None:
+    """Why a gradient of norm ``norm`` is refused as an outlier among boards whose median norm is
+    ``others_median``, or None if it is within ``ratio`` times that median (or there is no band: a median of 0)."""
+    if others_median <= 0 or norm <= ratio * others_median:
+        return None
+    return (f"gradient norm x sqrt(samples) {norm:.3g} is {norm / others_median:.3g}x the median of the other boards' "
+            f"({others_median:.3g}); more than {ratio:g}x is refused as an outlier")
+
+
+def outliers(squares: Sequence[float], ratio: float = OUTLIER_RATIO,
+             min_others: int = OUTLIER_MIN_OTHERS) -> list[tuple[int, str]]:
+    """The positions of squared norms whose norm is above ``ratio`` times the median of the others' norms, and why.
+
+    Needs ``min_others`` other norms; every norm given counts among the others (one outlier does not
+    shield another). Sorted once; checked from the largest down, stopping at the first within the
+    band: a smaller norm has a median of others at least as large, so it is within the band too.
+    """
+    if len(squares) <= min_others:
+        return []
+    ascending = sorted(squares)  # the usual step: the largest is within the band of the others, and so is every one
+    half, odd = divmod(len(ascending) - 1, 2)
+    median = math.sqrt(ascending[half]) if odd else (math.sqrt(ascending[half - 1]) + math.sqrt(ascending[half])) / 2
+    if math.sqrt(ascending[-1]) <= ratio * median:
+        return []
+    order = sorted(range(len(squares)), key=squares.__getitem__)
+    norms = [math.sqrt(squares[i]) for i in order]
+    found: list[tuple[int, str]] = []
+    for j in range(len(norms) - 1, -1, -1):
+        median = _median_without(norms, j)
+        why = outlier_reason(norms[j], median, ratio)
+        if why is None:
+            if median > 0:
+                break
+            continue  # a median of 0 judges nothing: look at the next one
+        found.append((order[j], why))
+    return found
+
+
+def _median_without(ascending: list[float], j: int) -> float:
+    """The median of ``ascending`` (sorted) without its element at position ``j``."""
+    count = len(ascending) - 1
+
+    def kth(k: int) -> float:  # the k-th smallest of the others
+        return ascending[k] if k < j else ascending[k + 1]
+
+    return kth(count // 2) if count % 2 else (kth(count // 2 - 1) + kth(count // 2)) / 2
+
+
 class Reduced(NamedTuple):
     """Which vectors are in the average (positions in the order given) and which were refused, and why."""
 
@@ -75,6 +136,8 @@ class GradientReducer:
         param_count: the vectors' length (gradient and buffers).
         wire_dtype: float32, float16 or bfloat16: the vectors' dtype, and the result's on the wire.
         max_grad_norm: a vector whose gradient's norm exceeds it is refused.
+        outlier_ratio: a vector whose gradient's norm exceeds this many times the median of the
+            others' (with at least :data:`OUTLIER_MIN_OTHERS` others) is refused; ``inf`` turns it off.
         buffer_elements: the last ``buffer_elements`` of every vector are float buffers, not gradient.
         buffer_sync: ``broadcast`` or ``average`` (see the module's docstring).
 
@@ -83,12 +146,15 @@ class GradientReducer:
     """
 
     def __init__(self, param_count: int, *, wire_dtype: str = "float32", max_grad_norm: float = 1e6,
-                 buffer_elements: int = 0, buffer_sync: str = "broadcast") -> None:
+                 buffer_elements: int = 0, buffer_sync: str = "broadcast", outlier_ratio: float = OUTLIER_RATIO) -> None:
         if not 0 <= buffer_elements <= param_count or buffer_sync not in BUFFER_SYNCS:
             raise ValueError(f"buffer_elements {buffer_elements} / buffer_sync {buffer_sync!r} out of range")
         if wire_dtype not in WIRE_NUMPY:
             raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(WIRE_NUMPY)}")
+        if not outlier_ratio >= 1:
+            raise ValueError(f"outlier_ratio {outlier_ratio!r} must be at least 1")
         self.param_count, self.wire_dtype, self.max_grad_norm = param_count, wire_dtype, max_grad_norm
+        self.outlier_ratio = outlier_ratio
         self.buffer_elements = buffer_elements
         self._buffers_from = param_count - buffer_elements if buffer_elements and buffer_sync == "broadcast" else None
         self.sum = np.zeros(param_count, dtype=np.float32)
@@ -130,21 +196,33 @@ class GradientReducer:
 
         ``squares``: the vectors' squared norms when :meth:`add_weighted` already summed all of
         them, in order, with these very weights; None sums them here.
+
+        Refused: NaN or Inf, a norm above ``max_grad_norm``, then (judged once, among the vectors
+        that passed those) a norm far above the others' (:func:`outliers`).
         """
         kept = list(range(len(grads)))
         refused: list[tuple[int, str]] = []
         limit = min(self.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
+        banded = False
         while kept:
             if squares is None:
                 total = sum(grads[i][1] for i in kept)
                 squares = self.weighted_sum([grads[i] for i in kept], total)
             if self.buffer_elements:  # the norm check is the gradient's; buffers count only for NaN or Inf
                 squares = [square - self.buffer_square(grads[i][0]) for i, square in zip(kept, squares)]
-            bad = [(i, square) for i, square in zip(kept, squares) if not square <= limit]  # NaN, Inf or too large
+            bad = [(i, refusal_reason(square, limit) or "") for i, square in zip(kept, squares)
+                   if not square <= limit]  # NaN, Inf or too large
+            if not banded and len(kept) > OUTLIER_MIN_OTHERS:  # once per step: a norm far above the others'
+                banded = True
+                # Judged on norm x sqrt(samples): the square times the board's sample count.
+                plausible = [(i, square * grads[i][1]) for i, square in zip(kept, squares) if square <= limit]
+                band = outliers([scaled for _, scaled in plausible], self.outlier_ratio)
+                bad += [(plausible[k][0], f"gradient norm {math.sqrt(plausible[k][1] / grads[plausible[k][0]][1]):.3g} "
+                                          f"over {grads[plausible[k][0]][1]} samples: {why}") for k, why in band]
             if not bad:
                 break
-            for i, square in bad:  # rare: refuse it and sum again without it
-                refused.append((i, refusal_reason(square, limit) or ""))
+            for i, why in bad:  # rare: refuse it and sum again without it
+                refused.append((i, why))
                 kept.remove(i)
             squares = None
         if kept and self._buffers_from is not None:  # the buffers of the first kept vector, exactly
@@ -183,10 +261,14 @@ class GradientReducer:
 
 __all__ = [
     "FOLD_MAX_ELEMENTS",
+    "OUTLIER_MIN_OTHERS",
+    "OUTLIER_RATIO",
     "REDUCE_BLOCK",
     "WIRE_NUMPY",
     "GradientReducer",
     "Reduced",
+    "outlier_reason",
+    "outliers",
     "refusal_reason",
     "sample_weights",
     "scale_into",

@@ -27,6 +27,14 @@ from edgefleet.transport.frame_io import (
 _HEADER = struct.Struct(">I")
 
 
+class FrameTooLarge(DecodeError):
+    """A frame's header announced more bytes than the reader accepts (refused before anything is allocated)."""
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        super().__init__(f"frame announces {size} bytes; accepted are 1 to {max_bytes}")
+        self.size, self.max_bytes = size, max_bytes
+
+
 _IOV_MAX = 1024  # segments per sendmsg call (Linux IOV_MAX)
 COALESCE_BELOW = 64 * 1024  # segments smaller than this are joined: one send (one TCP segment) instead of several
 
@@ -92,12 +100,41 @@ async def send_rest(loop: asyncio.AbstractEventLoop,
 
 
 async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                              segments: list[bytes | memoryview]) -> int:
-    """Send a frame from ``frame_segments``; returns the bytes sent."""
+                              segments: list[bytes | memoryview], *, stall_s: float | None = None) -> int:
+    """Send a frame from ``frame_segments``; returns the bytes sent.
+
+    ``stall_s``: fail with ``TimeoutError`` once the peer has taken no byte for that long (a peer that
+    stopped reading cannot hold the sender forever; a slow one that keeps reading is never cut off).
+    """
     total = sum(memoryview(segment).nbytes for segment in segments)
-    for rest in send_now(sock, segments):
-        await loop.sock_sendall(sock, rest)
-    return total
+    if stall_s is None:
+        for rest in send_now(sock, segments):
+            await loop.sock_sendall(sock, rest)
+        return total
+    views = [memoryview(segment).cast("B") for segment in segments]
+    while True:
+        views = _send_views(sock, views)
+        if not views:
+            return total
+        await _writable(loop, sock, stall_s)
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout_s: float) -> None:
+    """Wait until ``sock`` can take more bytes; ``TimeoutError`` after ``timeout_s``."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_writer(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout_s)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"the peer took no byte for {timeout_s:g} s") from None
+    finally:
+        loop.remove_writer(fd)
 
 
 def send_now_to_all(socks: list[socket.socket], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
@@ -145,9 +182,13 @@ async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket
     return outcomes
 
 
-async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any]) -> int:
-    """Send one frame; returns the bytes sent. Do not modify the tensors until it returns."""
-    return await async_send_segments(loop, sock, frame_segments(message))
+async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any], *,
+                           stall_s: float | None = None) -> int:
+    """Send one frame; returns the bytes sent. Do not modify the tensors until it returns.
+
+    ``stall_s``: see :func:`async_send_segments`.
+    """
+    return await async_send_segments(loop, sock, frame_segments(message), stall_s=stall_s)
 
 
 async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> int:
@@ -177,8 +218,10 @@ async def async_recv_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     if got < _HEADER.size:
         raise DecodeError(f"truncated frame header: {got} of {_HEADER.size} bytes before the peer closed")
     (size,) = _HEADER.unpack(header)
-    if size == 0 or size > max_bytes:
-        raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {max_bytes}")
+    if size > max_bytes:
+        raise FrameTooLarge(size, max_bytes)
+    if size == 0:
+        raise DecodeError(f"frame announces 0 bytes; accepted are 1 to {max_bytes}")
     if len(buffer) < size:
         buffer.extend(bytes(size - len(buffer)))
     view = memoryview(buffer)[:size]
@@ -200,7 +243,8 @@ class FrameReader:
     and the reader never stops watching the socket, which would cost two epoll_ctl calls a
     frame). ``on_frame`` returns True to go on reading, or False to pause until :meth:`resume`. Reading ends
     with :attr:`done` holding the reason: ``ConnectionClosed`` (between frames), ``DecodeError``
-    (truncated, oversized or malformed; also an exception ``on_frame`` raised) or ``OSError``.
+    (truncated, oversized (``FrameTooLarge``, raised before anything is allocated) or malformed; also
+    an exception ``on_frame`` raised) or ``OSError``.
 
     With ``expected_bytes`` (the payload size of the frame the peer usually sends, such as a
     step's gradient frame), a new frame's header and body are read by one ``recv_into``, and the
@@ -237,6 +281,15 @@ class FrameReader:
         self._pause()
         if not self.done.done():
             self.done.set_result(reason or ConnectionClosed("reading stopped"))
+
+    def read_now(self) -> None:
+        """Read what has arrived at once, as if the loop had just reported the socket readable.
+
+        For a caller that must not miss bytes already in the kernel's buffer (a deadline that
+        fires in the same loop iteration as the readiness it would otherwise precede).
+        """
+        if self._watching:
+            self._readable()
 
     def _pause(self) -> None:
         if self._watching:
@@ -313,7 +366,8 @@ class FrameReader:
     def _begin_body(self, size: int, *, claimed: bool = False) -> None:
         """A frame of ``size`` bytes begins; ``claimed``: the buffer is this frame's already (it grows in place if need be)."""
         if size == 0 or size > self._max_bytes:
-            raise DecodeError(f"frame announces {size} bytes; accepted are 1 to {self._max_bytes}")
+            raise FrameTooLarge(size, self._max_bytes) if size else DecodeError(
+                f"frame announces 0 bytes; accepted are 1 to {self._max_bytes}")
         if not claimed or len(self.buffer) < BODY_AT + size:
             self.buffer = claim_buffer(self.buffer, BODY_AT + size)  # a fresh one while views of the last frame are alive
         self._size, self._got = size, 0
@@ -350,5 +404,5 @@ class FrameReader:
         return bool(self._carry)
 
 
-__all__ = ["ConnectionClosed", "FrameReader", "async_recv_frame", "async_send_frame", "async_send_segments", "frame_segments",
-           "send_now", "send_now_to_all", "send_rest", "send_to_all"]
+__all__ = ["ConnectionClosed", "FrameReader", "FrameTooLarge", "async_recv_frame", "async_send_frame", "async_send_segments",
+           "frame_segments", "send_now", "send_now_to_all", "send_rest", "send_to_all"]

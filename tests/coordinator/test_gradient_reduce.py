@@ -8,6 +8,8 @@ import pytest
 from edgefleet.coordinator.gradient_reduce import (
     REDUCE_BLOCK,
     GradientReducer,
+    outlier_reason,
+    outliers,
     refusal_reason,
     sample_weights,
     scale_into,
@@ -93,6 +95,66 @@ def test_nan_inf_and_implausible_norms_are_refused_and_the_rest_summed_again() -
     assert np.array_equal(reducer.sum, _reference([grads[0]], [8]))  # summed again without them
 
 
+def _with_norms(norms: list[float], size: int = 1000, seed: int = 6) -> list[np.ndarray]:
+    return [g * np.float32(norm / np.linalg.norm(g)) for g, norm in zip(_vectors(len(norms), size, seed), norms)]
+
+
+def test_a_norm_far_above_the_other_boards_is_refused_and_the_rest_summed_exactly() -> None:
+    """Issue 23: a gradient of norm 5e5 among boards of 0.2-11 was accepted (the absolute limit is 1e6)."""
+    grads, counts = _with_norms([0.2, 5e5, 11.0, 3.0]), [8, 16, 24, 8]
+    reducer = GradientReducer(1000)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [0, 2, 3] and [i for i, _ in outcome.refused] == [1]
+    why = dict(outcome.refused)[1]
+    # judged on norm x sqrt(samples): 5e5 x 4 against the others' 0.2 x 2.83, 11 x 4.9 and 3 x 2.83 (median 8.49)
+    assert why.startswith("gradient norm 5e+05 over 16 samples: gradient norm x sqrt(samples) 2e+06 is ")
+    assert "the median of the other boards' (8.49)" in why
+    kept = [grads[i] for i in outcome.kept]
+    assert np.array_equal(reducer.sum, _reference(kept, [8, 24, 8]))  # summed again without it, bit for bit
+
+
+def test_the_band_is_judged_on_gradients_summed_as_they_arrived_too() -> None:
+    grads, counts = _with_norms([1.0, 2.0, 4e4]), [8, 8, 8]
+    reducer = GradientReducer(1000)
+    squares = [reducer.add_weighted(g, w, first=i == 0) for i, (g, w) in enumerate(zip(grads, sample_weights(counts)))]
+    outcome = reducer.reduce(list(zip(grads, counts)), squares)
+    assert outcome.kept == [0, 1] and np.array_equal(reducer.sum, _reference(grads[:2], counts[:2]))
+
+
+def test_honest_norms_a_few_times_apart_change_nothing() -> None:
+    """Boards of very different batch sizes and data: norms 50x apart are within the band, and the sum is the same bits."""
+    grads, counts = _with_norms([0.2, 1.0, 10.0, 9.0, 0.5]), [1, 8, 64, 16, 2]
+    reducer = GradientReducer(1000)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [0, 1, 2, 3, 4] and not outcome.refused
+    assert np.array_equal(reducer.sum, _reference(grads, counts))
+
+
+def test_the_band_needs_two_other_boards_and_a_nonzero_median() -> None:
+    assert outliers([1.0, 1e12]) == []                       # one other board: no band
+    assert outliers([0.0, 0.0, 1e6]) == []                   # the others' median is 0: no band (the absolute limit still holds)
+    assert [i for i, _ in outliers([1.0, 1.0, 1e6])] == [2]  # 1000x the median of two others
+    assert outliers([1.0, 1.0, 1e4]) == []                   # 100x (squares): within
+
+
+def test_several_outliers_do_not_shield_each_other() -> None:
+    found = outliers([1.0, 1e10, 2.0, 1e10, 1.5])  # squared norms
+    assert sorted(i for i, _ in found) == [1, 3]
+    assert outliers([1.0, 1e10, 1e10]) == []  # a majority of wild ones is the median itself: the absolute limit's job
+
+
+def test_the_outlier_ratio_is_a_setting() -> None:
+    grads = _with_norms([1.0, 1.0, 20.0])
+    assert GradientReducer(1000, outlier_ratio=10).reduce([(g, 1) for g in grads]).kept == [0, 1]
+    assert GradientReducer(1000).reduce([(g, 1) for g in grads]).kept == [0, 1, 2]
+    assert GradientReducer(1000, outlier_ratio=float("inf")).reduce([(g, 1) for g in _with_norms([1.0, 1.0, 1e5])]).kept == [0, 1, 2]
+    with pytest.raises(ValueError, match="outlier_ratio 0.5"):
+        GradientReducer(10, outlier_ratio=0.5)
+    assert outlier_reason(100.0, 1.0, 100.0) is None and outlier_reason(5.0, 0.0, 100.0) is None
+    assert outlier_reason(500.0, 2.0, 100.0) == ("gradient norm x sqrt(samples) 500 is 250x the median of the other "
+                                                "boards' (2); more than 100x is refused as an outlier")
+
+
 def test_refusal_reasons() -> None:
     assert refusal_reason(4.0, 4.0) is None
     assert refusal_reason(float("nan"), 1.0) == refusal_reason(float("inf"), 1e308) == "NaN or Inf in the gradient"
@@ -142,3 +204,13 @@ def test_out_of_range_settings_are_refused() -> None:
         GradientReducer(10, buffer_sync="mean")
     with pytest.raises(ValueError, match="wire dtype 'int8'"):
         GradientReducer(10, wire_dtype="int8")
+
+
+def test_a_small_batch_late_in_training_is_not_an_outlier() -> None:
+    """The demo, once: a board of 1 sample had norm 0.604 against boards of 36 and 11 samples at 0.0054 and 0.02
+    (112x the median): honest. Scaled by sqrt(samples) it is 19x, within the band."""
+    grads, counts = _with_norms([0.604, 0.00538, 0.02]), [1, 36, 11]
+    reducer = GradientReducer(1000)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [0, 1, 2] and not outcome.refused
+    assert np.array_equal(reducer.sum, _reference(grads, counts))
