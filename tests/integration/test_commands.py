@@ -94,7 +94,7 @@ def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(tm
         # (the stale one, same job, is not told again); the replay and the unsigned one were not.
         rejected = [e for e in client.events if e.phase == "rejected"]
         assert len(rejected) == 1 and "bad signature" in rejected[0].message and "fleet key differs" in rejected[0].message
-        assert [e.phase for e in client.events if e.phase != "rejected"][0] == "accepted"
+        assert next(e.phase for e in client.events if e.phase != "rejected") == "accepted"
         assert "Traceback" not in log
     finally:
         client.close()
