@@ -6,6 +6,7 @@ Every key, its default and its meaning are listed in the README's configuration 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from edgefleet.protocol.address import HostPort, broker_from_env
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import POWER_SOURCES
 from edgefleet.protocol.topics import valid_board_id
+from edgefleet.transport.fleet_key import load_board_key, read_key_file
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
 POWER_KINDS = ("auto", *POWER_SOURCES)  # power.source: a source of protocol.messages, or "auto" (the first found)
@@ -56,8 +58,13 @@ class PowerSettings:
 class SecuritySettings:
     """The ``[security]`` section: how the agent tells the coordinator's commands from a stranger's."""
 
-    fleet_key_file: str = ""       # HMAC key shared with the coordinator; without it every command is refused
+    # The coordinator's public key(s), "ed25519-public <hex>" lines (a legacy shared HMAC key still
+    # works, with a warning); without it every command is refused.
+    fleet_key_file: str = ""
     max_command_age_s: float = 30.0  # older commands are refused as stale (keep the clocks in sync: NTP)
+    # This board's own private key ("ed25519-private <hex>"): it signs the job events the board sends,
+    # so that a coordinator given --board-keys can tell them from forgeries. Empty: events are unsigned.
+    board_key_file: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_command_age_s <= 3600:
@@ -79,6 +86,8 @@ class AgentConfig:
     """Everything the agent daemon needs, loaded once."""
 
     board_id: str
+    # Where the agent keeps what must outlive a restart (the accepted commands' nonces); "" = none.
+    state_dir: str = ""
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     power: PowerSettings = field(default_factory=PowerSettings)
@@ -90,6 +99,18 @@ class AgentConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _TopLevel:
     board_id: str = ""
+    state_dir: str = ""
+
+
+STATE_DIRECTORY_ENV = "STATE_DIRECTORY"  # systemd's StateDirectory= (the unit's /var/lib/edge-agent)
+
+
+def default_state_dir(config_path: Path | None) -> str:
+    """systemd's ``$STATE_DIRECTORY``, else the config file's directory, else "" (no config file: no fleet key either)."""
+    from_systemd = os.environ.get(STATE_DIRECTORY_ENV, "").split(":")[0]
+    if from_systemd:
+        return from_systemd
+    return str(config_path.resolve().parent) if config_path is not None else ""
 
 
 def default_board_id() -> str:
@@ -117,21 +138,36 @@ def load_agent_config(path: Path | None, *, board_id: str | None = None, broker:
     security = build_section(SecuritySettings, data.get("security", {}), section="security", source=source)
     training = build_section(TrainingSettings, data.get("training", {}), section="training", source=source)
     if security.fleet_key_file and not Path(security.fleet_key_file).is_file():
-        raise ConfigError(f"{source}: security.fleet_key_file = {security.fleet_key_file!r} does not exist; "
-                          "copy the fleet key from the coordinator (ansible does) or remove the key to refuse all commands")
+        raise ConfigError(f"{source}: security.fleet_key_file = {security.fleet_key_file!r} does not exist; install the "
+                          "coordinator's public key there (python -m edgefleet.transport.fleet_key --public fleet.key > "
+                          "fleet.pub; ansible does) or remove the key to refuse all commands")
+    if security.board_key_file and not Path(security.board_key_file).is_file():
+        raise ConfigError(f"{source}: security.board_key_file = {security.board_key_file!r} does not exist; make the "
+                          f"board's key with python -m edgefleet.transport.fleet_key --generate --output "
+                          f"{security.board_key_file} (ansible does) or remove the key to send unsigned events")
+    # What the key files hold is checked here too, so that --check-config (ansible's check) catches a wrong file.
+    if security.fleet_key_file:
+        read_key_file(security.fleet_key_file)
+    if security.board_key_file:
+        load_board_key(security.board_key_file)
     final_id = board_id or top.board_id or default_board_id()
     if not valid_board_id(final_id):
         where = "--id" if board_id else f"{source}: board_id"
         raise ConfigError(f"{where} = {final_id!r} is not a valid board id: use 1-63 letters, digits, '.', '_' or '-', starting with a "
                           "letter or digit")
-    return AgentConfig(board_id=final_id, broker=broker_cfg, telemetry=telemetry, power=power, security=security,
-                       training=training, source=source)
+    return AgentConfig(board_id=final_id, state_dir=top.state_dir or default_state_dir(path), broker=broker_cfg,
+                       telemetry=telemetry, power=power, security=security, training=training, source=source)
+
+
+def nonce_file_path(cfg: AgentConfig) -> Path | None:
+    """Where the accepted commands' nonces are kept (one file per board id); None without a state_dir."""
+    return Path(cfg.state_dir) / f"command-nonces-{cfg.board_id}.json" if cfg.state_dir else None
 
 
 def describe(cfg: AgentConfig) -> str:
     """A human summary for ``--check-config`` (the password is never shown)."""
     broker = dataclasses.replace(cfg.broker, password="***" if cfg.broker.password else "")
-    lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}"]
+    lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}", f"state_dir = {cfg.state_dir!r}"]
     for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power),
                           ("security", cfg.security), ("training", cfg.training)):
         lines.append(f"[{name}]")

@@ -11,15 +11,15 @@ from pathlib import Path
 
 from edgefleet import __version__
 from edgefleet.agent.caps import read_caps
-from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.config import AgentConfig, nonce_file_path
 from edgefleet.agent.job_runner import JobRunner
 from edgefleet.agent.sdnotify import sd_notify
 from edgefleet.agent.sensors import Sampler
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardStatus
-from edgefleet.protocol.signing import CommandVerifier
+from edgefleet.protocol.signing import CommandVerifier, NonceFile
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, status_topic, telemetry_topic
-from edgefleet.transport.fleet_key import load_fleet_key
+from edgefleet.transport.fleet_key import load_board_key, load_command_keys
 from edgefleet.transport.mqtt_link import MqttLink, Will
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,27 @@ class Agent:
                              on_connect=self._announce, on_message=self._on_command)
         verifier = None
         if cfg.security.fleet_key_file:
-            key = load_fleet_key(Path(cfg.security.fleet_key_file))
-            verifier = CommandVerifier(key, max_age_s=cfg.security.max_command_age_s).verify
+            keys = load_command_keys(Path(cfg.security.fleet_key_file))  # warns about a legacy or private key
+            record = nonce_file_path(cfg)
+            if record is None:
+                log.warning("no state_dir: the nonces of accepted commands are kept in memory only, so a command "
+                            "captured on the network could be replayed once within %g s of a restart; set state_dir",
+                            cfg.security.max_command_age_s)
+            verifier = CommandVerifier(keys, max_age_s=cfg.security.max_command_age_s,
+                                       nonce_file=NonceFile(record) if record is not None else None).verify
         else:
             log.warning("no security.fleet_key_file: this board will refuse every training command")
+        # Loaded now (a bad file stops the agent with its reason); the key is first used by the first event.
+        self._sign_event = load_board_key(Path(cfg.security.board_key_file)) if cfg.security.board_key_file else None
+        if self._sign_event is None:
+            log.info("no security.board_key_file: job events are sent unsigned (a coordinator given --board-keys "
+                     "refuses them)")
         self.jobs = JobRunner(board_id=cfg.board_id, verify=verifier, publish_event=self._publish_event,
                               set_busy=self._set_busy, config=cfg)
 
     def _publish_event(self, event: JobEvent) -> None:
-        self.link.publish(events_topic(self.cfg.broker.topic_prefix, self.cfg.board_id), event.to_msgpack(), qos=1)
+        self.link.publish(events_topic(self.cfg.broker.topic_prefix, self.cfg.board_id),
+                          event.to_msgpack(self._sign_event), qos=1)
 
     def _set_busy(self, busy: bool) -> None:
         self.link.publish(self.status_topic, self._status("busy" if busy else "online"), qos=1, retain=True)

@@ -80,8 +80,9 @@ class JobRunner:
 
     Args:
         board_id: this board; a command addressed to another is refused.
-        verify: turns a signed payload into its body, raising ProtocolError why not; None when no
-            fleet key is configured (every command is then refused).
+        verify: turns a signed payload into its body, raising ProtocolError why not (having recorded
+            its nonce, so that it is never accepted twice); None when no fleet key is configured
+            (every command is then refused).
         publish_event: sends a JobEvent to the coordinator (over MQTT).
         set_busy: called with True when a job starts and False when it ends (the board's status).
         config: the agent's configuration: ``[training] keep_worker`` and what the worker needs
@@ -115,15 +116,15 @@ class JobRunner:
         if self._verify is None:
             log.warning("refused a command: no fleet key configured (set security.fleet_key_file)")
             self._tell_refusal(payload, f"board {self.board_id} has no fleet key (security.fleet_key_file is not set) and "
-                                        "refuses every command: install the fleet's key on it and restart edge-agent")
+                                        "refuses every command: install the coordinator's public key on it (python -m "
+                                        "edgefleet.transport.fleet_key --public fleet.key > fleet.pub) and restart edge-agent")
             return
         try:
             command = command_from_dict(self._verify(payload))
         except ProtocolError as exc:  # unsigned, forged, stale, replayed or malformed
             log.warning("refused a command: %s", exc)
             if isinstance(exc, SignatureError) and exc.tell_sender:
-                hint = ("; its fleet key differs from the coordinator's: use the same key on both (--fleet-key, "
-                        "security.fleet_key_file)") if str(exc).startswith("bad signature") else ""
+                hint = f"; {exc.hint}" if exc.hint else ""
                 self._tell_refusal(payload, f"board {self.board_id} refused the command: {exc}{hint}")
             return
         if command.board_id != self.board_id:

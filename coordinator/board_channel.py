@@ -1,24 +1,41 @@
-"""The coordinator's MQTT side of a job: board status and job events in, signed commands out."""
+"""The coordinator's MQTT side of a job: board status and job events in, signed commands out.
+
+With the boards' public keys (``--board-keys DIR``, carried in ``fleet_key``: see
+``protocol.signing.CoordinatorKeys``) every job event must carry its board's signature: an unsigned
+or forged one is dropped with a warning naming the board (at most one a minute per board), so a
+forged "failed" cannot drop a healthy board. A job with a board that has no key there is refused
+before it starts. Without board keys, events are taken as they come (as before signed events).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgefleet.protocol.errors import BrokerError, DecodeError
+from edgefleet.protocol.errors import BrokerError, ConfigError, DecodeError
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardCaps, BoardStatus
-from edgefleet.protocol.signing import sign_command
+from edgefleet.protocol.signing import (
+    GENERATE_HINT,
+    CoordinatorKeys,
+    SignatureError,
+    check_event_signature,
+    sign_command,
+)
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
 from edgefleet.transport.mqtt_link import MqttLink
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+
+EVENT_WARNING_INTERVAL_S = 60.0  # at most one warning a minute per board about events dropped as unsigned or forged
 
 
 @dataclass
@@ -26,7 +43,7 @@ class BoardChannel:
     """Follows a set of boards' status and job events, and sends them signed commands."""
 
     settings: BrokerSettings
-    fleet_key: bytes
+    fleet_key: bytes   # the coordinator's keys (CoordinatorKeys.to_bytes), or a legacy HMAC fleet key
     boards: list[str]
     status: dict[str, BoardStatus] = field(default_factory=dict)
     caps: dict[str, BoardCaps] = field(default_factory=dict)
@@ -35,13 +52,37 @@ class BoardChannel:
     _events: asyncio.Queue[JobEvent] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _link: MqttLink | None = None
+    _keys: CoordinatorKeys = field(init=False)
+    _dropped: dict[str, tuple[float, int]] = field(default_factory=dict)  # board -> (last warning, dropped since)
+
+    def __post_init__(self) -> None:
+        try:
+            self._keys = CoordinatorKeys.from_bytes(self.fleet_key)
+        except ValueError as exc:
+            raise ConfigError(f"the fleet key cannot sign commands: {exc}; {GENERATE_HINT}") from None
+
+    def check_board_keys(self) -> None:
+        """With board keys, every board of the job must have one. Raises ConfigError naming those without."""
+        keys = self._keys.board_keys
+        if keys is None:
+            return
+        missing = [board for board in self.boards if board not in keys]
+        if missing:
+            source = self._keys.board_keys_source or "the board keys"
+            raise ConfigError(f"--board-keys {source}: no public key for board(s) {', '.join(missing)} (expected "
+                              f"{', '.join(b + '.pub' for b in missing)} there, holding an 'ed25519-public' line), so "
+                              "their job events could not be told from forgeries. Fetch each board's key (the Ansible role "
+                              "does; by hand: python -m edgefleet.transport.fleet_key --public /etc/edge-agent/board.key "
+                              "on the board), leave those boards out (--boards), or leave out --board-keys")
 
     async def open(self, connect_timeout_s: float = 5.0) -> None:
         """Connect and subscribe.
 
         Raises:
+            ConfigError: board keys were given and a board has none (before anything is sent).
             BrokerError: the broker cannot be reached or refused us.
         """
+        self.check_board_keys()
         self._loop = asyncio.get_running_loop()
         self._events = asyncio.Queue()
         prefix = self.settings.topic_prefix
@@ -74,11 +115,38 @@ class BoardChannel:
             elif parsed.kind == "caps":
                 self.caps[parsed.board_id] = BoardCaps.from_json(payload)
             elif parsed.kind == "events":
-                event = JobEvent.from_msgpack(payload)
+                event = JobEvent.from_msgpack(payload, check=self._event_check(parsed.board_id))
                 if event.board_id == parsed.board_id and self._loop is not None and self._events is not None:
                     self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except SignatureError as exc:
+            self._drop_event(parsed.board_id, str(exc))
         except DecodeError as exc:
             log.warning("board %s sent a malformed %s message: %s", parsed.board_id, parsed.kind, exc)
+
+    def _event_check(self, board: str) -> Callable[[dict[str, Any]], None] | None:
+        """What an event from ``board`` must pass: its signature with board keys, nothing without."""
+        keys = self._keys.board_keys
+        if keys is None:
+            return None
+        public = keys.get(board)
+        if public is None:
+            def refuse(fields: dict[str, Any]) -> None:
+                raise SignatureError(f"board {board} has no key in {self._keys.board_keys_source}")
+            return refuse
+        return lambda fields: check_event_signature(fields, public)
+
+    def _drop_event(self, board: str, reason: str) -> None:
+        """Drop an event that fails its signature check; warn at most once a minute per board."""
+        now = time.monotonic()
+        last, count = self._dropped.get(board, (-math.inf, 0))
+        if now - last < EVENT_WARNING_INTERVAL_S:
+            self._dropped[board] = (last, count + 1)
+            return
+        also = f" ({count} more since the last warning)" if count else ""
+        log.warning("dropped a job event on board %s's topic: %s%s. Either someone forges events for it, or its key "
+                    "changed (e.g. the board was reinstalled): then fetch its public key into %s/%s.pub again",
+                    board, reason, also, self._keys.board_keys_source or "the --board-keys directory", board)
+        self._dropped[board] = (now, 0)
 
     async def wait_for_status(self, timeout_s: float = 3.0) -> None:
         """Give the retained statuses time to arrive (returns early once every board has one)."""
@@ -89,7 +157,7 @@ class BoardChannel:
     def send(self, board_id: str, command: dict[str, Any], *, wait_s: float = 0.0) -> None:
         """Sign and publish a command (QoS 1); with ``wait_s``, wait that long for the broker's ack."""
         assert self._link is not None
-        payload = sign_command(command, key=self.fleet_key)
+        payload = sign_command(command, key=self._keys)
         info = self._link.publish(cmd_topic(self.settings.topic_prefix, board_id), payload, qos=1)
         if wait_s > 0:
             try:

@@ -1,8 +1,12 @@
 """The demo's fleet (``edge-coordinator demo``): a private broker, local agents, and the job they train.
 
 Everything stays on 127.0.0.1: a private Mosquitto (or the in-process broker when Mosquitto is not
-installed), ``edge-agent`` processes with their own power models, a fresh fleet key, and the
-real training path (signed commands, the TCP exchange, Lightning on every board).
+installed), ``edge-agent`` processes with their own power models, fresh keys, and the real training
+path (signed commands, the TCP exchange, Lightning on every board).
+
+The keys are made as a real fleet's are: the coordinator's Ed25519 key signs the commands and the
+boards hold only its public key (``fleet.pub``); every board has a key of its own that signs its
+job events, and the coordinator checks each event against that board's public key (``board-keys/``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from edgefleet.coordinator.local_broker import start_local_broker
 from edgefleet.coordinator.monitor import monitor_fleet
 from edgefleet.launch import module_command
 from edgefleet.protocol.errors import EdgeTrainError
-from edgefleet.transport.fleet_key import generate_key_hex
+from edgefleet.transport.fleet_key import (
+    BOARD_KEY_SUFFIX,
+    add_board_keys,
+    load_fleet_key,
+    private_key_text,
+    public_key_text,
+    write_new_key,
+)
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -43,15 +54,31 @@ def _board_ids(count: int) -> list[tuple[str, float, float]]:
     return boards
 
 
+def make_board_key(workdir: Path, board_id: str, board_keys_dir: Path) -> Path:
+    """A board's own key (``workdir/<id>.key``, mode 600) and its public key in ``board_keys_dir/<id>.pub``."""
+    key_file = workdir / f"{board_id}.key"
+    key_file.unlink(missing_ok=True)
+    write_new_key(key_file, private_key_text())
+    board_keys_dir.mkdir(parents=True, exist_ok=True)
+    (board_keys_dir / f"{board_id}{BOARD_KEY_SUFFIX}").write_text(public_key_text(key_file))
+    return key_file
+
+
 @contextmanager
-def local_fleet(count: int, workdir: Path, broker_address: str, key_file: Path) -> Iterator[list[str]]:
-    """Start ``count`` agents; stop them all at the end, whatever happens."""
+def local_fleet(count: int, workdir: Path, broker_address: str, key_file: Path,
+                board_keys_dir: Path | None = None) -> Iterator[list[str]]:
+    """Start ``count`` agents that verify commands with ``key_file``; stop them all at the end, whatever happens.
+
+    With ``board_keys_dir``, each board gets a key of its own, which signs its events, and its public key there.
+    """
     procs, ids = [], []
     try:
         for board_id, idle_w, max_w in _board_ids(count):
             conf = workdir / f"{board_id}.toml"
+            board_key = ("" if board_keys_dir is None else
+                         f'board_key_file = "{make_board_key(workdir, board_id, board_keys_dir)}"\n')
             conf.write_text(f'board_id = "{board_id}"\n[power]\nsource = "estimated"\nidle_w = {idle_w}\nmax_w = {max_w}\n'
-                            f'[security]\nfleet_key_file = "{key_file}"\n')
+                            f'[security]\nfleet_key_file = "{key_file}"\n{board_key}')
             agent_log = (workdir / f"{board_id}.log").open("wb")
             procs.append(subprocess.Popen(module_command("edgefleet.agent", "--config", str(conf), "--broker", broker_address),
                                           stdout=agent_log, stderr=subprocess.STDOUT))
@@ -75,22 +102,24 @@ class DemoFleet:
     address: str                 # host:port of the broker
     kind: str                    # which broker: Mosquitto or the in-process one
     boards: list[str]
-    fleet_key: bytes
+    fleet_key: bytes             # the coordinator's key, with every board's public key (events are checked)
 
 
 @contextmanager
 def demo_fleet(boards: int) -> Iterator[DemoFleet]:
-    """Start a private broker and ``boards`` agents with a fresh fleet key; stop everything at the end."""
+    """Start a private broker and ``boards`` agents with fresh keys; stop everything at the end."""
     if boards < 1:
         raise EdgeTrainError("--boards must be at least 1")
     with start_local_broker() as broker:
-        key_file = broker.workdir / "fleet.key"
-        key_file.write_text(generate_key_hex() + "\n")
-        os.chmod(key_file, 0o600)
+        key_file, public_file = broker.workdir / "fleet.key", broker.workdir / "fleet.pub"
+        key_file.unlink(missing_ok=True)
+        write_new_key(key_file, private_key_text())  # the coordinator's: it signs the commands
+        public_file.write_text(public_key_text(key_file))  # what the boards verify them with
+        board_keys = broker.workdir / "board-keys"
         settings = BrokerSettings(host=broker.host, port=broker.port)
-        with local_fleet(boards, broker.workdir, broker.address, key_file) as ids:
+        with local_fleet(boards, broker.workdir, broker.address, public_file, board_keys) as ids:
             yield DemoFleet(broker=settings, address=broker.address, kind=broker.kind, boards=ids,
-                            fleet_key=bytes.fromhex(key_file.read_text().strip()))
+                            fleet_key=add_board_keys(load_fleet_key(key_file), board_keys))
 
 
 def wait_online(fleet: DemoFleet, timeout_s: float = 60.0) -> None:
@@ -117,4 +146,4 @@ def demo_job(boards: list[str]) -> JobSpec:
     return resolve_job(spec)
 
 
-__all__ = ["DEMO_BATCH", "DEMO_EPOCHS", "DEMO_LR", "DemoFleet", "demo_fleet", "demo_job", "local_fleet", "wait_online"]
+__all__ = ["DEMO_BATCH", "DEMO_EPOCHS", "DEMO_LR", "DemoFleet", "demo_fleet", "demo_job", "local_fleet", "make_board_key", "wait_online"]

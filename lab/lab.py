@@ -53,6 +53,7 @@ from edgefleet.launch import module_command
 log = logging.getLogger(__name__)
 
 AGENT = "edge-agent"
+BOARD_KEY_FILE = "board.key"  # in the board's home: its own key, which signs its job events
 
 
 class LabUnavailable(RuntimeError):
@@ -94,6 +95,13 @@ def agent_supports_fleet_key() -> bool:
     return "security" in {f.name for f in dataclasses.fields(AgentConfig)}
 
 
+def agent_supports_board_key() -> bool:
+    """True once the agent has ``security.board_key_file`` (then every board signs its job events)."""
+    from edgefleet.agent.config import SecuritySettings
+
+    return "board_key_file" in {f.name for f in dataclasses.fields(SecuritySettings)}
+
+
 def emulated_model(spec: BoardSpec) -> str:
     """The model string a board's agent publishes in its caps: what it imitates, and its limits."""
     return f"lab: {spec.model or spec.id}-like, {spec.describe()}"
@@ -122,8 +130,12 @@ class Lab:
         start_agents: Start an ``edge-agent`` in every board (False: boards only, for link tests).
         logs_dir: Where board logs go; default inside the lab's work dir (removed by ``down``).
         on_report: Called with every supervisor report (a board process that ended unasked).
-        fleet_key_file: The HMAC key the agents verify the coordinator's commands with (their
-            ``[security] fleet_key_file``); without one they refuse every command, as real boards do.
+        fleet_key_file: The coordinator's key file (``--fleet-key``). The agents get what a real
+            board holds (their ``[security] fleet_key_file``): the public key of an Ed25519 private
+            key (written to the work dir as ``fleet.pub``), or the file itself when it holds public
+            keys or a legacy HMAC key. Without one they refuse every command, as real boards do.
+            Every board also gets a key of its own that signs its job events; their public keys are
+            in :attr:`board_keys_dir` (the coordinator's ``--board-keys``).
         agent_settings: Extra TOML sections for every agent's config, e.g.
             ``"[training]\nkeep_worker = true\n"`` (benchmarks that run hundreds of short jobs).
     """
@@ -142,6 +154,7 @@ class Lab:
         self.agent_settings = agent_settings
         self.workdir = workdir()
         self.logs_dir = logs_dir or self.workdir / "logs"
+        self.board_keys_dir = self.workdir / "board-keys"  # <board_id>.pub: the coordinator's --board-keys
         self.supervisor = Supervisor(on_report=on_report)
         self.boards: dict[str, Board] = {}
         self.server_netns: str | None = None
@@ -304,16 +317,48 @@ class Lab:
         """The agent's config file: the board's power model, labelled estimated, and its own /sys."""
         spec = board.spec
         cpu_scope = 'cpu_scope = "cgroup"\n' if agent_supports_cpu_scope() else ""
-        security = f'[security]\nfleet_key_file = "{self.fleet_key_file}"\n' if self.fleet_key_file else ""
+        board_key = board.home / BOARD_KEY_FILE
+        security = "".join([f'fleet_key_file = "{self.agent_fleet_key_file()}"\n' if self.fleet_key_file else "",
+                            f'board_key_file = "{board_key}"\n' if board_key.exists() else ""])
+        security = f"[security]\n{security}" if security else ""
         return (f'board_id = "{spec.id}"\n'
                 f"[broker]\nkeepalive_s = {self.keepalive_s}\n"
                 f'[telemetry]\ninterval_s = {self.interval_s}\nsysfs_root = "{board.home / "sys"}"\n{cpu_scope}'
                 f'[power]\nsource = "estimated"\nidle_w = {spec.idle_w}\nmax_w = {spec.max_w}\n{security}'
                 f"{self.agent_settings}")
 
+    def agent_fleet_key_file(self) -> Path | None:
+        """What the boards verify commands with: the public key of an Ed25519 private key (written
+        once to the work dir), else the coordinator's key file itself (public keys, or a legacy key)."""
+        if self.fleet_key_file is None:
+            return None
+        from edgefleet.transport.fleet_key import PRIVATE, public_key_text, read_key_file
+
+        if read_key_file(self.fleet_key_file).kind != PRIVATE:
+            return self.fleet_key_file
+        public = self.workdir / "fleet.pub"
+        if not public.exists():
+            public.parent.mkdir(parents=True, exist_ok=True)
+            public.write_text(public_key_text(self.fleet_key_file))
+        return public
+
+    def ensure_board_key(self, board: Board) -> None:
+        """The board's own key (in its home, mode 600), made once, and its public key in :attr:`board_keys_dir`."""
+        if not agent_supports_board_key():
+            return
+        from edgefleet.transport.fleet_key import BOARD_KEY_SUFFIX, private_key_text, public_key_text, write_new_key
+
+        key = board.home / BOARD_KEY_FILE
+        if not key.exists():
+            key.parent.mkdir(parents=True, exist_ok=True)
+            write_new_key(key, private_key_text())
+        self.board_keys_dir.mkdir(parents=True, exist_ok=True)
+        (self.board_keys_dir / f"{board.id}{BOARD_KEY_SUFFIX}").write_text(public_key_text(key))
+
     def start_agent(self, board_id: str) -> BoardProcess:
         """Start (or restart) the board's ``edge-agent`` under the supervisor."""
         board = self.boards[board_id]
+        self.ensure_board_key(board)
         config = board.home / "agent.toml"
         config.write_text(self.agent_config(board))
         return self.start_in_board(board_id, AGENT, module_command("edgefleet.agent", "--config", str(config),
@@ -395,5 +440,5 @@ class Lab:
                  format_rate(rate_down_bps or board.spec.rate_down_bps))
 
 
-__all__ = ["AGENT", "Board", "Lab", "LabBusy", "LabUnavailable", "agent_supports_cpu_scope", "agent_supports_fleet_key",
-           "emulated_model"]
+__all__ = ["AGENT", "BOARD_KEY_FILE", "Board", "Lab", "LabBusy", "LabUnavailable", "agent_supports_board_key",
+           "agent_supports_cpu_scope", "agent_supports_fleet_key", "emulated_model"]

@@ -4,14 +4,16 @@
 (step times at several batch sizes, power, peak memory, link throughput), ``stop`` ends a job.
 
 Commands travel signed (``protocol.signing``) on ``…/boards/<id>/cmd``; events travel as msgpack
-on ``…/boards/<id>/events``. Both are plain maps validated into these dataclasses, so a malformed
-or hostile message is refused with a message that names the field.
+on ``…/boards/<id>/events``, signed by the board when it has a key of its own. Both are plain maps
+validated into these dataclasses, so a malformed or hostile message is refused with a message that
+names the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,18 +238,31 @@ class JobEvent:
         if self.phase not in EVENT_PHASES:
             raise ValueError(f"phase {self.phase!r} is not one of {EVENT_PHASES}")
 
-    def to_msgpack(self) -> bytes:
-        packed: bytes = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+    def to_msgpack(self, sign: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> bytes:
+        """The event as published; ``sign`` (``protocol.signing.EventSigner``) adds the board's signature."""
+        fields = dataclasses.asdict(self)
+        packed: bytes = msgpack.packb(fields if sign is None else sign(fields), use_bin_type=True)
         return packed
 
     @classmethod
-    def from_msgpack(cls, payload: bytes) -> JobEvent:
+    def from_msgpack(cls, payload: bytes, *, check: Callable[[dict[str, Any]], None] | None = None) -> JobEvent:
+        """Decode and validate an event.
+
+        Args:
+            check: called with the decoded map before it is used, e.g. to check the board's signature
+                (``protocol.signing.check_event_signature``); it raises to refuse the event.
+
+        Raises:
+            DecodeError: not an event; or what ``check`` raises.
+        """
         if len(payload) > MAX_EVENT_BYTES:
             raise DecodeError(f"JobEvent: {len(payload)} bytes is over the {MAX_EVENT_BYTES}-byte limit")
         try:
             data = msgpack.unpackb(payload, max_str_len=MAX_EVENT_BYTES, max_bin_len=0, max_array_len=1000, max_map_len=100)
         except (ValueError, msgpack.UnpackException) as exc:
             raise DecodeError(f"JobEvent: not valid msgpack ({exc})") from None
+        if check is not None and isinstance(data, dict):
+            check(data)
         # ``data`` is nested, which the flat field checks refuse: it is checked on its own.
         result = data.pop("data", None) if isinstance(data, dict) else None
         event = message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)

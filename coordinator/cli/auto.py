@@ -67,7 +67,7 @@ def run_auto(args: argparse.Namespace) -> int:
     from edgefleet.coordinator.cli.auto_progress import AutoProgress, print_report
     from edgefleet.coordinator.cli.plan import request_from_args
     from edgefleet.coordinator.cli.render import make_console
-    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
     from edgefleet.coordinator.cli.train import job_from_args
     from edgefleet.coordinator.cli.train_progress import INTERRUPTED, print_outcome
     from edgefleet.coordinator.cli.variant_flags import parse_int_list, variants_from_args
@@ -82,7 +82,7 @@ def run_auto(args: argparse.Namespace) -> int:
     request = request_from_args(args, batches, args.epochs if args.epochs is not None else DEFAULT_EPOCHS)
     check_auto_job(spec, request)
     cfg = load_config(args)
-    fleet_key = cfg.fleet_key()
+    fleet_key = coordinator_keys(args, cfg)
     console = make_console()
     display = AutoProgress(console)
     try:

@@ -11,8 +11,9 @@ from edgefleet.coordinator.cli.shared import require_rich
 def add_demo_parser(sub: Any) -> None:
     """Add the ``demo`` command to the top-level subparsers ``sub``."""
     demo = sub.add_parser("demo", help="train LeNet-5 on digits on a local fleet of 3 agents (embedded defaults)",
-                          description="Start a private broker on a free loopback port, spawn local agents with a fresh "
-                                      "fleet key, and train LeNet-5 on scikit-learn's digits through the real path "
+                          description="Start a private broker on a free loopback port, spawn local agents with fresh "
+                                      "keys (the coordinator's Ed25519 key signs the commands, each board's own key "
+                                      "signs its events), and train LeNet-5 on scikit-learn's digits through the real path "
                                       "(signed commands, the TCP gradient exchange, Lightning on every board). Nothing "
                                       "listens beyond 127.0.0.1; everything stops at the end or on Ctrl-C.")
     demo.add_argument("--boards", type=int, default=3, metavar="N", help="how many local agents (default 3)")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
 from edgefleet.coordinator.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from edgefleet.coordinator.plan_job import (
@@ -101,8 +102,8 @@ def add_plan_parser(sub: Any) -> None:
                    help="pre-train the best K candidates for a few real steps and choose on the measured figures")
     p.add_argument("--verify-steps", type=int, default=DEFAULT_VERIFY_STEPS, metavar="N",
                    help=f"timed steps per pre-trained candidate, after 3 warm-up steps (default {DEFAULT_VERIFY_STEPS})")
-    p.add_argument("--fleet-key", metavar="FILE", help="with --verify: the key that signs commands "
-                                                       "(default: [security] fleet_key_file)")
+    p.add_argument("--fleet-key", metavar="FILE", help=f"with --verify: {FLEET_KEY_HELP}")
+    add_board_keys_arg(p, what="with --verify: ")
 
 
 def request_from_args(args: argparse.Namespace, global_batches: list[int], epochs: float) -> PlanRequest:
@@ -140,7 +141,7 @@ def _parse_options(text: str) -> dict[str, Any] | None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``edge-coordinator plan``; returns the exit status."""
-    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
     from edgefleet.coordinator.plan_job import plan
 
     if args.verify < 0 or args.verify_steps < 1:
@@ -162,8 +163,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     verified = None
     if args.verify:
         assert cfg is not None
-        verified = _verify(args, outcome, cfg.fleet_key(
-            missing="--verify sends training commands: give --fleet-key FILE or [security] fleet_key_file"), cfg.broker)
+        verified = _verify(args, outcome, coordinator_keys(
+            args, cfg, missing="--verify sends training commands: give --fleet-key FILE or [security] fleet_key_file"),
+            cfg.broker)
     if args.json:
         _print_json(outcome, notes, png, verified)
     return 0

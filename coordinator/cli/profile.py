@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
 from edgefleet.coordinator.profile_job import DEFAULT_PROFILE
 from edgefleet.protocol.jobs import WIRE_DTYPES
@@ -67,7 +68,8 @@ def add_profile_parser(sub: Any) -> None:
                    help="address the boards reach this machine at (default: this machine's address towards the broker)")
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, metavar="FILE",
                    help=f"where the profile is written (default ./{DEFAULT_PROFILE})")
-    p.add_argument("--fleet-key", metavar="FILE", help="HMAC key that signs commands (default: [security] fleet_key_file)")
+    p.add_argument("--fleet-key", metavar="FILE", help=FLEET_KEY_HELP)
+    add_board_keys_arg(p)
 
 
 def build_request(args: argparse.Namespace) -> ProfileRequest:
@@ -88,11 +90,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """``edge-coordinator profile``; returns the exit status."""
     from edgefleet.coordinator.cli.profile_render import profile_table
     from edgefleet.coordinator.cli.render import make_console
-    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
     from edgefleet.coordinator.profile_job import profile
 
     cfg = load_config(args)
-    fleet_key = cfg.fleet_key()
+    fleet_key = coordinator_keys(args, cfg)
     request = build_request(args)
     console = make_console()
     started = time.monotonic()

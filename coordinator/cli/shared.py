@@ -1,9 +1,10 @@
-"""What every command shares: the coordinator's configuration from the global flags and ``--fleet-key``,
-and the check that the terminal library is installed."""
+"""What every command shares: the coordinator's configuration from the global flags, its keys from
+``--fleet-key`` and ``--board-keys``, and the check that the terminal library is installed."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.protocol.address import parse_host_port
@@ -21,6 +22,35 @@ def load_config(args: argparse.Namespace) -> CoordinatorConfig:
     return load_coordinator_config(args.config, broker=broker, fleet_key_file=getattr(args, "fleet_key", None))
 
 
+FLEET_KEY_HELP = ("the coordinator's key file that signs commands: an ed25519-private key (boards hold its public key); "
+                  "a legacy shared HMAC key still works (default: [security] fleet_key_file)")
+
+
+def add_board_keys_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, what: str = "") -> None:
+    """Add ``--board-keys DIR``: check job events against each board's own public key."""
+    parser.add_argument("--board-keys", type=Path, metavar="DIR",
+                        help=f"{what}check every job event against its board's public key in DIR/<board_id>.pub (the Ansible "
+                             "role fetches them into credentials/board-keys/): unsigned or forged events are dropped with "
+                             "a warning, and a board without a key there is refused (default: events are not checked)")
+
+
+def coordinator_keys(args: argparse.Namespace, cfg: CoordinatorConfig, **missing: str) -> bytes:
+    """The coordinator's keys (``fleet_key``): ``--fleet-key`` (else the config's), with ``--board-keys`` if given.
+
+    ``missing``: the message when no key file is configured (``CoordinatorConfig.fleet_key``).
+
+    Raises:
+        ConfigError: naming the file or directory and the fix.
+    """
+    key = cfg.fleet_key(**missing)
+    directory = getattr(args, "board_keys", None)
+    if directory is None:
+        return key
+    from edgefleet.transport.fleet_key import add_board_keys
+
+    return add_board_keys(key, directory)
+
+
 def require_rich() -> None:
     """Raises EdgeTrainError saying how to install rich when it is missing."""
     try:
@@ -29,4 +59,4 @@ def require_rich() -> None:
         raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install 'edgefleet[coordinator]'") from None
 
 
-__all__ = ["load_config", "require_rich"]
+__all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "coordinator_keys", "load_config", "require_rich"]

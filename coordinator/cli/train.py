@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
 from edgefleet.coordinator.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, JobSpec
 from edgefleet.coordinator.run_logger import LOGGERS
 from edgefleet.protocol.errors import ConfigError
@@ -102,7 +103,8 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
-    p.add_argument("--fleet-key", metavar="FILE", help="HMAC key that signs commands (default: [security] fleet_key_file)")
+    p.add_argument("--fleet-key", metavar="FILE", help=FLEET_KEY_HELP)
+    add_board_keys_arg(p)
     from edgefleet.coordinator.cli.auto import add_auto_args
 
     add_auto_args(p)
@@ -158,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``edge-coordinator train``; returns the exit status."""
     from edgefleet.coordinator.checkpoints import check_new_run_dir
     from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
-    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
     from edgefleet.coordinator.cli.train_progress import run_training_ui
     from edgefleet.coordinator.train_job import default_run_dir, load_job, resolve_job
 
@@ -171,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join(planner_flags)} tell the planner what to choose: add --auto (without it, train "
                           "uses exactly the --boards and --batch you give)")
     cfg = load_config(args)
-    fleet_key = cfg.fleet_key()
+    fleet_key = coordinator_keys(args, cfg)
     spec = load_job(args.resume) if args.resume is not None else job_from_args(args)
     spec = resolve_job(spec, broker=cfg.broker)
     run_dir = args.resume or args.run_dir or default_run_dir(spec)

@@ -224,7 +224,8 @@ def test_a_world_readable_key_is_loaded_with_a_warning(tmp_path: Path, caplog: p
 
 
 def test_generated_key_loads_and_signs(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "edgefleet.transport.fleet_key", "--generate"],
+    # The legacy kind; the default, an Ed25519 key file, is tests/protocol/test_signing_ed25519.py's.
+    out = subprocess.run([sys.executable, "-m", "edgefleet.transport.fleet_key", "--generate", "--legacy-hmac"],
                          capture_output=True, text=True, check=True, cwd=os.getcwd()).stdout
     assert len(out.strip()) == 64
     path = tmp_path / "fleet.key"
