@@ -22,9 +22,8 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   every board count, with the same mathematics, crosses it at the same epoch and its time to
   target measures speed, not luck; a higher target would take 20 epochs or more per run. Every
   configuration of a model should reach its target at the same epoch; the table says when not.
-  Each run is capped at ``max_epochs`` (10) and is stopped (Ctrl-C, at a step boundary, as a
-  user would) once an epoch's validation reaches the target: train has no flag to stop at a
-  target accuracy.
+  Each run is capped at ``max_epochs`` (10) and stops itself after the first epoch whose
+  validation reaches the target (``train --target-accuracy``).
 * Figures, from the run directory's ``metrics.jsonl`` (definitions in ``bench/scaling_figures.py``):
   samples/s (training rate after ``WARMUP_STEPS`` steps, validation left out), time per epoch
   (consecutive epoch ends, validation included), time to target (the coordinator's ``elapsed_s``
@@ -272,7 +271,8 @@ def _train_command(lab: Lab, key_file: Path, cfg: Config, workload: Workload, ru
                    epochs: int | None = None, steps: int | None = None) -> list[str]:
     from edgefleet.launch import module_command
 
-    length = ["--steps", str(steps)] if steps is not None else ["--epochs", str(epochs or workload.max_epochs)]
+    length = (["--steps", str(steps)] if steps is not None
+              else ["--epochs", str(epochs or workload.max_epochs), "--target-accuracy", str(workload.target)])
     cmd = module_command("edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key_file),
                          "--boards", ",".join(cfg.boards), "--batch", ",".join(map(str, cfg.batch_sizes)),
                          "--model", workload.model, "--dataset", workload.dataset, *length, "--seed", "0",
@@ -321,8 +321,11 @@ def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, la
             if steps_per_epoch is None and (run_dir / "config.json").exists():
                 steps_per_epoch = int(json.loads((run_dir / "config.json").read_text())["steps_per_epoch"])
             if steps_per_epoch and not stopped_at_target and time_to_target(new, workload.target, steps_per_epoch):
-                stopped_at_target = True
-                return _stop(proc), stopped_at_target
+                stopped_at_target = True  # train stops itself there (--target-accuracy); Ctrl-C only if it does not
+                try:
+                    return proc.wait(STOP_GRACE_S), stopped_at_target
+                except subprocess.TimeoutExpired:
+                    return _stop(proc), stopped_at_target
             now = time.monotonic()
             if now > deadline:
                 _stop(proc)

@@ -49,6 +49,8 @@ class JobSpec:
         batch_sizes: Each board's batch size, by index; one value = the same for every board.
         epochs: Epochs over the dataset (:data:`DEFAULT_EPOCHS` when neither this nor ``steps``).
         steps: Global steps instead of epochs.
+        target_accuracy: Stop, as a finished run, after the first epoch whose validation accuracy
+            reaches this (0-1]; None runs every epoch or step given.
         seed: Seeds the initial weights and the data order.
         lr: Overrides the model's learning rate.
         wire_dtype: Gradients on the wire (:data:`~edgefleet.protocol.jobs.WIRE_DTYPES`).
@@ -83,6 +85,7 @@ class JobSpec:
     batch_sizes: tuple[int, ...] = (DEFAULT_BATCH,)
     epochs: float | None = None
     steps: int | None = None
+    target_accuracy: float | None = None
     seed: int = 0
     lr: float | None = None
     wire_dtype: str = "float32"
@@ -135,6 +138,8 @@ class JobSpec:
             raise ConfigError(f"--epochs {self.epochs:g} must be positive")
         if self.steps is not None and self.steps < 1:
             raise ConfigError(f"--steps {self.steps}: give at least 1 step")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"--target-accuracy {self.target_accuracy:g}: give a fraction in (0, 1], e.g. 0.95")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
         if self.data_mode not in DATA_MODES:

@@ -112,6 +112,20 @@ def _checkpointed_splits(saved: Any, run_dir: Path) -> list[BatchSplit]:
                           "resume from an intact copy or start a new run") from None
 
 
+def _refuse_a_finished_run(run_dir: Path) -> None:
+    """A run that stopped at its target accuracy is complete: --resume has nothing to continue."""
+    import json
+
+    try:
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    reached = result.get("target_reached") if isinstance(result, dict) else None
+    if isinstance(reached, dict) and not result.get("interrupted"):
+        raise ConfigError(f"{run_dir} is complete: it reached its target accuracy at step {reached.get('step')}; "
+                          "nothing to resume (start a new run with a higher --target-accuracy to train on)")
+
+
 STEADY_SKIP_STEPS = 3  # steps a run (or a resumed run) takes to warm up, left out of its steady samples/s
 
 
@@ -226,6 +240,9 @@ class TrainingRun:
         options = dict(spec.model_options) | ({"lr": spec.lr} if spec.lr is not None else {})
         torch.manual_seed(spec.seed)  # the replica's initial weights; boards receive them, never re-draw them
         model = build_model(spec.model, options, data=self.data.train)
+        if spec.target_accuracy is not None and self.data.val_loader is None:
+            raise ConfigError("--target-accuracy needs validation data, and this dataset or DataModule has no validation "
+                              "split: give one with a validation split (e.g. digits) or leave the flag out")
         self.batches_per_epoch = spec.batches_per_epoch or batches_per_epoch(spec, len(self.data.train), spec.batch_sizes)
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
@@ -239,10 +256,12 @@ class TrainingRun:
         self._fallback_accuracy = True
         self.elapsed_before_s = 0.0
         self.join_s: float | None = None  # from the commands sent until every board joined the exchange
+        self.target_reached: dict[str, Any] | None = None  # the epoch end that reached spec.target_accuracy
         self._steady = SteadyRate(skip_steps=STEADY_SKIP_STEPS)
         self.checkpointed_step: int | None = None  # the step the newest checkpoint on disk continues from
         splits: list[BatchSplit] = []
         if resume:
+            _refuse_a_finished_run(run_dir)
             remove_stale_temps(run_dir)
             state = load_checkpoint(run_dir)
             self.replica.load_state_dict(state["replica"])
@@ -268,6 +287,23 @@ class TrainingRun:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def _check_target(self, step: int, elapsed_s: float) -> None:
+        """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
+        validation gives no accuracy the target cannot be judged: the run stops at this step boundary
+        with its checkpoint, as Ctrl-C would, saying why."""
+        target = self.spec.target_accuracy
+        if target is None or self.target_reached is not None:
+            return
+        if self.val_accuracy is None:
+            self.on_note("--target-accuracy: this run's validation gives no accuracy (log val_acc or val_accuracy in "
+                         "validation_step); stopping here. Set target_accuracy to null in the run's config.json and "
+                         "resume it to train its full length")
+            self._stop.set()
+            return
+        if self.val_accuracy >= target:
+            self.target_reached = {"step": step, "epoch": (step + 1) // self.spec.steps_per_epoch,
+                                   "val_accuracy": self.val_accuracy, "elapsed_s": round(elapsed_s, 3)}
 
     def _evaluate(self) -> None:
         """The epoch's validation figures: the module's own (its validation_step ran in the replica), else accuracy."""
@@ -437,6 +473,7 @@ class TrainingRun:
                 evaluating = time.monotonic()
                 self._evaluate()
                 val_s = time.monotonic() - evaluating
+                self._check_target(step, self.elapsed_before_s + time.monotonic() - started)
             self._steady.add(step - first_step, result.n_total, time.monotonic(), val_s or 0.0)
             rebalance = self.adapt.after_step(result, exchange)
             if rebalance is not None:
@@ -450,11 +487,15 @@ class TrainingRun:
                                          if result.log_flags[name][2]}))
             if (step + 1) % spec.checkpoint_every == 0:
                 self._checkpoint(self.elapsed_before_s + elapsed)
+            if self.target_reached is not None:
+                self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
+                             f"{spec.target_accuracy:g}; the run is complete")
+                break
         elapsed = time.monotonic() - started
         exchange.finished = True
         self.flags = exchange.flags()
         self._checkpoint(self.elapsed_before_s + elapsed)
-        interrupted = self.replica.step < spec.total_steps
+        interrupted = self.replica.step < spec.total_steps and self.target_reached is None
         if not interrupted:
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
         summary = self._result(elapsed, samples, exchange, interrupted)
@@ -495,6 +536,7 @@ class TrainingRun:
                 "elapsed_s": round(self.elapsed_before_s + elapsed, 3),
                 "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
                 "steady_samples_per_s": self._steady.samples_per_s(),
+                "target_accuracy": self.spec.target_accuracy, "target_reached": self.target_reached,
                 "join_s": None if self.join_s is None else round(self.join_s, 3),
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,

@@ -54,3 +54,9 @@ def interrupt_after(cmd: list[str], progress: Callable[[], int], at_least: int, 
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, out, err
+
+
+def wait_boards_online(broker: str, boards: list[str], *, timeout_s: float = 30) -> None:
+    """Until ``edge-coordinator status`` shows every board in ``boards`` online (as train checks before it starts)."""
+    wait_until(lambda: all(status_json(broker).get(board, {}).get("state") == "online" for board in boards),
+               timeout_s=timeout_s, interval_s=0.2, what=f"{', '.join(boards)} online")

@@ -61,6 +61,9 @@ def add_train_parser(sub: Any) -> None:
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=float, help=f"epochs over the dataset (default {DEFAULT_EPOCHS:g})")
     length.add_argument("--steps", type=int, help="global steps instead of epochs")
+    p.add_argument("--target-accuracy", type=float, metavar="FRACTION",
+                   help="stop after the first epoch whose validation accuracy reaches this (e.g. 0.95); the run "
+                        "then counts as finished (model.pt, result.json's target_reached). --epochs/--steps stay the limit")
     p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the data order (default 0)")
     p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
     p.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
@@ -145,7 +148,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    dataset="" if args.datamodule else args.dataset, dataset_options=parse_options(args.dataset_options),
                    datamodule=args.datamodule or "", datamodule_options=parse_options(args.datamodule_options),
                    boards=boards, batch_sizes=batch_sizes or parse_batches(args.batch),
-                   epochs=args.epochs, steps=args.steps, seed=args.seed, lr=args.lr,
+                   epochs=args.epochs, steps=args.steps, target_accuracy=args.target_accuracy, seed=args.seed, lr=args.lr,
                    wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
                    accumulate_grad_batches=args.accumulate_grad_batches, gradient_clip_val=args.gradient_clip_val,
                    gradient_clip_algorithm=args.gradient_clip_algorithm, deterministic=args.deterministic,

@@ -11,60 +11,18 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import psutil
-from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefleet.coordinator.local_broker import LocalBroker
-from edgefleet.protocol.jobs import JobEvent, TrainCommand
-from edgefleet.protocol.messages import BoardStatus
+from edgefleet.protocol.jobs import TrainCommand
 from edgefleet.protocol.signing import sign_command
-from edgefleet.protocol.topics import cmd_topic, events_topic, status_topic
 from edgefleet.transport.fleet_key import load_fleet_key, private_key_text, public_key_text, write_new_key
+from tests.board_watch import BoardWatch
 from tests.conftest import AgentFactory, AgentProcess
 from tests.helpers import wait_until
-
-PREFIX = "edgefleet/v1"
-
-
-class Client:
-    """A plain paho client: publishes commands, collects one board's job events and states."""
-
-    def __init__(self, broker: LocalBroker, board: str) -> None:
-        self.board = board
-        self.events: list[JobEvent] = []
-        self.states: list[str] = []
-        self.ready = threading.Event()
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-keys-{board}-{time.monotonic_ns()}")
-        self.c.on_connect = lambda c, *_: (c.subscribe([(events_topic(PREFIX, board), 1), (status_topic(PREFIX, board), 1)]),
-                                           self.ready.set())
-        self.c.on_message = self._message
-        self.c.connect(broker.host, broker.port)
-        self.c.loop_start()
-        assert self.ready.wait(10)
-
-    def _message(self, c: mqtt.Client, userdata: object, m: mqtt.MQTTMessage) -> None:
-        if m.topic.endswith("/status"):
-            self.states.append(BoardStatus.from_json(m.payload).state)
-        else:
-            self.events.append(JobEvent.from_msgpack(m.payload))
-
-    def phases(self, job_id: str) -> list[str]:
-        return [e.phase for e in list(self.events) if e.job_id == job_id]
-
-    def wait_state(self, state: str) -> None:
-        wait_until(lambda: state in self.states, timeout_s=30, what=f"board {self.board} {state}")
-
-    def publish(self, payload: bytes) -> None:
-        self.c.publish(cmd_topic(PREFIX, self.board), payload, qos=1).wait_for_publish(5)
-
-    def close(self) -> None:
-        self.c.disconnect()
-        self.c.loop_stop()
 
 
 def _command(board: str, job_id: str) -> dict:
@@ -111,7 +69,7 @@ def test_a_board_holding_only_public_keys_obeys_the_coordinator_and_no_one_else(
     own = {board: _board_key(tmp_path, board) for board in ("ed-1", "ed-2")}
     agent = agents.start("ed-1", mosquitto.address, config=_config("ed-1", public, own["ed-1"]))
     agents.start("ed-2", mosquitto.address, config=_config("ed-2", public, own["ed-2"]))
-    client = Client(mosquitto, "ed-1")
+    client = BoardWatch(mosquitto, "ed-1")
     try:
         client.wait_state("online")
         # Everything a stolen ed-2 holds is public keys and its own key: that signs nothing ed-1 accepts.
@@ -142,7 +100,7 @@ def test_a_command_replayed_to_a_restarted_agent_is_refused_as_replayed(
     private, public = _fleet_keys(tmp_path)
     config = _config("nonce-1", public, _board_key(tmp_path, "nonce-1"), max_age_s=300)  # the window outlasts the restart
     agent = agents.start("nonce-1", mosquitto.address, config=config)
-    client = Client(mosquitto, "nonce-1")
+    client = BoardWatch(mosquitto, "nonce-1")
     try:
         client.wait_state("online")
         captured = sign_command(_command("nonce-1", "job-once"), key=load_fleet_key(private))
@@ -172,7 +130,7 @@ def test_an_unreadable_nonce_record_refuses_commands_issued_before_the_start(
     key = load_fleet_key(private)
     captured = sign_command(_command("rec-1", "job-before"), key=key, now=time.time() - 1)  # from before the start
     agent = agents.start("rec-1", mosquitto.address, config=_config("rec-1", public, _board_key(tmp_path, "rec-1")))
-    client = Client(mosquitto, "rec-1")
+    client = BoardWatch(mosquitto, "rec-1")
     try:
         client.wait_state("online")
         assert "cannot be used" in agent.log() and "command-nonces-rec-1.json" in agent.log()

@@ -15,7 +15,7 @@ import psutil
 from edgefleet.coordinator.local_broker import LocalBroker
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
-from tests.helpers import wait_until
+from tests.helpers import wait_boards_online, wait_until
 
 FAST_S = 45.0  # far below the 180 s join timeout; a board's worker import alone takes a few seconds here
 
@@ -48,21 +48,13 @@ def _finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[int, str]:
     return proc.returncode, out + err
 
 
-def _wait_online(broker: LocalBroker, boards: list[str]) -> None:
-    def online() -> bool:
-        out = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "status",
-                              "--json"], capture_output=True, text=True, timeout=30).stdout
-        return all(f'"{board}"' in out for board in boards) and out.count('"online"') >= len(boards)
-    wait_until(online, timeout_s=30, what=f"{boards} online")
-
-
 def test_a_board_with_another_fleet_key_or_none_fails_the_job_at_once_naming_it(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
     coordinator_key = _key(tmp_path / "coordinator.key")
     other_key = _key(tmp_path / "other.key")
     agents.start("keyed-1", mosquitto.address, config=_config("keyed-1", other_key))
     agents.start("keyless-1", mosquitto.address, config=_config("keyless-1", None))
-    _wait_online(mosquitto, ["keyed-1", "keyless-1"])
+    wait_boards_online(mosquitto.address, ["keyed-1", "keyless-1"])
 
     for board, expected in (("keyed-1", "its fleet key differs from the coordinator's"),
                             ("keyless-1", "has no fleet key (security.fleet_key_file is not set)")):
@@ -78,7 +70,7 @@ def test_a_board_whose_agent_dies_while_joining_is_dropped_as_soon_as_the_broker
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
     key = _key(tmp_path / "fleet.key")
     agent = agents.start("dying-1", mosquitto.address, config=_config("dying-1", key))
-    _wait_online(mosquitto, ["dying-1"])
+    wait_boards_online(mosquitto.address, ["dying-1"])
     proc = _train(mosquitto, key, tmp_path / "run", "dying-1")
     try:
         # The agent took the command and starts its worker (which imports torch for seconds): kill both,

@@ -25,7 +25,7 @@ from edgefleet.protocol.signing import CoordinatorKeys, EventSigner, generate_ed
 from edgefleet.protocol.topics import events_topic
 from edgefleet.transport.fleet_key import private_key_text, public_key_text, write_new_key
 from tests.conftest import AgentFactory
-from tests.helpers import wait_until
+from tests.helpers import wait_boards_online, wait_until
 
 PREFIX = "edgefleet/v1"
 FAST_S = 45.0
@@ -79,19 +79,11 @@ class Forger:
         self.c.loop_stop()
 
 
-def _wait_online(broker: LocalBroker, boards: list[str]) -> None:
-    def online() -> bool:
-        out = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "status",
-                              "--json"], capture_output=True, text=True, timeout=30).stdout
-        return all(f'"{board}"' in out for board in boards) and out.count('"online"') >= len(boards)
-    wait_until(online, timeout_s=30, what=f"{boards} online")
-
-
 def test_forged_failed_events_are_dropped_and_the_job_finishes(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
     fleet_key, fleet_pub, own, board_keys = _keys(tmp_path, ["sig-1"])
     agents.start("sig-1", mosquitto.address, config=_config("sig-1", fleet_pub, own["sig-1"]))
-    _wait_online(mosquitto, ["sig-1"])
+    wait_boards_online(mosquitto.address, ["sig-1"])
     forger = Forger(mosquitto, "sig-1")
     proc = _train(mosquitto, fleet_key, board_keys, tmp_path / "run", "sig-1")
     try:
@@ -121,7 +113,7 @@ def test_a_board_without_a_key_is_refused_before_the_job_starts(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
     fleet_key, fleet_pub, _, board_keys = _keys(tmp_path, ["keyed-2"])
     agents.start("keyless-2", mosquitto.address, config=_config("keyless-2", fleet_pub, None))
-    _wait_online(mosquitto, ["keyless-2"])
+    wait_boards_online(mosquitto.address, ["keyless-2"])
     started = time.monotonic()
     proc = _train(mosquitto, fleet_key, board_keys, tmp_path / "run", "keyless-2")
     try:

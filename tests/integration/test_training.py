@@ -175,6 +175,22 @@ def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path:
     assert any("left" in flag for flag in result["boards"]["victim"]["flags"])
 
 
+def test_a_run_with_a_target_accuracy_stops_complete_at_the_first_epoch_that_reaches_it(fleet, tmp_path: Path) -> None:
+    broker, key, _ = fleet
+    run_dir = tmp_path / "target"
+    done = _train(broker, key, run_dir, "--boards", "t1,t2", "--batch", "32,32", "--epochs", "8",
+                  "--target-accuracy", "0.6", timeout_s=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "reached the target 0.6; the run is complete" in done.stdout
+    epochs = [s for s in _steps(run_dir) if "val_accuracy" in s]
+    assert epochs[-1]["val_accuracy"] >= 0.6 and all(e["val_accuracy"] < 0.6 for e in epochs[:-1])
+    result = json.loads((run_dir / "result.json").read_text())
+    assert not result["interrupted"] and result["steps"] < result["total_steps"]  # it stopped early, complete
+    assert result["target_reached"]["step"] == epochs[-1]["step"] and (run_dir / "model.pt").exists()
+    again = _train(broker, key, tmp_path / "unused", "--resume", str(run_dir), timeout_s=120)
+    assert again.returncode == 1 and "reached its target accuracy" in again.stderr and "Traceback" not in again.stderr
+
+
 def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path) -> None:
     broker, key, _ = fleet
     ghost = _train(broker, key, tmp_path / "ghost", "--boards", "t1,ghost", "--steps", "5", timeout_s=120)
