@@ -211,9 +211,12 @@ class HostLoad:
     """How crowded the host was between creation and :meth:`finish`.
 
     From /proc/stat: all busy CPU time (user, nice, system, irq, softirq) as a share of the host's
-    CPU time; ``others`` is that less what the lab used (its cgroups' cpuacct: every board's agent,
-    worker and ballast, and the server namespace's broker in a fleet with a ``[server]``), the
-    coordinator (this process's children reaped meanwhile) and this process."""
+    CPU time; ``others`` is the process time (user, nice, system) less what the lab used (its
+    cgroups' cpuacct: every board's agent, worker and ballast, and the server namespace's broker in
+    a fleet with a ``[server]``), the coordinator (this process's children reaped meanwhile) and
+    this process. Interrupt time is left out of ``others``: it is mostly the emulated links' own
+    packet work (veth, tbf), which no process is charged for. The ballast runs in the boards' cpu
+    and cpuacct groups, so it counts as the lab's."""
 
     def __init__(self, cpuacct_files: Sequence[Path]) -> None:
         from edgefleet.lab.measurements import HostSteal
@@ -237,7 +240,7 @@ class HostLoad:
         if total <= 0:
             return HostShares(self.steal.share, 0.0, 0.0)
         busy_s = (delta[0] + delta[1] + delta[2] + delta[5] + delta[6]) / self.hz
-        others_s = max(0.0, busy_s - (ours1 - ours0))
+        others_s = max(0.0, (delta[0] + delta[1] + delta[2]) / self.hz - (ours1 - ours0))
         total_s = total / self.hz
         return HostShares(self.steal.share, others_s / total_s, busy_s / total_s)
 
@@ -494,7 +497,9 @@ def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, k
         missing = [str(f) for f in files if not f.exists()]
         if missing:  # the lab's own CPU would then count as other processes'
             log.warning("no cpuacct.usage at %s: 'others' includes those groups' CPU", ", ".join(missing))
-        info = {board_id: {"cpus": board.spec.cpu, "procs_files": [str(board.cgroup.path("cpu") / "cgroup.procs")]}
+        # The ballast joins the board's cpu group (its quota) and its cpuacct group (so that its CPU counts as the lab's).
+        info = {board_id: {"cpus": board.spec.cpu,
+                           "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
                 for board_id, board in lab.boards.items()}
         runs_dir = (args.keep_runs or tmp) / name
         runs_dir.mkdir(parents=True, exist_ok=True)
