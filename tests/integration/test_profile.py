@@ -20,9 +20,9 @@ from edgefleet.coordinator.planning.profiles import load_profile_meta, load_prof
 from edgefleet.protocol.jobs import ProfileCommand
 from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import generate_key_hex
+from tests.board_watch import BoardWatch
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
-from tests.integration.test_commands import Client
 
 ONE_SHOT, KEPT = "prof-once", "prof-kept"
 
@@ -91,12 +91,12 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto
     # The one-shot board's worker exits after its job; the kept one waits for the next job.
     wait_until(lambda: not _workers(once.proc.pid), timeout_s=30, what="the one-shot worker to exit")
     (worker_pid,) = _workers(kept.proc.pid)
-    client = Client(mosquitto, KEPT)
+    client = BoardWatch(mosquitto, KEPT)
     try:
         command = ProfileCommand(job_id="again-0", board_id=KEPT, model="lenet5", dataset="digits", batch_sizes=[4, 8],
                                  warmup_steps=1, timed_steps=2, threads=1, probe_host="127.0.0.1", probe_port=9,
                                  probe_token="t", probe_bytes=0)
-        client.publish(KEPT, sign_command(command.to_dict(), key=bytes.fromhex(key.read_text())))
+        client.publish(sign_command(command.to_dict(), key=bytes.fromhex(key.read_text())))
         ended = wait_until(lambda: [e for e in client.events if e.job_id == "again-0" and e.phase in ("finished", "failed")],
                            timeout_s=30, what="the second job on the kept worker")
     finally:
