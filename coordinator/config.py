@@ -22,6 +22,7 @@ class CoordinatorSecurity:
     """The ``[security]`` section."""
 
     fleet_key_file: str = ""   # the key the boards verify commands with (the same file ansible installs)
+    board_keys_dir: str = ""   # <board_id>.pub files: job events are checked against them (like --board-keys DIR)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,11 +31,13 @@ def add_board_keys_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     parser.add_argument("--board-keys", type=Path, metavar="DIR",
                         help=f"{what}check every job event against its board's public key in DIR/<board_id>.pub (the Ansible "
                              "role fetches them into credentials/board-keys/): unsigned or forged events are dropped with "
-                             "a warning, and a board without a key there is refused (default: events are not checked)")
+                             "a warning, and a board without a key there is refused (default: [security] board_keys_dir, "
+                             "else events are not checked)")
 
 
 def coordinator_keys(args: argparse.Namespace, cfg: CoordinatorConfig, **missing: str) -> bytes:
-    """The coordinator's keys (``fleet_key``): ``--fleet-key`` (else the config's), with ``--board-keys`` if given.
+    """The coordinator's keys (``fleet_key``): ``--fleet-key`` (else the config's), with ``--board-keys`` (else the
+    config's ``[security] board_keys_dir``) if given.
 
     ``missing``: the message when no key file is configured (``CoordinatorConfig.fleet_key``).
 
@@ -44,6 +46,8 @@ def coordinator_keys(args: argparse.Namespace, cfg: CoordinatorConfig, **missing
     """
     key = cfg.fleet_key(**missing)
     directory = getattr(args, "board_keys", None)
+    if directory is None and cfg.security.board_keys_dir:  # the config file's, when the flag is not given
+        directory = Path(cfg.security.board_keys_dir)
     if directory is None:
         return key
     from edgefleet.transport.fleet_key import add_board_keys
