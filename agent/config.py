@@ -16,10 +16,11 @@ from typing import Any
 from edgefleet.protocol.address import HostPort, broker_from_env
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import POWER_SOURCES
-from edgefleet.protocol.topics import valid_board_id
+from edgefleet.protocol.topics import valid_board_id, valid_prefix
 from edgefleet.transport.fleet_key import load_board_key, read_key_file
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
+DEFAULT_DISCOVERY_PREFIX = "homeassistant"  # Home Assistant's own default
 POWER_KINDS = ("auto", *POWER_SOURCES)  # power.source: a source of protocol.messages, or "auto" (the first found)
 
 
@@ -31,12 +32,19 @@ class TelemetrySettings:
     net_interfaces: tuple[str, ...] = ()  # interfaces summed for net_*; empty = all but loopback
     sysfs_root: str = "/sys"             # where hwmon, thermal and powercap live (tests use a copy)
     cpu_scope: str = "system"            # "system": the machine's CPU; "cgroup": this agent's cgroup (100% = its quota)
+    # Publish Home Assistant MQTT discovery configs (retained) so the board shows up there as a device
+    # with its sensors; off by default (it writes outside the fleet's topic prefix).
+    home_assistant: bool = False
+    home_assistant_prefix: str = DEFAULT_DISCOVERY_PREFIX  # Home Assistant's discovery_prefix
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s = {self.interval_s} is outside 0.05-3600 seconds")
         if self.cpu_scope not in ("system", "cgroup"):
             raise ValueError(f'cpu_scope = {self.cpu_scope!r} is not "system" or "cgroup"')
+        if not valid_prefix(self.home_assistant_prefix):
+            raise ValueError(f"home_assistant_prefix = {self.home_assistant_prefix!r} must be non-empty topic levels without + or # "
+                             f'or a leading/trailing /; Home Assistant\'s default is "{DEFAULT_DISCOVERY_PREFIX}"')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

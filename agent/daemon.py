@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import signal
 import threading
 import time
@@ -12,13 +13,14 @@ from pathlib import Path
 from edgefleet import __version__
 from edgefleet.agent.caps import read_caps
 from edgefleet.agent.config import AgentConfig, nonce_file_path
-from edgefleet.agent.job_runner import JobRunner
+from edgefleet.agent.home_assistant import HomeAssistantDiscovery
+from edgefleet.agent.job_runner import JobRunner, ProgressLimiter, event_json
 from edgefleet.agent.sdnotify import sd_notify
 from edgefleet.agent.sensors import Sampler
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.signing import CommandVerifier, NonceFile
-from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, status_topic, telemetry_topic
+from edgefleet.protocol.topics import caps_topic, cmd_topic, events_json_topic, events_topic, status_topic, telemetry_topic
 from edgefleet.transport.fleet_key import load_board_key, load_command_keys
 from edgefleet.transport.mqtt_link import MqttLink, Will
 
@@ -45,9 +47,19 @@ class Agent:
         self.sampler = Sampler(
             board_id=cfg.board_id, interval_s=cfg.telemetry.interval_s, sysfs_root=Path(cfg.telemetry.sysfs_root),
             net_interfaces=cfg.telemetry.net_interfaces, power_kind=cfg.power.source,
-            idle_w=cfg.power.idle_w, max_w=cfg.power.max_w, cpu_scope=cfg.telemetry.cpu_scope)
+            idle_w=cfg.power.idle_w, max_w=cfg.power.max_w, cpu_scope=cfg.telemetry.cpu_scope,
+            disk_folders=disk_folders(cfg))
         first = self.sampler.read()  # primes the CPU and network deltas, and names the power source
         self.caps = read_caps(cfg.board_id, first.power_source, Path(cfg.telemetry.sysfs_root))
+        self.discovery: HomeAssistantDiscovery | None = None
+        if cfg.telemetry.home_assistant:
+            self.discovery = HomeAssistantDiscovery(caps=self.caps, topic_prefix=prefix,
+                                                    discovery_prefix=cfg.telemetry.home_assistant_prefix,
+                                                    interval_s=cfg.telemetry.interval_s)
+            self.discovery.observe(first)
+        self._events_topic = events_topic(prefix, cfg.board_id)
+        self._events_json_topic = events_json_topic(prefix, cfg.board_id)
+        self._progress_json = ProgressLimiter()
         will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())
         self.link = MqttLink(cfg.broker, client_id=f"edge-agent-{cfg.board_id}", will=will,
                              on_connect=self._announce, on_message=self._on_command)
@@ -72,8 +84,10 @@ class Agent:
                               set_busy=self._set_busy, config=cfg)
 
     def _publish_event(self, event: JobEvent) -> None:
-        self.link.publish(events_topic(self.cfg.broker.topic_prefix, self.cfg.board_id),
-                          event.to_msgpack(self._sign_event), qos=1)
+        self.link.publish(self._events_topic, event.to_msgpack(self._sign_event), qos=1)
+        # An unsigned JSON copy for JSON tools; the signed msgpack event above is the one the coordinator acts on.
+        if self._progress_json.allow(event):
+            self.link.publish(self._events_json_topic, event_json(event), qos=1)
 
     def _set_busy(self, busy: bool) -> None:
         self.link.publish(self.status_topic, self._status("busy" if busy else "online"), qos=1, retain=True)
@@ -90,6 +104,9 @@ class Agent:
         link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
         link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
+        if self.discovery is not None:  # retained: Home Assistant finds the board whenever it starts
+            for topic, payload in self.discovery.configs():
+                link.publish(topic, payload, qos=1, retain=True)
 
     def _on_command(self, topic: str, payload: bytes, retained: bool) -> None:
         if retained:  # a command is for now; a retained one is left over or planted
@@ -108,7 +125,10 @@ class Agent:
         try:
             while not stop.is_set():
                 sample = self.sampler.read()
+                new_configs = self.discovery.observe(sample) if self.discovery is not None else []
                 if self.link.connected.is_set():
+                    for topic, payload in new_configs:  # a field that just got its first value
+                        self.link.publish(topic, payload, qos=1, retain=True)
                     self.link.publish(self.telemetry_topic, sample.to_json(), qos=0)
                 sd_notify("WATCHDOG=1")
                 next_t += interval
@@ -123,6 +143,15 @@ class Agent:
             self.sampler.close()
             log.info("board %s: stopped", self.cfg.board_id)
         return ExitCode.OK
+
+
+def disk_folders(cfg: AgentConfig) -> dict[str, Path]:
+    """The folders whose disks telemetry reports: the state_dir ("data", if set) and the working directory ("run"),
+    where the training worker runs and writes (systemd's unit sets it to the state directory)."""
+    folders = {"run": Path(os.getcwd())}
+    if cfg.state_dir:
+        folders["data"] = Path(cfg.state_dir)
+    return folders
 
 
 def run(cfg: AgentConfig) -> int:

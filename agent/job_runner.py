@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import subprocess
 import threading
 import time
@@ -38,7 +39,58 @@ log = logging.getLogger(__name__)
 WORKER_STOP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 2.0  # a kept worker whose job ends by itself this soon after a stop is kept
 REFUSAL_INTERVAL_S = 1.0  # at most one refusal event a second: junk on the command topic cannot make a board chatty
+PROGRESS_JSON_INTERVAL_S = 1.0  # the JSON copy of the events carries at most one progress event a second
+MAX_EVENT_JSON_BYTES = 16 * 1024  # over this, the JSON copy leaves out the event's data (the msgpack event has it)
 _ENDING_PHASES = ("finished", "failed")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (a diverged loss) as None: strict JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def event_json(event: JobEvent) -> bytes:
+    """The JSON copy of a job event, for JSON tools: its fields as in the msgpack event, unsigned.
+
+    A non-finite number becomes null; an event whose JSON would pass :data:`MAX_EVENT_JSON_BYTES`
+    goes without its ``data`` and says so (``"data_omitted": true``).
+    """
+    fields = _finite(dataclasses.asdict(event))
+    payload = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+    if len(payload) > MAX_EVENT_JSON_BYTES:
+        fields.update(data=None, data_omitted=True)
+        payload = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+    return payload
+
+
+class ProgressLimiter:
+    """Lets every event through but at most one ``progress`` event of a job per ``interval_s``.
+
+    Progress can come every training step; JSON consumers (dashboards, Node-RED) want a pulse, not
+    the firehose. The first progress of a job always passes; the other phases always do.
+    """
+
+    def __init__(self, interval_s: float = PROGRESS_JSON_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last: tuple[str, float] | None = None  # (job, when) of the last progress let through
+
+    def allow(self, event: JobEvent) -> bool:
+        if event.phase != "progress":
+            return True
+        now = self.clock()
+        with self._lock:
+            if self._last is not None and self._last[0] == event.job_id and now - self._last[1] < self.interval_s:
+                return False
+            self._last = (event.job_id, now)
+            return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,11 +101,14 @@ class WorkerContext:
     idle_w: float = 2.7          # power.idle_w, for the estimate
     max_w: float = 6.4           # power.max_w, for the estimate
     sysfs_root: str = "/sys"     # telemetry.sysfs_root
+    board_key_file: str = ""     # security.board_key_file: proves this board to the exchange (protocol.exchange_auth)
+    fleet_key_file: str = ""     # security.fleet_key_file: a legacy HMAC fleet key proves it instead
 
     @classmethod
     def from_config(cls, cfg: AgentConfig) -> WorkerContext:
         return cls(power_source=cfg.power.source, idle_w=cfg.power.idle_w, max_w=cfg.power.max_w,
-                   sysfs_root=cfg.telemetry.sysfs_root)
+                   sysfs_root=cfg.telemetry.sysfs_root, board_key_file=cfg.security.board_key_file,
+                   fleet_key_file=cfg.security.fleet_key_file)
 
     @classmethod
     def from_dict(cls, data: Any) -> WorkerContext:
@@ -290,4 +345,5 @@ def _drain(stream: IO[bytes], tail: deque[str]) -> None:
         tail.append(raw.decode(errors="replace").rstrip())
 
 
-__all__ = ["JobRunner", "WorkerContext", "job_line"]
+__all__ = ["MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobRunner", "ProgressLimiter", "WorkerContext", "event_json",
+           "job_line"]

@@ -18,11 +18,15 @@ import signal
 import sys
 import time
 import traceback
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from edgefleet.agent.exchange_credential import hello_credential
 from edgefleet.agent.heap import release_free_heap
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
+
+if TYPE_CHECKING:
+    from edgefleet.agent.job_runner import WorkerContext
 
 PROGRESS_EVERY_S = 1.0
 
@@ -45,7 +49,7 @@ class EventWriter:
             self.emit("progress", step=step, loss=loss, compute_s=round(compute_s, 6))
 
 
-def run_job(job: TrainCommand, events: EventWriter) -> int:
+def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | None = None) -> int:
     import torch
 
     from edgefleet.agent.cpu_threads import board_threads
@@ -82,9 +86,11 @@ def run_job(job: TrainCommand, events: EventWriter) -> int:
                                      gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
                                      precision=job.precision)
 
-    client = ExchangeClient(job.exchange_host, job.exchange_port)
+    keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
+    token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
+    client = ExchangeClient(job.exchange_host, job.exchange_port, tls_sha256=job.exchange_tls_sha256)
     try:
-        welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=job.token, param_count=count)
+        welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
         model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
         start = welcome.step
         if job.data_mode == "global":
@@ -196,7 +202,7 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
             from edgefleet.agent.profile_worker import run_profile
 
             return run_profile(job, events, context)
-        return run_job(job, events)
+        return run_job(job, events, context)
     except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
         events.emit("failed", str(exc))
         return 3

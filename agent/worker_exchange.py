@@ -31,6 +31,7 @@ from edgefleet.protocol.exchange_frames import (
 )
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.params import (
     assign_grads,
@@ -65,15 +66,28 @@ class ExchangeClient:
     """One connection to the coordinator's exchange endpoint."""
 
     def __init__(self, host: str, port: int, *, connect_timeout_s: float = 30.0,
-                 result_timeout_s: float = RESULT_TIMEOUT_S) -> None:
+                 result_timeout_s: float = RESULT_TIMEOUT_S, tls_sha256: str = "") -> None:
+        """``tls_sha256``: the fingerprint of the exchange's certificate the signed command pinned ("": plain TCP)."""
         try:
-            self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+            sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         except OSError as exc:
             raise ExchangeRefused(f"cannot reach the coordinator's exchange at {host}:{port} ({exc.strerror or exc}); "
                                   "check the coordinator's --exchange-host and the firewall") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.result_timeout_s = result_timeout_s
-        set_os_timeouts(self.sock, result_timeout_s)  # blocking: no poll before every read and write
+        self.tls_sha256 = tls_sha256
+        if tls_sha256:
+            try:
+                sock = connect_tls(sock, tls_sha256)
+            except TlsRefused as exc:
+                raise ExchangeRefused(str(exc)) from None
+            except OSError as exc:
+                raise ExchangeRefused(f"the coordinator's exchange at {host}:{port} closed the connection during TLS "
+                                      f"({exc.strerror or exc})") from None
+            sock.settimeout(result_timeout_s)  # TLS reads need Python's timeout (a kernel one would surface as an SSL error)
+        else:
+            set_os_timeouts(sock, result_timeout_s)  # blocking: no poll before every read and write
+        self.sock: socket.socket = sock
         self._receiver = FrameReceiver(self.sock)  # its buffer is reused for every result
         self.param_count = 0
         self.split: BatchSplit | None = None  # the re-split in the last result, if any
@@ -83,8 +97,11 @@ class ExchangeClient:
         self._sent_tensor: dict[str, Any] | None = None
         self._channel: StepChannel | None = None  # the usual step's round trip, once the gradient array is known
 
-    def hello(self, *, job_id: str, board_id: str, token: str, param_count: int) -> Welcome:
+    def hello(self, *, job_id: str, board_id: str, token: str, param_count: int, proof: bytes | None = None) -> Welcome:
         """Join the job; the welcome (the step to start at, the state to start from).
+
+        The credential is ``proof`` (``protocol.exchange_auth``: this board's key over the job, its
+        id and the exchange's certificate) or the ``token`` the command carried.
 
         Raises:
             ExchangeRefused: the coordinator refused this board (its message says why and what to do).
@@ -92,7 +109,8 @@ class ExchangeClient:
                 which side to upgrade).
             DecodeError: the coordinator's answer is malformed.
         """
-        send_frame(self.sock, Hello(job_id=job_id, board_id=board_id, token=token, param_count=param_count).to_wire())
+        send_frame(self.sock, Hello(job_id=job_id, board_id=board_id, token=token, param_count=param_count,
+                                    proof=proof).to_wire())
         reply = decode_hello_reply(self._recv(self._receiver.recv))
         if isinstance(reply, Refusal):
             raise ExchangeRefused(f"the coordinator refused this board: {reply.message}")

@@ -261,7 +261,7 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     job = job_for(spec, chosen, dataset_len)
     with monitor_fleet(broker) as view, PowerMeter(view, list(check.boards)) as meter:
         wait_for_snapshot(view, timeout_s=1.0)
-        training = train(job, broker=broker, fleet_key=fleet_key, run_dir=run_dir, observer=observer)
+        training = train(job, broker=broker, fleet_key=fleet_key, run_dir=run_dir, observer=observer, power_view=view)
         ended = time.monotonic()
         measured, note = _measure_run(training, ended, meter, chosen, dataset_len, request.count_idle)
     atomic_write_json(training.run_dir / "plan.json", {

@@ -1,9 +1,17 @@
 """The coordinator's configuration: an optional TOML file with ``[broker]`` and ``[security]``
-sections, then ``$EDGEFLEET_BROKER``, then ``--broker``."""
+sections, then ``$EDGEFLEET_BROKER``, then ``--broker``.
+
+The file is ``--config FILE``, else the first of :func:`config_locations` that is there
+(``$EDGEFLEET_CONFIG``, the user's ``~/.config/edgefleet/coordinator.toml``, the machine's
+``/etc/edge-coordinator/coordinator.toml``, where the Ansible role writes it), so a fleet's broker
+and keys need not be repeated on every command.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +22,8 @@ from edgefleet.transport.settings import BrokerSettings, build_section, load_bro
 
 log = logging.getLogger(__name__)
 
+CONFIG_ENV = "EDGEFLEET_CONFIG"
+SYSTEM_CONFIG = Path("/etc/edge-coordinator/coordinator.toml")  # where the Ansible coordinator role writes it
 NO_FLEET_KEY = "no fleet key: give --fleet-key FILE or [security] fleet_key_file (the key the boards verify commands with)"
 
 
@@ -46,6 +56,51 @@ class CoordinatorConfig:
         return load_fleet_key(Path(self.security.fleet_key_file))
 
 
+def user_config_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$XDG_CONFIG_HOME/edgefleet/coordinator.toml`` (``~/.config`` when unset); None without a home directory."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CONFIG_HOME", "")
+    if not base:
+        try:
+            base = str(Path.home() / ".config")
+        except RuntimeError:  # no $HOME and no password entry (a bare container)
+            return None
+    return Path(base) / "edgefleet" / "coordinator.toml"
+
+
+def config_locations(env: Mapping[str, str] | None = None) -> list[tuple[Path, str]]:
+    """Where the coordinator looks for its file when ``--config`` is not given, first match wins, with
+    how each was named (for the log line that says which file was read)."""
+    env = os.environ if env is None else env
+    named = env.get(CONFIG_ENV, "").strip()
+    if named:
+        return [(Path(named).expanduser(), f"${CONFIG_ENV}")]
+    user = user_config_path(env)
+    return [*([(user, "the user's default")] if user is not None else []), (SYSTEM_CONFIG, "the system default")]
+
+
+def default_config_path(env: Mapping[str, str] | None = None) -> tuple[Path, str] | None:
+    """The file to read when ``--config`` is not given (and how it was found), or None to use defaults.
+
+    Raises:
+        ConfigError: ``$EDGEFLEET_CONFIG`` names a file that does not exist (a typo should not quietly
+            fall back to another file).
+    """
+    env = os.environ if env is None else env
+    locations = config_locations(env)
+    named = bool(env.get(CONFIG_ENV, "").strip())
+    for path, how in locations:
+        if not path.is_file():
+            continue
+        if named or os.access(path, os.R_OK):
+            return path, how
+        # The Ansible role's file is for coordinator_operators; anyone else still runs with --broker.
+        log.info("%s exists but this user cannot read it (not in its group?); skipped", path)
+    if named:
+        raise ConfigError(f"${CONFIG_ENV}={locations[0][0]} does not exist; create it, fix the path or unset {CONFIG_ENV}")
+    return None
+
+
 def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None,
                             fleet_key_file: str | None = None) -> CoordinatorConfig:
     """Raises ConfigError naming the key, the file and the fix."""
@@ -60,4 +115,5 @@ def load_coordinator_config(path: Path | None, *, broker: HostPort | None = None
     return CoordinatorConfig(broker=settings, security=security, source=source)
 
 
-__all__ = ["NO_FLEET_KEY", "CoordinatorConfig", "CoordinatorSecurity", "load_coordinator_config"]
+__all__ = ["CONFIG_ENV", "NO_FLEET_KEY", "SYSTEM_CONFIG", "CoordinatorConfig", "CoordinatorSecurity", "config_locations",
+           "default_config_path", "load_coordinator_config", "user_config_path"]

@@ -45,6 +45,7 @@ import errno
 import logging
 import math
 import socket
+import ssl
 import statistics
 import time
 from collections import deque
@@ -58,6 +59,7 @@ from edgefleet.coordinator.gradient_reduce import FOLD_MAX_ELEMENTS, OUTLIER_RAT
 from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.exchange_auth import HelloChecker
 from edgefleet.protocol.exchange_frames import (
     Avg,
     BatchSplit,
@@ -68,18 +70,21 @@ from edgefleet.protocol.exchange_frames import (
     Refusal,
     Stop,
     Welcome,
+    same_secret,
 )
 from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.transport.exchange_io import (
     ConnectionClosed,
     FrameReader,
     FrameTooLarge,
+    Link,
     async_recv_frame,
     async_send_frame,
     frame_segments,
     send_now_to_all,
     send_rest,
 )
+from edgefleet.transport.exchange_tls import TlsRefused, accept_tls
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +108,7 @@ class _Board:
     board_id: str
     index: int
     batch_size: int
-    sock: socket.socket | None = None
+    sock: Link | None = None
     buffer: bytearray = field(default_factory=bytearray)
     grad: np.ndarray | None = None          # this step's gradient: a view into ``buffer``
     n: int = 0
@@ -223,6 +228,9 @@ class ExchangeServer:
             byte of its welcome for this long, is closed.
         outlier_ratio: a gradient whose norm exceeds this many times the median of the other boards'
             (with at least two others) is refused for that step and flagged.
+        tls: the server context of the job's certificate (``transport.exchange_tls``): every connection
+            speaks TLS; None: plain TCP.
+        checker: each board's credential (``protocol.exchange_auth``); None: every board shows ``token``.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
@@ -230,8 +238,10 @@ class ExchangeServer:
                  splits: Sequence[BatchSplit | tuple[int, Sequence[int]]] = (),
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
-                 outlier_ratio: float = OUTLIER_RATIO) -> None:
+                 outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
+                 checker: HelloChecker | None = None) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
+        self._tls, self._checker = tls, checker
         self._hello_timeout_s = hello_timeout_s
         self.param_count = param_count
         self.boards = {bid: _Board(bid, i, b) for i, (bid, b) in enumerate(boards)}
@@ -354,10 +364,13 @@ class ExchangeServer:
                     "wait in the listen queue and are accepted as descriptors free up. Raise the limit "
                     "(ulimit -n, or LimitNOFILE= in a systemd unit) if this repeats", exc.strerror or exc)
 
-    async def _serve(self, conn: socket.socket, peer: Any) -> None:
+    async def _serve(self, raw: socket.socket, peer: Any) -> None:
         loop = asyncio.get_running_loop()
         board: _Board | None = None
+        conn: Link = raw
         try:
+            if self._tls is not None:
+                conn = await self._tls_handshake(loop, raw, peer)
             board = await self._handshake(loop, conn, peer)
             if board is not None:
                 await self._read_grads(loop, board)
@@ -372,11 +385,25 @@ class ExchangeServer:
         except DecodeError as exc:
             if board is not None and board.sock is conn:
                 self._gone(board, f"sent a malformed frame ({exc})")
+        except _NotTls:
+            pass
         finally:
             if board is None or board.sock is not conn:
                 conn.close()
 
-    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, peer: Any) -> _Board | None:
+    async def _tls_handshake(self, loop: asyncio.AbstractEventLoop, raw: socket.socket, peer: Any) -> Link:
+        """TLS on an accepted connection, within the hello's time; raises ``_NotTls`` (said in the log) if it fails."""
+        assert self._tls is not None
+        try:
+            return await asyncio.wait_for(accept_tls(loop, raw, self._tls), self._hello_timeout_s)
+        except asyncio.TimeoutError:
+            log.info("exchange: closed a connection from %s: no TLS handshake within %g s", _peer_text(peer),
+                     self._hello_timeout_s)
+        except (TlsRefused, OSError) as exc:
+            log.warning("exchange: closed a connection from %s: %s", _peer_text(peer), exc)
+        raise _NotTls
+
+    async def _handshake(self, loop: asyncio.AbstractEventLoop, conn: Link, peer: Any) -> _Board | None:
         """Read the hello; welcome the board (returned) or refuse the connection (None).
 
         The hello must arrive within ``hello_timeout_s``; the welcome is sent under the step
@@ -430,7 +457,7 @@ class ExchangeServer:
                 "connection cannot replace it. If this board restarted, its old connection is dropped once it "
                 "misses a step's result; join again after that")
 
-    async def _welcome(self, loop: asyncio.AbstractEventLoop, board: _Board, conn: socket.socket, buffer: bytearray,
+    async def _welcome(self, loop: asyncio.AbstractEventLoop, board: _Board, conn: Link, buffer: bytearray,
                        where: str) -> int | None:
         """Welcome ``board`` on ``conn`` (the boundary's lock held): the step it starts at, or None if it took no welcome."""
         next_step, model_state, optimizer_state = self._welcome_state()
@@ -461,20 +488,30 @@ class ExchangeServer:
         try:
             hello = Hello.from_wire(frame)
         except ExchangeVersionError as exc:
-            board = self.boards.get(exc.board_id or "") if exc.vouched_by(self.job_id, self._token) else None
+            board = self.boards.get(exc.board_id or "") if self._vouched(exc.job_id or "", exc.board_id or "", exc.token,
+                                                                         exc.proof) else None
             if board is not None and not board.welcomed:
                 self._refuse_board(board, str(exc))
             return None, str(exc)
         except DecodeError as exc:
             return None, f"malformed hello ({exc})"
-        if not hello.vouched_by(self.job_id, self._token):
-            return None, "wrong job or token"
+        if not self._vouched(hello.job_id, hello.board_id, hello.token, hello.proof):
+            return None, ("wrong job or credential (a board proves itself with its own key, or the legacy fleet key, or "
+                          "the token its signed command carried)")
         if hello.board_id not in self.boards:
             return None, f"board {hello.board_id!r} is not part of job {self.job_id}"
         if hello.param_count != self.param_count:
             return None, (f"the board's model has {hello.param_count} trainable parameters, the coordinator's "
                           f"{self.param_count}: the same model name resolves to different code; install the same version")
         return hello, ""
+
+    def _vouched(self, job_id: str, board_id: str, token: str, proof: bytes | None) -> bool:
+        """Whether a hello's job, board and credential are this job's (a token or key proof: ``protocol.exchange_auth``)."""
+        if job_id != self.job_id:
+            return False
+        if self._checker is not None:
+            return self._checker.check(job_id, board_id, token=token, proof=proof)
+        return same_secret(token, self._token)
 
     def _refuse_board(self, board: _Board, reason: str) -> None:
         """A board of this job cannot join at all (another protocol version): it counts as failed."""
@@ -834,6 +871,10 @@ class ExchangeServer:
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}
+
+
+class _NotTls(Exception):
+    """A connection that did not complete its TLS handshake (already logged)."""
 
 
 def _peer_text(peer: Any) -> str:

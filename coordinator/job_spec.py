@@ -65,6 +65,8 @@ class JobSpec:
         step_timeout_s: A board later than max(this, 5x the median step) is left out of that step.
         exchange_host: The address the boards connect to; "" = this machine's towards the broker.
         exchange_port: The gradient exchange's TCP port; 0 = any free port.
+        exchange_tls: The exchange speaks TLS with a certificate made for the run (pinned in the
+            signed commands); False sends gradients in clear (a trusted cable, or to measure TLS's cost).
         rebalance: Re-balance the batch sizes when a board's speed drifts (global data mode).
         rebalance_threshold: Relative change of a board's time per sample that counts as drift.
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
@@ -103,6 +105,7 @@ class JobSpec:
     step_timeout_s: float = 10.0
     exchange_host: str = ""
     exchange_port: int = 0
+    exchange_tls: bool = True
     rebalance: bool = True
     rebalance_threshold: float = 0.15
     force_split: BatchSplit | None = None

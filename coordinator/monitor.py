@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -57,7 +58,8 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0,
         else:
             view.ingest(topic, payload, retained)
 
-    link = MqttLink(settings, client_id=f"edge-coordinator-{socket.gethostname()}-{os.getpid()}",
+    # One id per view: two views in one process (train's power log, --metrics-listen) must not take each other's session.
+    link = MqttLink(settings, client_id=f"edge-coordinator-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
                     on_connect=subscribe, on_message=ingest)
     link.start()
     try:

@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import BatchSplit
 
 if TYPE_CHECKING:
+    from edgefleet.coordinator.fleet import FleetView
     from edgefleet.coordinator.training import StepView, TrainOutcome
     from edgefleet.transport.settings import BrokerSettings
 
@@ -144,7 +146,7 @@ def load_job(run_dir: Path) -> JobSpec:
 
 
 def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: Path | None = None, resume: bool = False,
-          observer: TrainObserver | None = None) -> TrainOutcome:
+          observer: TrainObserver | None = None, power_view: FleetView | None = None) -> TrainOutcome:
     """Train ``spec`` on its boards (resolving it first if needed) and return how the run ended.
 
     Args:
@@ -155,6 +157,8 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
             interrupted run's directory. A new run refuses a directory that holds a run already.
         resume: Continue the run in ``run_dir`` from its checkpoint.
         observer: Receives every step and note (default: notes to this module's log).
+        power_view: A fleet view already following the broker, to record the boards' power from
+            (``power.jsonl``); None opens one for the run.
 
     Returns:
         The run's directory, its result (``result.json``) and whether it was interrupted
@@ -181,9 +185,26 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                       on_note=observer.note, resume=resume)
     observer.started(spec, run_dir, run.replica.step)
     try:
-        return asyncio.run(run.run())
+        with ExitStack() as stack:
+            _log_power(stack, spec, run_dir, broker, power_view, observer)
+            return asyncio.run(run.run())
     finally:
         observer.stopped()
+
+
+def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSettings, view: FleetView | None,
+               observer: TrainObserver) -> None:
+    """Record the boards' power readings in the run directory while it trains (``report``'s power plot)."""
+    from edgefleet.coordinator.monitor import monitor_fleet
+    from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
+    from edgefleet.protocol.errors import BrokerError
+
+    try:
+        if view is None:
+            view = stack.enter_context(monitor_fleet(broker))
+        stack.enter_context(PowerLog(view, spec.boards, run_dir / POWER_FILE))
+    except (BrokerError, OSError) as exc:
+        observer.note(f"the boards' power is not recorded for this run ({exc}); the report will have no power plot")
 
 
 __all__ = ["RUNS_ROOT", "TrainObserver", "default_run_dir", "load_job", "new_run_id", "per_board_batches", "resolve_job",

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import secrets
 import signal
 import socket
+import ssl
 import statistics
 import time
 from collections.abc import Callable
@@ -53,8 +53,11 @@ from edgefleet.coordinator.run_logger import make_logger
 from edgefleet.coordinator.train_job import batches_per_epoch
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
+from edgefleet.protocol.exchange_auth import HelloChecker
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import StopCommand, TrainCommand
+from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
+from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -369,9 +372,26 @@ class TrainingRun:
         schedulers = self.replica.scheduler_wire_state()
         return {"schedulers": encode_value(schedulers)} if schedulers else {}
 
-    def _commands(self, host: str, port: int, token: str) -> dict[str, dict[str, Any]]:
+    def _exchange_security(self) -> tuple[HelloChecker, ssl.SSLContext | None]:
+        """Each board's credential for the exchange, and the TLS server context of a certificate made for this run."""
+        keys = CoordinatorKeys.from_bytes(self.fleet_key)
+        cert = make_job_certificate(self.spec.run_id) if self.spec.exchange_tls else None
+        checker = HelloChecker(board_keys=keys.board_keys, hmac_key=keys.secret if keys.algorithm == HMAC_ALGORITHM else None,
+                               tls_sha256=cert.sha256 if cert is not None else "")
+        for board in self.spec.boards:
+            checker.token_for(board)  # decided now, so that the note below names every board given a token
+        if checker.token_boards:
+            self.on_note(f"board(s) {', '.join(checker.token_boards)} join the exchange with a token in their signed command, "
+                         "which whoever reads the broker can read: give each board a key of its own (security.board_key_file) "
+                         "and the coordinator the public keys (--board-keys; docs/security.md)")
+        if cert is None:
+            self.on_note("the exchange runs without TLS (--no-exchange-tls): gradients cross the network in clear")
+        return checker, (cert.server_context() if cert is not None else None)
+
+    def _commands(self, host: str, port: int, checker: HelloChecker) -> dict[str, dict[str, Any]]:
         s = self.spec
-        return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port, token=token,
+        return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port,
+                                    token=checker.token_for(board), exchange_tls_sha256=checker.tls_sha256,
                                     model=s.model, model_options=s.model_options, dataset=s.dataset,
                                     dataset_options=s.dataset_options, datamodule=s.datamodule,
                                     datamodule_options=s.datamodule_options, board_index=i, batch_sizes=list(s.batch_sizes),
@@ -388,8 +408,8 @@ class TrainingRun:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
         channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
-        token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
-        exchange = ExchangeServer(job_id=self.spec.run_id, token=token,
+        checker, tls = self._exchange_security()
+        exchange = ExchangeServer(job_id=self.spec.run_id, token="", tls=tls, checker=checker,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
@@ -403,7 +423,7 @@ class TrainingRun:
             host = self.spec.exchange_host or exchange_host_for(self.broker)
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
-            for board, command in self._commands(advertised, port, token).items():
+            for board, command in self._commands(advertised, port, checker).items():
                 channel.send(board, command)
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
             if self.spec.rebalance and self.spec.data_mode != "global" and len(self.spec.boards) > 1:

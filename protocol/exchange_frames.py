@@ -5,7 +5,7 @@ but for the two frames of every step (:class:`Grad`, :class:`Avg`: see the note 
 ``to_wire()`` gives the map to send, ``from_wire(d)`` validates a decoded map and raises
 ``DecodeError`` naming the frame and the field.
 
-    board -> coordinator   hello    {v, job_id, board_id, token, param_count}       :class:`Hello`
+    board -> coordinator   hello    {v, job_id, board_id, token, param_count, proof?} :class:`Hello`
     coordinator -> board   welcome  {v, step, model, optimizer, schedulers?, splits?}  :class:`Welcome`
                            error    {message}                                      :class:`Refusal`
     board -> coordinator   grad     {step, n, loss, compute_s, g, logs?}           :class:`Grad`
@@ -52,6 +52,7 @@ MAX_SPLIT_BOARDS = 4096  # a split or a list of learning rates longer than this 
 MAX_LOGGED = 64          # names a board may log in one step
 MAX_LOG_NAME = 128       # characters of one logged name
 MAX_ID = 256             # characters of a job id, board id or token
+MAX_PROOF_BYTES = 64     # a hello's proof: an Ed25519 signature or an HMAC-SHA256
 
 HELLO, WELCOME, REFUSAL, GRAD, AVG, STOP = "hello", "welcome", "error", "grad", "avg", "stop"
 
@@ -65,10 +66,15 @@ class ExchangeVersionError(ProtocolError):
     """
 
     def __init__(self, message: str, *, peer_version: int, board_id: str | None = None, job_id: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, proof: bytes | None = None) -> None:
         super().__init__(message)
         self.peer_version, self.board_id, self.job_id = peer_version, board_id, job_id
         self._token = token
+        self.proof = proof  # the refused hello's proof of the board's key (protocol.exchange_auth), if it had one
+
+    @property
+    def token(self) -> str:
+        return self._token or ""
 
     def vouched_by(self, job_id: str, token: str) -> bool:
         """Whether the refused hello carried ``job_id`` and ``token``: it came from that job's board, not a stranger."""
@@ -85,6 +91,12 @@ class GradientRefused(DecodeError):
     def __init__(self, message: str, *, step: int) -> None:
         super().__init__(message)
         self.step = step
+
+
+def _proof(d: Mapping[str, Any]) -> bytes | None:
+    """A hello's ``proof``: bytes up to :data:`MAX_PROOF_BYTES`, else None."""
+    proof = d.get("proof")
+    return bytes(proof) if isinstance(proof, (bytes, bytearray, memoryview)) and 0 < len(proof) <= MAX_PROOF_BYTES else None
 
 
 def same_secret(given: str, expected: str) -> bool:
@@ -231,17 +243,26 @@ class BatchSplit:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello:
-    """A board asks to join: it names the job, itself, the job's token and its model's parameter count."""
+    """A board asks to join: it names the job, itself and its model's parameter count, and shows its credential.
+
+    The credential is ``proof`` (the board's key over the job, its id and the exchange's certificate:
+    ``protocol.exchange_auth``) or, for a board the coordinator cannot check that way, the ``token``
+    its command carried ("" otherwise).
+    """
 
     job_id: str
     board_id: str
     token: str = dataclasses.field(repr=False)
     param_count: int
+    proof: bytes | None = dataclasses.field(default=None, repr=False)
     v: int = EXCHANGE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": HELLO, "v": self.v, "job_id": self.job_id, "board_id": self.board_id, "token": self.token,
+        wire = {"type": HELLO, "v": self.v, "job_id": self.job_id, "board_id": self.board_id, "token": self.token,
                 "param_count": self.param_count}
+        if self.proof is not None:
+            wire["proof"] = self.proof
+        return wire
 
     @classmethod
     def from_wire(cls, d: Any) -> Hello:
@@ -256,9 +277,12 @@ class Hello:
             who = f"board {board_id[:MAX_ID]}" if board_id else "a board"
             upgrade = "edge-coordinator" if v > EXCHANGE_VERSION else f"edge-agent on {who}"
             raise ExchangeVersionError(f"{who} speaks exchange protocol {v}, this coordinator {EXCHANGE_VERSION}: "
-                                       f"upgrade {upgrade}", peer_version=v, board_id=board_id, job_id=job_id, token=token)
+                                       f"upgrade {upgrade}", peer_version=v, board_id=board_id, job_id=job_id, token=token,
+                                       proof=_proof(d))
+        if "proof" in d and _proof(d) is None:
+            raise DecodeError(f"hello field 'proof' should be up to {MAX_PROOF_BYTES} bytes, got {d['proof']!r:.40}")
         return cls(job_id=_text(d, HELLO, "job_id"), board_id=_text(d, HELLO, "board_id"), token=_text(d, HELLO, "token"),
-                   param_count=_whole(d, HELLO, "param_count"), v=v)
+                   param_count=_whole(d, HELLO, "param_count"), proof=_proof(d), v=v)
 
     def vouched_by(self, job_id: str, token: str) -> bool:
         """Whether the hello names ``job_id`` and presents ``token`` (compared in constant time)."""

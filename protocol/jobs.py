@@ -26,7 +26,9 @@ JOB_SCHEMA_VERSION = 1
 # Version 2 of the train command asks for what a version-1 agent would silently leave out (a
 # LightningDataModule, Lightning's Trainer flags, the schedulers' state in the welcome): such an
 # agent refuses it as newer than it understands, and its log says to upgrade edgefleet.
-TRAIN_SCHEMA_VERSION = 2
+# Version 3 joins the exchange over TLS pinned to ``exchange_tls_sha256`` with a proof of the board's key
+# instead of a token: a version-2 agent would ignore the pin and show an empty token.
+TRAIN_SCHEMA_VERSION = 3
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
@@ -36,6 +38,10 @@ MAX_PROBE_BYTES = 256 * 1024 * 1024  # per direction of the link probe
 MAX_PROBE_ROUNDS = 1000             # gradient-sized rounds of one link probe
 _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 # The link probe a profile job runs against the coordinator: its frames and version are ``protocol.probe_frames``.
+
+
+def _is_sha256_hex(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -52,7 +58,7 @@ class TrainCommand:
     board_id: str                   # the addressee: a board refuses a command meant for another
     exchange_host: str              # the coordinator's exchange endpoint
     exchange_port: int
-    token: str                      # per-job secret the board shows when it connects to the exchange
+    token: str                      # this board's token for the exchange, or "" when it proves itself with its key
     model: str                      # built-in name, import path "pkg.mod:Class" or entry point
     model_options: dict[str, Any] = field(default_factory=dict)  # the model constructor's keyword arguments
     dataset: str = ""               # a dataset spec, or "" with a datamodule
@@ -73,6 +79,7 @@ class TrainCommand:
     gradient_clip_algorithm: str = "norm"
     deterministic: bool = False
     precision: str = "32-true"
+    exchange_tls_sha256: str = ""   # the exchange's certificate (hex SHA-256) the board must find; "": plain TCP
     schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -94,6 +101,8 @@ class TrainCommand:
             raise ValueError("batches_per_epoch must be >= 0 and accumulate_grad_batches >= 1")
         if self.gradient_clip_algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm {self.gradient_clip_algorithm!r} is not 'norm' or 'value'")
+        if self.exchange_tls_sha256 and not _is_sha256_hex(self.exchange_tls_sha256):
+            raise ValueError("exchange_tls_sha256 is not 64 hex digits")
 
     @property
     def batch_size(self) -> int:

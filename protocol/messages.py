@@ -6,6 +6,8 @@ them with no code. Units are in the field names.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 
 from edgefleet.protocol._validate import message_from_json, message_to_json, set_bounds
@@ -102,30 +104,63 @@ class TelemetrySample:
     power_w: float | None = None
     power_source: str = "none"                # see POWER_SOURCES; "estimated" is never a measurement
     power_rails_w: dict[str, float] = field(default_factory=dict)
+    # Added later, all optional (an older side ignores them or leaves them None), and left out of the
+    # JSON when None so that a board without the sensor sends no noise (see OMITTED_WHEN_NONE).
+    gpu_load_percent: float | None = None     # a Jetson's iGPU, 0-100 (jtop, else sysfs)
+    gpu_mem_used_bytes: int | None = None     # a Jetson's iGPU memory, from jtop only (shared with the CPU)
+    gpu_mem_total_bytes: int | None = None    # the RAM the iGPU shares: the board's RAM
+    throttled_bits: int | None = None         # a Pi's raw `vcgencmd get_throttled` (bits 0-3 now, 16-19 since boot)
+    under_voltage_now: bool | None = None     # a Pi's firmware flags, decoded from throttled_bits
+    freq_capped_now: bool | None = None
+    throttled_now: bool | None = None
+    soft_temp_limit_now: bool | None = None
+    under_voltage_since_boot: bool | None = None
+    freq_capped_since_boot: bool | None = None
+    throttled_since_boot: bool | None = None
+    soft_temp_limit_since_boot: bool | None = None
+    disk_data_used_bytes: int | None = None   # the file system of the agent's state_dir
+    disk_data_total_bytes: int | None = None
+    disk_run_used_bytes: int | None = None    # the file system of the agent's working directory (where jobs run)
+    disk_run_total_bytes: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
-        return message_to_json(self)
+        fields = dataclasses.asdict(self)
+        for name in OMITTED_WHEN_NONE:
+            if fields[name] is None:
+                del fields[name]
+        return json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> TelemetrySample:
         sample = message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
         for part, total in (("mem_used_bytes", "mem_total_bytes"), ("mem_available_bytes", "mem_total_bytes"),
-                            ("swap_used_bytes", "swap_total_bytes")):
+                            ("swap_used_bytes", "swap_total_bytes"), ("gpu_mem_used_bytes", "gpu_mem_total_bytes"),
+                            ("disk_data_used_bytes", "disk_data_total_bytes"), ("disk_run_used_bytes", "disk_run_total_bytes")):
             a, b = getattr(sample, part), getattr(sample, total)
             if a is not None and b is not None and a > b:
                 raise DecodeError(f"TelemetrySample: field {part!r} = {a} is more than {total} = {b}")
         return sample
 
 
+# The fields added after the first release: absent from the JSON when None (no such sensor on the board).
+OMITTED_WHEN_NONE = (
+    "gpu_load_percent", "gpu_mem_used_bytes", "gpu_mem_total_bytes",
+    "throttled_bits", "under_voltage_now", "freq_capped_now", "throttled_now", "soft_temp_limit_now",
+    "under_voltage_since_boot", "freq_capped_since_boot", "throttled_since_boot", "soft_temp_limit_since_boot",
+    "disk_data_used_bytes", "disk_data_total_bytes", "disk_run_used_bytes", "disk_run_total_bytes",
+)
+
 # What a board can physically report (see bounds.py); every decoded message is checked against these.
 # Generous on purpose: the agent itself keeps temperatures within -40..150 °C, CPU within 0-100 %.
 MAX_MEMORY_BYTES = 1 << 50        # 1 PiB of RAM or swap
 MAX_CORES = 4096
 MAX_POWER_W = 5000.0              # a whole board, however large; a rail may read slightly negative
+MAX_DISK_BYTES = 1 << 60          # 1 EiB: a file system a board's folder can sit on
 _EPOCH_S = Bound(0, 1e10, "s since 1970")   # until the year 2286
 _PERIOD_S = Bound(0.01, 86_400, "s")
 _BYTES = Bound(0, MAX_MEMORY_BYTES, "bytes")
+_DISK = Bound(0, MAX_DISK_BYTES, "bytes")
 _PERCENT = Bound(0, 100, "%")
 _CELSIUS = Bound(-100, 250, "°C")
 _SCHEMA = Bound(0, 1 << 31)
@@ -151,13 +186,18 @@ set_bounds(TelemetrySample, bounds_for(TelemetrySample, {
     "temp_c": _CELSIUS, "temps_c": Bound(_CELSIUS.lo, _CELSIUS.hi, "°C", max_items=256, max_chars=128),
     "power_w": Bound(0, MAX_POWER_W, "W"), "power_source": _SHORT_TEXT,
     "power_rails_w": Bound(-50, MAX_POWER_W, "W", max_items=64, max_chars=128),
+    "gpu_load_percent": _PERCENT, "gpu_mem_used_bytes": _BYTES, "gpu_mem_total_bytes": _BYTES,
+    "throttled_bits": Bound(0, 0xFFFF_FFFF, "(a 32-bit field)"),
+    "disk_data_used_bytes": _DISK, "disk_data_total_bytes": _DISK, "disk_run_used_bytes": _DISK, "disk_run_total_bytes": _DISK,
     "schema_version": _SCHEMA}))
 
 
 __all__ = [
     "MAX_CORES",
+    "MAX_DISK_BYTES",
     "MAX_MEMORY_BYTES",
     "MAX_POWER_W",
+    "OMITTED_WHEN_NONE",
     "POWER_SOURCES",
     "SCHEMA_VERSION",
     "STATES",

@@ -164,6 +164,16 @@ def _ed25519_verify(public_keys: Sequence[bytes], signature: bytes, message: byt
     return False
 
 
+def ed25519_sign(seed: bytes, message: bytes) -> bytes:
+    """Sign ``message`` with the Ed25519 private key ``seed`` (32 bytes)."""
+    return _ed25519_sign(seed, message)
+
+
+def ed25519_verify(public_keys: Sequence[bytes], signature: bytes, message: bytes) -> bool:
+    """True if any of ``public_keys`` made ``signature`` over ``message``."""
+    return _ed25519_verify(public_keys, signature, message)
+
+
 def key_id(public: bytes) -> str:
     """A short name for a public key in messages: the first 8 hex digits of its SHA-256."""
     return hashlib.sha256(public).hexdigest()[:8]
@@ -647,6 +657,11 @@ class EventSigner:
     def public_key(self) -> bytes:
         return ed25519_public_key(self._seed)
 
+    @property
+    def seed(self) -> bytes:
+        """The private key itself (for the exchange's hello proof, ``protocol.exchange_auth``)."""
+        return self._seed
+
     def __call__(self, fields: dict[str, Any]) -> dict[str, Any]:
         signature = _ed25519_sign(self._seed, _event_message(fields))
         return {**fields, EVENT_SIGNATURE_FIELD: {"v": EVENT_SIGNATURE_VERSION, "alg": ED25519_ALGORITHM,
@@ -678,5 +693,6 @@ def check_event_signature(fields: Any, public_keys: Sequence[bytes]) -> None:
 
 __all__ = ["ALGORITHM", "ED25519_ALGORITHM", "ED25519_VERSION", "ENVELOPES", "ENVELOPE_VERSION", "EVENT_SIGNATURE_FIELD",
            "GENERATE_HINT", "HMAC_ALGORITHM", "HMAC_VERSION", "MIN_KEY_BYTES", "PUBLIC_HINT", "CommandKeys", "CommandVerifier",
-           "CoordinatorKeys", "EventSigner", "NonceFile", "SignatureError", "check_event_signature", "ed25519_public_key",
+           "CoordinatorKeys", "EventSigner", "NonceFile", "SignatureError", "check_event_signature", "ed25519_public_key", "ed25519_sign",
+           "ed25519_verify",
            "generate_ed25519_seed", "key_id", "sign_command", "unverified_address"]

@@ -6,7 +6,13 @@ Layout under a configurable prefix (default ``edgefleet/v1``)::
     <prefix>/boards/<board_id>/caps       JSON, QoS 1, retained
     <prefix>/boards/<board_id>/telemetry  JSON, QoS 0
     <prefix>/boards/<board_id>/cmd        msgpack, signed, QoS 1
-    <prefix>/boards/<board_id>/events     msgpack, QoS 1
+    <prefix>/boards/<board_id>/events     msgpack, QoS 1 (signed when the board has a key): authoritative
+    <prefix>/boards/<board_id>/events/json  JSON copy of the events, unsigned, progress rate-limited, QoS 1
+
+``events/json`` is one level deeper than the kinds, so ``<prefix>/boards/+/events`` subscribers and
+:func:`parse_board_topic` never see it. Home Assistant's discovery topics live under their own prefix::
+
+    <discovery_prefix>/<component>/<node_id>/<object_id>/config   JSON, QoS 1, retained
 """
 
 from __future__ import annotations
@@ -60,6 +66,35 @@ def events_topic(prefix: str, board_id: str) -> str:
     return board_topic(prefix, board_id, "events")
 
 
+def events_json_topic(prefix: str, board_id: str) -> str:
+    """Where a board publishes a JSON copy of its job events, for JSON tools (the msgpack ``events`` is authoritative)."""
+    return f"{events_topic(prefix, board_id)}/json"
+
+
+# Home Assistant accepts only these characters in a discovery topic's node_id and object_id.
+_DISCOVERY_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+DISCOVERY_COMPONENTS = ("sensor", "binary_sensor")
+
+
+def valid_discovery_id(text: str) -> bool:
+    """True if ``text`` can be a Home Assistant discovery node_id or object_id ([a-zA-Z0-9_-]+)."""
+    return bool(_DISCOVERY_ID.match(text))
+
+
+def discovery_topic(discovery_prefix: str, component: str, node_id: str, object_id: str) -> str:
+    """``<discovery_prefix>/<component>/<node_id>/<object_id>/config``, Home Assistant's MQTT discovery topic.
+
+    Raises:
+        ValueError: an unknown component, or an id Home Assistant would not accept.
+    """
+    if component not in DISCOVERY_COMPONENTS:
+        raise ValueError(f"unknown discovery component {component!r}; expected one of {DISCOVERY_COMPONENTS}")
+    for what, text in (("node_id", node_id), ("object_id", object_id)):
+        if not valid_discovery_id(text):
+            raise ValueError(f"discovery {what} {text!r} may hold only letters, digits, '_' and '-'")
+    return f"{discovery_prefix}/{component}/{node_id}/{object_id}/config"
+
+
 def fleet_filter(prefix: str, kind: str = "+") -> str:
     """Subscription filter for one kind (or every kind, ``+``) from every board."""
     return f"{prefix}/boards/+/{kind}"
@@ -90,16 +125,20 @@ def parse_board_topic(prefix: str, topic: str) -> BoardTopic | None:
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "DISCOVERY_COMPONENTS",
     "KINDS",
     "BoardTopic",
     "board_topic",
     "caps_topic",
     "cmd_topic",
+    "discovery_topic",
+    "events_json_topic",
     "events_topic",
     "fleet_filter",
     "parse_board_topic",
     "status_topic",
     "telemetry_topic",
     "valid_board_id",
+    "valid_discovery_id",
     "valid_prefix",
 ]

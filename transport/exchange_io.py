@@ -1,5 +1,8 @@
 """Frames (``protocol.framing``) on non-blocking sockets driven by asyncio, for the exchange server.
 
+A connection is a plain socket or a ``transport.exchange_tls.TlsPipe`` (TLS over one), which
+takes the same calls: every function here takes either (:data:`Link`).
+
 asyncio's streams copy every payload (``readexactly`` returns new bytes); these helpers use the
 event loop's socket operations instead, receiving into a buffer each connection reuses and
 sending tensor memory in place, so a 45 MB gradient costs no extra copy or page faults.
@@ -15,6 +18,7 @@ from typing import Any
 
 from edgefleet.protocol.errors import DecodeError, ProtocolError
 from edgefleet.protocol.framing import MAX_FRAME_BYTES, decode_frame, encode_frame
+from edgefleet.transport.exchange_tls import TlsPipe
 from edgefleet.transport.frame_io import (
     BODY_AT,
     RCVLOWAT_FROM,
@@ -25,6 +29,13 @@ from edgefleet.transport.frame_io import (
 )
 
 _HEADER = struct.Struct(">I")
+
+Link = socket.socket | TlsPipe  # an exchange connection: plain, or TLS over the socket
+
+
+def _pending(link: Link) -> bool:
+    """Whether bytes of the peer already sit in memory (TLS), where no readiness of the socket will announce them."""
+    return isinstance(link, TlsPipe) and link.pending
 
 
 class FrameTooLarge(DecodeError):
@@ -57,7 +68,7 @@ def frame_segments(message: dict[str, Any]) -> list[bytes | memoryview]:
     return out
 
 
-def send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[memoryview]:
+def send_now(sock: Link, segments: list[bytes | memoryview]) -> list[memoryview]:
     """Send what a non-blocking socket takes at once, in one ``sendmsg`` per 1024 segments; return what is left.
 
     A frame usually fits the socket's send buffer: one system call, one TCP push, and the
@@ -70,7 +81,7 @@ def send_now(sock: socket.socket, segments: list[bytes | memoryview]) -> list[me
     return _send_views(sock, [memoryview(segment).cast("B") for segment in segments])
 
 
-def _send_views(sock: socket.socket, views: list[memoryview]) -> list[memoryview]:
+def _send_views(sock: Link, views: list[memoryview]) -> list[memoryview]:
     """:func:`send_now` of byte views; ``views`` itself is left as it was (several sockets may share it)."""
     while views:
         batch = views if len(views) <= _IOV_MAX else views[:_IOV_MAX]
@@ -88,18 +99,18 @@ def _send_views(sock: socket.socket, views: list[memoryview]) -> list[memoryview
 
 
 async def send_rest(loop: asyncio.AbstractEventLoop,
-                    pending: list[tuple[socket.socket, list[memoryview]]]) -> list[BaseException | None]:
+                    pending: list[tuple[Link, list[memoryview]]]) -> list[BaseException | None]:
     """Finish what :func:`send_now` left on each socket, all at once: None or the exception, per socket."""
 
-    async def finish(sock: socket.socket, rest: list[memoryview]) -> None:
+    async def finish(sock: Link, rest: list[memoryview]) -> None:
         for view in rest:
-            await loop.sock_sendall(sock, view)
+            await _sendall(loop, sock, view)
 
     done = await asyncio.gather(*(finish(sock, rest) for sock, rest in pending), return_exceptions=True)
     return [outcome if isinstance(outcome, BaseException) else None for outcome in done]
 
 
-async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: Link,
                               segments: list[bytes | memoryview], *, stall_s: float | None = None) -> int:
     """Send a frame from ``frame_segments``; returns the bytes sent.
 
@@ -109,7 +120,7 @@ async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.sock
     total = sum(memoryview(segment).nbytes for segment in segments)
     if stall_s is None:
         for rest in send_now(sock, segments):
-            await loop.sock_sendall(sock, rest)
+            await _sendall(loop, sock, rest)
         return total
     views = [memoryview(segment).cast("B") for segment in segments]
     while True:
@@ -119,8 +130,13 @@ async def async_send_segments(loop: asyncio.AbstractEventLoop, sock: socket.sock
         await _writable(loop, sock, stall_s)
 
 
-async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout_s: float) -> None:
-    """Wait until ``sock`` can take more bytes; ``TimeoutError`` after ``timeout_s``."""
+async def _writable(loop: asyncio.AbstractEventLoop, sock: Link, timeout_s: float | None) -> None:
+    """Wait until ``sock`` can take more bytes; ``TimeoutError`` after ``timeout_s`` (None: no limit)."""
+    await _ready(loop, sock, write=True, timeout_s=timeout_s)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, sock: Link, *, write: bool, timeout_s: float | None = None) -> None:
+    """Wait until the socket under ``sock`` is writable (``write``) or readable."""
     ready: asyncio.Future[None] = loop.create_future()
 
     def wake() -> None:
@@ -128,16 +144,43 @@ async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeou
             ready.set_result(None)
 
     fd = sock.fileno()
-    loop.add_writer(fd, wake)
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
     try:
         await asyncio.wait_for(ready, timeout_s)
     except asyncio.TimeoutError:
         raise TimeoutError(f"the peer took no byte for {timeout_s:g} s") from None
     finally:
-        loop.remove_writer(fd)
+        (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
-def send_now_to_all(socks: list[socket.socket], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
+async def _sendall(loop: asyncio.AbstractEventLoop, sock: Link, data: bytes | memoryview) -> None:
+    """All of ``data``, waiting for the socket as need be (a TLS pipe's held records included)."""
+    if not isinstance(sock, TlsPipe):
+        await loop.sock_sendall(sock, data)
+        return
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        try:
+            sent = sock.sendmsg([view])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        view = view[sent:]
+        if view.nbytes:
+            await _ready(loop, sock, write=True)
+
+
+async def _recv_into(loop: asyncio.AbstractEventLoop, sock: Link, view: memoryview) -> int:
+    """Some bytes into ``view`` (0: the peer closed), waiting for them as need be."""
+    if not isinstance(sock, TlsPipe):
+        return await loop.sock_recv_into(sock, view)
+    while True:
+        try:
+            return sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            await _ready(loop, sock, write=False)
+
+
+def send_now_to_all(socks: list[Link], segments: list[bytes | memoryview]) -> list[list[memoryview] | OSError]:
     """:func:`send_now` on every socket: per socket, what it left to send, or the error it raised."""
     views = [memoryview(segment).cast("B") for segment in segments]  # made once for every socket
     left: list[list[memoryview] | OSError] = []
@@ -163,7 +206,7 @@ def _after(views: list[memoryview], sent: int) -> list[memoryview]:
     return rest
 
 
-async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
+async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[Link],
                       segments: list[bytes | memoryview]) -> list[int | BaseException]:
     """Send one frame to every socket: bytes sent per socket, or the exception that socket raised.
 
@@ -182,7 +225,7 @@ async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[socket.socket
     return outcomes
 
 
-async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, message: dict[str, Any], *,
+async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: Link, message: dict[str, Any], *,
                            stall_s: float | None = None) -> int:
     """Send one frame; returns the bytes sent. Do not modify the tensors until it returns.
 
@@ -191,17 +234,17 @@ async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     return await async_send_segments(loop, sock, frame_segments(message), stall_s=stall_s)
 
 
-async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> int:
+async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: Link, view: memoryview) -> int:
     got = 0
     while got < view.nbytes:
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await _recv_into(loop, sock, view[got:])
         if n == 0:
             break
         got += n
     return got
 
 
-async def async_recv_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytearray, *,
+async def async_recv_frame(loop: asyncio.AbstractEventLoop, sock: Link, buffer: bytearray, *,
                            max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     """Receive one frame into ``buffer`` (grown as needed); large bins are views into it.
 
@@ -253,7 +296,7 @@ class FrameReader:
     read past a shorter frame are kept and begin the next one.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytearray,
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: Link, buffer: bytearray,
                  on_frame: Callable[[dict[str, Any]], bool], *, max_bytes: int = MAX_FRAME_BYTES,
                  decode: Callable[[memoryview], dict[str, Any]] = decode_frame,
                  expected_bytes: int | None = None) -> None:
@@ -273,8 +316,8 @@ class FrameReader:
         if not self._watching and not self.done.done():
             self._watching = True
             self._loop.add_reader(self._sock.fileno(), self._readable)
-            if self._carry:  # a frame may be waiting in what was read already: no readiness will announce it
-                self._loop.call_soon(self._readable)
+            if self._carry or _pending(self._sock):  # a frame may be waiting in what was read already: no readiness
+                self._loop.call_soon(self._readable)   # will announce it
 
     def stop(self, reason: BaseException | None = None) -> None:
         """Stop reading for good; ``done`` gets ``reason`` (ConnectionClosed by default)."""
@@ -401,8 +444,8 @@ class FrameReader:
         self._size, self._got = None, 0
         if not self._on_frame(frame):
             self._pause()
-        return bool(self._carry)
+        return bool(self._carry) or _pending(self._sock)
 
 
-__all__ = ["ConnectionClosed", "FrameReader", "FrameTooLarge", "async_recv_frame", "async_send_frame", "async_send_segments",
+__all__ = ["ConnectionClosed", "FrameReader", "FrameTooLarge", "Link", "async_recv_frame", "async_send_frame", "async_send_segments",
            "frame_segments", "send_now", "send_now_to_all", "send_rest", "send_to_all"]

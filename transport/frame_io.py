@@ -125,7 +125,7 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> int:
     return got
 
 
-def set_rcvlowat(sock: socket.socket, nbytes: int) -> int:
+def set_rcvlowat(sock: Any, nbytes: int) -> int:
     """Wake readers of ``sock`` only once ``nbytes`` are queued (SO_RCVLOWAT); returns the mark in force.
 
     Only ever set to bytes the peer has announced (the rest of a frame), so a reader never waits

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
+import ssl
 import sys
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +20,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 boards
     import tomli as tomllib
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -34,7 +38,7 @@ class BrokerSettings:
     username: str = ""
     password: str = ""
     password_file: str = ""         # read at start; wins over ``password``
-    tls_ca_file: str = ""           # set to use TLS; the broker's CA certificate
+    tls_ca_file: str = ""           # set to use TLS; the broker's CA certificate (an mqtts:// address: the system's bundle)
     tls_cert_file: str = ""         # client certificate, for brokers that require one
     tls_key_file: str = ""
     protocol: str = "3.1.1"         # "3.1.1" works with every broker; "5" for MQTT 5
@@ -162,17 +166,55 @@ def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings
 
 def load_broker_settings(data: dict[str, Any], *, source: str, address: Any = None) -> BrokerSettings:
     """The ``[broker]`` section of a config file, with ``address`` (a ``HostPort`` from the command
-    line or ``$EDGEFLEET_BROKER``) overriding host and port, the password file read and the TLS
-    files checked.
+    line or ``$EDGEFLEET_BROKER``) overriding host and port (and TLS, for an ``mqtts://`` or
+    ``mqtt://`` URL), the password file read and the TLS files checked.
 
     Raises:
         ConfigError: naming the key, the file and the fix.
     """
     overrides = {"host": address.host, "port": address.port} if address is not None else {}
     settings = build_section(BrokerSettings, data.get("broker", {}), section="broker", source=source, overrides=overrides)
+    settings = apply_url_tls(settings, getattr(address, "tls", None), source=source)
     settings = resolve_password(settings, source=source)
     check_tls_files(settings, source=source)
     return settings
+
+
+def system_ca_file() -> str:
+    """The CA bundle OpenSSL verifies servers with by default (``$SSL_CERT_FILE`` if set).
+
+    Raises:
+        ConfigError: this system has no such file.
+    """
+    paths = ssl.get_default_verify_paths()
+    if not paths.cafile:
+        raise ConfigError(f"mqtts:// uses the system's CA bundle, and there is none at {paths.openssl_cafile} "
+                          "(install the ca-certificates package); or set broker.tls_ca_file to the broker's CA certificate")
+    return paths.cafile
+
+
+def apply_url_tls(settings: BrokerSettings, tls: bool | None, *, source: str) -> BrokerSettings:
+    """Apply what a broker URL says about TLS (``HostPort.tls``: None for a plain ``HOST:PORT``).
+
+    ``mqtts://`` turns TLS on, verifying the broker against the configured ``tls_ca_file`` or else
+    the system's CA bundle (a broker with a certificate from a public CA). ``mqtt://`` with a
+    configured CA file is refused rather than quietly sending the password in clear.
+
+    Raises:
+        ConfigError: the URL and the file disagree, or there is no CA bundle to use.
+    """
+    if tls is None:
+        return settings
+    if not tls:
+        if settings.uses_tls:
+            raise ConfigError(f"the broker address says mqtt:// (no TLS) but {source} sets broker.tls_ca_file = "
+                              f"{settings.tls_ca_file!r}; write mqtts://HOST[:PORT] for TLS, or HOST:PORT to do what the file says")
+        return settings
+    if settings.tls_ca_file:
+        return settings
+    ca_file = system_ca_file()
+    log.debug("mqtts://: verifying the broker with the system's CA bundle %s", ca_file)
+    return dataclasses.replace(settings, tls_ca_file=ca_file)
 
 
 def check_tls_files(settings: BrokerSettings, *, source: str) -> None:
@@ -183,4 +225,5 @@ def check_tls_files(settings: BrokerSettings, *, source: str) -> None:
             raise ConfigError(f"{source}: broker.{key} = {value!r} does not exist; fix the path or remove the key to connect without TLS")
 
 
-__all__ = ["BrokerSettings", "build_section", "check_tls_files", "load_broker_settings", "read_toml", "resolve_password"]
+__all__ = ["BrokerSettings", "apply_url_tls", "build_section", "check_tls_files", "load_broker_settings", "read_toml",
+           "resolve_password", "system_ca_file"]

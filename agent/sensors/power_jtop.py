@@ -105,6 +105,10 @@ class JtopPower:
             "power_rails_w": {k: round(v, 4) for k, v in rails.items()},
         }
 
+    def running_client(self) -> Any:
+        """The started jtop client, or None: other sources (the GPU's) read from the same client."""
+        return self._client
+
     def close(self) -> None:
         """Stop the jtop client if one was started."""
         client, self._client = self._client, None

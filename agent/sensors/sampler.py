@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from edgefleet.agent.sensors.base import PowerSource, TelemetrySource
 from edgefleet.agent.sensors.cgroup_cpu import CgroupCpuSource
 from edgefleet.agent.sensors.cpu import CpuSource
+from edgefleet.agent.sensors.disk import DiskSource
+from edgefleet.agent.sensors.gpu_jetson import JetsonGpuSource
 from edgefleet.agent.sensors.memory import MemorySource
 from edgefleet.agent.sensors.network import NetworkSource
 from edgefleet.agent.sensors.power import select_power_source
+from edgefleet.agent.sensors.power_jtop import JtopPower
 from edgefleet.agent.sensors.thermal import ThermalSource
+from edgefleet.agent.sensors.throttling import ThrottlingSource
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import TelemetrySample
 
@@ -25,10 +30,16 @@ log = logging.getLogger(__name__)
 
 
 class Sampler:
-    """All telemetry sources of one board."""
+    """All telemetry sources of one board.
+
+    ``disk_folders`` names the folders whose file systems are reported (``{"data": state_dir, "run":
+    working directory}``). The GPU and throttling sources find themselves (a Jetson's iGPU, a Pi's
+    ``vcgencmd``) and are left out elsewhere.
+    """
 
     def __init__(self, *, board_id: str, interval_s: float, sysfs_root: Path, net_interfaces: tuple[str, ...],
-                 power_kind: str, idle_w: float, max_w: float, cpu_scope: str = "system") -> None:
+                 power_kind: str, idle_w: float, max_w: float, cpu_scope: str = "system",
+                 disk_folders: Mapping[str, Path] | None = None) -> None:
         self.board_id = board_id
         self.interval_s = interval_s
         self.cpu: CpuSource | CgroupCpuSource
@@ -41,8 +52,10 @@ class Sampler:
             self.cpu = CpuSource()
         self.power: PowerSource = select_power_source(
             power_kind, sysfs_root=sysfs_root, idle_w=idle_w, max_w=max_w, cpu_percent=self.cpu.cpu_percent)
+        jtop = self.power.running_client if isinstance(self.power, JtopPower) else None
         candidates: list[TelemetrySource] = [
-            self.cpu, MemorySource(), NetworkSource(net_interfaces), ThermalSource(sysfs_root), self.power]
+            self.cpu, MemorySource(), NetworkSource(net_interfaces), ThermalSource(sysfs_root), self.power,
+            JetsonGpuSource(sysfs_root, jtop_client=jtop), ThrottlingSource(), DiskSource(disk_folders or {})]
         # CPU comes first: the estimated power model reads the utilisation it just measured.
         self.sources = [s for s in candidates if s.available()]
         self._failed: set[str] = set()

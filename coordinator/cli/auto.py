@@ -8,10 +8,14 @@ the run as they come, and ends with the comparison table and the overheads.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.cli.plan import add_objective_args
 from edgefleet.coordinator.plan_job import DEFAULT_FEWER_BOARDS_PCT, DEFAULT_GLOBAL_BATCHES, DEFAULT_VERIFY_STEPS
 from edgefleet.protocol.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
 
 AUTO_EPILOG = f"""
 automatic configuration (--auto):
@@ -61,7 +65,7 @@ def add_auto_args(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (parser.epilog or "") + AUTO_EPILOG
 
 
-def run_auto(args: argparse.Namespace) -> int:
+def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None) -> int:
     """``train --auto``; returns the exit status (raises EdgeTrainError with a clear message)."""
     from edgefleet.coordinator.auto_train import auto_train, check_auto_job
     from edgefleet.coordinator.cli.auto_progress import AutoProgress, print_report
@@ -84,7 +88,7 @@ def run_auto(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     fleet_key = coordinator_keys(args, cfg)
     console = make_console()
-    display = AutoProgress(console)
+    display = AutoProgress(console, metrics=metrics)
     try:
         outcome = auto_train(spec, request, broker=cfg.broker, fleet_key=fleet_key, profile_path=args.profile,
                              variants=variants_from_args(args, dict(spec.model_options)), reprofile=args.reprofile,

@@ -1,13 +1,15 @@
 """``edge-coordinator``: the top-level parser and the command dispatch.
 
 Each command's flags and output are in their own module: :mod:`.status`, :mod:`.train` (with
-:mod:`.auto` for ``--auto``), :mod:`.profile`, :mod:`.plan` and :mod:`.demo`.
+:mod:`.auto` for ``--auto``), :mod:`.profile`, :mod:`.plan`, :mod:`.demo`, :mod:`.report`,
+:mod:`.exporter`, :mod:`.forget` and :mod:`.completion`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,25 +28,50 @@ examples:
   edge-coordinator profile --model lenet5 --dataset digits   time every board at a few batch sizes
   edge-coordinator plan --objective edp --max-power 20   the best configuration: a table and a Pareto PNG
   edge-coordinator train --auto --objective edp          profile (or reuse), plan, train, compare
+  edge-coordinator forget pi-7                           clear a retired board's retained status and caps
 
-the broker: --broker HOST:PORT, else ${BROKER_ENV}=HOST:PORT, else the [broker] section of --config,
-else localhost:1883.
+the broker: --broker HOST:PORT (or mqtt://HOST[:PORT], or mqtts://HOST[:PORT] for TLS), else
+${BROKER_ENV}, else the [broker] section of the config file, else localhost:1883.
+shell completion: source <(edge-coordinator completion bash)   (zsh: completion zsh)
 """
+
+_SIGPIPE_EXIT = 141  # what a shell reports for a writer whose reader went away (128 + SIGPIPE)
+
+
+def _config_help() -> str:
+    """The --config help, saying which default file this run would read."""
+    from edgefleet.coordinator.config import CONFIG_ENV, default_config_path
+    from edgefleet.protocol.errors import ConfigError
+
+    try:
+        found = default_config_path()
+        now = f"now {found[0]}" if found is not None else "none of them exists now"
+    except ConfigError as exc:
+        now = str(exc)
+    return (f"TOML file with [broker] and [security] sections (credentials, TLS, topic prefix, keys). Default: ${CONFIG_ENV}, "
+            "else ~/.config/edgefleet/coordinator.toml, else /etc/edge-coordinator/coordinator.toml, when there "
+            f"({now}; -v logs the file read)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``edge-coordinator`` parser with every command."""
     from edgefleet import __version__
+    from edgefleet.coordinator.cli.completion import add_completion_parser
     from edgefleet.coordinator.cli.demo import add_demo_parser
+    from edgefleet.coordinator.cli.exporter import add_exporter_parser
+    from edgefleet.coordinator.cli.forget import add_forget_parser
     from edgefleet.coordinator.cli.plan import add_plan_parser
     from edgefleet.coordinator.cli.profile import add_profile_parser
+    from edgefleet.coordinator.cli.report import add_report_parser
     from edgefleet.coordinator.cli.status import add_status_parser
     from edgefleet.coordinator.cli.train import add_train_parser
 
     parser = argparse.ArgumentParser(prog="edge-coordinator", description="Show, profile and train a fleet of edge boards.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--broker", metavar="HOST:PORT", help=f"MQTT broker (default: ${BROKER_ENV}, the config file, localhost:1883)")
-    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with a [broker] section (credentials, TLS, topic prefix)")
+    parser.add_argument("--broker", metavar="HOST:PORT|URL",
+                        help=f"MQTT broker: HOST:PORT, mqtt://HOST[:PORT] or mqtts://HOST[:PORT] for TLS (default: ${BROKER_ENV}, "
+                             "the config file, localhost:1883)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help=_config_help())
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     parser.add_argument("--version", action="version", version=f"edge-coordinator {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -53,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_plan_parser(sub)
     add_demo_parser(sub)
+    add_report_parser(sub)
+    add_exporter_parser(sub)
+    add_forget_parser(sub)
+    add_completion_parser(sub)
     return parser
 
 
@@ -63,17 +94,39 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
+    from edgefleet.coordinator.cli.completion import cmd_completion
     from edgefleet.coordinator.cli.demo import cmd_demo
+    from edgefleet.coordinator.cli.exporter import cmd_exporter
+    from edgefleet.coordinator.cli.forget import cmd_forget
     from edgefleet.coordinator.cli.plan import cmd_plan
     from edgefleet.coordinator.cli.profile import cmd_profile
+    from edgefleet.coordinator.cli.report import cmd_report
     from edgefleet.coordinator.cli.status import cmd_status
     from edgefleet.coordinator.cli.train import cmd_train
 
-    return {"status": cmd_status, "train": cmd_train, "profile": cmd_profile, "plan": cmd_plan, "demo": cmd_demo}
+    return {"status": cmd_status, "train": cmd_train, "profile": cmd_profile, "plan": cmd_plan, "demo": cmd_demo,
+            "report": cmd_report, "exporter": cmd_exporter, "forget": cmd_forget, "completion": cmd_completion}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``edge-coordinator`` with ``argv`` (default: the process's arguments); returns the exit status."""
+    """Run ``edge-coordinator`` with ``argv`` (default: the process's arguments); returns the exit status.
+
+    A reader that closes the pipe early (``status --json | head``) ends the command quietly.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: a closed pipe fails here, not in the interpreter's exit
+    except BrokenPipeError:
+        # Python's documented recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so
+        # the flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _SIGPIPE_EXIT
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)

@@ -4,22 +4,48 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgefleet.protocol.address import parse_host_port
+from edgefleet.protocol.address import parse_broker
 from edgefleet.protocol.errors import EdgeTrainError
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.config import CoordinatorConfig
 
+log = logging.getLogger(__name__)
+
+
+def config_file(args: argparse.Namespace) -> Path | None:
+    """``--config``, else the default file that is there (see :func:`~edgefleet.coordinator.config.config_locations`);
+    logs which (``-v`` shows it).
+
+    Raises:
+        ConfigError: ``$EDGEFLEET_CONFIG`` names a file that does not exist.
+    """
+    from edgefleet.coordinator.config import config_locations, default_config_path
+
+    explicit: Path | None = getattr(args, "config", None)
+    if explicit is not None:
+        log.info("config file %s (--config)", explicit)
+        return explicit
+    found = default_config_path()
+    if found is None:
+        log.info("no config file (looked for %s); using defaults and the command line",
+                 ", ".join(str(path) for path, _ in config_locations()))
+        return None
+    log.info("config file %s (%s)", *found)
+    return found[0]
+
 
 def load_config(args: argparse.Namespace) -> CoordinatorConfig:
-    """The configuration ``--config``, ``--broker`` (else ``$EDGEFLEET_BROKER``) and the command's ``--fleet-key`` say."""
+    """The configuration ``--config`` (else the default file), ``--broker`` (else ``$EDGEFLEET_BROKER``) and the command's
+    ``--fleet-key`` say."""
     from edgefleet.coordinator.config import load_coordinator_config
 
-    broker = parse_host_port(args.broker, what="--broker") if args.broker else None
-    return load_coordinator_config(args.config, broker=broker, fleet_key_file=getattr(args, "fleet_key", None))
+    broker = parse_broker(args.broker, what="--broker") if args.broker else None
+    return load_coordinator_config(config_file(args), broker=broker, fleet_key_file=getattr(args, "fleet_key", None))
 
 
 FLEET_KEY_HELP = ("the coordinator's key file that signs commands: an ed25519-private key (boards hold its public key); "
@@ -63,4 +89,4 @@ def require_rich() -> None:
         raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install 'edgefleet[coordinator]'") from None
 
 
-__all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "coordinator_keys", "load_config", "require_rich"]
+__all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "config_file", "coordinator_keys", "load_config", "require_rich"]

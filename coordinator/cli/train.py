@@ -7,15 +7,23 @@ The job itself runs in :func:`edgefleet.coordinator.train_job.train` (with ``--a
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from edgefleet.coordinator.cli.exporter import listen_address
 from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
+from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP
 from edgefleet.coordinator.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, JobSpec
 from edgefleet.coordinator.run_logger import LOGGERS
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
+    from edgefleet.protocol.address import HostPort
 
 TRAIN_EPILOG = """\
 examples:
@@ -97,6 +105,9 @@ def add_train_parser(sub: Any) -> None:
                    help="a board later than max(S, 5x the median step) is left out of that step (default 10)")
     p.add_argument("--exchange-host", default="", help="address the boards connect to (default: this machine's address towards the broker)")
     p.add_argument("--exchange-port", type=int, default=0, help="TCP port of the gradient exchange (default: any free port)")
+    p.add_argument("--no-exchange-tls", dest="exchange_tls", action="store_false",
+                   help="send gradients in clear instead of over TLS (a certificate made for the run, pinned in the signed "
+                        "commands); only on a network you trust, or to measure what TLS costs")
     p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
                    help="move samples between boards when one's speed drifts, keeping the global batch (default on; "
                         "global data mode only)")
@@ -108,6 +119,10 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
     p.add_argument("--fleet-key", metavar="FILE", help=FLEET_KEY_HELP)
     add_board_keys_arg(p)
+    p.add_argument("--metrics-listen", type=listen_address("--metrics-listen"), metavar="HOST:PORT",
+                   help="while the run lasts, serve Prometheus metrics on http://HOST:PORT/metrics: the boards (as "
+                        "`edge-coordinator exporter`) and the run's step time, samples/s, loss and each board's compute "
+                        f"time (edgefleet_train_*; docs/monitoring.md). {LISTEN_HELP}")
     from edgefleet.coordinator.cli.auto import add_auto_args
 
     add_auto_args(p)
@@ -155,6 +170,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    precision=args.precision, logger=args.logger, sync_buffers=args.sync_buffers,
                    log_every_n_steps=args.log_every_n_steps, checkpoint_every=args.checkpoint_every,
                    step_timeout_s=args.step_timeout, exchange_host=args.exchange_host, exchange_port=args.exchange_port,
+                   exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 
@@ -170,7 +186,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume is None and args.run_dir is not None:
         check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
     if args.auto:
-        return run_auto(args)
+        with served_metrics(args) as metrics:
+            return run_auto(args, metrics=metrics)
     planner_flags = planner_flags_given(args)
     if planner_flags:
         raise ConfigError(f"{', '.join(planner_flags)} tell the planner what to choose: add --auto (without it, train "
@@ -180,7 +197,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = load_job(args.resume) if args.resume is not None else job_from_args(args)
     spec = resolve_job(spec, broker=cfg.broker)
     run_dir = args.resume or args.run_dir or default_run_dir(spec)
-    return run_training_ui(spec, run_dir, broker=cfg.broker, fleet_key=fleet_key, resume=args.resume is not None)
+    with served_metrics(args) as metrics:
+        return run_training_ui(spec, run_dir, broker=cfg.broker, fleet_key=fleet_key, resume=args.resume is not None,
+                               metrics=metrics)
 
 
-__all__ = ["add_train_parser", "cmd_train", "job_from_args", "parse_batches", "parse_force_split"]
+@contextmanager
+def served_metrics(args: argparse.Namespace) -> Iterator[TrainingMetrics | None]:
+    """With ``--metrics-listen``, the fleet's metrics while the block runs, and the run's from the yielded
+    collector (pass it to the progress display); without, nothing and None."""
+    listen: HostPort | None = getattr(args, "metrics_listen", None)
+    if listen is None:
+        yield None
+        return
+    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
+
+    metrics = TrainingMetrics()
+    with serve_fleet_metrics(load_config(args).broker, listen, collectors=[metrics]) as endpoint:
+        print(f"metrics: {endpoint.url}", flush=True)
+        yield metrics
+
+
+__all__ = ["add_train_parser", "cmd_train", "job_from_args", "parse_batches", "parse_force_split", "served_metrics"]

@@ -21,6 +21,7 @@ from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.train_job import TrainObserver, train
 
 if TYPE_CHECKING:
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
     from edgefleet.coordinator.training import StepView, TrainOutcome
     from edgefleet.transport.settings import BrokerSettings
 
@@ -28,16 +29,22 @@ INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C
 
 
 class TrainProgress(TrainObserver):
-    """A progress bar with each step's loss, validation accuracy, throughput and boards; notes above it."""
+    """A progress bar with each step's loss, validation accuracy, throughput and boards; notes above it.
 
-    def __init__(self, console: Console) -> None:
+    With ``metrics`` (``train --metrics-listen``), every step is also handed to the Prometheus page.
+    """
+
+    def __init__(self, console: Console, *, metrics: TrainingMetrics | None = None) -> None:
         self.console = console
+        self.metrics = metrics
         self.run_dir: Path | None = None
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
     def started(self, spec: JobSpec, run_dir: Path, first_step: int) -> None:
         self.run_dir = run_dir
+        if self.metrics is not None:
+            self.metrics.started(spec, run_dir, first_step)
         self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                   TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console,
                                   transient=False)
@@ -45,6 +52,8 @@ class TrainProgress(TrainObserver):
         self._progress.start()
 
     def step(self, view: StepView) -> None:
+        if self.metrics is not None:
+            self.metrics.step(view)
         if self._progress is None or self._task is None:
             return
         boards = " ".join(f"{b}:{s * 1000:.0f}ms" for b, s in view.board_compute_s.items())
@@ -63,6 +72,8 @@ class TrainProgress(TrainObserver):
             self.console.print(text, markup=False, soft_wrap=True)
 
     def stopped(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stopped()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -85,10 +96,12 @@ def print_outcome(console: Console, outcome: TrainOutcome) -> int:
     return 0
 
 
-def run_training_ui(spec: JobSpec, run_dir: Path, *, broker: BrokerSettings, fleet_key: bytes, resume: bool) -> int:
-    """Train ``spec`` with a progress bar and print its summary. Returns the exit status."""
+def run_training_ui(spec: JobSpec, run_dir: Path, *, broker: BrokerSettings, fleet_key: bytes, resume: bool,
+                    metrics: TrainingMetrics | None = None) -> int:
+    """Train ``spec`` with a progress bar (and ``metrics``, if given, for Prometheus) and print its summary.
+    Returns the exit status."""
     console = make_console()
-    display = TrainProgress(console)
+    display = TrainProgress(console, metrics=metrics)
     try:
         outcome = train(spec, broker=broker, fleet_key=fleet_key, run_dir=run_dir, resume=resume, observer=display)
     except KeyboardInterrupt:

@@ -34,6 +34,8 @@ def test_defaults_then_file_then_env_then_flags(tmp_path: Path, monkeypatch: pyt
     ('[broker]\nport = "1883"\n', ["broker.port should be an integer", "'1883' (string)"]),
     ('[telemetry]\ninterval_s = 0\n', ["interval_s = 0", "0.05-3600"]),
     ('[power]\nsource = "magic"\n', ["source = 'magic'", "estimated"]),
+    ('[telemetry]\nhome_assistant = "yes"\n', ["telemetry.home_assistant should be true or false"]),
+    ('[telemetry]\nhome_assistant_prefix = "homeassistant/#"\n', ["home_assistant_prefix = 'homeassistant/#'", '"homeassistant"']),
     ('[broker]\nprotocol = "4"\n', ['"3.1.1" or "5"']),
     ('board_id = "a/b"\n', ["not a valid board id"]),
     ('[broker\n', ["not valid TOML"]),
@@ -49,6 +51,13 @@ def test_config_errors_name_key_file_and_fix(tmp_path: Path, text: str, fragment
     assert str(path) in message or "board id" in message
     for fragment in fragments:
         assert fragment in message
+
+
+def test_home_assistant_discovery_is_opt_in_with_its_prefix(tmp_path: Path) -> None:
+    assert (load_agent_config(None).telemetry.home_assistant, load_agent_config(None).telemetry.home_assistant_prefix) == (
+        False, "homeassistant")
+    cfg = load_agent_config(_write(tmp_path, '[telemetry]\nhome_assistant = true\nhome_assistant_prefix = "ha/discovery"\n'))
+    assert (cfg.telemetry.home_assistant, cfg.telemetry.home_assistant_prefix) == (True, "ha/discovery")
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -105,7 +114,6 @@ def test_the_example_config_lists_every_key_and_loads(tmp_path: Path) -> None:
     key = tmp_path / "fleet.key"
     key.write_text("ab" * 32 + "\n")
     key.chmod(0o600)
-    text = example.read_text().replace("/etc/edge-agent/fleet.key", str(key)).replace(
-        'password_file = "/etc/edge-agent/mqtt-password"', 'password_file = ""')
+    text = example.read_text().replace('fleet_key_file = ""', f'fleet_key_file = "{key}"', 1)
     path = _write(tmp_path, text)
     assert load_agent_config(path).security.fleet_key_file == str(key)
