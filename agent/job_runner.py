@@ -33,11 +33,13 @@ from edgefleet.launch import module_command
 from edgefleet.protocol.errors import DecodeError, ProtocolError
 from edgefleet.protocol.jobs import JobEvent, ProfileCommand, StopCommand, TrainCommand, command_from_dict
 from edgefleet.protocol.signing import SignatureError, unverified_address
+from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 
 log = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 2.0  # a kept worker whose job ends by itself this soon after a stop is kept
+REFUSAL_LOG_BURST = 5     # "refused a command" warnings a minute; the rest are counted
 REFUSAL_INTERVAL_S = 1.0  # at most one refusal event a second: junk on the command topic cannot make a board chatty
 PROGRESS_JSON_INTERVAL_S = 1.0  # the JSON copy of the events carries at most one progress event a second
 MAX_EVENT_JSON_BYTES = 16 * 1024  # over this, the JSON copy leaves out the event's data (the msgpack event has it)
@@ -149,6 +151,7 @@ class JobRunner:
                  config: AgentConfig | None = None) -> None:
         self.board_id = board_id
         self._verify = verify
+        self._refusal_log = LogLimiter(burst=REFUSAL_LOG_BURST)
         self._publish = publish_event
         self._set_busy = set_busy
         self.keep_worker = config.training.keep_worker if config is not None else False
@@ -177,7 +180,9 @@ class JobRunner:
         try:
             command = command_from_dict(self._verify(payload))
         except ProtocolError as exc:  # unsigned, forged, stale, replayed or malformed
-            log.warning("refused a command: %s", exc)
+            shown = self._refusal_log.allow()  # a flood of junk on the command topic must not fill the journal
+            if shown is not None:
+                log.warning("refused a command: %s%s", exc, suppressed_text(shown))
             if isinstance(exc, SignatureError) and exc.tell_sender:
                 hint = f"; {exc.hint}" if exc.hint else ""
                 self._tell_refusal(payload, f"board {self.board_id} refused the command: {exc}{hint}")

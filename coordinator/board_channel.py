@@ -30,11 +30,13 @@ from edgefleet.protocol.signing import (
     sign_command,
 )
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
+from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 from edgefleet.transport.mqtt_link import MqttLink
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
+MALFORMED_LOG_BURST = 5  # warnings about malformed messages a minute; the rest are counted
 EVENT_WARNING_INTERVAL_S = 60.0  # at most one warning a minute per board about events dropped as unsigned or forged
 
 
@@ -54,6 +56,7 @@ class BoardChannel:
     _link: MqttLink | None = None
     _keys: CoordinatorKeys = field(init=False)
     _dropped: dict[str, tuple[float, int]] = field(default_factory=dict)  # board -> (last warning, dropped since)
+    _malformed_log: LogLimiter = field(default_factory=lambda: LogLimiter(burst=MALFORMED_LOG_BURST), repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -121,7 +124,10 @@ class BoardChannel:
         except SignatureError as exc:
             self._drop_event(parsed.board_id, str(exc))
         except DecodeError as exc:
-            log.warning("board %s sent a malformed %s message: %s", parsed.board_id, parsed.kind, exc)
+            shown = self._malformed_log.allow()  # junk a thousand times a second must not fill the log
+            if shown is not None:
+                log.warning("board %s sent a malformed %s message: %s%s", parsed.board_id, parsed.kind, exc,
+                            suppressed_text(shown))
 
     def _event_check(self, board: str) -> Callable[[dict[str, Any]], None] | None:
         """What an event from ``board`` must pass: its signature with board keys, nothing without."""

@@ -63,6 +63,7 @@ from edgefleet.transport.settings import BrokerSettings
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch and Lightning
+REJECT_GRACE_S = 3.0    # a board that refused a command for the job fails unless it accepts one within this long
 # The first steps after a (re)start are slow (allocations, caches, Lightning's first-batch work):
 # they would make a poor reference for the rebalancer, so it starts watching after them.
 REBALANCE_WARMUP_STEPS = 2
@@ -454,10 +455,25 @@ class TrainingRun:
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         need = set(self.spec.boards)
         waiter = asyncio.ensure_future(exchange.wait_for_boards(JOIN_TIMEOUT_S, need=need))
+        # A refusal fails its board only if the board does not take the command after all: someone
+        # who can write the command topic could send a forged command for this job, whose refusal
+        # must not fail a board that accepts the real one.
+        accepted: set[str] = set()
+        refused: dict[str, tuple[float, str]] = {}
         while not waiter.done():
             event = await channel.next_event(0.2)
-            if event is not None and event.job_id == self.spec.run_id and event.phase in ("rejected", "failed"):
-                exchange.fail(event.board_id, event.message or event.phase)
+            if event is not None and event.job_id == self.spec.run_id:
+                if event.phase == "failed":
+                    exchange.fail(event.board_id, event.message or event.phase)
+                elif event.phase == "rejected" and event.board_id not in accepted:
+                    refused.setdefault(event.board_id, (time.monotonic(), event.message or event.phase))
+                elif event.phase in ("accepted", "running"):
+                    accepted.add(event.board_id)
+                    refused.pop(event.board_id, None)
+            for board, (when, message) in list(refused.items()):
+                if time.monotonic() - when >= REJECT_GRACE_S:
+                    del refused[board]
+                    exchange.fail(board, message)
             for board in sorted(need - set(exchange.connected)):  # its agent died or lost the broker: no use waiting
                 if board in channel.went_offline:
                     exchange.fail(board, f"went offline while joining ({channel.went_offline[board]}): check that its "

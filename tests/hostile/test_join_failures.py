@@ -5,6 +5,7 @@ is offline. Real Mosquitto, real agents, a real `edge-coordinator train`."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,9 @@ from pathlib import Path
 import psutil
 
 from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import generate_key_hex
+from tests.board_watch import BoardWatch
 from tests.conftest import AgentFactory
 from tests.helpers import wait_boards_online, wait_until
 
@@ -87,3 +90,30 @@ def test_a_board_whose_agent_dies_while_joining_is_dropped_as_soon_as_the_broker
             proc.kill()
     assert code != 0 and "board dying-1: went offline while joining" in output, output[-3000:]
     assert time.monotonic() - killed < 30 and "Traceback" not in output
+
+
+def test_a_forged_command_for_the_job_while_boards_join_does_not_fail_the_job(
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    # Someone who can write the command topic (the coordinator's MQTT credentials, or a broker without
+    # the ACL) sends a command for the running job signed with another key: the board refuses it with a
+    # `rejected` event for the job, but it has accepted the real command, so the job goes on.
+    key = _key(tmp_path / "fleet.key")
+    agent = agents.start("joining-1", mosquitto.address, config=_config("joining-1", key))
+    wait_boards_online(mosquitto.address, ["joining-1"])
+    watch = BoardWatch(mosquitto, "joining-1")
+    proc = _train(mosquitto, key, tmp_path / "run", "joining-1")
+    try:
+        wait_until(lambda: "starting a worker" in agent.log() or proc.poll() is not None, timeout_s=60,
+                   what="the agent to accept the job")
+        job_id = re.search(r"job (\S+): ", agent.log().split("starting a worker")[0].splitlines()[-1]).group(1)  # type: ignore[union-attr]
+        forged = {"kind": "stop", "job_id": job_id, "board_id": "joining-1"}
+        watch.publish(sign_command(forged, key=bytes.fromhex(generate_key_hex())))
+        wait_until(lambda: "rejected" in watch.phases(job_id) or proc.poll() is not None, timeout_s=30,
+                   what="the board to refuse the forged command")
+        code, output = _finish(proc, 120)
+    finally:
+        watch.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert "rejected" in watch.phases(job_id)
+    assert code == 0 and "Traceback" not in output, output[-3000:]
