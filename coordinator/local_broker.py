@@ -132,5 +132,5 @@ def start_local_broker() -> LocalBroker | EmbeddedBroker:
         from edgefleet.coordinator.embedded_broker import start_embedded_broker
     except ImportError:
         raise BrokerError(f"no MQTT broker: mosquitto is not installed ({INSTALL_HINT}) and the in-process "
-                          "fallback needs: pip install 'edgefleet[embedded-broker]'") from None
+                          "fallback needs: pip install '.[embedded-broker]' in the edgefleet checkout") from None
     return start_embedded_broker()

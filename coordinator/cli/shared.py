@@ -86,7 +86,7 @@ def require_rich() -> None:
     try:
         import rich  # noqa: F401
     except ImportError:
-        raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install 'edgefleet[coordinator]'") from None
+        raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install '.[coordinator]' in the edgefleet checkout") from None
 
 
 __all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "config_file", "coordinator_keys", "load_config", "require_rich"]
