@@ -32,10 +32,10 @@ order, so two runs would no longer match bit for bit), a checkpoint every 10 ste
    warm-up peak (the first 10% of the steps) afterwards; no traceback in the coordinator's output
    or the agents' logs; ``status`` still works after the run (junk left retained on the broker).
 
-Where the mathematics is exact and where it is not: a board that dies is dropped for the rest of
-the job and its share of each global batch is not redone by the others (the step averages over the
-boards that answered), and a restarted agent does not rejoin a running job (the coordinator sends
-the job's command once). So from the kill on the faulted run trains on a smaller global batch and
+Where the mathematics is exact and where it is not: a board that dies is dropped and its share of
+each global batch is not redone by the others (the step averages over the boards that answered)
+until its restarted agent, online again, is asked back by the coordinator and rejoins at a step
+boundary. So between the kill and the rejoin the faulted run trains on a smaller global batch and
 its final model differs from the quiet run's; that difference is printed, not failed. Everything
 before the kill (the broker restart, the pause and a third of the run's junk included) is compared
 exactly.
@@ -76,6 +76,7 @@ from fault_soak_checks import (
     incomplete_steps,
     max_abs_diff,
     mib,
+    rejoin_step,
     rss_bound,
 )
 from fault_soak_faults import (
@@ -317,9 +318,12 @@ def verdicts(job: Job, quiet: Run, faulted: Run, *, kill: str, junk_board: str, 
     batches = dict(zip(job.boards, job.batch_sizes))
     problems = documented_drop_problems(faulted.records, job.boards, job.batch_sizes, kill, drop)
     others = [b for b in job.boards if b != kill]
+    back = rejoin_step(faulted.records, job.boards, drop)
     out.append(Verdict("after the kill: as docs/training.md says", not problems,
-                       f"{kill} killed at step {notes.get('kill_step')}, dropped from step {drop}; steps {drop}-{faulted.steps - 1} "
-                       f"on {'+'.join(others)}, n={sum(batches[b] for b in others)} of {sum(job.batch_sizes)}"
+                       f"{kill} killed at step {notes.get('kill_step')}, dropped from step {drop}; steps {drop}-"
+                       f"{(back if back is not None else faulted.steps) - 1} on {'+'.join(others)}, "
+                       f"n={sum(batches[b] for b in others)} of {sum(job.batch_sizes)}"
+                       + ("" if back is None else f"; every board again from step {back}")
                        + ("" if not problems else "; " + "; ".join(problems))))
     final_q, final_f = _model(quiet), _model(faulted)
     final = max_abs_diff(final_q, final_f) if final_q is not None and final_f is not None else None
@@ -328,9 +332,10 @@ def verdicts(job: Job, quiet: Run, faulted: Run, *, kill: str, junk_board: str, 
                        f"max abs diff {final:.3g}: not comparable, {batches[kill]} of {sum(job.batch_sizes)} samples of each "
                        f"global batch from step {drop} on are not redone (documented)"))
     state = after_status.get(kill, {}).get("state", "unknown")
-    out.append(Verdict(f"{kill} restarted: back online, not in the job", state == "online",
-                       f"agent started again at step {notes.get('restart_step')}; status {state} after the run; it did "
-                       f"not rejoin (a restarted agent never gets the running job's command again)"))
+    out.append(Verdict(f"{kill} restarted: asked back, rejoined the job", back is not None and state == "online",
+                       f"agent started again at step {notes.get('restart_step')}; "
+                       + (f"back in every step from step {back}" if back is not None else "never rejoined")
+                       + f"; status {state} after the run"))
     offline = [b for b in job.lab.boards if after_status.get(b, {}).get("state") != "online"]
     out.append(Verdict("status after the run (retained junk on the broker)", not offline,
                        f"{len(after_status)} boards listed" + (f"; not online: {', '.join(offline)}" if offline else ", all online")))

@@ -78,25 +78,37 @@ def first_step_without(records: Sequence[Record], board: str) -> int | None:
     return next((int(r["step"]) for r in sorted(records, key=lambda r: int(r["step"])) if board not in r["boards"]), None)
 
 
+def rejoin_step(records: Sequence[Record], boards: Sequence[str], from_step: int) -> int | None:
+    """The first step from ``from_step`` on in which every board contributed again (the dead board rejoined), or None."""
+    for r in sorted(records, key=lambda r: int(r["step"])):
+        if int(r["step"]) >= from_step and list(r["boards"]) == list(boards):
+            return int(r["step"])
+    return None
+
+
 def documented_drop_problems(records: Sequence[Record], boards: Sequence[str], batch_sizes: Sequence[int], dropped: str,
                              from_step: int) -> list[str]:
     """What contradicts docs/training.md's rule for a board that dies, from ``from_step`` on.
 
-    The rule: the dead board is dropped and the job finishes on the others; each step averages
+    The rule: the dead board is dropped and the job goes on with the others; each step averages
     over the boards that answered, weighted by their batch sizes, so its share of the global batch
-    is not redone (n = the others' batch sizes) and it does not come back.
+    is not redone (n = the others' batch sizes). Once its agent is back online the coordinator asks
+    it to rejoin: from the first step it is back in, every board is in every step (n = the global batch).
     """
     others = [b for b in boards if b != dropped]
-    expected_n = sum(b for board, b in zip(boards, batch_sizes) if board != dropped)
+    others_n = sum(b for board, b in zip(boards, batch_sizes) if board != dropped)
+    back = rejoin_step(records, boards, from_step)
     problems = []
     for r in sorted(records, key=lambda r: int(r["step"])):
         step = int(r["step"])
         if step < from_step:
             continue
-        if list(r["boards"]) != others:
-            problems.append(f"step {step}: contributors {','.join(r['boards'])}, expected {','.join(others)}")
+        expected, expected_n = (list(boards), sum(batch_sizes)) if back is not None and step >= back else (others, others_n)
+        if list(r["boards"]) != expected:
+            problems.append(f"step {step}: contributors {','.join(r['boards'])}, expected {','.join(expected)}")
         elif int(r["n"]) != expected_n:
-            problems.append(f"step {step}: n={r['n']}, expected {expected_n} (the others' batch sizes)")
+            problems.append(f"step {step}: n={r['n']}, expected {expected_n} "
+                            f"({'the global batch' if expected_n == sum(batch_sizes) else 'the others' + chr(39) + ' batch sizes'})")
         if len(problems) >= 5:
             break
     return problems

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import signal
 import socket
 import ssl
@@ -63,6 +64,8 @@ from edgefleet.transport.settings import BrokerSettings
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch and Lightning
+REJOIN_EVERY_S = 30.0   # a board that left and is online again is asked back at most this often ...
+MAX_REJOINS = 3         # ... and this many times in a run
 REJECT_GRACE_S = 3.0    # a board that refused a command for the job fails unless it accepts one within this long
 # The first steps after a (re)start are slow (allocations, caches, Lightning's first-batch work):
 # they would make a poor reference for the rebalancer, so it starts watching after them.
@@ -288,6 +291,8 @@ class TrainingRun:
         self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
+        self._board_commands: dict[str, dict[str, Any]] = {}  # each board's train command, to ask it back after it left
+        self._invited: dict[str, tuple[int, float]] = {}       # board -> (times asked back, when last)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -424,7 +429,8 @@ class TrainingRun:
             host = self.spec.exchange_host or exchange_host_for(self.broker)
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
-            for board, command in self._commands(advertised, port, checker).items():
+            self._board_commands = self._commands(advertised, port, checker)
+            for board, command in self._board_commands.items():
                 channel.send(board, command)
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
             if self.spec.rebalance and self.spec.data_mode != "global" and len(self.spec.boards) > 1:
@@ -490,6 +496,25 @@ class TrainingRun:
             if event.phase == "failed":
                 self.on_note(f"board {event.board_id} failed: {event.message}")
                 exchange.fail(event.board_id, event.message)
+        self._ask_back(channel, exchange)
+
+    def _ask_back(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
+        """Send the job's command again to a board that left and is online and idle again (its agent restarted,
+        or its worker ended): it rejoins at a step boundary with the replica's state. At most
+        :data:`MAX_REJOINS` times per board, :data:`REJOIN_EVERY_S` apart."""
+        now = time.monotonic()
+        connected = set(exchange.connected)
+        for board, command in self._board_commands.items():
+            status = channel.status.get(board)
+            if board in connected or status is None or status.state != "online":
+                continue
+            asked, last = self._invited.get(board, (0, -math.inf))
+            if asked >= MAX_REJOINS or now - last < REJOIN_EVERY_S:
+                continue
+            self._invited[board] = (asked + 1, now)
+            channel.send(board, command)
+            self.on_note(f"board {board} is online again: asked it to rejoin the job (from step {self.replica.step}; "
+                         f"{asked + 1} of at most {MAX_REJOINS} times)")
 
     async def _steps(self, channel: BoardChannel, exchange: ExchangeServer) -> TrainOutcome:
         spec, started = self.spec, time.monotonic()

@@ -69,9 +69,12 @@ def test_after_a_board_dies_the_documented_rule_holds_or_the_breach_is_named() -
     records = _records(10, drop="pi4-1", drop_from=6)
     assert fc.documented_drop_problems(records, BOARDS, BATCHES, "pi4-1", 6) == []
     back = [dict(r) for r in records]
-    back[8]["boards"], back[8]["n"] = BOARDS, 64  # the dead board back in a step: not what the docs say
+    for r in back[8:]:
+        r["boards"], r["n"] = BOARDS, 64  # restarted and asked back: in every step from its first one back
+    assert fc.rejoin_step(back, BOARDS, 6) == 8 and fc.documented_drop_problems(back, BOARDS, BATCHES, "pi4-1", 6) == []
+    back[9]["boards"], back[9]["n"] = BOARDS[1:], 54  # back, then gone again without a kill: not what the docs say
     assert fc.documented_drop_problems(back, BOARDS, BATCHES, "pi4-1", 6) == [
-        "step 8: contributors pi4-1,pi5-1,x86-1, expected pi5-1,x86-1"]
+        "step 9: contributors pi5-1,x86-1, expected pi4-1,pi5-1,x86-1"]
     redone = [dict(r) for r in records]
     redone[7]["n"] = 64  # its share redone by the others: the docs say it is not
     assert fc.documented_drop_problems(redone, BOARDS, BATCHES, "pi4-1", 6) == [

@@ -1,0 +1,73 @@
+"""A board whose agent dies mid-run and comes back is asked to rejoin, and trains again from the next step boundary.
+
+Real Mosquitto, real agents (one killed with its worker, as a power cut would, then started again), a real
+`edge-coordinator train`: the job goes on without the board, then with it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.transport.fleet_key import generate_key_hex
+from tests.conftest import AgentFactory
+from tests.helpers import wait_boards_online, wait_until
+
+STEPS = 100_000  # more than the test waits for: it stops the run (Ctrl-C) once the board has rejoined
+
+
+def _steps(run_dir: Path) -> list[dict[str, object]]:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [record for line in lines if line.strip() and "step" in (record := json.loads(line))]
+
+
+def test_a_restarted_board_rejoins_the_running_job(tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    key = tmp_path / "fleet.key"
+    key.write_text(generate_key_hex() + "\n")
+    key.chmod(0o600)
+
+    def config(board: str) -> str:
+        return f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
+
+    agents.start("steady-1", mosquitto.address, config=config("steady-1"))
+    restarted = agents.start("restarted-1", mosquitto.address, config=config("restarted-1"))
+    wait_boards_online(mosquitto.address, ["steady-1", "restarted-1"])
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", mosquitto.address, "train",
+                             "--fleet-key", str(key), "--boards", "steady-1,restarted-1", "--model", "lenet5",
+                             "--dataset", "digits", "--batch", "8", "--steps", str(STEPS), "--threads", "1",
+                             "--checkpoint-every", "1000", "--no-rebalance", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: len(_steps(run_dir)) >= 20 or proc.poll() is not None, timeout_s=120, what="20 steps")
+        family = psutil.Process(restarted.proc.pid)
+        for process in [*family.children(recursive=True), family]:
+            process.kill()
+        killed_at = len(_steps(run_dir))
+        agents.start("restarted-1", mosquitto.address, config=config("restarted-1"))
+
+        def rejoined() -> list[int]:
+            return [int(str(s["step"])) for s in _steps(run_dir)
+                    if s["boards"] == ["steady-1", "restarted-1"] and int(str(s["step"])) > killed_at]
+
+        wait_until(lambda: len(rejoined()) >= 5 or proc.poll() is not None, timeout_s=180, what="the board to rejoin")
+        proc.send_signal(signal.SIGINT)  # stops at a step boundary with a checkpoint
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    steps = _steps(run_dir)
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert "board restarted-1 is online again: asked it to rejoin" in out, out[-3000:]
+    without = [int(str(s["step"])) for s in steps if s["boards"] == ["steady-1"]]
+    assert without and rejoined() and min(rejoined()) > max(without), (without[:3], rejoined()[:3])
+    assert [s["step"] for s in steps] == list(range(len(steps)))  # every step once
