@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 
 from edgefleet.coordinator.local_broker import free_port
+from edgefleet.protocol.signing import CommandVerifier, sign_command
+from edgefleet.transport.fleet_key import PRIVATE, load_board_keys, load_command_keys, load_fleet_key, public_key_text, read_key_file
+from edgefleet.transport.settings import read_toml
 from tests.deploy.certs import TlsFiles, make_broker_certificate
 from tests.deploy.mqtt_probe import Probe, connack_reason
 from tests.deploy.playbook import PlaybookRun, run_playbook
@@ -153,14 +156,13 @@ def test_first_run_installs_broker_agent_and_coordinator(image: Image) -> None:
     toml = image.path("/etc/edge-agent/agent.toml").read_text()
     assert f'board_id = "{BOARD_ID}"' in toml and f'username = "{BOARD_ID}"' in toml
     assert f"port = {image.port}" in toml and 'tls_ca_file = "/etc/edge-agent/ca.crt"' in toml
-    for name in ("agent.toml", "mqtt-password", "fleet.key", "ca.crt"):
+    for name in ("agent.toml", "mqtt-password", "fleet.pub", "ca.crt"):
         assert image.mode_owner(f"/etc/edge-agent/{name}") == ("0o640", "root", "edge-agent"), name
     assert image.mode_owner("/etc/edge-agent") == ("0o750", "root", "edge-agent")
     # Secrets generated once on the controller and installed as they are kept there.
     assert image.path("/etc/edge-agent/mqtt-password").read_text().strip() == image.secret(f"mqtt/{BOARD_ID}.password")
-    fleet_key = image.path("/etc/edge-agent/fleet.key").read_text().strip()
-    assert re.fullmatch(r"[0-9a-f]{64}", fleet_key) and fleet_key == image.secret("fleet.key")
-    assert oct((image.credentials / "fleet.key").stat().st_mode & 0o777) == "0o600"
+    assert oct((image.credentials / "coordinator.key").stat().st_mode & 0o777) == "0o600"
+    _check_command_keys(image)
 
     # The unit as shipped, the Raspberry Pi drop-in, enabled for boot.
     assert image.path("/etc/systemd/system/edge-agent.service").read_text() == UNIT_FILE.read_text()
@@ -186,10 +188,38 @@ def test_first_run_installs_broker_agent_and_coordinator(image: Image) -> None:
     assert "allow_anonymous false" in conf and f"listener {image.port} 127.0.0.1" in conf
     assert "certfile /etc/mosquitto/certs/broker.crt" in conf
 
-    # The coordinator: its own MQTT user and the command on the PATH.
-    coordinator_toml = image.path("/etc/edge-coordinator/coordinator.toml").read_text()
-    assert 'username = "coordinator"' in coordinator_toml
+    # The coordinator: its own MQTT user, its keys (so that train needs no key flags) and the command on the PATH.
+    coordinator_toml = read_toml(image.path("/etc/edge-coordinator/coordinator.toml"))
+    assert coordinator_toml["broker"]["username"] == "coordinator"
+    assert coordinator_toml["security"] == {"fleet_key_file": "/etc/edge-coordinator/fleet.key",
+                                            "board_keys_dir": "/etc/edge-coordinator/board-keys"}
     assert os.access(image.path("/usr/local/bin/edge-coordinator"), os.X_OK)
+
+
+def _check_command_keys(image: Image) -> None:
+    """By default the coordinator alone holds the key that signs commands; the board holds its public key."""
+    # The board: ed25519-public lines only, no shared key (none is even made on the controller).
+    fleet_pub = image.path("/etc/edge-agent/fleet.pub")
+    lines = fleet_pub.read_text().split()
+    assert lines[::2] == ["ed25519-public"] and not image.path("/etc/edge-agent/fleet.key").exists()
+    assert not (image.credentials / "fleet.key").exists()
+    agent_toml = read_toml(image.path("/etc/edge-agent/agent.toml"))
+    assert agent_toml["security"]["fleet_key_file"] == "/etc/edge-agent/fleet.pub"
+    # The coordinator: the private key made on the controller, readable by its group alone.
+    fleet_key = image.path("/etc/edge-coordinator/fleet.key")
+    assert image.mode_owner("/etc/edge-coordinator/fleet.key") == ("0o640", "root", "edge-coordinator")
+    assert read_key_file(fleet_key).kind == PRIVATE and fleet_key.read_text() == image.secret("coordinator.key") + "\n"
+    assert fleet_pub.read_text() == public_key_text(fleet_key)
+    # What it signs, the board verifies.
+    command = {"type": "ping", "run_id": "img"}
+    body = CommandVerifier(load_command_keys(fleet_pub)).verify(sign_command(command, key=load_fleet_key(fleet_key)))
+    assert body.items() >= command.items()
+    # The board's own key stays on the board; its public key is on the controller and the coordinator.
+    board_pub = public_key_text(image.path("/etc/edge-agent/board.key"))
+    assert (image.credentials / "board-keys" / f"{BOARD_ID}.pub").read_text() == board_pub
+    assert image.path(f"/etc/edge-coordinator/board-keys/{BOARD_ID}.pub").read_text() == board_pub
+    assert load_board_keys(image.path("/etc/edge-coordinator/board-keys")) == \
+        {BOARD_ID: (bytes.fromhex(board_pub.split()[1]),)}
 
 
 def test_agent_config_checks_out_inside_the_image_as_the_service_user(image: Image) -> None:
