@@ -34,9 +34,8 @@ from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.params import (
-    assign_grads,
+    FlatGradients,
     assign_values,
-    flatten_grads,
     flatten_values,
     float_buffers,
     restore_optimizer_state,
@@ -134,18 +133,20 @@ class ExchangeClient:
             DecodeError: the coordinator's answer is not this step's result of the gradient's shape and dtype.
         """
         channel = self._channel
-        if channel is not None and channel.grad is grad and not logs:  # the usual step: fixed layouts, nothing made
-            sent = self._send(channel.send, step, n, loss, compute_s)
-            if sent:
-                answer = self._recv(channel.receive)
-                if type(answer) is tuple:
-                    if answer[0] != step:
-                        raise DecodeError(f"expected the result of step {step}, got the result of step {answer[0]}")
-                    self.split = self.lrs = None
-                    return channel.array
-                if answer is None:  # not the usual size: the general receiver has the bytes read so far
-                    answer = self._recv(self._receiver.recv, channel.avg_layout.decode_any_array)
-                return self._result_of(step, self._step_reply(answer, channel.avg_layout.dtype))
+        if channel is not None and channel.grad is grad:  # the usual step: the result in its fixed layout, nothing made
+            if logs or not self._send(channel.send, step, n, loss, compute_s):  # logs, a loss of None: general frame
+                described = self._sent_tensor if grad is self._sent_array and self._sent_tensor else encode_array(grad)
+                self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=described,
+                                                       logs=logs or None).to_wire())
+            answer = self._recv(channel.receive)
+            if type(answer) is tuple:
+                if answer[0] != step:
+                    raise DecodeError(f"expected the result of step {step}, got the result of step {answer[0]}")
+                self.split = self.lrs = None
+                return channel.array
+            if answer is None:  # not the usual size: the general receiver has the bytes read so far
+                answer = self._recv(self._receiver.recv, channel.avg_layout.decode_any_array)
+            return self._result_of(step, self._step_reply(answer, channel.avg_layout.dtype))
         tensor = self._sent_tensor if grad is self._sent_array else None  # the worker sends from one buffer every step
         if tensor is None:
             tensor = encode_array(grad)
@@ -155,7 +156,7 @@ class ExchangeClient:
         if hot is None:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
             self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a step's result
-        if self._sent_array is grad and grad.size == self.param_count:
+        if self._sent_array is grad and grad.size == self.param_count and (channel is None or channel.grad is not grad):
             self._channel = StepChannel(self.sock, self._receiver, grad, grad_layout=hot[0], avg_layout=hot[1],
                                         elements=self.param_count)  # from the next step on
         segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
@@ -166,6 +167,11 @@ class ExchangeClient:
             self._send(send_segments, self.sock, segments)
         answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
         return self._result_of(step, self._step_reply(answer, hot[1].dtype))
+
+    @property
+    def result_buffer(self) -> np.ndarray | None:
+        """The array usual results are returned in: the same at every step, overwritten by the next (None until known)."""
+        return self._channel.array if self._channel is not None else None
 
     def _step_reply(self, frame: dict[str, Any], dtype: str) -> Avg | Stop:
         return decode_step_reply(frame, elements=self.param_count, dtype=dtype)
@@ -229,6 +235,7 @@ class GradientExchange:
         self._window_loss: float | None = None
         self._started: float | None = None  # the step's first batch (of several with gradient accumulation)
         self._params: list[torch.nn.Parameter] = []
+        self._grads: FlatGradients | None = None  # the gradients to and from self._flat, one call each way
         self._buffers: list[torch.Tensor] = []  # float buffers: they travel after the gradient
         self._grad_elements = 0
         self._optimizer: Any = None
@@ -249,6 +256,7 @@ class GradientExchange:
         self._buffers = float_buffers(pl_module)
         self._grad_elements = sum(p.numel() for p in self._params)
         self._flat = np.zeros(self._grad_elements + sum(b.numel() for b in self._buffers), dtype=np.float32)
+        self._grads = FlatGradients(self._params, self._flat[:self._grad_elements])
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
@@ -266,7 +274,8 @@ class GradientExchange:
         compute_s = time.perf_counter() - (self._started or time.perf_counter())
         self._started = None
         self._loss, self._window_loss = self._window_loss, None  # None: training_step skipped every batch
-        flatten_grads(self._params, self._flat)
+        grads = self._grads or FlatGradients(self._params, self._flat[:self._grad_elements])
+        grads.gather()
         if self._buffers:
             flatten_values(self._buffers, self._flat[self._grad_elements:])
         wire = self._flat
@@ -284,7 +293,7 @@ class GradientExchange:
         if self._avg32 is not None:
             cast_into(self._avg32, avg)
             avg = self._avg32
-        assign_grads(self._params, avg)
+        grads.scatter(avg, keep=avg is self._avg32 or avg is self.client.result_buffer)
         if self._buffers:  # the first contributing board's buffers (DDP's rule), or their average
             assign_values(self._buffers, avg[self._grad_elements:])
         self._on_step(self.step, self._loss, compute_s)
