@@ -11,6 +11,7 @@ from pathlib import Path
 from edgefleet import __version__
 from edgefleet.agent.config import describe, load_agent_config
 from edgefleet.agent.daemon import ExitCode, run
+from edgefleet.closed_pipe import quiet_on_closed_pipe
 from edgefleet.protocol.address import BROKER_ENV, parse_broker
 from edgefleet.protocol.errors import EdgeTrainError
 
@@ -30,7 +31,6 @@ exit codes: 0 stopped cleanly, 2 bad usage, 78 bad configuration (systemd does n
 # sd-daemon(3) priority prefixes: journald reads "<N>" at the start of a line as its syslog priority.
 _JOURNAL_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
 _DEBUG_PRIORITY = 7
-_SIGPIPE_EXIT = 141  # what a shell reports for a writer whose reader went away (128 + SIGPIPE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,17 +124,7 @@ def _main(argv: list[str] | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``edge-agent``; a reader that closes the pipe early (``--check-config | head``) ends it quietly."""
-    try:
-        try:
-            return _main(argv)
-        finally:
-            sys.stdout.flush()  # inside the try: a closed pipe fails here, not in the interpreter's exit
-    except BrokenPipeError:
-        # Python's documented recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so
-        # the flush at exit does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return _SIGPIPE_EXIT
+    return quiet_on_closed_pipe(lambda: _main(argv))
 
 
 if __name__ == "__main__":

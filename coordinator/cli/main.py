@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from edgefleet.closed_pipe import quiet_on_closed_pipe
 from edgefleet.protocol.address import BROKER_ENV
 from edgefleet.protocol.errors import EdgeTrainError
 
@@ -35,7 +35,6 @@ ${BROKER_ENV}, else the [broker] section of the config file, else localhost:1883
 shell completion: source <(edge-coordinator completion bash)   (zsh: completion zsh)
 """
 
-_SIGPIPE_EXIT = 141  # what a shell reports for a writer whose reader went away (128 + SIGPIPE)
 
 
 def _config_help() -> str:
@@ -113,17 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     A reader that closes the pipe early (``status --json | head``) ends the command quietly.
     """
-    try:
-        try:
-            return _run(argv)
-        finally:
-            sys.stdout.flush()  # inside the try: a closed pipe fails here, not in the interpreter's exit
-    except BrokenPipeError:
-        # Python's documented recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so
-        # the flush at exit does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return _SIGPIPE_EXIT
+    return quiet_on_closed_pipe(lambda: _run(argv))
 
 
 def _run(argv: list[str] | None) -> int:
