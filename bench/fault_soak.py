@@ -102,6 +102,7 @@ CALIBRATION_STEPS = 30
 CHECKPOINT_EVERY = 10
 STEP_TIMEOUT_S = 10.0     # train's default, given explicitly: the pause is measured against it
 PAUSE_MARGIN_S = 5.0      # the pause lasts this much longer than the step deadline
+REJOIN_ROOM_S = 45.0      # a restarted agent left less of the run than this cannot be expected back (--quick)
 RESTART_AFTER_S = 10.0    # the killed agent is started again this long after
 WARM_SHARE = 0.10         # the coordinator's memory: the first 10% of the steps are its warm-up
 RSS_LIMIT = 1.5           # ... and afterwards it may reach this multiple of the warm-up's peak
@@ -332,9 +333,15 @@ def verdicts(job: Job, quiet: Run, faulted: Run, *, kill: str, junk_board: str, 
                        f"max abs diff {final:.3g}: not comparable, {batches[kill]} of {sum(job.batch_sizes)} samples of each "
                        f"global batch from step {drop} on are not redone (documented)"))
     state = after_status.get(kill, {}).get("state", "unknown")
-    out.append(Verdict(f"{kill} restarted: asked back, rejoined the job", back is not None and state == "online",
-                       f"agent started again at step {notes.get('restart_step')}; "
-                       + (f"back in every step from step {back}" if back is not None else "never rejoined")
+    restart = notes.get("restart_step")
+    left_s = (faulted.steps - int(restart)) * (_median_period(faulted.records) or 0.0) if restart is not None else 0.0
+    too_late = back is None and left_s < REJOIN_ROOM_S  # --quick: the run ends seconds after the restart
+    out.append(Verdict(f"{kill} restarted: asked back, rejoined the job",
+                       None if too_late else back is not None and state == "online",
+                       f"agent started again at step {restart}; "
+                       + (f"back in every step from step {back}" if back is not None else
+                          f"the run ended {left_s:.0f} s later, too soon to start, import torch and rejoin" if too_late
+                          else "never rejoined")
                        + f"; status {state} after the run"))
     offline = [b for b in job.lab.boards if after_status.get(b, {}).get("state") != "online"]
     out.append(Verdict("status after the run (retained junk on the broker)", not offline,
