@@ -72,6 +72,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,9 @@ def spans(starts: list[list[float]], ends: list[list[float]], warmup: int) -> tu
 
 # ----------------------------------------------------------------------------- board processes
 
-def board_main(index: int, conn: Any) -> None:
-    """A board: waits for commands on ``conn``, runs a round series against ours or raw, replies."""
+def serve_board(index: int, conn: Any, run: Callable[[Any, int, dict[str, Any], np.ndarray], Any]) -> None:
+    """A board process: waits for commands on ``conn``, answers each with ``run(ExchangeClient, index, cmd, v)``
+    (``v`` the command's base vector, made once per size), until ``None`` comes or the parent dies."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     import torch
@@ -157,11 +159,20 @@ def board_main(index: int, conn: Any) -> None:
             if v is None:
                 vectors.clear()
                 v = vectors[cmd["elements"]] = base_vector(cmd["elements"])
-            grad = (v * np.float32(index + 1)).astype(_NUMPY[cmd["dtype"]])
-            run = board_ours if cmd["kind"] == "ours" else board_raw
-            conn.send(("ok", run(ExchangeClient, index, cmd, grad, v)))
+            conn.send(("ok", run(ExchangeClient, index, cmd, v)))
         except BaseException as exc:  # reported to the parent, which fails the run with it
             conn.send(("error", f"board {index}: {type(exc).__name__}: {exc}"))
+
+
+def _ours_or_raw(client_class: Any, index: int, cmd: dict[str, Any], v: np.ndarray) -> dict[str, Any]:
+    grad = (v * np.float32(index + 1)).astype(_NUMPY[cmd["dtype"]])
+    run = board_ours if cmd["kind"] == "ours" else board_raw
+    return run(client_class, index, cmd, grad, v)
+
+
+def board_main(index: int, conn: Any) -> None:
+    """A board: runs a round series against ours or raw for each command, replies."""
+    serve_board(index, conn, _ours_or_raw)
 
 
 def board_ours(client_class: Any, index: int, cmd: dict[str, Any], grad: np.ndarray, v: np.ndarray) -> dict[str, Any]:

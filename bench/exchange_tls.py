@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 import psutil
 from _table import print_table  # bench/ is the script's folder, first on sys.path
-from exchange_round import BATCH, BenchError, base_vector, check_average, die_with_parent, spans
+from exchange_round import BATCH, BenchError, check_average, serve_board, spans
 
 from edgefleet.coordinator.exchange import ExchangeServer
 from edgefleet.lab.links import LinkError, call_in_netns, delete_netns, shape, tbf_parameters
@@ -192,31 +192,14 @@ class Cell:
 
 # ----------------------------------------------------------------------------- board processes
 
+def _rounds_in_netns(client_class: Any, index: int, cmd: dict[str, Any], v: np.ndarray) -> Any:
+    grad = v * np.float32(index + 1)
+    return call_in_netns(cmd["netns"], functools.partial(board_rounds, client_class, index, cmd, grad, v))
+
+
 def board_main(index: int, conn: Any) -> None:
-    """A board: waits for commands on ``conn``, runs a series of rounds in the namespace it names, replies."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    import torch
-
-    torch.set_num_threads(1)
-    from edgefleet.agent.worker_exchange import ExchangeClient
-
-    vectors: dict[int, np.ndarray] = {}
-    conn.send(("ready", os.getpid()))
-    while conn.poll(3600):
-        cmd = conn.recv()
-        if cmd is None:
-            return
-        try:
-            v = vectors.get(cmd["elements"])
-            if v is None:
-                vectors.clear()
-                v = vectors[cmd["elements"]] = base_vector(cmd["elements"])
-            grad = v * np.float32(index + 1)
-            result = call_in_netns(cmd["netns"], functools.partial(board_rounds, ExchangeClient, index, cmd, grad, v))
-            conn.send(("ok", result))
-        except BaseException as exc:  # reported to the parent, which fails the run with it
-            conn.send(("error", f"board {index}: {type(exc).__name__}: {exc}"))
+    """A board: runs a series of rounds in the namespace each command names, replies."""
+    serve_board(index, conn, _rounds_in_netns)
 
 
 def board_rounds(client_class: Any, index: int, cmd: dict[str, Any], grad: np.ndarray, v: np.ndarray) -> dict[str, Any]:
