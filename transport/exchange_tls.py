@@ -143,12 +143,15 @@ class BoardTlsSocket(ssl.SSLSocket):
 
     def _set_lowat(self, mark: int) -> int:
         """Set SO_RCVLOWAT; returns the mark in force (1 where it cannot be set)."""
+        if _SO_RCVLOWAT is None:
+            return 1
         try:
-            super().setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, mark)  # type: ignore[arg-type]
+            super().setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, mark)
         except OSError:
             return 1
         return mark
 
+    # SSLSocket declares sendmsg as refused (NotImplementedError): this one is the board's gather-send.
     def sendmsg(self, buffers: Iterable[Any], ancdata: Iterable[Any] = (), flags: int = 0,  # type: ignore[override]
                 address: Any = None) -> int:
         """Each segment in turn (TLS has no gather-write); returns the bytes sent: all of them, or it raises."""
@@ -321,6 +324,7 @@ class TlsPipe:
         try:
             while got < want:
                 try:
+                    # With a buffer, SSLObject.read returns the byte count (typeshed says bytes).
                     n: int = self._obj.read(want - got, view[got:want])  # type: ignore[assignment]
                 except ssl.SSLWantReadError:
                     if not self._fill():

@@ -16,7 +16,7 @@ _WORD = re.compile(r"^[A-Za-z0-9_.:/@+,=%-]+$")  # what may stand unquoted in a 
 _PATH_METAVARS = ("FILE", "DIR", "PATH", "RUN_DIR", "FOLDER")
 
 
-def add_completion_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     completion = sub.add_parser("completion", help="print a shell completion script for edge-coordinator and edge-agent",
                                 description="Print a tab-completion script for edge-coordinator and edge-agent (commands, "
                                             "flags, and the values of flags with a fixed set of choices). Load it in the "

@@ -49,7 +49,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_exporter_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``exporter`` command to the top-level subparsers ``sub``."""
     from edgefleet.coordinator.exporter.metrics_server import DEFAULT_LISTEN, LISTEN_HELP
 

@@ -33,7 +33,7 @@ _LIVE_STATES = ("online", "busy")
 _MARKER_BOARD = "_forget"
 
 
-def add_forget_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_forget_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     forget = sub.add_parser("forget", help="clear a retired board's retained topics (status, caps, ...)",
                             description="Clear every retained topic under a board (its status, caps and anything else kept "
                                         "there) by publishing empty retained payloads, so status, Home Assistant and other "

@@ -17,7 +17,7 @@ per board (when the run's power was logged), and the plan's prediction against t
 """
 
 
-def add_report_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``report`` command to the top-level subparsers ``sub``."""
     p = sub.add_parser("report", help="write an HTML page with plots of a run (loss, step times, power, plan vs measured)",
                        description="Write one self-contained HTML page with PNG plots of a training run, from its run "

@@ -105,7 +105,9 @@ def test_a_forged_command_for_the_job_while_boards_join_does_not_fail_the_job(
     try:
         wait_until(lambda: "starting a worker" in agent.log() or proc.poll() is not None, timeout_s=60,
                    what="the agent to accept the job")
-        job_id = re.search(r"job (\S+): ", agent.log().split("starting a worker")[0].splitlines()[-1]).group(1)  # type: ignore[union-attr]
+        found = re.search(r"job (\S+): ", agent.log().split("starting a worker")[0].splitlines()[-1])
+        assert found is not None, agent.log()[-2000:]
+        job_id = found.group(1)
         forged = {"kind": "stop", "job_id": job_id, "board_id": "joining-1"}
         watch.publish(sign_command(forged, key=bytes.fromhex(generate_key_hex())))
         wait_until(lambda: "rejected" in watch.phases(job_id) or proc.poll() is not None, timeout_s=30,
