@@ -59,6 +59,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     from edgefleet.agent.step_logs import StepLogs
     from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
     from edgefleet.protocol.codec import decode_value
+    from edgefleet.protocol.sync_schedule import SyncSchedule
     from edgefleet.workloads.fleet_trainer import (
         EpochBatchSampler,
         LoopPositioner,
@@ -66,6 +67,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         board_accelerator,
         make_trainer,
         position_of,
+        steps_per_epoch,
     )
     from edgefleet.workloads.lightning_api import callback_class, package_of
     from edgefleet.workloads.params import exchange_size, to_torch_tree
@@ -109,11 +111,13 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             batches_per_epoch = job.batches_per_epoch or local.steps_per_epoch
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
         position = position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches)
+        sync = SyncSchedule(every=job.sync_every, warmup=job.sync_warmup, total_steps=job.total_steps,
+                            steps_per_epoch=steps_per_epoch(batches_per_epoch, trainer_options.accumulate_grad_batches))
         package = package_of(model)
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
-            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model))
+            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
         events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",

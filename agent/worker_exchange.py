@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgefleet.agent.local_sgd import ParameterAnchor
 from edgefleet.agent.step_channel import StepChannel
-from edgefleet.protocol.codec import encode_array
+from edgefleet.protocol.codec import WIRE_DTYPES, encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.exchange_frames import (
     Avg,
@@ -31,6 +32,7 @@ from edgefleet.protocol.exchange_frames import (
 )
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.protocol.sync_schedule import EXACT, SYNC, SyncSchedule
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.params import (
@@ -95,6 +97,7 @@ class ExchangeClient:
         self._sent_array: np.ndarray | None = None    # the gradient array last sent, and its wire tensor map
         self._sent_tensor: dict[str, Any] | None = None
         self._channel: StepChannel | None = None  # the usual step's round trip, once the gradient array is known
+        self._empty: dict[str, dict[str, Any]] = {}  # wire dtype -> an empty vector's tensor map (local steps)
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int, proof: bytes | None = None) -> Welcome:
         """Join the job; the welcome (the step to start at, the state to start from).
@@ -168,6 +171,33 @@ class ExchangeClient:
         answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
         return self._result_of(step, self._step_reply(answer, hot[1].dtype))
 
+    def exchange_empty(self, *, step: int, n: int, loss: float | None, compute_s: float, dtype: str,
+                       logs: dict[str, list[Any]] | None = None) -> None:
+        """A local step's round (periodic averaging): an empty vector of wire ``dtype`` each way.
+
+        The round keeps the coordinator's per-step bookkeeping (loss, timing, re-splits, drop-outs,
+        learning rates, stop): a re-split or learning rates in the result are left in :attr:`split`
+        and :attr:`lrs` as with :meth:`exchange`.
+
+        Raises:
+            StopTraining, TimeoutError, DecodeError: as :meth:`exchange`.
+        """
+        hot = self._hot.get(dtype)
+        if hot is None:
+            hot = self._hot[dtype] = (HotFrame("grad", dtype), HotFrame("avg", dtype))
+            self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a full result
+        tensor = self._empty.get(dtype)
+        if tensor is None:
+            tensor = self._empty[dtype] = encode_array(np.zeros(0, dtype=WIRE_DTYPES[dtype]))
+        segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
+        if segments is None:  # logs, or a loss of None: the general encoder
+            self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor,
+                                                   logs=logs or None).to_wire())
+        else:
+            self._send(send_segments, self.sock, segments)
+        answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
+        self._result_of(step, decode_step_reply(answer, elements=0, dtype=dtype))
+
     @property
     def result_buffer(self) -> np.ndarray | None:
         """The array usual results are returned in: the same at every step, overwritten by the next (None until known)."""
@@ -218,13 +248,23 @@ class GradientExchange:
         on_step: Called with (step, loss, compute_s) after every step.
         on_split: Called with (from_step, batch sizes) when the coordinator re-splits the global
             batch (the sampler's ``resplit``); None: this job's batches cannot be re-split.
+        sync: The job's averaging schedule (``protocol.sync_schedule``); None: exact at every step.
+
+    Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
+    board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
+    ``on_train_batch_end``: an empty vector at a local step, at a sync step the distance moved since
+    the last average (``agent.local_sgd``), whose fleet average sets the model.
     """
 
     def __init__(self, client: ExchangeClient, *, batch_size: int | Callable[[int], int], start_step: int,
                  wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
                  on_split: Callable[[int, list[int]], object] | None = None,
-                 scheduler_states: list[Any] | None = None, step_logs: Any = None) -> None:
+                 scheduler_states: list[Any] | None = None, step_logs: Any = None,
+                 sync: SyncSchedule | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._sync = sync if sync is not None and sync.periodic else None
+        self._anchor: ParameterAnchor | None = None
+        self._local_compute_s: float | None = None  # a local step's compute time, until its exchange after the optimizer step
         self._batch_size = batch_size if callable(batch_size) else (lambda step, b=batch_size: b)
         self._optimizer_state = optimizer_state
         self._scheduler_states = scheduler_states or []
@@ -260,10 +300,19 @@ class GradientExchange:
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
+        if self._sync is not None:
+            self._anchor = ParameterAnchor([*self._params, *self._buffers])
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._started is None:
             self._started = time.perf_counter()
+        anchor = self._anchor
+        if anchor is not None and not anchor.taken and self._is_local(self.step):
+            anchor.take()  # before the forward pass moves the float buffers: the model every board holds now
+
+    def _is_local(self, step: int) -> bool:
+        """Whether ``step`` steps on this board's own gradient (periodic averaging, after the warm-up)."""
+        return self._sync is not None and self._sync.kind(step) != EXACT
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # Lightning divides each batch's loss by accumulate_grad_batches: the window's sum is the step's loss.
@@ -274,6 +323,9 @@ class GradientExchange:
         compute_s = time.perf_counter() - (self._started or time.perf_counter())
         self._started = None
         self._loss, self._window_loss = self._window_loss, None  # None: training_step skipped every batch
+        if self._anchor is not None and self._is_local(self.step):
+            self._local_compute_s = compute_s  # the optimizer steps on this board's gradient; the exchange follows it
+            return
         grads = self._grads or FlatGradients(self._params, self._flat[:self._grad_elements])
         grads.gather()
         if self._buffers:
@@ -296,6 +348,39 @@ class GradientExchange:
         grads.scatter(avg, keep=avg is self._avg32 or avg is self.client.result_buffer)
         if self._buffers:  # the first contributing board's buffers (DDP's rule), or their average
             assign_values(self._buffers, avg[self._grad_elements:])
+        self._on_step(self.step, self._loss, compute_s)
+        self.step += 1
+
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """A local step's exchange, after the optimizer stepped on this board's gradient (periodic averaging only)."""
+        compute_s, self._local_compute_s = self._local_compute_s, None
+        anchor = self._anchor
+        if compute_s is None or anchor is None:
+            return  # an exact step (exchanged before the optimizer step), or no local step ran
+        n = self._batch_size(self.step)
+        anchor.samples += n
+        logs = self._step_logs.take() if self._step_logs is not None else None
+        if self._sync is not None and self._sync.kind(self.step) == SYNC:
+            delta = anchor.delta_into(self._flat)
+            wire = delta
+            if self._wire is not None:
+                cast_into(self._wire, delta)
+                wire = self._wire
+            # n: the samples since the last average, this board's weight in it
+            avg = self.client.exchange(step=self.step, grad=wire, n=anchor.samples, loss=self._loss,
+                                       compute_s=round(compute_s, 6), logs=logs)
+            if self._avg32 is not None:
+                cast_into(self._avg32, avg)
+                avg = self._avg32
+            anchor.apply(avg)
+        else:
+            self.client.exchange_empty(step=self.step, n=n, loss=self._loss, compute_s=round(compute_s, 6),
+                                       dtype=self.wire_dtype, logs=logs)
+        if self.client.lrs is not None:
+            self._set_lrs(self.client.lrs)
+        if self.client.split is not None:
+            self._follow_split(self.client.split.from_step, list(self.client.split.batch_sizes))
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
 

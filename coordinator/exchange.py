@@ -19,6 +19,14 @@ one in force at its first step, then any announced for later steps). The split s
 ``avg`` frame's step plus :data:`SPLIT_LEAD_STEPS`. Every gradient still carries its own ``n``, so
 the reduce stays exact on both sides of the change.
 
+Periodic averaging (``protocol.sync_schedule``, ``sync`` with ``every`` > 1) keeps one round per
+step: at a local step every board sends an empty vector after its own optimizer step and gets an
+empty result (the step's loss, timing, re-splits, learning rates and stop still travel); at a
+sync step it sends its parameter delta since the last average with ``n`` = its samples since then,
+reduced as gradients are (the outlier band on plain norms: ``coordinator.gradient_reduce``). A full
+vector on a local step or an empty one on a sync or exact step is refused for that step, naming
+the board and the step, like any malformed gradient.
+
 Deadlines count time the coordinator could read, not wall time it did not run (Ctrl-Z, a closed
 laptop lid, a paused VM, a loop blocked by other work). While a step waits, a check runs every
 :data:`DEADLINE_TICK_S`; a check that runs more than :data:`DEADLINE_SLACK_S` late means the
@@ -55,7 +63,14 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.coordinator.gradient_reduce import FOLD_MAX_ELEMENTS, OUTLIER_RATIO, GradientReducer, sample_weights
+from edgefleet.coordinator.gradient_reduce import (
+    FOLD_MAX_ELEMENTS,
+    OUTLIER_RATIO,
+    WIRE_NUMPY,
+    GradientReducer,
+    Reduced,
+    sample_weights,
+)
 from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
@@ -73,6 +88,7 @@ from edgefleet.protocol.exchange_frames import (
     same_secret,
 )
 from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, StepKind, SyncSchedule
 from edgefleet.transport.exchange_io import (
     ConnectionClosed,
     FrameReader,
@@ -140,6 +156,7 @@ class StepResult:
     batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's sample count n
     logs: dict[str, float] = field(default_factory=dict)  # what training_step logged: sample-weighted over the boards
     log_flags: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)  # name -> (on_step, on_epoch, prog_bar)
+    kind: StepKind = EXACT       # exact (gradients averaged), local (nothing averaged) or sync (parameters averaged)
 
 
 @dataclass(slots=True)
@@ -231,6 +248,7 @@ class ExchangeServer:
         tls: the server context of the job's certificate (``transport.exchange_tls``): every connection
             speaks TLS; None: plain TCP.
         checker: each board's credential (``protocol.exchange_auth``); None: every board shows ``token``.
+        sync: the job's averaging schedule (``protocol.sync_schedule``); None or ``every == 1``: every step exact.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
@@ -239,7 +257,7 @@ class ExchangeServer:
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
-                 checker: HelloChecker | None = None) -> None:
+                 checker: HelloChecker | None = None, sync: SyncSchedule | None = None) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self._tls, self._checker = tls, checker
         self._hello_timeout_s = hello_timeout_s
@@ -252,6 +270,10 @@ class ExchangeServer:
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
                                         outlier_ratio=outlier_ratio)
         self._sum_tensor = encode_array(self._reducer.sum)  # fixed arrays: described once
+        self._sync = sync if sync is not None and sync.periodic else None
+        self._empty_wire = np.zeros(0, dtype=WIRE_NUMPY[wire_dtype])  # a local step's result, as it travels ...
+        self._empty_tensor = encode_array(self._empty_wire)
+        self._empty32 = np.zeros(0, dtype=np.float32)                 # ... and as the replica takes it
         self._wire_tensor = encode_array(self._reducer.wire_out)
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self._grad_frame_bytes = self._hot_grad.prefix_bytes + param_count * self._hot_grad.itemsize  # a step's gradient frame
@@ -642,7 +664,7 @@ class ExchangeServer:
         self._fold = None
         boards = [b for b in self._in_order if b.welcomed]
         ns = [b.last_n for b in boards]
-        if self.param_count > FOLD_MAX_ELEMENTS or not boards or 0 in ns:
+        if self.param_count > FOLD_MAX_ELEMENTS or not boards or 0 in ns or self._kind(step) != EXACT:
             return
         if self._fold_weights[0] != ns:  # the counts rarely change: the weights are made once
             self._fold_weights = (ns, sample_weights(ns))
@@ -667,9 +689,15 @@ class ExchangeServer:
         Raises:
             DecodeError: not a gradient for this step or an earlier one: the board's stream is broken.
         """
+        elements = self.param_count
+        if self._sync is not None:  # a local step's vector is empty
+            step = raw.get("step") if type(raw) is dict else None
+            elements = 0 if type(step) is int and self._kind(step) == LOCAL else self.param_count
         try:
-            frame = Grad.from_wire(raw, elements=self.param_count, dtype=self.wire_dtype)
+            frame = Grad.from_wire(raw, elements=elements, dtype=self.wire_dtype)
         except GradientRefused as exc:
+            if self._sync is not None and _vector_length(raw) not in (None, elements):
+                exc = self._wrong_size(board, exc)
             if self._answers_open_step(board, exc.step):
                 board.refusal = str(exc)
                 board.flags.append(f"step {exc.step}: refused ({exc})")
@@ -680,6 +708,20 @@ class ExchangeServer:
             self.bytes_in += grad.nbytes
             board.grad, board.n, board.logs = grad, frame.n, frame.logs
             board.loss, board.compute_s = frame.loss, frame.compute_s
+
+    def _kind(self, step: int) -> StepKind:
+        """What ``step`` averages: gradients (exact), nothing (local) or parameters (sync)."""
+        return self._sync.kind(step) if self._sync is not None else EXACT
+
+    def _wrong_size(self, board: _Board, exc: GradientRefused) -> GradientRefused:
+        """A refusal that says which vector a step of periodic averaging takes, naming the board and the step."""
+        kind = self._kind(exc.step)
+        if kind == LOCAL:
+            expected = "an empty vector: it is a local step of periodic averaging (--sync-every)"
+        else:
+            expected = f"the full vector of {self.param_count} values: it is {'an' if kind == EXACT else 'a'} {kind} step"
+        return GradientRefused(f"board {board.board_id} sent a vector of the wrong size for step {exc.step}, which "
+                               f"takes {expected} ({exc})", step=exc.step)
 
     def _answers_open_step(self, board: _Board, step: int) -> bool:
         """Whether a gradient for ``step`` answers the open step (noted); one that came after its deadline is flagged.
@@ -713,6 +755,7 @@ class ExchangeServer:
         return max(minimum_s, 5 * statistics.median(self._recent_s))
 
     def _reduce(self, step: int, started: float) -> tuple[StepResult, np.ndarray]:
+        kind = self._kind(step)
         refused: dict[str, str] = {}
         late: list[str] = []
         answered: list[_Board] = []
@@ -730,7 +773,11 @@ class ExchangeServer:
         folded = (fold is not None and fold.step == step and fold.complete and fold.boards == answered
                   and all(b.n == n for b, n in zip(answered, fold.ns)))
         grads = [(b.grad, b.n) for b in answered if b.grad is not None]
-        outcome = self._reducer.reduce(grads, fold.squares if folded and fold is not None else None)
+        if kind == LOCAL:  # nothing to average: every board that answered took its own step
+            outcome = Reduced(list(range(len(grads))), [])
+        else:  # a sync step's vectors are parameter deltas, weighted by the samples since the last average
+            outcome = self._reducer.reduce(grads, fold.squares if folded and fold is not None else None,
+                                           scale_by_samples=kind == EXACT)
         for i, why in outcome.refused:  # rare: NaN, Inf or an implausible norm
             board = answered[i]
             refused[board.board_id] = why
@@ -748,8 +795,12 @@ class ExchangeServer:
         contributors: list[str] = []
         compute: dict[str, float] = {}
         sizes: dict[str, int] = {}
+        step_sizes = self._schedule.batch_sizes_at(step) if kind == SYNC else None
         for board in kept:  # one pass: this runs once per step on the exchange's critical path
-            n = board.last_n = board.n
+            if step_sizes is None:
+                n = board.last_n = board.n
+            else:  # the frame's n is the weight (samples since the last average); this step's batch is the split's
+                n = step_sizes[board.index]
             total += n
             weighted_loss += (board.loss or 0.0) * n
             contributors.append(board.board_id)
@@ -767,8 +818,8 @@ class ExchangeServer:
         result = StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
                             refused=refused, compute_s=compute, wall_s=wall, batch_sizes=sizes,
                             logs={name: s / w for name, (s, w) in logged.items() if math.isfinite(s / w)},
-                            log_flags=log_flags)
-        return result, self._reducer.sum
+                            log_flags=log_flags, kind=kind)
+        return result, self._empty32 if kind == LOCAL else self._reducer.sum
 
     def wire_to_float32(self, wire: np.ndarray) -> np.ndarray:
         """A result as it travelled, widened to float32 for the replica."""
@@ -810,7 +861,7 @@ class ExchangeServer:
                     else:
                         self.bytes_out += finished.frame_bytes
             # The replica steps while the boards compute; welcomes wait for it (the lock is held).
-            apply(self.wire_to_float32(finished.wire), finished.result)
+            apply(self._empty32 if finished.result.kind == LOCAL else self.wire_to_float32(finished.wire), finished.result)
         return finished.result
 
     def _deadline_passed(self) -> None:
@@ -839,8 +890,11 @@ class ExchangeServer:
     def _finish_step(self, step: int, started: float) -> _Finished:
         """Reduce ``step``, encode the result once, and hand it to every board's socket."""
         result, avg = self._reduce(step, started)
-        wire = self._reducer.to_wire(avg)
-        tensor = self._sum_tensor if wire is avg else self._wire_tensor  # fixed arrays: described once
+        if result.kind == LOCAL:
+            wire, tensor = self._empty_wire, self._empty_tensor
+        else:
+            wire = self._reducer.to_wire(avg)
+            tensor = self._sum_tensor if wire is avg else self._wire_tensor  # fixed arrays: described once
         segments = None  # encoded once, for every board
         if self._unsent_split is None and self._unsent_lrs is None:
             segments = Avg.encode_hot(self._hot_avg, step=step, n=result.n_total, boards=len(result.contributors),
@@ -875,6 +929,15 @@ class ExchangeServer:
 
 class _NotTls(Exception):
     """A connection that did not complete its TLS handshake (already logged)."""
+
+
+def _vector_length(frame: Any) -> int | None:
+    """How many values a grad frame's vector holds, if it says so plainly (a decoded array or a flat tensor map)."""
+    g = frame.get("g") if type(frame) is dict else None
+    if isinstance(g, np.ndarray):
+        return int(g.size)
+    shape = g.get("shape") if isinstance(g, dict) else None
+    return shape[0] if isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int else None
 
 
 def _peer_text(peer: Any) -> str:

@@ -21,6 +21,15 @@ and more. Any refusal changes that step's average, so it is flagged in the step'
 sorts the step's norms once (boards, not elements) and usually stops at the largest; when nothing
 is refused the sum is the one above, bit for bit.
 
+Periodic averaging (``protocol.sync_schedule``) reduces parameter deltas at its sync steps: each
+board's distance moved since the last average, weighted by the samples it trained on since then,
+with the same arithmetic. A delta is not a mean gradient over n samples: it sums the board's
+learning-rate-scaled steps since the last average, so it does not shrink like 1/sqrt(n) with the
+samples; there the band judges the plain norms (``scale_by_samples=False``). Honest boards step with
+the same learning rate for the same number of steps (fewer for one that joined since), so their
+deltas lie within a small factor of each other, far inside the band; a delta large enough to throw
+the model off is far outside it. The max-norm and NaN/Inf checks apply as to gradients.
+
 Buffers are not gradients: they are left out of the norm check (NaN or Inf in them still refuses
 the vector), and with ``broadcast`` the result carries the first kept vector's buffers exactly
 (DDP's rule: rank 0's buffers), with ``average`` their weighted average like the rest.
@@ -76,17 +85,17 @@ def refusal_reason(square: float, limit: float) -> str | None:
     return "NaN or Inf in the gradient" if not math.isfinite(square) else f"gradient norm {square ** 0.5:.3g} is implausible"
 
 
-def outlier_reason(norm: float, others_median: float, ratio: float) -> str | None:
+def outlier_reason(norm: float, others_median: float, ratio: float, what: str = "gradient norm x sqrt(samples)") -> str | None:
     """Why a gradient of norm ``norm`` is refused as an outlier among boards whose median norm is
     ``others_median``, or None if it is within ``ratio`` times that median (or there is no band: a median of 0)."""
     if others_median <= 0 or norm <= ratio * others_median:
         return None
-    return (f"gradient norm x sqrt(samples) {norm:.3g} is {norm / others_median:.3g}x the median of the other boards' "
+    return (f"{what} {norm:.3g} is {norm / others_median:.3g}x the median of the other boards' "
             f"({others_median:.3g}); more than {ratio:g}x is refused as an outlier")
 
 
 def outliers(squares: Sequence[float], ratio: float = OUTLIER_RATIO,
-             min_others: int = OUTLIER_MIN_OTHERS) -> list[tuple[int, str]]:
+             min_others: int = OUTLIER_MIN_OTHERS, what: str = "gradient norm x sqrt(samples)") -> list[tuple[int, str]]:
     """The positions of squared norms whose norm is above ``ratio`` times the median of the others' norms, and why.
 
     Needs ``min_others`` other norms; every norm given counts among the others (one outlier does not
@@ -105,7 +114,7 @@ def outliers(squares: Sequence[float], ratio: float = OUTLIER_RATIO,
     found: list[tuple[int, str]] = []
     for j in range(len(norms) - 1, -1, -1):
         median = _median_without(norms, j)
-        why = outlier_reason(norms[j], median, ratio)
+        why = outlier_reason(norms[j], median, ratio, what)
         if why is None:
             if median > 0:
                 break
@@ -193,11 +202,13 @@ class GradientReducer:
             self.sum += self._scratch
         return square
 
-    def reduce(self, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None = None) -> Reduced:
+    def reduce(self, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None = None, *,
+               scale_by_samples: bool = True) -> Reduced:
         """Average ``grads`` ((vector, sample count) pairs, in board order) into :attr:`sum`, refusing implausible ones.
 
         ``squares``: the vectors' squared norms when :meth:`add_weighted` already summed all of
-        them, in order, with these very weights; None sums them here.
+        them, in order, with these very weights; None sums them here. ``scale_by_samples``: the
+        outlier band judges norm x sqrt(samples) (gradients); False: the plain norms (parameter deltas).
 
         Refused: NaN or Inf, a norm above ``max_grad_norm``, then (judged once, among the vectors
         that passed those) a norm far above the others' (:func:`outliers`).
@@ -217,10 +228,12 @@ class GradientReducer:
             if not banded and len(kept) > OUTLIER_MIN_OTHERS:  # once per step: a norm far above the others'
                 banded = True
                 # Judged on norm x sqrt(samples): the square times the board's sample count.
-                plausible = [(i, square * grads[i][1]) for i, square in zip(kept, squares) if square <= limit]
-                band = outliers([scaled for _, scaled in plausible], self.outlier_ratio)
-                bad += [(plausible[k][0], f"gradient norm {math.sqrt(plausible[k][1] / grads[plausible[k][0]][1]):.3g} "
-                                          f"over {grads[plausible[k][0]][1]} samples: {why}") for k, why in band]
+                plausible = [(i, square * grads[i][1] if scale_by_samples else square)
+                             for i, square in zip(kept, squares) if square <= limit]
+                band = outliers([scaled for _, scaled in plausible], self.outlier_ratio,
+                                what="gradient norm x sqrt(samples)" if scale_by_samples else "parameter delta norm")
+                bad += [(plausible[k][0], self._outlier_text(plausible[k][1], grads[plausible[k][0]][1], why,
+                                                             scale_by_samples)) for k, why in band]
             if not bad:
                 break
             for i, why in bad:  # rare: refuse it and sum again without it
@@ -231,6 +244,13 @@ class GradientReducer:
             start, first = self._buffers_from, grads[kept[0]][0]
             scale_into(self.sum[start:], first[start:], np.float32(1.0))
         return Reduced(kept, refused)
+
+    @staticmethod
+    def _outlier_text(scaled: float, samples: int, why: str, scale_by_samples: bool) -> str:
+        """Why a vector was refused by the band, its own norm first."""
+        if scale_by_samples:
+            return f"gradient norm {math.sqrt(scaled / samples):.3g} over {samples} samples: {why}"
+        return f"over {samples} samples since the last average: {why}"
 
     def buffer_square(self, vector: np.ndarray) -> float:
         """The squared norm of a vector's float buffers (its tail), widened from the wire dtype if need be.

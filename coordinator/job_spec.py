@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+from edgefleet.protocol.sync_schedule import SyncSchedule
 
 if TYPE_CHECKING:  # torch: only when a job is checked or run, not with the command line's parser
     from edgefleet.workloads.fleet_trainer import TrainerOptions
@@ -69,6 +70,12 @@ class JobSpec:
             signed commands); False sends gradients in clear (a trusted cable, or to measure TLS's cost).
         rebalance: Re-balance the batch sizes when a board's speed drifts (global data mode).
         rebalance_threshold: Relative change of a board's time per sample that counts as drift.
+        sync_every: Periodic averaging (local SGD, ``protocol.sync_schedule``): after the warm-up each
+            board steps on its own gradient and the boards' parameters are averaged every this many
+            steps; 1 (the default) averages gradients at every step, DDP's mathematics. Above 1 the
+            mathematics change (the model differs from single-process Lightning's) for 1/H the bytes.
+        sync_warmup: Exact steps before the first local one; None = the first epoch's steps
+            (``resolve_job`` sets it to ``steps_per_epoch`` when ``sync_every`` > 1).
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
@@ -108,6 +115,8 @@ class JobSpec:
     exchange_tls: bool = True
     rebalance: bool = True
     rebalance_threshold: float = 0.15
+    sync_every: int = 1
+    sync_warmup: int | None = None
     force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0
@@ -153,9 +162,31 @@ class JobSpec:
             raise ConfigError(f"--rebalance-threshold {self.rebalance_threshold}: use a fraction above 0, e.g. 0.15")
         if self.force_split is not None and self.data_mode != "global":
             raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
+        self._check_sync()
         if self.log_every_n_steps < 1:
             raise ConfigError(f"--log-every-n-steps {self.log_every_n_steps}: use a whole number of steps >= 1")
         _ = self.trainer_options  # TrainerOptions checks Lightning's flags
+
+    def _check_sync(self) -> None:
+        """Raises ConfigError for periodic averaging that cannot run as asked, saying what to do instead."""
+        if type(self.sync_every) is not int or self.sync_every < 1:
+            raise ConfigError(f"--sync-every {self.sync_every!r}: give a whole number of steps >= 1 (1 = average the "
+                              "gradients at every step, the exact mode)")
+        if self.sync_warmup is not None and (type(self.sync_warmup) is not int or self.sync_warmup < 0):
+            raise ConfigError(f"--sync-warmup {self.sync_warmup!r}: give a whole number of exact steps >= 0 "
+                              "(default: the first epoch's steps)")
+        if self.sync_every > 1 and self.accumulate_grad_batches != 1:
+            raise ConfigError(f"--sync-every {self.sync_every} with --accumulate-grad-batches "
+                              f"{self.accumulate_grad_batches}: periodic averaging steps each board on each of its "
+                              "batches; use one or the other (a larger --batch or a larger --sync-every instead of "
+                              "accumulation)")
+
+    @property
+    def sync_schedule(self) -> SyncSchedule:
+        """Which steps average gradients, parameters or nothing (``protocol.sync_schedule``); needs a resolved spec."""
+        warmup = self.sync_warmup if self.sync_warmup is not None else self.steps_per_epoch
+        return SyncSchedule(every=self.sync_every, warmup=warmup, steps_per_epoch=self.steps_per_epoch,
+                            total_steps=self.total_steps)
 
     @property
     def trainer_options(self) -> TrainerOptions:

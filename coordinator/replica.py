@@ -8,10 +8,18 @@ gradient, steps the optimizer, steps the LR schedulers (interval, frequency, the
 every epoch, logging with ``self.log`` to the run's logger. Only the forward and backward passes
 are left out: the replica's ``training_step`` does nothing, and at the optimizer step it takes
 the fleet's averaged gradient instead (:meth:`Replica.apply`).
+
+Periodic averaging (``protocol.sync_schedule``): at a local step the replica takes no optimizer
+step (its gradients are None, so its optimizer moves nothing; its LR schedulers step as the
+boards' do); at a sync step its parameters and float buffers become themselves minus the fleet's
+average delta, as every board's do, so it always holds the last average. A checkpoint written
+between averages is that of the last average: its step, and the schedulers and learning rates as
+they were then (:meth:`Replica.state_dict`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -24,13 +32,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
 from edgefleet.workloads.lightning_api import callback_class, package_of
 from edgefleet.workloads.params import (
     assign_grads,
     assign_values,
     exchange_size,
+    flatten_values,
     float_buffers,
     restore_optimizer_state,
     restore_scheduler_states,
@@ -95,9 +105,16 @@ class _ReplicaDriver:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         replica = self.replica
         avg, result = replica._next_gradient()
-        assign_grads(replica.params, avg)
-        if replica.buffers:
-            assign_values(replica.buffers, avg[replica._grad_elements:])
+        kind = replica.sync.kind(replica.step) if replica.sync is not None else EXACT
+        if kind == EXACT:
+            assign_grads(replica.params, avg)
+            if replica.buffers:
+                assign_values(replica.buffers, avg[replica._grad_elements:])
+        else:  # periodic averaging: no step of its own (no gradient: the optimizer moves nothing)
+            for param in replica.params:
+                param.grad = None
+            if kind == SYNC:
+                replica._take_average_delta(avg)
         if result is not None:  # what training_step logged on the boards, weighted by their samples
             for name, value in result.logs.items():
                 on_step, on_epoch, prog_bar = result.log_flags[name]
@@ -129,14 +146,16 @@ class Replica:
         val_loader: Makes the validation DataLoader, or None; used only if the module has a ``validation_step``.
         logger: A Lightning logger of the module's package, or False.
         log_every_n_steps: The logger's cadence for per-step values.
+        sync: The run's averaging schedule (``protocol.sync_schedule``); None: every step exact.
 
     Raises:
-        ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``).
+        ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``),
+            or for something periodic averaging cannot honour (a ReduceLROnPlateau).
     """
 
     def __init__(self, model: Any, *, options: TrainerOptions | None = None, batches_per_epoch: int = 1,
                  total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False,
-                 log_every_n_steps: int = 50) -> None:
+                 log_every_n_steps: int = 50, sync: SyncSchedule | None = None) -> None:
         self.model = model
         setup = check_trainable(model)
         self.optimizer = setup.optimizer
@@ -151,6 +170,13 @@ class Replica:
         self.package = package_of(model)
         self.validates = val_loader is not None and _overrides_validation(model)
         self.plateau = any(config.reduce_on_plateau for config in self.schedulers)
+        self.sync = sync if sync is not None and sync.periodic else None
+        if self.sync is not None and self.plateau:
+            raise ConfigError(f"--sync-every {self.sync.every}: the module's ReduceLROnPlateau decides on the coordinator "
+                              "after validation, and between averages its learning rate would reach the boards a step "
+                              "late; use --sync-every 1, or a scheduler that steps on its own (StepLR, CosineAnnealingLR)")
+        self._anchor: np.ndarray | None = None  # sync steps: parameters and float buffers, flat, as the boards hold them
+        self._averaged: tuple[int, list[Any], list[dict[str, Any]]] | None = None  # the last average: step, schedulers, groups
         self._val_loader = val_loader if self.validates else None
         self.logger = logger
         self.log_every_n_steps = log_every_n_steps
@@ -178,6 +204,7 @@ class Replica:
         self._thread = threading.Thread(target=self._fit, name="edgefleet-replica", daemon=True)
         self._thread.start()
         self._wait()
+        self._note_average()  # a (resumed) run that starts between averages
 
     def _fit(self) -> None:
         position = position_of(self.step, self.batches_per_epoch, self.options.accumulate_grad_batches)
@@ -235,6 +262,26 @@ class Replica:
         self._gradients.put((avg, result))
         self._wait()
         self.step += 1
+        if self.sync is not None and self.sync.averaged_after(self.step - 1):
+            self._note_average()
+
+    def _note_average(self) -> None:
+        """Before a local step: keep what a checkpoint between averages needs (the model and optimizer state keep)."""
+        if self.sync is None or self.sync.kind(self.step) != LOCAL:
+            return
+        self._averaged = (self.step, [copy.deepcopy(c.scheduler.state_dict()) for c in self.schedulers],
+                          [copy.deepcopy({k: v for k, v in g.items() if k != "params"}) for g in self.optimizer.param_groups])
+
+    @torch.no_grad()
+    def _take_average_delta(self, delta: np.ndarray) -> None:
+        """A sync step (in the Trainer's thread): parameters and float buffers = themselves - the average delta,
+        computed as every board computes it (``agent.local_sgd``), so all hold the same bits."""
+        tensors = [*self.params, *self.buffers]
+        if self._anchor is None:
+            self._anchor = np.zeros(self.param_count, dtype=np.float32)
+        flatten_values(tensors, self._anchor)
+        np.subtract(self._anchor, delta, out=self._anchor)
+        assign_values(tensors, self._anchor)
 
     def close(self) -> None:
         """Stop the replica's Trainer (at its next optimizer step, or it has ended already)."""
@@ -260,8 +307,15 @@ class Replica:
         return scheduler_states(self.schedulers)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedulers": [config.scheduler.state_dict() for config in self.schedulers]}
+        """The state a checkpoint holds: now, or between averages the last average's (see the module's docstring)."""
+        averaged = self._averaged
+        if averaged is None or self.sync is None or self.sync.kind(self.step - 1) != LOCAL:
+            return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "schedulers": [config.scheduler.state_dict() for config in self.schedulers]}
+        step, schedulers, groups = averaged  # the model and the optimizer's state have not moved since
+        optimizer = self.optimizer.state_dict()
+        optimizer["param_groups"] = [{**group, **saved} for group, saved in zip(optimizer["param_groups"], groups)]
+        return {"step": step, "model": self.model.state_dict(), "optimizer": optimizer, "schedulers": schedulers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A checkpoint's state, before :meth:`start` (the optimizer and schedulers are restored once the Trainer made them)."""

@@ -133,8 +133,11 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
     batches = batches_per_epoch(spec, size, batch_sizes)
     per_epoch = steps_per_epoch(batches, spec.accumulate_grad_batches)
     total = spec.steps if spec.steps is not None else max(1, round((spec.epochs or DEFAULT_EPOCHS) * per_epoch))
+    warmup = spec.sync_warmup
+    if warmup is None and spec.sync_every > 1:  # post-local SGD: one exact epoch first (exact runs have no warm-up)
+        warmup = per_epoch
     return replace(spec, boards=boards, batch_sizes=batch_sizes, total_steps=total, steps_per_epoch=per_epoch,
-                   batches_per_epoch=batches, run_id=spec.run_id or new_run_id(spec))
+                   batches_per_epoch=batches, sync_warmup=warmup, run_id=spec.run_id or new_run_id(spec))
 
 
 def load_job(run_dir: Path) -> JobSpec:

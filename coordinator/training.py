@@ -11,6 +11,11 @@ exchange announces for a step two steps ahead. That step's record in ``metrics.j
 ``"rebalance"`` entry (old and new sizes, the drift, the step they apply from) and the user a note.
 The global batch of every step is unchanged, so the trained model is too (up to fp32 summation
 order). The splits are part of the checkpoint: a resumed run keeps the one in force.
+
+Periodic averaging (``--sync-every H``, ``protocol.sync_schedule``) is opt-in and changes the
+mathematics: the exchange, the replica and the boards follow one schedule; each step's record in
+``metrics.jsonl`` says its kind, ``result.json`` the mode, and a run stopped between averages
+resumes from the last average.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
 from edgefleet.protocol.exchange_frames import BatchSplit
-from edgefleet.protocol.jobs import StopCommand, TrainCommand
+from edgefleet.protocol.jobs import StopCommand, TrainCommand, train_schema_for
 from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
@@ -253,7 +258,8 @@ class TrainingRun:
         self.batches_per_epoch = spec.batches_per_epoch or batches_per_epoch(spec, len(self.data.train), spec.batch_sizes)
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
-                               logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps)
+                               logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps,
+                               sync=spec.sync_schedule)
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
@@ -348,11 +354,12 @@ class TrainingRun:
 
     def _checkpoint(self, elapsed_s: float) -> None:
         self.metrics.sync()  # every step the checkpoint covers is in metrics.jsonl on disk first
-        save_checkpoint(self.run_dir, {"replica": self.replica.state_dict(), "torch_rng": torch.get_rng_state(),
+        replica = self.replica.state_dict()  # between averages: the last average's (its step is the one resumed)
+        save_checkpoint(self.run_dir, {"replica": replica, "torch_rng": torch.get_rng_state(),
                                        "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
                                        "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
                                        "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]})
-        self.checkpointed_step = self.replica.step
+        self.checkpointed_step = int(replica["step"])
 
     def _next_move(self) -> str:
         """What the user does after the run directory could not be written: resume, or start again."""
@@ -406,7 +413,9 @@ class TrainingRun:
                                     accumulate_grad_batches=s.accumulate_grad_batches,
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
-                                    deterministic=s.deterministic, precision=s.precision).to_dict()
+                                    deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
+                                    sync_warmup=s.sync_schedule.warmup,
+                                    schema_version=train_schema_for(s.sync_every)).to_dict()
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -420,7 +429,7 @@ class TrainingRun:
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
-                                  splits=self.adapt.splits)
+                                  splits=self.adapt.splits, sync=self.spec.sync_schedule)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
@@ -435,6 +444,9 @@ class TrainingRun:
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
             if self.spec.rebalance and self.spec.data_mode != "global" and len(self.spec.boards) > 1:
                 self.on_note("re-balancing is off: in local data mode each board's batch size is tied to its own data")
+            if self.spec.sync_every > 1:
+                self.on_note(f"periodic averaging: {self.spec.sync_schedule.describe()} (opt-in; this changes the "
+                             "mathematics: the model differs from the exact mode's)")
             if self.adapt.splits and self.replica.step > 0:
                 self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
             joining = time.monotonic()
@@ -557,6 +569,9 @@ class TrainingRun:
         self.flags = exchange.flags()
         self._checkpoint(self.elapsed_before_s + elapsed)
         interrupted = self.replica.step < spec.total_steps and self.target_reached is None
+        if interrupted and self.checkpointed_step is not None and self.checkpointed_step < self.replica.step:
+            self.on_note(f"stopped between averages: the checkpoint holds the last average, and --resume continues "
+                         f"from step {self.checkpointed_step} (the boards' local steps since then are trained again)")
         if not interrupted:
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
         summary = self._result(elapsed, samples, exchange, interrupted)
@@ -566,9 +581,10 @@ class TrainingRun:
     def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None) -> None:
         # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
         # one line per applied step and a resume's truncation drops it with its step.
-        record = {"step": r.step, "n": r.n_total, "loss": r.loss, "boards": r.contributors, "late": r.late,
-                  "refused": r.refused, "compute_s": r.compute_s, "batch_sizes": r.batch_sizes,
-                  "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
+        record: dict[str, Any] = {
+            "step": r.step, "n": r.n_total, "loss": r.loss, "boards": r.contributors, "late": r.late,
+            "refused": r.refused, "compute_s": r.compute_s, "batch_sizes": r.batch_sizes,
+            "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
         if rebalance is not None:
             record["rebalance"] = rebalance
         if r.logs:  # what training_step logged, sample-weighted over the boards
@@ -579,6 +595,8 @@ class TrainingRun:
             record["val_metrics"] = dict(self.val_metrics)
         if val_s is not None:
             record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
+        if self.spec.sync_every > 1:
+            record["kind"] = r.kind  # exact, local or sync (periodic averaging)
         self.metrics.write(record)
         self.history.append(record)
 
@@ -602,6 +620,9 @@ class TrainingRun:
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
+                "sync_every": self.spec.sync_every,
+                "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,
+                "mode": self.spec.sync_schedule.describe(),
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
                                for r in self.adapt.records]}
 

@@ -28,7 +28,11 @@ JOB_SCHEMA_VERSION = 1
 # agent refuses it as newer than it understands, and its log says to upgrade edgefleet.
 # Version 3 joins the exchange over TLS pinned to ``exchange_tls_sha256`` with a proof of the board's key
 # instead of a token: a version-2 agent would ignore the pin and show an empty token.
-TRAIN_SCHEMA_VERSION = 3
+# Version 4 may ask for periodic averaging (``sync_every`` > 1): a version-3 agent would ignore it and
+# train exact steps while the others train local ones. Only such a command is sent as version 4
+# (:func:`train_schema_for`); an exact one stays version 3, which every agent since then carries out.
+TRAIN_SCHEMA_VERSION = 4
+EXACT_TRAIN_SCHEMA_VERSION = 3  # the version of a train command without periodic averaging
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
@@ -42,6 +46,12 @@ _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 
 def _is_sha256_hex(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
+
+
+def train_schema_for(sync_every: int) -> int:
+    """The lowest train-command version that carries a job averaging every ``sync_every`` steps: an agent
+    that would train it differently refuses it as too new; every other agent takes it."""
+    return TRAIN_SCHEMA_VERSION if sync_every > 1 else EXACT_TRAIN_SCHEMA_VERSION
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -80,6 +90,8 @@ class TrainCommand:
     deterministic: bool = False
     precision: str = "32-true"
     exchange_tls_sha256: str = ""   # the exchange's certificate (hex SHA-256) the board must find; "": plain TCP
+    sync_every: int = 1             # average the boards' parameters every this many local steps; 1 = exact (protocol.sync_schedule)
+    sync_warmup: int = 0            # exact steps before the first local one
     schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -103,6 +115,13 @@ class TrainCommand:
             raise ValueError(f"gradient_clip_algorithm {self.gradient_clip_algorithm!r} is not 'norm' or 'value'")
         if self.exchange_tls_sha256 and not _is_sha256_hex(self.exchange_tls_sha256):
             raise ValueError("exchange_tls_sha256 is not 64 hex digits")
+        if self.sync_every < 1 or self.sync_warmup < 0:
+            raise ValueError(f"sync_every {self.sync_every} must be >= 1 and sync_warmup {self.sync_warmup} >= 0")
+        if self.sync_every > 1 and self.schema_version < TRAIN_SCHEMA_VERSION:
+            raise ValueError(f"sync_every {self.sync_every} needs schema_version {TRAIN_SCHEMA_VERSION}, the command "
+                             f"says {self.schema_version}")
+        if self.sync_every > 1 and self.accumulate_grad_batches != 1:
+            raise ValueError("sync_every > 1 needs accumulate_grad_batches 1")
 
     @property
     def batch_size(self) -> int:
@@ -286,6 +305,7 @@ class JobEvent:
 __all__ = [
     "COMMAND_KINDS",
     "DATA_MODES",
+    "EXACT_TRAIN_SCHEMA_VERSION",
     "JOB_SCHEMA_VERSION",
     "MAX_EVENT_BYTES",
     "MAX_PROBE_BYTES",
@@ -298,4 +318,5 @@ __all__ = [
     "StopCommand",
     "TrainCommand",
     "command_from_dict",
+    "train_schema_for",
 ]

@@ -49,7 +49,8 @@ margin (it slowed further meanwhile) gets a second re-balance, "... still the sl
 def add_train_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model on the boards (synchronous data-parallel)",
                        description="Train one model on several boards at once with DDP's mathematics: every step "
-                                   "averages the boards' gradients weighted by their batch sizes.",
+                                   "averages the boards' gradients weighted by their batch sizes (unless you opt in to "
+                                   "periodic averaging with --sync-every, which changes the mathematics).",
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--boards", metavar="ID,ID,…", help="boards that take part (default: every online board that can train)")
     p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class, "
@@ -114,6 +115,18 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--rebalance-threshold", type=float, default=0.15, metavar="FRACTION",
                    help="relative change of a board's time per sample that counts as drift (default 0.15); raise it "
                         "if the notes show re-balancing back and forth on a noisy fleet")
+    periodic = p.add_argument_group(
+        "periodic averaging (local SGD; opt-in: it CHANGES THE MATHEMATICS)",
+        "With --sync-every H > 1, after --sync-warmup exact steps each board steps its optimizer on its own\n"
+        "batch's gradient, and the boards' parameters are averaged (weighted by their samples) every H steps,\n"
+        "at every epoch's end and at the run's end. The trained model then differs from single-process\n"
+        "Lightning's (and from the exact mode's); in exchange, after the warm-up, the exchange carries 1/H of\n"
+        "the exact mode's bytes. Measure its accuracy against the exact mode (docs/training.md).")
+    periodic.add_argument("--sync-every", type=int, default=1, metavar="H",
+                          help="average the boards' parameters every H steps instead of their gradients every step "
+                               "(default 1: the exact mode, DDP's mathematics)")
+    periodic.add_argument("--sync-warmup", type=int, metavar="STEPS",
+                          help="exact steps (gradients averaged) before the first local one (default: the first epoch)")
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
@@ -172,6 +185,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    step_timeout_s=args.step_timeout, exchange_host=args.exchange_host, exchange_port=args.exchange_port,
                    exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
+                   sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 
 

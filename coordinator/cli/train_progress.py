@@ -45,7 +45,8 @@ class TrainProgress(TrainObserver):
         self.run_dir = run_dir
         if self.metrics is not None:
             self.metrics.started(spec, run_dir, first_step)
-        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        label = "train" if spec.sync_every <= 1 else f"train (local SGD, averaging every {spec.sync_every})"
+        self._progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                   TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console,
                                   transient=False)
         self._task = self._progress.add_task("", total=spec.total_steps, completed=first_step)
