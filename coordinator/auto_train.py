@@ -10,6 +10,10 @@ profile), plan, train the chosen configuration, and measure it against the plan'
    out and the plan recomputed, with a note saying so.
 4. Train while :class:`PowerMeter` follows every board's power; then measure the run (step time,
    samples/s, time, power, energy per epoch, EDP) against the prediction, in ``plan.json``.
+
+With ``request.allow_inexact`` the plan may choose a mode that changes the mathematics (local SGD);
+the job then gets the mode's JobSpec keywords (``sync_every``), and the measurement leaves out
+the mode's exact warm-up and times whole periods of H steps, as the steady-state prediction counts.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest
+from edgefleet.coordinator.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options
 from edgefleet.coordinator.profile_job import DEFAULT_PROFILE
 from edgefleet.coordinator.train_job import TrainObserver
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError, PlanError
@@ -72,10 +76,16 @@ def check_auto_job(spec: JobSpec, request: PlanRequest) -> None:
 
     Raises:
         ConfigError: the job fixes something the profile does not measure (a DataModule,
-            gradient accumulation, mixed precision), or has a deadline with a step count.
+            gradient accumulation, mixed precision), has a deadline with a step count, or fixes
+            the training mode (``--sync-every``: with ``--auto`` the planner chooses it).
     """
     if request.deadline_s is not None and spec.steps is not None:
         raise ConfigError("--deadline is per run of --epochs epochs; give --epochs instead of --steps")
+    sync_every = getattr(spec, "sync_every", 1)  # JobSpec.sync_every: local SGD (absent before that mode existed)
+    if sync_every != 1:
+        raise ConfigError(f"--sync-every {sync_every} with --auto: the planner chooses the training mode; "
+                          "add --allow-inexact (instead of --sync-every) to let it consider local SGD, or train "
+                          "without --auto")
     # These change what a step computes, which the profile does not measure: its step times would be wrong.
     unplanned = [flag for flag, given in (("--datamodule", bool(spec.datamodule)),
                                           ("--accumulate-grad-batches", spec.accumulate_grad_batches != 1),
@@ -188,12 +198,13 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
 
 
 def job_for(spec: JobSpec, chosen: Estimate, dataset_len: int) -> JobSpec:
-    """The resolved job that trains ``chosen``: its boards, batch sizes and variant, for the spec's epochs or steps."""
+    """The resolved job that trains ``chosen``: its boards, batch sizes, variant and training mode,
+    for the spec's epochs or steps."""
     from edgefleet.coordinator.train_job import resolve_job
 
     c = chosen.candidate
     planned = replace(spec, boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
-                      model_options=dict(spec.model_options) | dict(c.variant))
+                      model_options=dict(spec.model_options) | dict(c.variant), **mode_job_options(c.mode.job_options))
     return resolve_job(planned, dataset_len=dataset_len)
 
 
@@ -263,7 +274,8 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
         wait_for_snapshot(view, timeout_s=1.0)
         training = train(job, broker=broker, fleet_key=fleet_key, run_dir=run_dir, observer=observer, power_view=view)
         ended = time.monotonic()
-        measured, note = _measure_run(training, ended, meter, chosen, dataset_len, request.count_idle)
+        measured, note = _measure_run(training, ended, meter, chosen, dataset_len, request.count_idle,
+                                      warmup_steps=mode_warmup_steps(job))
     atomic_write_json(training.run_dir / "plan.json", {
         "objective": request.objective, "predicted": estimate_json(chosen), "profile_s": profile_s, "verify_s": verify_s,
         "measured": None if measured is None else {k: getattr(measured, k) for k in (
@@ -285,9 +297,23 @@ def _verify(spec: JobSpec, result: PlanResult, selected: dict[str, FleetProfile]
     return verified
 
 
+def mode_warmup_steps(job: JobSpec) -> int:
+    """Steps the run's training mode spends exact before its steady state: 0 in the exact mode,
+    else ``sync_warmup`` (None: one epoch, ``steps_per_epoch`` of the resolved job)."""
+    if getattr(job, "sync_every", 1) == 1:
+        return 0
+    warmup: int | None = getattr(job, "sync_warmup", None)
+    return job.steps_per_epoch if warmup is None else int(warmup)
+
+
 def _measure_run(training: TrainOutcome, ended: float, meter: PowerMeter, chosen: Estimate, dataset_len: int,
-                 count_idle: bool) -> tuple[Measurement | None, str]:
-    """The run's measured figures from metrics.jsonl and the power seen while it stepped; or None and why not."""
+                 count_idle: bool, *, warmup_steps: int = 0) -> tuple[Measurement | None, str]:
+    """The run's measured figures from metrics.jsonl and the power seen while it stepped; or None and why not.
+
+    ``warmup_steps``: the training mode's exact steps (:func:`mode_warmup_steps`), left out with the
+    usual warm-up: the prediction is the mode's steady state. An inexact mode's steps are timed in
+    whole periods of its ``sync_every`` steps.
+    """
     import json
 
     from edgefleet.coordinator.verify import WARMUP_STEPS, measure, step_intervals
@@ -295,18 +321,26 @@ def _measure_run(training: TrainOutcome, ended: float, meter: PowerMeter, chosen
     lines = (training.run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line]
     elapsed = [float(r["elapsed_s"]) for r in records]
-    if len(elapsed) <= WARMUP_STEPS + 1:
-        return None, f"the run had {len(elapsed)} steps: too few to measure after {WARMUP_STEPS} warm-up steps"
+    skip = WARMUP_STEPS + warmup_steps
+    if len(elapsed) <= skip + 1:
+        why = f"{WARMUP_STEPS} warm-up steps" + (f" and the mode's {warmup_steps} exact steps" if warmup_steps else "")
+        return None, f"the run had {len(elapsed)} steps: too few to measure after {why}"
     started = ended - float(training.result["elapsed_s"])  # the run's clock started at its first step
-    readings = meter.average(started + elapsed[WARMUP_STEPS - 1], started + elapsed[-1])
-    intervals = step_intervals(elapsed, warmup_steps=WARMUP_STEPS,
+    readings = meter.average(started + elapsed[skip - 1], started + elapsed[-1])
+    intervals = step_intervals(elapsed, warmup_steps=skip,
                                exclude=[i for i, r in enumerate(records) if "val_accuracy" in r])
+    period = chosen.mode.sync_every
     try:
         measured = measure(intervals, readings, boards=chosen.candidate.boards,
-                           global_batch=chosen.candidate.global_batch, dataset_len=dataset_len, count_idle=count_idle)
+                           global_batch=chosen.candidate.global_batch, dataset_len=dataset_len, count_idle=count_idle,
+                           period=period)
     except EdgeTrainError as exc:
         return None, str(exc)
-    return measured, f"{measured.steps} steps timed after {WARMUP_STEPS} warm-up steps (validation steps left out)"
+    how = f"{measured.steps} steps timed after {WARMUP_STEPS} warm-up steps"
+    if warmup_steps:
+        how += f" and the mode's {warmup_steps} exact warm-up steps, in periods of {period} ({chosen.mode.description})"
+    return measured, how + " (validation steps left out)"
 
 
-__all__ = ["AutoTrainObserver", "AutoTrainOutcome", "auto_train", "check_auto_job", "job_for", "recheck_before_training"]
+__all__ = ["AutoTrainObserver", "AutoTrainOutcome", "auto_train", "check_auto_job", "job_for", "mode_warmup_steps",
+           "recheck_before_training"]

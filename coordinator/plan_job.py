@@ -9,13 +9,14 @@ pre-trains the best few, on :func:`job_to_verify`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.protocol.errors import PlanError
+from edgefleet.protocol.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # numpy loads only when a plan is made, not with the command line's parser
     from edgefleet.coordinator.job_spec import JobSpec
@@ -30,6 +31,7 @@ DEFAULT_GLOBAL_BATCHES = (32, 64, 128)  # each split among the boards by the pla
 DEFAULT_FEWER_BOARDS_PCT = 2.0          # planning.search.FEWER_BOARDS_WITHIN, in percent
 DEFAULT_MAX_MEMORY_FRACTION = 0.9
 DEFAULT_VERIFY_STEPS = 20               # timed steps per pre-trained candidate
+INEXACT_MARGIN_PCT = 10.0               # planning.modes.INEXACT_MARGIN, in percent (for --help, without numpy)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +48,8 @@ class PlanRequest:
         top: Candidates kept in the ranking.
         fewer_boards_within: Of the candidates within this fraction of the best estimate, the one
             with the fewest boards is chosen.
+        allow_inexact: Also consider training modes that change the mathematics (local SGD every
+            2, 4 or 8 steps: ``planning.modes``); one is chosen only when clearly better than exact.
         deadline_text: How the deadline was asked for (e.g. ``--deadline 30 min over 5 epochs = 6.0
             min per epoch``), added to a refusal that names it.
     """
@@ -59,17 +63,19 @@ class PlanRequest:
     top: int
     fewer_boards_within: float = DEFAULT_FEWER_BOARDS_PCT / 100
     deadline_text: str = ""
+    allow_inexact: bool = False
 
     def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "") -> PlanResult:
         """``planning.plan`` over ``profiles``; ``deadline_text`` (default: the request's) explains a refusal's deadline."""
-        from edgefleet.coordinator.planning import plan
+        from edgefleet.coordinator.planning import candidate_modes, plan
 
         deadline_text = deadline_text or self.deadline_text
         try:
             return plan(dict(profiles), objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
                         global_batches=self.global_batches, count_idle=self.count_idle,
                         max_memory_fraction=self.max_memory_fraction, top=self.top,
-                        fewer_boards_within=self.fewer_boards_within)
+                        fewer_boards_within=self.fewer_boards_within,
+                        modes=candidate_modes(allow_inexact=self.allow_inexact))
         except PlanError as exc:
             if deadline_text and "--deadline" in str(exc):
                 raise PlanError(f"{exc} ({deadline_text})") from None
@@ -155,5 +161,24 @@ def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options:
                    wire_dtype=meta.wire_dtype if meta is not None else "float32")
 
 
+def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A training mode's JobSpec keywords (``{"sync_every": 4}``; ``{}`` for the exact mode).
+
+    Only an inexact mode passes any, so an exact plan builds the same JobSpec as before the modes
+    existed, whatever fields the JobSpec has.
+
+    Raises:
+        ConfigError: the JobSpec has no such field (this edgefleet's ``train`` cannot run the mode).
+    """
+    from edgefleet.coordinator.job_spec import JobSpec
+
+    known = {f.name for f in dataclasses.fields(JobSpec)}
+    missing = sorted(set(options) - known)
+    if missing:
+        raise ConfigError(f"the plan chose a training mode this edgefleet's train cannot run (no JobSpec "
+                          f"{', '.join(missing)}); plan without --allow-inexact")
+    return dict(options)
+
+
 __all__ = ["DEFAULT_FEWER_BOARDS_PCT", "DEFAULT_GLOBAL_BATCHES", "DEFAULT_MAX_MEMORY_FRACTION", "DEFAULT_VERIFY_STEPS",
-           "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "plan"]
+           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "mode_job_options", "plan"]

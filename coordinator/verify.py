@@ -7,6 +7,12 @@ between step completions after the warm-up (the last step, which also validates,
 and power is each board's telemetry averaged over the timed steps (:class:`PowerMeter`). The
 candidate with the best measured objective is chosen, and where a measured figure differs from
 its estimate by more than :data:`DISAGREEMENT` the report says so.
+
+A candidate in a mode that changes the mathematics (local SGD every H steps) is pre-trained in
+that mode with no exact warm-up, as its estimate is the steady state, and timed in whole periods
+of H steps: the median of the periods' mean step, since one step in H carries the exchange. As
+in the plan, it is chosen over the best measured exact candidate only when it beats it by the
+inexact margin (``planning.search`` module doc).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from typing import Any
 
 from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.objectives import OBJECTIVE_KEY
+from edgefleet.coordinator.plan_job import mode_job_options
 from edgefleet.coordinator.plan_summary import batches_text, estimate_json, fmt_si, fmt_step
-from edgefleet.coordinator.planning import Estimate, format_duration
+from edgefleet.coordinator.planning import INEXACT_MARGIN, Estimate, format_duration
 from edgefleet.coordinator.power_meter import PowerMeter, PowerReading
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.settings import BrokerSettings
@@ -86,11 +93,23 @@ def step_intervals(elapsed_s: Sequence[float], *, warmup_steps: int, exclude: Se
 
 
 def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, boards: Sequence[str],
-            global_batch: int, dataset_len: int, count_idle: bool = False) -> Measurement:
-    """Measured figures from step intervals (s) and power readings of the fleet's boards."""
+            global_batch: int, dataset_len: int, count_idle: bool = False, period: int = 1) -> Measurement:
+    """Measured figures from step intervals (s) and power readings of the fleet's boards.
+
+    ``period``: the training mode's steps per full exchange (local SGD's H): the step time is the
+    median over consecutive groups of ``period`` intervals of their mean (1: the median interval).
+    """
     if not intervals:
         raise EdgeTrainError("no step was timed after the warm-up; give more steps")
-    step = statistics.median(intervals)
+    groups = len(intervals) // max(1, period)
+    if not groups:
+        raise EdgeTrainError(f"{len(intervals)} steps timed, fewer than one period of {period} steps "
+                             "(the mode exchanges once per period); give more steps")
+    if period > 1:
+        step = statistics.median(statistics.fmean(intervals[g * period:(g + 1) * period]) for g in range(groups))
+        intervals = intervals[:groups * period]
+    else:
+        step = statistics.median(intervals)
     samples_per_s = global_batch / step
     epoch = dataset_len / samples_per_s
     counted = [r for b, r in readings.items() if b in boards or count_idle]
@@ -121,24 +140,29 @@ def pretraining_job(job: JobSpec, estimate: Estimate, total_steps: int) -> JobSp
 
     The job's other settings (seed, learning rate, wire dtype, data mode, threads, Lightning's flags,
     the exchange's address) are kept, so the candidate is measured as it would train; it writes no
-    checkpoint and no logger, and a forced split (a test hook) is dropped.
+    checkpoint and no logger, and a forced split (a test hook) is dropped. An inexact candidate
+    runs in its mode from the first step (``sync_warmup=0``: its estimate is the steady state).
     """
     c = estimate.candidate
+    mode = {} if c.mode.exact else mode_job_options({**c.mode.job_options, "sync_warmup": 0})
     return replace(job, run_id=f"verify-{secrets.token_hex(3)}", boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
                    model_options=dict(job.model_options) | dict(c.variant), epochs=None, steps=total_steps,
                    total_steps=total_steps, steps_per_epoch=total_steps, batches_per_epoch=0, checkpoint_every=10**9,
-                   logger="none", force_split=None)
+                   logger="none", force_split=None, **mode)
 
 
 def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter,
              dataset_len: int, steps: int, warmup_steps: int = WARMUP_STEPS, count_idle: bool = False) -> Measurement:
     """Train one candidate of ``job`` for ``warmup_steps + steps + 1`` real steps and measure it.
 
-    ``job``'s model options are the base every variant's options go on top of.
+    ``job``'s model options are the base every variant's options go on top of. In a mode that
+    exchanges every H steps, ``steps`` is rounded up to whole periods of H.
     """
     from edgefleet.coordinator.training import StepView, TrainingRun
 
     c = estimate.candidate
+    period = c.mode.sync_every
+    steps = -(-steps // period) * period
     total = warmup_steps + steps + 1
     spec = pretraining_job(job, estimate, total)
     done: list[float] = []
@@ -162,14 +186,17 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
     readings = meter.average(window.get("start", done[0]), window["end"])
     intervals = step_intervals(done[:-1], warmup_steps=warmup_steps)
     return measure(intervals, readings, boards=c.boards, global_batch=c.global_batch, dataset_len=dataset_len,
-                   count_idle=count_idle)
+                   count_idle=count_idle, period=period)
 
 
 def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
                       objective: str, steps: int, dataset_len: int, fleet_boards: Sequence[str],
-                      count_idle: bool = False, warmup_steps: int = WARMUP_STEPS,
+                      count_idle: bool = False, warmup_steps: int = WARMUP_STEPS, inexact_margin: float = INEXACT_MARGIN,
                       on_note: Callable[[str], None] = lambda _: None) -> VerifyResult:
     """Pre-train each candidate in turn and choose the best by its measured objective.
+
+    A candidate whose mode changes the mathematics is chosen only when its measured objective
+    beats the best measured exact candidate's by ``inexact_margin``.
 
     Raises:
         EdgeTrainError: every pre-training failed (the message lists why).
@@ -180,8 +207,9 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     trials: list[Trial] = []
     with monitor_fleet(broker) as view, PowerMeter(view, fleet_boards) as meter:
         for i, estimate in enumerate(estimates, 1):
+            mode = "" if estimate.mode.exact else f", {estimate.mode.name}"
             on_note(f"pre-training candidate {i}/{len(estimates)}: {batches_text(estimate)} "
-                    f"({estimate.variant_label}), {warmup_steps} warm-up + {steps} timed steps")
+                    f"({estimate.variant_label}{mode}), {warmup_steps} warm-up + {steps} timed steps")
             try:
                 wait_ready(view, estimate.candidate.boards)
                 measured = pretrain(estimate, job, broker=broker, fleet_key=fleet_key, meter=meter,
@@ -196,6 +224,17 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     ok = [t for t in trials if t.measured is not None]
     if not ok:
         raise EdgeTrainError("no candidate could be pre-trained: " + "; ".join(t.error for t in trials))
+    chosen = choose_measured(ok, objective, inexact_margin=inexact_margin)
+    result = VerifyResult(objective=objective, trials=tuple(trials), chosen=chosen,
+                          elapsed_s=time.monotonic() - started)
+    log.info("verify: %d candidates pre-trained in %.1f s; chosen %s", len(ok), result.elapsed_s,
+             batches_text(chosen.estimate))
+    return result
+
+
+def choose_measured(trials: Sequence[Trial], objective: str, *, inexact_margin: float = INEXACT_MARGIN) -> Trial:
+    """The measured trial with the best objective; one whose mode changes the mathematics only if it
+    beats the best measured exact trial by ``inexact_margin``. Every trial must have a measurement."""
 
     def score(t: Trial) -> float:
         assert t.measured is not None
@@ -204,12 +243,11 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
             value = t.estimate.power_w * t.measured.epoch_time_s * (t.measured.epoch_time_s if objective == "edp" else 1)
         return value
 
-    chosen = min(ok, key=score)
-    result = VerifyResult(objective=objective, trials=tuple(trials), chosen=chosen,
-                          elapsed_s=time.monotonic() - started)
-    log.info("verify: %d candidates pre-trained in %.1f s; chosen %s", len(ok), result.elapsed_s,
-             batches_text(chosen.estimate))
-    return result
+    chosen = min(trials, key=score)
+    exact = [t for t in trials if t.estimate.mode.exact]
+    if not chosen.estimate.mode.exact and exact and score(chosen) > score(min(exact, key=score)) * (1.0 - inexact_margin):
+        return min(exact, key=score)
+    return chosen
 
 
 # ------------------------------------------------------------------------------------- figures in words
@@ -267,6 +305,6 @@ def verify_json(result: VerifyResult) -> dict[str, Any]:
             "chosen": result.trials.index(result.chosen), "trials": [trial(t) for t in result.trials]}
 
 
-__all__ = ["DISAGREEMENT", "FIGURES", "Measurement", "Trial", "VerifyResult", "differences", "disagreement_line",
+__all__ = ["DISAGREEMENT", "FIGURES", "Measurement", "Trial", "VerifyResult", "choose_measured", "differences", "disagreement_line",
            "disagreements", "measure", "pretrain", "pretraining_job", "step_intervals", "verify_candidates", "verify_json",
            "wait_ready"]

@@ -22,6 +22,7 @@ automatic configuration (--auto):
   edge-coordinator train --auto --model lenet5 --dataset digits --epochs 5
   edge-coordinator train --auto --objective time --max-power 20 --batch 32,64,128
   edge-coordinator train --auto --model mlp --layers 2,3,4 --objective edp --verify 2
+  edge-coordinator train --auto --objective time --allow-inexact   may choose local SGD (changes the mathematics)
 With --auto, --batch lists global batch sizes to consider (default {",".join(map(str, DEFAULT_GLOBAL_BATCHES))}), split among the boards by
 the planner; --boards limits the boards it may use. The run ends with predicted against measured figures.
 """
@@ -45,6 +46,7 @@ def planner_flags_given(args: argparse.Namespace) -> list[str]:
         "--fewer-boards-within": args.fewer_boards_within != DEFAULT_FEWER_BOARDS_PCT,
         "--reprofile": args.reprofile,
         "--verify": bool(args.verify),
+        "--allow-inexact": bool(getattr(args, "allow_inexact", False)),
     }
     return [flag for flag, present in given.items() if present]
 

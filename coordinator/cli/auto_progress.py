@@ -10,7 +10,7 @@ from edgefleet.coordinator.auto_train import AutoTrainObserver, AutoTrainOutcome
 from edgefleet.coordinator.cli.plan_render import plan_table
 from edgefleet.coordinator.cli.train_progress import TrainProgress
 from edgefleet.coordinator.cli.verify_render import comparison_table, verify_report
-from edgefleet.coordinator.plan_summary import batches_text, plan_notes
+from edgefleet.coordinator.plan_summary import candidate_text, plan_notes
 from edgefleet.coordinator.planning import PlanResult, format_duration
 from edgefleet.coordinator.verify import VerifyResult, disagreement_line
 
@@ -33,7 +33,7 @@ class AutoProgress(TrainProgress, AutoTrainObserver):
 def print_report(console: Console, outcome: AutoTrainOutcome) -> None:
     """The plan against the run, how it was measured, and the overheads of profiling and pre-training."""
     chosen, measured = outcome.chosen, outcome.measured
-    console.print(comparison_table([(batches_text(chosen), chosen, measured)],
+    console.print(comparison_table([(candidate_text(chosen), chosen, measured)],
                                    title="the plan against the run: predicted vs measured"))
     console.print(outcome.measure_note, markup=False, soft_wrap=True)
     if measured is not None:

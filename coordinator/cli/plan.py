@@ -22,6 +22,7 @@ from edgefleet.coordinator.plan_job import (
     DEFAULT_GLOBAL_BATCHES,
     DEFAULT_MAX_MEMORY_FRACTION,
     DEFAULT_VERIFY_STEPS,
+    INEXACT_MARGIN_PCT,
     PlanRequest,
     deadline_text,
 )
@@ -38,6 +39,14 @@ if TYPE_CHECKING:  # numpy, rich and matplotlib load only when a plan is made, n
 log = logging.getLogger(__name__)
 
 DEFAULT_TOP = 10
+# What "inexact" means, for --help of `plan` and `train --auto`: one text, one place.
+INEXACT_HELP = ("also consider training modes that change the mathematics, and choose one when it is at least "
+                f"{INEXACT_MARGIN_PCT:g}%% better by estimate than the best exact configuration. Local SGD (train "
+                "--sync-every H, H = 2, 4 or 8): the boards step on their own gradients and average their parameters "
+                "every H steps, moving the full-size vector H times less often. Accuracy per epoch may differ from "
+                "single-process training, and a run may need more epochs to the same accuracy (in a one-process study "
+                "LeNet-5 on digits ended 0.6 points below exact at H = 2 or 4 and 1.1 below at H = 8, reaching 95%% "
+                "one or two epochs later: docs/benchmarks.md)")
 
 PLAN_EPILOG = """\
 examples:
@@ -45,6 +54,7 @@ examples:
   edge-coordinator plan --objective time --batch 32,64,128
   edge-coordinator plan --objective energy --max-power 15 --deadline 30 --epochs 5
   edge-coordinator plan --model mlp --layers 2,3,4 --top 20
+  edge-coordinator plan --objective time --allow-inexact  also consider local SGD (it changes the mathematics)
   edge-coordinator plan --verify 2 --fleet-key fleet.key  pre-train the best 2 for 20 steps, choose on measurement
   edge-coordinator plan --no-fleet-check --json           plan on the profile file alone, for scripts
 
@@ -72,6 +82,7 @@ def add_objective_args(p: argparse.ArgumentParser) -> None:
                    help="of the configurations within PCT%% of the best estimate, choose the one with the fewest "
                         f"boards (default {DEFAULT_FEWER_BOARDS_PCT:g}; 0 = always the best estimate): an estimate "
                         "is not exact to a few percent, and every board added is one more link to wait for")
+    p.add_argument("--allow-inexact", action="store_true", help=INEXACT_HELP)
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, metavar="FILE",
                    help=f"profile file from `edge-coordinator profile` (default ./{DEFAULT_PROFILE})")
     add_variant_args(p)
@@ -120,7 +131,7 @@ def request_from_args(args: argparse.Namespace, global_batches: list[int], epoch
                        global_batches=tuple(global_batches), count_idle=args.count_idle,
                        max_memory_fraction=args.max_memory_fraction, top=max(1, getattr(args, "top", DEFAULT_TOP)),
                        fewer_boards_within=args.fewer_boards_within / 100,
-                       deadline_text=deadline_text(args.deadline, epochs))
+                       deadline_text=deadline_text(args.deadline, epochs), allow_inexact=args.allow_inexact)
 
 
 def requested_variants(args: argparse.Namespace, base_options: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -233,6 +244,9 @@ def _print_json(outcome: PlanOutcome, notes: list[str], png: Path | None, verifi
         "feasible": result.feasible, "chosen": estimate_json(result.chosen),
         "passed_over": None if result.passed_over is None else estimate_json(result.passed_over),
         "fewer_boards_within": result.fewer_boards_within,
+        "modes": [m.name for m in result.modes], "inexact_margin": result.inexact_margin,
+        "declined_inexact": None if result.declined_inexact is None else estimate_json(result.declined_inexact),
+        "best_exact": None if result.best_exact is None else estimate_json(result.best_exact),
         "ranked": [estimate_json(e) for e in result.ranked], "front": [estimate_json(e) for e in result.front],
         "ruled_out": [{"constraint": x.constraint, "board_id": x.board_id, "count": x.count, "example": x.example}
                       for x in result.ruled_out],

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgefleet.coordinator.plan_summary import batches_text, fmt_power, fmt_step
+from edgefleet.coordinator.plan_summary import candidate_text, fmt_power, fmt_step
 from edgefleet.coordinator.planning import Estimate, format_duration
 from edgefleet.coordinator.verify import DISAGREEMENT, FIGURES, Measurement, VerifyResult, differences, disagreement_line
 
@@ -44,7 +44,7 @@ def comparison_table(rows: Sequence[tuple[str, Estimate, Measurement | None]], *
 
 def verify_report(console: Console, result: VerifyResult) -> None:
     """The pre-training's table, its disagreements and its choice, printed on ``console``."""
-    rows = [(f"{'▶ ' if t is result.chosen else ''}#{i} {batches_text(t.estimate)}", t.estimate, t.measured)
+    rows = [(f"{'▶ ' if t is result.chosen else ''}#{i} {candidate_text(t.estimate)}", t.estimate, t.measured)
             for i, t in enumerate(result.trials, 1)]
     console.print(comparison_table(rows, title=f"pre-training: predicted vs measured "
                                                f"({format_duration(result.elapsed_s)} of pre-training)"))
@@ -56,12 +56,12 @@ def verify_report(console: Console, result: VerifyResult) -> None:
     rank = result.trials.index(result.chosen) + 1
     m = result.chosen.measured
     assert m is not None
-    console.print(f"chosen on measurement: #{rank} {batches_text(result.chosen.estimate)} "
+    console.print(f"chosen on measurement: #{rank} {candidate_text(result.chosen.estimate)} "
                   f"({result.chosen.estimate.variant_label}): {fmt_step(m.step_time_s)} per step, "
                   f"{format_duration(m.epoch_time_s)} per epoch"
                   + ("" if m.power_w is None else f", {fmt_power(m.power_w, not m.power_measured)}")
                   + ("; the estimates ranked it first too" if result.agrees
-                     else f"; the estimates ranked #1 {batches_text(result.trials[0].estimate)}"), markup=False, soft_wrap=True)
+                     else f"; the estimates ranked #1 {candidate_text(result.trials[0].estimate)}"), markup=False, soft_wrap=True)
 
 
 __all__ = ["comparison_table", "verify_report"]

@@ -15,6 +15,14 @@ from edgefleet.coordinator.planning.cost_model import (
     estimate,
     format_duration,
 )
+from edgefleet.coordinator.planning.modes import (
+    EXACT,
+    INEXACT_MARGIN,
+    LOCAL_SGD_EVERY,
+    TrainingMode,
+    candidate_modes,
+    local_sgd,
+)
 from edgefleet.coordinator.planning.pareto import pareto_front, write_pareto_png
 from edgefleet.coordinator.planning.profiles import (
     PROFILE_SCHEMA_VERSION,
@@ -39,6 +47,9 @@ from edgefleet.coordinator.planning.search import (
 )
 
 __all__ = [
+    "EXACT",
+    "INEXACT_MARGIN",
+    "LOCAL_SGD_EVERY",
     "OBJECTIVES",
     "PROFILE_SCHEMA_VERSION",
     "BatchPoint",
@@ -52,13 +63,16 @@ __all__ = [
     "ProfileMeta",
     "RebalanceDecision",
     "Rebalancer",
+    "TrainingMode",
     "allocate_batches",
+    "candidate_modes",
     "check_compatible",
     "estimate",
     "format_duration",
     "heuristic_gap",
     "load_profile_meta",
     "load_profiles",
+    "local_sgd",
     "model_key",
     "pareto_front",
     "plan",

@@ -5,8 +5,11 @@ candidate's model variant. Per board i the profile gives the fitted lines
 ``t_i(b) = a_i + c_i * b`` (s) and ``m_i(b) = m0_i + m1_i * b`` (bytes), its memory M_i (bytes),
 its link up/down rates (bytes/s; where the probe timed gradient-sized rounds, scaled so that
 G / up_i + G / down_i is that round's time: ``BoardProfile.exchange_link_s_per_byte``), and its
-active, link and idle power (W). G is the gradient size on
-the wire (bytes), L the coordinator's link (bytes/s), D the samples per epoch.
+active, link and idle power (W). G is the bytes per step on each link: the gradient's size on
+the wire in the exact mode, ``TrainingMode.wire_bytes`` in a mode that sends fewer (``modes``
+module doc: local SGD every H steps sends G/H amortised plus a small round), with the compute
+lines scaled by the mode's ``compute_scale``. L is the coordinator's link (bytes/s), D the samples
+per epoch.
 
 Formulas (units in brackets):
 
@@ -57,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from edgefleet.coordinator.objectives import OBJECTIVE_KEY
+from edgefleet.coordinator.planning.modes import EXACT, TrainingMode
 from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile, variant_label
 from edgefleet.protocol.errors import PlanError
 
@@ -65,11 +69,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
-    """One configuration: which boards take part, each one's batch size, and the model variant."""
+    """One configuration: which boards take part, each one's batch size, the model variant and the training mode."""
 
     boards: tuple[str, ...]
     batch_sizes: tuple[int, ...]          # aligned with boards
     variant: dict[str, Any]               # model options of the variant, e.g. {"layers": 3}
+    mode: TrainingMode = EXACT            # how the boards exchange (modes module)
 
     @property
     def global_batch(self) -> int:
@@ -104,6 +109,10 @@ class Estimate:
     @property
     def min_memory_headroom(self) -> float:
         return min(self.memory_headroom)
+
+    @property
+    def mode(self) -> TrainingMode:
+        return self.candidate.mode
 
     def objective_value(self, objective: str) -> float:
         """The figure ``objective`` minimises: epoch_time_s, energy_per_epoch_j or edp_j_s."""
@@ -168,7 +177,7 @@ def estimate(candidate: Candidate, fleet: FleetProfile, *, count_idle: bool = Fa
     """Predict one candidate's figures and check it against the constraints (module doc).
 
     Args:
-        candidate: Participants and their batch sizes; every board must be in ``fleet``.
+        candidate: Participants, their batch sizes and the training mode; every board must be in ``fleet``.
         fleet: The profile of the candidate's model variant.
         count_idle: Charge the idle power of the fleet's boards that do not take part.
         max_memory_fraction: Share of each board's memory the predicted peak may use.
@@ -178,14 +187,14 @@ def estimate(candidate: Candidate, fleet: FleetProfile, *, count_idle: bool = Fa
     Returns:
         The estimate; ``constraint``/``ruled_out`` say what rules it out, if anything.
     """
-    fa = FleetArrays.from_fleet(fleet, max_memory_fraction)
+    fa = FleetArrays.from_fleet(fleet, max_memory_fraction, candidate.mode)
     return _estimate(fa, candidate, fleet, count_idle=count_idle, max_memory_fraction=max_memory_fraction,
                      max_power_w=max_power_w, deadline_s=deadline_s)
 
 
 def _estimate(fa: FleetArrays, candidate: Candidate, fleet: FleetProfile, *, count_idle: bool,
               max_memory_fraction: float, max_power_w: float | None, deadline_s: float | None) -> Estimate:
-    """estimate() with the fleet's arrays already built (the search builds them once per variant)."""
+    """estimate() with the fleet's arrays already built (the search builds them once per variant and mode)."""
     column = {board_id: i for i, board_id in enumerate(fa.board_ids)}
     mask = np.zeros((1, fa.n), dtype=bool)
     k = np.zeros((1, fa.n), dtype=np.int64)
@@ -217,7 +226,7 @@ def _estimate(fa: FleetArrays, candidate: Candidate, fleet: FleetProfile, *, cou
         elif deadline_s is not None and f["epoch_time_s"] > deadline_s:
             constraint = "deadline"
             why = f"needs {format_duration(f['epoch_time_s'])} per epoch, over --deadline {format_duration(deadline_s)}"
-    compute = tuple(p.step_time(b) for p, b in zip(profiles, candidate.batch_sizes))
+    compute = tuple(p.step_time(b) * candidate.mode.compute_scale for p, b in zip(profiles, candidate.batch_sizes))
     return Estimate(
         candidate=candidate, variant_label=variant_label(candidate.variant), compute_s=compute,
         exchange_s=f["step_time_s"] - max(compute), step_time_s=f["step_time_s"], samples_per_s=f["samples_per_s"],
@@ -289,14 +298,14 @@ CONSTRAINT_NAMES = {TOO_SMALL: "batch", MEMORY: "memory", POWER: "power", DEADLI
 
 @dataclass(frozen=True, slots=True)
 class FleetArrays:
-    """One fleet profile as per-board arrays (board order = ``board_ids``)."""
+    """One fleet profile in one training mode as per-board arrays (board order = ``board_ids``)."""
 
     board_ids: tuple[str, ...]
     a: np.ndarray            # fitted step-time intercept per board, s
     c: np.ndarray            # fitted step time per sample per board, s/sample
     max_batch: np.ndarray    # largest batch within the memory limit per board (int64; 0 = none fits)
     link_s: np.ndarray       # the average down over the board's own link, s per step (its upload is in ``a``)
-    up_s: np.ndarray         # the gradient up over the board's own link, s per step
+    up_s: np.ndarray         # the gradient up over the board's own link, s per step (the mode's bytes)
     link_j: np.ndarray       # (link - idle power) x (up + down time) per board, J per step
     coord_s: float           # grad_bytes / coordinator link, s per participant per step (the broadcast)
     active_w: np.ndarray
@@ -313,18 +322,19 @@ class FleetArrays:
         return self.grids[global_batch]
 
     @classmethod
-    def from_fleet(cls, fleet: FleetProfile, max_memory_fraction: float) -> FleetArrays:
+    def from_fleet(cls, fleet: FleetProfile, max_memory_fraction: float, mode: TrainingMode = EXACT) -> FleetArrays:
         boards = list(fleet.boards.values())
+        wire, scale = mode.wire_bytes(fleet.grad_bytes), mode.compute_scale
         return cls(
             board_ids=tuple(b.board_id for b in boards),
-            a=np.array([b.time_fit.intercept + fleet.grad_bytes * b.up_s_per_byte for b in boards]),
-            c=np.array([b.time_fit.slope for b in boards]),
+            a=np.array([b.time_fit.intercept * scale + wire * b.up_s_per_byte for b in boards]),
+            c=np.array([b.time_fit.slope * scale for b in boards]),
             max_batch=np.array([b.max_batch(max_memory_fraction) for b in boards], dtype=np.int64),
-            link_s=np.array([fleet.grad_bytes * b.down_s_per_byte for b in boards]),
-            up_s=np.array([fleet.grad_bytes * b.up_s_per_byte for b in boards]),
+            link_s=np.array([wire * b.down_s_per_byte for b in boards]),
+            up_s=np.array([wire * b.up_s_per_byte for b in boards]),
             link_j=np.array([max(0.0, (b.link_power_w if b.link_power_w is not None else b.idle_power_w) - b.idle_power_w)
-                             * fleet.grad_bytes * b.exchange_link_s_per_byte for b in boards]),
-            coord_s=fleet.grad_bytes / fleet.coordinator_link_bytes_per_s,
+                             * wire * b.exchange_link_s_per_byte for b in boards]),
+            coord_s=wire / fleet.coordinator_link_bytes_per_s,
             active_w=np.array([b.active_power_w for b in boards]),
             idle_w=np.array([b.idle_power_w for b in boards]),
             dataset_len=fleet.dataset_len,

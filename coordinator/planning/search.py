@@ -1,7 +1,7 @@
 """Choosing the configuration: every candidate estimated, the best one for the objective chosen.
 
-Candidates are (participant subset, global batch, model variant); the batch sizes of a candidate
-follow from the cost model (all participants finish together, capped by memory). Up to
+Candidates are (participant subset, global batch, model variant, training mode); the batch sizes
+of a candidate follow from the cost model (all participants finish together, capped by memory). Up to
 :data:`EXHAUSTIVE_MAX_BOARDS` boards every non-empty subset is evaluated (vectorised, 65,535
 subsets per option for 16 boards); above that a heuristic (described at its code below) whose gap to the
 exhaustive answer :func:`heuristic_gap` measures on instances small enough for both.
@@ -16,6 +16,13 @@ is one more link to wait for and one more board that may straggle: on the emulat
 (``bench/selection_accuracy.py``, five runs re-scored offline) the best estimate among near ties
 was most often the one that added a slow board at a few samples, and the rule raised the picks'
 expected hit rate (``bench/selection_ceiling.py``) from 84-91% to 86-93%, in every run.
+Modes that change the mathematics (``modes`` module: local SGD) are searched like variants, each
+(variant, mode) with its own link figures, but chosen only when the best of them beats the best
+exact candidate by ``inexact_margin`` (10%) of the objective: an estimate is a few percent off,
+and an inexact mode may need more epochs to the same accuracy, which a figure per epoch cannot
+see. Then, among the inexact candidates within ``fewer_boards_within`` of their best (and still
+beating exact by the margin), the one with the fewest boards, then the mode closest to exact
+(local SGD's smallest H), then the best objective.
 When nothing satisfies the request, :class:`PlanError` names the constraint that cannot be met
 and by how much.
 """
@@ -54,6 +61,7 @@ from edgefleet.coordinator.planning.cost_model import (
     row_feasibility,
     row_figures,
 )
+from edgefleet.coordinator.planning.modes import EXACT, INEXACT_MARGIN, TrainingMode
 from edgefleet.coordinator.planning.profiles import FleetProfile
 from edgefleet.protocol.errors import PlanError
 
@@ -92,6 +100,15 @@ class PlanResult:
     feasible: int                     # of which satisfy every constraint
     passed_over: Estimate | None = None  # the best estimate, when a near tie with fewer boards was chosen instead
     fewer_boards_within: float = FEWER_BOARDS_WITHIN
+    modes: tuple[TrainingMode, ...] = (EXACT,)  # the training modes searched
+    inexact_margin: float = INEXACT_MARGIN      # how much better than exact an inexact mode must be
+    declined_inexact: Estimate | None = None    # the best inexact candidate, when better than exact but not by the margin
+    best_exact: Estimate | None = None          # the best exact candidate, when an inexact one is chosen
+
+    @property
+    def inexact_allowed(self) -> bool:
+        """Some searched mode changes the mathematics (``--allow-inexact``)."""
+        return any(not m.exact for m in self.modes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +124,8 @@ class GapReport:
 def plan(fleet_profiles_by_variant: Mapping[str, FleetProfile], *, objective: str, max_power_w: float | None = None,
          deadline_s: float | None = None, global_batches: Sequence[int] = DEFAULT_GLOBAL_BATCHES,
          count_idle: bool = False, max_memory_fraction: float = 0.9, method: str = "auto", top: int = 15,
-         fewer_boards_within: float = FEWER_BOARDS_WITHIN) -> PlanResult:
+         fewer_boards_within: float = FEWER_BOARDS_WITHIN, modes: Sequence[TrainingMode] = (EXACT,),
+         inexact_margin: float = INEXACT_MARGIN) -> PlanResult:
     """Estimate every candidate and choose the best one for ``objective``.
 
     Args:
@@ -124,6 +142,10 @@ def plan(fleet_profiles_by_variant: Mapping[str, FleetProfile], *, objective: st
         top: How many ranked candidates to return.
         fewer_boards_within: Choose the candidate with the fewest boards among those whose
             objective is within this fraction of the best (0: always the best estimate).
+        modes: The training modes to search (``modes.candidate_modes``); the exact mode must be
+            among them. Estimates are per epoch in each mode's steady state.
+        inexact_margin: An inexact mode is chosen only when it beats the best exact candidate's
+            objective by this fraction (module doc).
 
     Raises:
         PlanError: no candidate satisfies the request (names the constraint and the shortfall),
@@ -133,29 +155,44 @@ def plan(fleet_profiles_by_variant: Mapping[str, FleetProfile], *, objective: st
                             max_power_w, deadline_s, count_idle, top)
     if not 0.0 <= fewer_boards_within < 1.0:
         raise PlanError(f"fewer_boards_within {fewer_boards_within:g} must be a fraction in [0, 1) (0.02 = 2%)")
+    modes = _check_modes(modes, inexact_margin)
     largest = max(len(f.boards) for f in fleet_profiles_by_variant.values())
     if method == "auto":
         method = "exhaustive" if largest <= EXHAUSTIVE_MAX_BOARDS else "heuristic"
     if method == "exhaustive" and largest > EXHAUSTIVE_HARD_LIMIT:
         raise PlanError(f"exhaustive search over {largest} boards means 2^{largest} subsets per option; "
                         f"use the heuristic (the default above {EXHAUSTIVE_MAX_BOARDS} boards)")
-    blocks = _evaluate_all(fleet_profiles_by_variant, global_batches, limits, objective, method)
+    blocks = _evaluate_all(fleet_profiles_by_variant, global_batches, limits, objective, method, modes)
     if method == "heuristic" and objective != "time" and not _any_ok(blocks):
         # The heuristic aimed at the objective; aim at speed too before calling a deadline impossible.
-        blocks += _evaluate_all(fleet_profiles_by_variant, global_batches, limits, "time", method)
+        blocks += _evaluate_all(fleet_profiles_by_variant, global_batches, limits, "time", method, modes)
     if not _any_ok(blocks):
         raise PlanError(_explain_infeasible(blocks, limits, global_batches))
-    ranked, passed_over = _ranked(blocks, objective, top, limits, fewer_boards_within)
+    ranked, passed_over, declined, best_exact = _ranked(blocks, objective, top, limits, fewer_boards_within,
+                                                        inexact_margin)
     result = PlanResult(objective=objective, method=method, chosen=ranked[0], ranked=tuple(ranked),
                         front=tuple(_front(blocks, limits)), ruled_out=tuple(_exclusions(blocks, limits)),
                         evaluated=sum(len(b) for b in blocks), feasible=sum(int((b.code == OK).sum()) for b in blocks),
-                        passed_over=passed_over, fewer_boards_within=fewer_boards_within)
+                        passed_over=passed_over, fewer_boards_within=fewer_boards_within, modes=modes,
+                        inexact_margin=inexact_margin, declined_inexact=declined, best_exact=best_exact)
     c = result.chosen
-    log.info("plan (%s, %s): %d candidates, %d feasible; chosen %s x%d batch %s (%s): %s per epoch, %.1f W",
+    log.info("plan (%s, %s): %d candidates, %d feasible; chosen %s x%d batch %s (%s, %s): %s per epoch, %.1f W",
              objective, method, result.evaluated, result.feasible, ",".join(c.candidate.boards),
-             len(c.candidate.boards), c.candidate.global_batch, c.variant_label,
+             len(c.candidate.boards), c.candidate.global_batch, c.variant_label, c.mode.name,
              format_duration(c.epoch_time_s), c.power_w)
     return result
+
+
+def _check_modes(modes: Sequence[TrainingMode], inexact_margin: float) -> tuple[TrainingMode, ...]:
+    modes = tuple(modes)
+    if not any(m.exact for m in modes):
+        raise PlanError(f"modes {[m.name for m in modes]}: plan with the exact mode too (inexact ones are compared with it)")
+    names = [m.name for m in modes]
+    if len(set(names)) != len(names):
+        raise PlanError(f"modes {names}: each training mode once")
+    if not 0.0 <= inexact_margin < 1.0:
+        raise PlanError(f"inexact_margin {inexact_margin:g} must be a fraction in [0, 1) (0.1 = 10%)")
+    return modes
 
 
 def heuristic_gap(fleet_profiles_by_variant: Mapping[str, FleetProfile], **plan_kwargs: object) -> GapReport:
@@ -197,16 +234,18 @@ def _check_request(fleets: Mapping[str, FleetProfile], objective: str, global_ba
 
 
 def _evaluate_all(fleets: Mapping[str, FleetProfile], global_batches: Sequence[int], limits: Limits, objective: str,
-                  method: str) -> list[Block]:
+                  method: str, modes: Sequence[TrainingMode]) -> list[Block]:
+    """Every (variant, mode, global batch) block, in that order; each mode with its own link figures."""
     blocks = []
     for label, fleet in fleets.items():
-        fa = FleetArrays.from_fleet(fleet, limits.max_memory_fraction)
-        stats = SubsetStats.all_subsets(fa) if method == "exhaustive" else None
-        for global_batch in sorted({int(b) for b in global_batches}):
-            if stats is not None:
-                blocks.append(_evaluate(label, fleet, fa, stats, global_batch, limits))
-            else:
-                blocks.append(_heuristic(label, fleet, fa, global_batch, limits, objective))
+        for mode in modes:
+            fa = FleetArrays.from_fleet(fleet, limits.max_memory_fraction, mode)
+            stats = SubsetStats.all_subsets(fa) if method == "exhaustive" else None
+            for global_batch in sorted({int(b) for b in global_batches}):
+                if stats is not None:
+                    blocks.append(_evaluate(label, fleet, fa, stats, global_batch, limits, mode=mode))
+                else:
+                    blocks.append(_heuristic(label, fleet, fa, global_batch, limits, objective, mode))
     return blocks
 
 
@@ -222,7 +261,7 @@ def _materialize_many(block: Block, rows: np.ndarray, limits: Limits) -> list[Es
     for mask, sizes in zip(masks, k):
         ids = [block.fa.board_ids[i] for i in np.nonzero(mask)[0]]
         candidate = Candidate(boards=tuple(ids), batch_sizes=tuple(int(x) for x in sizes[mask]),
-                              variant=dict(block.fleet.variant))
+                              variant=dict(block.fleet.variant), mode=block.mode)
         est = _estimate(block.fa, candidate, block.fleet, count_idle=limits.count_idle,
                         max_memory_fraction=limits.max_memory_fraction, max_power_w=limits.max_power_w,
                         deadline_s=limits.deadline_s)
@@ -263,31 +302,54 @@ def _ok(blocks: list[Block]) -> np.ndarray:
     return np.concatenate([b.code == OK for b in blocks])
 
 
-def _ranked(blocks: list[Block], objective: str, top: int, limits: Limits,
-            fewer_within: float) -> tuple[list[Estimate], Estimate | None]:
-    """The chosen candidate and the best others by objective; and the best estimate if it was passed over."""
+def _ranked(blocks: list[Block], objective: str, top: int, limits: Limits, fewer_within: float,
+            margin: float) -> tuple[list[Estimate], Estimate | None, Estimate | None, Estimate | None]:
+    """The chosen candidate and the best others by objective; the best estimate of the chosen
+    kind (exact or not) if a near tie passed it over; the best inexact candidate if it beat exact
+    by less than ``margin`` (module doc); the best exact one if an inexact one was chosen."""
     key = OBJECTIVE_KEY[objective]
-    where = np.nonzero(_ok(blocks))[0]
-    low, high = _stack(blocks, key)[where], _stack(blocks, key, "ub")[where]
-    # Every row that could be among the best `top` once exact (lower bound within the top-th upper
-    # bound), or within `fewer_within` of the best (lower bound within that of the least upper bound).
-    bar = np.partition(high, top - 1)[top - 1] if len(high) > top else np.inf
-    bar = max(bar, float(np.min(high)) * (1.0 + fewer_within))
-    _refine(blocks, where[low <= bar], limits)
-    exact = np.concatenate([b.exact for b in blocks])
-    where = np.nonzero(_ok(blocks) & exact)[0]
+    inexact = np.concatenate([np.full(len(b), not b.mode.exact) for b in blocks])
+    ok = _ok(blocks)
+    for group in (ok & ~inexact, ok & inexact):  # each kind's best must be exact figures: they are compared
+        where = np.nonzero(group)[0]
+        if not len(where):
+            continue
+        low, high = _stack(blocks, key)[where], _stack(blocks, key, "ub")[where]
+        # Every row that could be among the best `top` once exact (lower bound within the top-th upper
+        # bound), or within `fewer_within` of the best (lower bound within that of the least upper bound).
+        bar = np.partition(high, top - 1)[top - 1] if len(high) > top else np.inf
+        bar = max(bar, float(np.min(high)) * (1.0 + fewer_within))
+        _refine(blocks, where[low <= bar], limits)
+    refined = np.concatenate([b.exact for b in blocks])
+    where = np.nonzero(ok & refined)[0]
     obj = _stack(blocks, key)[where]
     size = np.concatenate([b.stats.members for b in blocks])[where]
+    departure = np.concatenate([np.full(len(b), b.mode.departure) for b in blocks])[where]
     order = np.lexsort((where, size, _stack(blocks, "energy_per_epoch_j")[where],
                         _stack(blocks, "epoch_time_s")[where], obj))
-    near = order[obj[order] <= obj[order[0]] * (1.0 + fewer_within)]  # by objective, the best first
-    pick = near[np.argmin(size[near])]                                # the first of the fewest boards
+    plain, other = order[~inexact[where][order]], order[inexact[where][order]]   # by objective, the best first
+    best_plain = float(obj[plain[0]]) if len(plain) else np.inf
+    declined = best_exact = None
+    if len(other) and obj[other[0]] <= best_plain * (1.0 - margin):
+        bound = min(obj[other[0]] * (1.0 + fewer_within), best_plain * (1.0 - margin))
+        near = other[obj[other] <= bound]
+        pick = near[np.lexsort((np.arange(len(near)), departure[near], size[near]))[0]]
+        head = other[0]
+        if len(plain):
+            best_exact = _materialize_flat(blocks, where[plain[:1]], limits)[0]
+    else:
+        near = plain[obj[plain] <= obj[plain[0]] * (1.0 + fewer_within)]
+        pick = near[np.argmin(size[near])]                                # the first of the fewest boards
+        head = plain[0]
+        if len(other) and obj[other[0]] < best_plain:
+            declined = _materialize_flat(blocks, where[other[:1]], limits)[0]
     rest = order[order != pick][:top - 1]
     ranked = _materialize_flat(blocks, where[np.concatenate([[pick], rest])], limits)
     passed_over = None
-    if pick != order[0]:  # the best estimate heads `rest` (unless top is 1)
-        passed_over = ranked[1] if len(rest) else _materialize_flat(blocks, where[order[:1]], limits)[0]
-    return ranked, passed_over
+    if pick != head:  # the best estimate is usually in `rest` (the best of its kind heads it but for inexact picks)
+        listed = np.nonzero(rest == head)[0]
+        passed_over = ranked[1 + int(listed[0])] if len(listed) else _materialize_flat(blocks, where[[head]], limits)[0]
+    return ranked, passed_over, declined, best_exact
 
 
 def _front(blocks: list[Block], limits: Limits) -> list[Estimate]:
@@ -337,7 +399,8 @@ def _exclusions(blocks: list[Block], limits: Limits) -> list[Exclusion]:
 
 def _describe_exclusion(block: Block, row: int, limits: Limits) -> str:
     ids = [block.fa.board_ids[i] for i in np.nonzero(block.masks[row])[0]]
-    what = f"{'+'.join(ids)} at global batch {block.global_batch} ({block.label})"
+    mode = "" if block.mode.exact else f", {block.mode.name}"
+    what = f"{'+'.join(ids)} at global batch {block.global_batch} ({block.label}{mode})"
     code = block.code[row]
     if code == TOO_SMALL:
         return f"{what}: fewer samples than boards"
@@ -414,7 +477,7 @@ class Limits:
 
 @dataclass(slots=True)
 class Block:
-    """Evaluated rows of one (variant, global batch).
+    """Evaluated rows of one (variant, training mode, global batch).
 
     Each row's figures are kept as a lower and an upper bound (from the makespan bounds of
     the cost model); :func:`_refine_rows` replaces both by the exact figures where a decision needs them.
@@ -432,6 +495,7 @@ class Block:
     lb: dict[str, np.ndarray]          # per-row figures, lower bounds (NaN where code is TOO_SMALL or MEMORY)
     ub: dict[str, np.ndarray]          # upper bounds
     exact: np.ndarray                  # rows whose lb and ub are the exact figures
+    mode: TrainingMode = EXACT         # the training mode the figures are for
 
     @property
     def masks(self) -> np.ndarray:
@@ -442,7 +506,7 @@ class Block:
 
 
 def _evaluate(label: str, fleet: FleetProfile, fa: FleetArrays, stats: SubsetStats, global_batch: int,
-             limits: Limits, table: np.ndarray | None = None) -> Block:
+             limits: Limits, table: np.ndarray | None = None, *, mode: TrainingMode = EXACT) -> Block:
     """Bounds and feasibility of every row of ``stats`` (rows near the deadline are made exact).
 
     ``table``: the rows' fill at every breakpoint, if the caller has it (see ``makespan_bounds``).
@@ -466,7 +530,7 @@ def _evaluate(label: str, fleet: FleetProfile, fa: FleetArrays, stats: SubsetSta
     if len(unfit):
         hit = masks[:, unfit]
         culprit = np.where(hit.any(axis=1), unfit[hit.argmax(axis=1)], -1)
-    block = Block(label, fleet, fa, global_batch, stats, code, culprit, room, lb, ub, np.zeros(count, dtype=bool))
+    block = Block(label, fleet, fa, global_batch, stats, code, culprit, room, lb, ub, np.zeros(count, dtype=bool), mode)
     if limits.deadline_s is not None:
         code[(code == OK) & (lb["epoch_time_s"] > limits.deadline_s)] = DEADLINE
         _refine_rows(block, np.nonzero((code == OK) & (ub["epoch_time_s"] > limits.deadline_s))[0], limits)
@@ -514,7 +578,7 @@ def _score(block: Block, objective: str, limits: Limits) -> np.ndarray:
 
 
 def _concat(blocks: list[Block]) -> Block:
-    """One block holding the rows of several blocks of the same (variant, global batch)."""
+    """One block holding the rows of several blocks of the same (variant, mode, global batch)."""
     first = blocks[0]
     stats = SubsetStats.concat([b.stats for b in blocks])
     return Block(first.label, first.fleet, first.fa, first.global_batch, stats,
@@ -522,7 +586,7 @@ def _concat(blocks: list[Block]) -> Block:
                  np.concatenate([b.room for b in blocks]),
                  {k: np.concatenate([b.lb[k] for b in blocks]) for k in FIGURES},
                  {k: np.concatenate([b.ub[k] for b in blocks]) for k in FIGURES},
-                 np.concatenate([b.exact for b in blocks]))
+                 np.concatenate([b.exact for b in blocks]), first.mode)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -556,7 +620,7 @@ LINK_LEVELS = 8       # link-time thresholds for the starting sets (plus "all li
 
 
 def _heuristic(label: str, fleet: FleetProfile, fa: FleetArrays, global_batch: int, limits: Limits,
-              objective: str) -> Block:
+              objective: str, mode: TrainingMode = EXACT) -> Block:
     """Starting sets, then moves (module doc); returns every row evaluated."""
     n = fa.n
     fit = np.minimum(fa.max_batch, global_batch) >= 1
@@ -568,17 +632,18 @@ def _heuristic(label: str, fleet: FleetProfile, fa: FleetArrays, global_batch: i
         for order in _rankings(fa, global_batch, np.maximum(marginal_w, 1e-3)):
             starts.append(_grown_sets(order[allowed[order]], n, marginal_w, base_w, limits.max_power_w))
     blocks = [_evaluate(label, fleet, fa, SubsetStats.of(fa, _distinct_rows(np.concatenate(starts))), global_batch,
-                       limits)]
+                       limits, mode=mode)]
     scores = _score(blocks[0], objective, limits)
     visited: set[bytes] = set()  # sets a previous start's moves went through: the rest of the path is known
     for start in np.argsort(scores, kind="stable")[:STARTS]:
         blocks += _improve(label, fleet, fa, global_batch, limits, objective, fit, blocks[0].masks[start],
-                           float(scores[start]), visited)
+                           float(scores[start]), visited, mode)
     return _concat(blocks)
 
 
 def _improve(label: str, fleet: FleetProfile, fa: FleetArrays, global_batch: int, limits: Limits, objective: str,
-             fit: np.ndarray, current: np.ndarray, current_score: float, visited: set[bytes]) -> list[Block]:
+             fit: np.ndarray, current: np.ndarray, current_score: float, visited: set[bytes],
+             mode: TrainingMode = EXACT) -> list[Block]:
     """Best-improvement moves from ``current`` until none improves; returns the rows evaluated."""
     per_board = fill_per_board(fa, global_batch)  # moves differ from the current set by a few boards:
     blocks = []                                   # their fill tables are the current one plus/minus those
@@ -591,12 +656,12 @@ def _improve(label: str, fleet: FleetProfile, fa: FleetArrays, global_batch: int
         moves, tables = _single_moves(current, fit, fa.link_s, fill, per_board)
         if not len(moves):
             break
-        block = _evaluate(label, fleet, fa, SubsetStats.of(fa, moves), global_batch, limits, tables)
+        block = _evaluate(label, fleet, fa, SubsetStats.of(fa, moves), global_batch, limits, tables, mode=mode)
         s = _score(block, objective, limits)
         swaps = _swaps(current, moves, s) if not s.min() < current_score * (1 - 1e-12) else moves[:0]
         if len(swaps):  # only when no single move helps: swaps cost SWAP_WIDTH^2 rows
             swap_block = _evaluate(label, fleet, fa, SubsetStats.of(fa, swaps), global_batch, limits,
-                                  _move_tables(current, fill, per_board, swaps))
+                                  _move_tables(current, fill, per_board, swaps), mode=mode)
             block = _concat([block, swap_block])
             s = np.concatenate([s, _score(swap_block, objective, limits)])
         blocks.append(block)
