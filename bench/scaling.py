@@ -9,28 +9,53 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   quotas: the faster link first, then the id). fleet8: x86-1; + pi5-2; + pi5-1 + pi4-3; all
   eight. mixed4: x86-1; + pi5-1; all four.
 * Batches: the model's global batch is fixed (the same samples at every step, however many boards:
-  the same mathematics in the exact mode) and split in proportion to the boards' CPU quotas
-  (largest remainders, ``scaling_figures.split_batch``); ``--no-rebalance`` keeps the split.
+  the same mathematics in the exact mode) and split among the boards (``--split``): ``planned``
+  (the default) as ``plan --objective time`` would split it for these boards, the planner's
+  allocation (``coordinator.planning.allocate_batches``) from a profile of the fleet taken in the
+  same run (``edge-coordinator profile`` through the lab, once per fleet and model, of every board a
+  planned configuration uses, the others spinning at their quotas; at the workload's
+  ``profile_batches``; its time is printed, not counted in any run): it equalises each board's
+  ready time from its profiled fixed cost per step a_i, its cost per sample and its link, so a
+  board at 0.09 core, whose fixed cost lasts four times as long as the 0.36-core board's, gets
+  fewer samples than its quota's share, and the large boards more. ``quota``: in proportion to the CPU quotas (largest remainders,
+  ``scaling_figures.split_batch``), the first full run's split. ``planned`` is the default because
+  it was as good or better (fleet8, resnet_small, one run of both on a crowded host: samples/s
+  1.68x and 1.72x over x86-1 at 2 boards, 2.55x against 2.16x at 4, 2.61x against 2.56x at 8).
+  One board takes the whole batch (split ``whole``). ``--no-rebalance`` keeps the split.
 * Workloads (``WORKLOADS``), both on scikit-learn's digits (1,438 training and 359 validation
   images, 32x32), seed 0, the models' default options. LeNet-5: global batch 128, target 95%
   validation accuracy (the issue's); trained on these global batches in one process it reaches
   96.4% at epoch 7 after 94.2% and 93.6% at epochs 5 and 6, a crossing 5 images clear of the
-  target. resnet_small (GroupNorm, width 16, two blocks, Adam 1e-3): global batch 64, target 40%.
-  It learns digits slowly (3x3 convolutions and global average pooling see the upscaled 8x8
-  digits as local texture): in one process 27.6% at epoch 4, 42.9% at epoch 5, 50% only at epoch
-  20. 40%, four times chance, is crossed at epoch 5 with 10 images to spare (from 27.6%), so
-  every board count, with the same mathematics, crosses it at the same epoch and its time to
-  target measures speed, not luck; a higher target would take 20 epochs or more per run. Every
-  configuration of a model should reach its target at the same epoch; the table says when not.
-  Each run is capped at ``max_epochs`` (10) and stops itself after the first epoch whose
-  validation reaches the target (``train --target-accuracy``).
+  target. resnet_small (GroupNorm, width 16, two blocks, Adam 1e-3): global batch 256, target 35%.
+  The global batch is one at which a fleet can win, as a user with eight boards would choose it:
+  a step costs a board a ~ 8 ms of CPU whatever its batch (Lightning's loop, self.log, the
+  optimizer, the exchange client) plus ~1.4 ms a sample, so at 64 samples fleet8's eight boards
+  (1.44 cores) would need 64 x 1.4 + 8 x 8 = 154 ms of CPU for a step that 3x the best board's
+  rate (0.36 core) allows 131 ms of: impossible at any split; at 256 a split that knows a_i needs
+  about 85% of the quota turned into samples. resnet_small learns digits slowly and unevenly
+  (3x3 convolutions and global average pooling see the upscaled 8x8 digits as local texture); in
+  one process at global batch 256 (5 steps an epoch, 158 images left out of each): 29.3% at
+  epoch 12, 38.2% at epoch 13, 40.7% at 15, then 35-41% until epoch 23. 35% is crossed at epoch
+  13 with 11 images to spare above and 21 below, so every board count, with the same mathematics,
+  crosses it at the same epoch and its time to target measures speed, not luck; 40% is missed by
+  one image at epoch 14, crossed at 15 by three and lost again at 16. A larger learning rate does
+  not help at this batch (2e-3, 4e-3, 8e-3: 40% first at epochs 18, 21 and 25, as unevenly), so
+  the model's default options stand. At 512 (2 steps an epoch, 414 images left out of each) 35%
+  takes 26 epochs: 52 steps of 512 samples, 27k samples against 256's 17k, which no gain in a
+  step's efficiency makes up. Every configuration of a model should reach its target at the
+  same epoch; the table says when not. Each run is capped at ``max_epochs`` (10 for LeNet-5, 16
+  for resnet_small) and stops itself after the first epoch whose validation reaches the target
+  (``train --target-accuracy``).
 * Figures, from the run directory's ``metrics.jsonl`` (definitions in ``bench/scaling_figures.py``):
   samples/s (training rate after ``WARMUP_STEPS`` steps, validation left out), time per epoch
   (consecutive epoch ends, validation included), time to target (the coordinator's ``elapsed_s``
   at the first epoch whose validation reached the target; it starts at the first step, after
   every board joined), the exchange's share of a step (the part of a step's period, consecutive
   ``elapsed_s``, outside the slowest board's ``compute_s``; the ``--json`` also has the share of
-  the exchange's own ``wall_s``, which misses part of a step), and against the best single board measured in the
+  the exchange's own ``wall_s``, which misses part of a step), where a multi-board step goes (the
+  median period against each board's median compute and CPU per sample, and the coordinator's
+  own CPU per step from /proc, validations included; printed after each run and under the table
+  for each fleet's largest configurations), and against the best single board measured in the
   same run in the exact mode: speed-up (time to target, and samples/s), scaling efficiency
   (speed-up over the configuration's summed CPU quota / the best board's quota) and the time to
   target relative to one board beside Park et al.'s LeNet (elapsed time relative to one device;
@@ -54,8 +79,9 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
 Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags; ``exact`` (none) is the only
 one train has today. ``--modes`` refuses an unknown mode, naming the ones train lacks so far.
 
-Run as root from the repository root: ``python bench/scaling.py`` (all: 14 configurations, about
-10 min on a 2-core machine, up to three times that with retakes), ``--quick`` (mixed4, LeNet-5, 1 and 2 boards, at
+Run as root from the repository root: ``python bench/scaling.py`` (all: 14 configurations and a
+profile per fleet and model, about 15 min on a 2-core machine, up to three times that with retakes;
+``--split planned quota`` measures both splits: 8 more runs), ``--quick`` (mixed4, LeNet-5, 1 and 2 boards, at
 most one retake; --fleets, --models and --boards override it: a smoke run of one to a few
 minutes). Progress
 goes to stderr; the figures are printed as a table last. Exit status: 0 when every run was made,
@@ -76,7 +102,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -86,12 +112,16 @@ from _table import print_table
 from scaling_figures import (
     BoardQuota,
     Record,
+    cpu_per_sample,
     efficiency,
     exchange_share,
     exchange_share_of_wall,
     fastest_boards,
+    fitted_costs,
     median_compute,
+    median_period,
     park_relative,
+    planned_split,
     quota_ratio,
     samples_per_s,
     speed_up_rate,
@@ -103,6 +133,7 @@ from scaling_figures import (
 from selection_accuracy import Retakes, _ballast
 
 if TYPE_CHECKING:
+    from edgefleet.coordinator.planning import FleetProfile
     from edgefleet.lab.fleet_file import Fleet
     from edgefleet.lab.lab import Lab
 
@@ -114,12 +145,16 @@ MODE_FLAGS: dict[str, tuple[str, ...]] = {"exact": ()}  # mode -> extra train fl
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
 PLANNED_MODES = {"overlap": "part 2", "powersgd": "part 3", "topk": "part 3", "local-sgd": "part 3"}
 BASELINE_MODE = "exact"
+SPLITS = ("planned", "quota")  # how a configuration's boards share the global batch (module doc)
+DEFAULT_SPLIT = "planned"
+ONE_BOARD = "whole"  # the split of a one-board configuration: the whole global batch, whichever split was asked
 WARMUP_STEPS = 3       # steps left out of samples/s and the exchange's share (allocations, Lightning's first batch)
 POLL_S = 0.5           # how often a run's metrics.jsonl is read (for progress and the target; no figure depends on it)
 PROGRESS_S = 15.0      # seconds between progress lines of a run
 STOP_GRACE_S = 60.0    # a run asked to stop (target reached, or out of time) has this long to end
 JOIN_GRACE_S = 240.0   # a run's start (boards joining) beyond the measured budget
 READY_TIMEOUT_S = 120.0  # boards back to online after the previous job
+PROFILE_TIMEOUT_S = 600.0  # one model's profile of the planned split (about 1 min for resnet_small on fleet8)
 # Other processes above this share of the host's CPU took more than the lab's reserve (the fleet files'
 # reserved_cpus, 0.5 of 2 cores, for the broker, the coordinator and the host): the boards may have lacked quota.
 CROWDED_SHARE = 0.25
@@ -135,11 +170,13 @@ class Workload:
     global_batch: int
     target: float       # validation accuracy
     max_epochs: int
+    model_options: str = ""                       # train's and profile's --model-options (K=V,...)
+    profile_batches: tuple[int, ...] = (8, 32, 64)  # the planned split's profile: per-board batch sizes timed
 
 
 WORKLOADS = {
-    "lenet5": Workload("lenet5", "digits", 128, 0.95, 10),
-    "resnet_small": Workload("resnet_small", "digits", 64, 0.40, 10),
+    "lenet5": Workload("lenet5", "digits", 128, 0.95, 10, profile_batches=(8, 32, 64)),
+    "resnet_small": Workload("resnet_small", "digits", 256, 0.35, 16, profile_batches=(8, 32, 128)),
 }
 
 
@@ -151,12 +188,14 @@ class Config:
     model: str
     mode: str
     boards: tuple[str, ...]
-    batch_sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]   # () for a planned split until its fleet's profile gives them
     quotas: tuple[float, ...]
+    split: str = ONE_BOARD
 
     @property
     def label(self) -> str:
-        return f"{self.fleet} {self.model} {self.mode} {len(self.boards)} board{'s' * (len(self.boards) > 1)}"
+        split = "" if self.split == ONE_BOARD else f", {self.split} split"
+        return f"{self.fleet} {self.model} {self.mode} {len(self.boards)} board{'s' * (len(self.boards) > 1)}{split}"
 
 
 @dataclass
@@ -166,6 +205,7 @@ class RunFigures:
     fleet: str
     model: str
     mode: str
+    split: str
     boards: list[str]
     batch_sizes: list[int]
     quotas: list[float]
@@ -183,6 +223,10 @@ class RunFigures:
     exchange_share: float | None        # of the step's period, outside the slowest board's compute
     exchange_share_of_wall: float | None
     median_compute_s: dict[str, float]
+    median_period_s: float | None       # the median step period over the same steps as samples/s
+    coordinator_cpu_per_step_s: float | None  # the coordinator's CPU (all threads) per step after the warm-up, validations included
+    board_cpu_per_step_s: dict[str, float]    # each board's cgroup CPU per step over the same steps
+    board_quota_used: dict[str, float]        # ... as a share of its quota over their time (1.0: CPU-bound)
     result_samples_per_s: float | None  # result.json's: all samples over the whole training time
     train_elapsed_s: float | None       # result.json's elapsed_s
     wall_s: float                       # the whole job, boards joining included
@@ -278,11 +322,89 @@ def _train_command(lab: Lab, key_file: Path, cfg: Config, workload: Workload, ru
               else ["--epochs", str(epochs or workload.max_epochs), "--target-accuracy", str(workload.target)])
     cmd = module_command("edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key_file),
                          "--boards", ",".join(cfg.boards), "--batch", ",".join(map(str, cfg.batch_sizes)),
-                         "--model", workload.model, "--dataset", workload.dataset, *length, "--seed", "0",
-                         "--no-rebalance", "--run-dir", str(run_dir), *MODE_FLAGS[cfg.mode])
+                         "--model", workload.model, *_model_options(workload), "--dataset", workload.dataset, *length,
+                         "--seed", "0", "--no-rebalance", "--run-dir", str(run_dir), *MODE_FLAGS[cfg.mode])
+    return _in_lab(lab, cmd)
+
+
+def _model_options(workload: Workload) -> list[str]:
+    return ["--model-options", workload.model_options] if workload.model_options else []
+
+
+def _in_lab(lab: Lab, cmd: list[str]) -> list[str]:
+    """``cmd`` where the fleet file puts the coordinator (its [server] namespace, if any)."""
     if lab.coordinator_netns is not None:
-        cmd = ["nsenter", f"--net=/run/netns/{lab.coordinator_netns}", "--", *cmd]
+        return ["nsenter", f"--net=/run/netns/{lab.coordinator_netns}", "--", *cmd]
     return cmd
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    """A process's CPU time so far (user + system, all threads) from /proc; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    steps: int                   # steps applied so far
+    at: float                    # time.monotonic()
+    coordinator_s: float         # the coordinator's CPU so far
+    boards_s: dict[str, float]   # each board's cgroup CPU so far (cpuacct: its agent and its worker)
+
+
+@dataclass
+class StepCpu:
+    """Where the CPU went per step, between the first poll at or after the warm-up and the last poll.
+
+    The coordinator's CPU from /proc (all its threads); each board's from its cgroup's
+    cpuacct.usage, also as a share of its quota over the same time (1.0: the board was busy for
+    its whole quota, CPU-bound; less: it waited). Validations fall inside the window."""
+
+    boards: dict[str, Path]      # board id -> its cpuacct.usage
+    first: CpuMark | None = None
+    last: CpuMark | None = None
+
+    def note(self, pid: int, steps: int) -> None:
+        if steps < WARMUP_STEPS:
+            return
+        coordinator = _process_cpu_s(pid)
+        if coordinator is None:
+            return
+        try:
+            boards = {b: int(path.read_text()) / 1e9 for b, path in self.boards.items()}
+        except (OSError, ValueError):
+            return
+        mark = CpuMark(steps, time.monotonic(), coordinator, boards)
+        if self.first is None:
+            self.first = mark
+        self.last = mark
+
+    def _span(self) -> tuple[CpuMark, CpuMark] | None:
+        if self.first is None or self.last is None or self.last.steps <= self.first.steps:
+            return None
+        return self.first, self.last
+
+    @property
+    def coordinator_per_step_s(self) -> float | None:
+        span = self._span()
+        return None if span is None else (span[1].coordinator_s - span[0].coordinator_s) / (span[1].steps - span[0].steps)
+
+    def boards_per_step_s(self) -> dict[str, float]:
+        span = self._span()
+        if span is None:
+            return {}
+        a, b = span
+        return {board: (b.boards_s[board] - a.boards_s[board]) / (b.steps - a.steps) for board in a.boards_s}
+
+    def quota_used(self, quotas: dict[str, float]) -> dict[str, float]:
+        span = self._span()
+        if span is None or not span[1].at > span[0].at:
+            return {}
+        a, b = span
+        return {board: (b.boards_s[board] - a.boards_s[board]) / ((b.at - a.at) * quotas[board]) for board in a.boards_s}
 
 
 def _stop(proc: subprocess.Popen[bytes], *, grace_s: float = STOP_GRACE_S) -> int:
@@ -303,11 +425,14 @@ def _tail(path: Path, lines: int = 12) -> str:
         return "(no log)"
 
 
-def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, label: str, deadline: float) -> tuple[int, bool]:
+def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, label: str, deadline: float,
+           cpu: StepCpu | None = None) -> tuple[int, bool]:
     """Run one train job to its end, or until an epoch reaches the target (then stop it).
 
-    Returns the exit status and whether it was stopped at the target. Raises OutOfTime past
-    ``deadline`` (the job stopped first) and stops the job on any exception (Ctrl-C included)."""
+    Returns the exit status and whether it was stopped at the target; ``cpu`` notes the
+    coordinator's CPU at each poll (nsenter execs it: the child is the coordinator). Raises
+    OutOfTime past ``deadline`` (the job stopped first) and stops the job on any exception (Ctrl-C
+    included)."""
     tail = MetricsTail(run_dir / "metrics.jsonl")
     steps_per_epoch: int | None = None
     started = last_progress = time.monotonic()
@@ -321,6 +446,8 @@ def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, la
             except subprocess.TimeoutExpired:
                 pass
             new = tail.read()
+            if cpu is not None:
+                cpu.note(proc.pid, len(tail.records))
             if steps_per_epoch is None and (run_dir / "config.json").exists():
                 steps_per_epoch = int(json.loads((run_dir / "config.json").read_text())["steps_per_epoch"])
             if steps_per_epoch and not stopped_at_target and time_to_target(new, workload.target, steps_per_epoch):
@@ -353,7 +480,8 @@ def _progress(records: Sequence[Record], steps_per_epoch: int | None, workload: 
     return where + (f", val acc {accuracy:.3f}" if accuracy is not None else "")
 
 
-def _figures(cfg: Config, workload: Workload, run_dir: Path, wall_s: float, stopped: bool, host: HostShares) -> RunFigures:
+def _figures(cfg: Config, workload: Workload, run_dir: Path, wall_s: float, stopped: bool, host: HostShares,
+             cpu: StepCpu) -> RunFigures:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config = json.loads((run_dir / "config.json").read_text())
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
@@ -361,14 +489,16 @@ def _figures(cfg: Config, workload: Workload, run_dir: Path, wall_s: float, stop
     hit = time_to_target(records, workload.target, spe)
     by_epoch = [r.get("val_accuracy") for r in records if (int(r["step"]) + 1) % spe == 0]
     return RunFigures(
-        fleet=cfg.fleet, model=cfg.model, mode=cfg.mode, boards=list(cfg.boards), batch_sizes=list(cfg.batch_sizes),
+        fleet=cfg.fleet, model=cfg.model, mode=cfg.mode, split=cfg.split, boards=list(cfg.boards), batch_sizes=list(cfg.batch_sizes),
         quotas=list(cfg.quotas), global_batch=workload.global_batch, target=workload.target, max_epochs=workload.max_epochs,
         steps_per_epoch=spe, steps=len(records), samples_per_s=samples_per_s(records, WARMUP_STEPS, spe),
         time_per_epoch_s=time_per_epoch(records, spe), time_to_target_s=hit.elapsed_s if hit else None,
         target_epoch=hit.epoch if hit else None, final_val_accuracy=result.get("val_accuracy"),
         val_accuracy_by_epoch=by_epoch, exchange_share=exchange_share(records, WARMUP_STEPS, spe),
         exchange_share_of_wall=exchange_share_of_wall(records, WARMUP_STEPS, spe),
-        median_compute_s=median_compute(records, WARMUP_STEPS), result_samples_per_s=result.get("samples_per_s"),
+        median_compute_s=median_compute(records, WARMUP_STEPS), median_period_s=median_period(records, WARMUP_STEPS, spe),
+        coordinator_cpu_per_step_s=cpu.coordinator_per_step_s, board_cpu_per_step_s=cpu.boards_per_step_s(),
+        board_quota_used=cpu.quota_used(dict(zip(cfg.boards, cfg.quotas))), result_samples_per_s=result.get("samples_per_s"),
         train_elapsed_s=result.get("elapsed_s"), wall_s=wall_s, stopped_at_target=stopped, stolen=host.stolen,
         others_share=host.others, busy_share=host.busy)
 
@@ -381,6 +511,7 @@ class FleetContext:
     key_file: Path
     ballast_info: dict[str, dict[str, Any]]
     cpuacct_files: list[Path]
+    board_cpuacct: dict[str, Path]   # each board's cpuacct.usage
     runs_dir: Path
     deadline: float
     ballast: bool
@@ -402,18 +533,19 @@ def _wait_ready(lab: Lab, boards: Sequence[str], timeout_s: float = READY_TIMEOU
 def _attempt(ctx: FleetContext, cfg: Config, attempt: int) -> RunFigures:
     workload = WORKLOADS[cfg.model]
     _wait_ready(ctx.lab, cfg.boards)
-    run_dir = ctx.runs_dir / f"{cfg.fleet}-{cfg.model}-{cfg.mode}-{len(cfg.boards)}-try{attempt}"
+    run_dir = ctx.runs_dir / f"{cfg.fleet}-{cfg.model}-{cfg.mode}-{len(cfg.boards)}-{cfg.split}-try{attempt}"
     cmd = _train_command(ctx.lab, ctx.key_file, cfg, workload, run_dir)
     idle = [b for b in ctx.ballast_info if b not in cfg.boards] if ctx.ballast else []
+    cpu = StepCpu({b: ctx.board_cpuacct[b] for b in cfg.boards})
     with _ballast(ctx.ballast_info, idle):
         load = HostLoad(ctx.cpuacct_files)
         started = time.monotonic()
-        status, stopped = _drive(cmd, run_dir, run_dir.with_suffix(".log"), workload, cfg.label, ctx.deadline)
+        status, stopped = _drive(cmd, run_dir, run_dir.with_suffix(".log"), workload, cfg.label, ctx.deadline, cpu)
         wall = time.monotonic() - started
         host = load.finish()  # before the ballast's processes are reaped (they count in the boards' cgroups)
     if not (status == 0 or (stopped and status == 130)) or not (run_dir / "metrics.jsonl").exists():
         raise RuntimeError(f"{cfg.label}: train exited with {status}:\n{_tail(run_dir.with_suffix('.log'))}")
-    return _figures(cfg, workload, run_dir, wall, stopped, host)
+    return _figures(cfg, workload, run_dir, wall, stopped, host, cpu)
 
 
 def _measure(ctx: FleetContext, cfg: Config, retakes: Retakes) -> RunFigures:
@@ -449,10 +581,12 @@ def _warm(ctx: FleetContext, boards: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------- the plan
 
 def plan_configs(fleet_name: str, boards: Sequence[BoardQuota], models: Sequence[str], modes: Sequence[str],
-                 counts: Sequence[int]) -> list[Config]:
-    """Every configuration of a fleet, in the order measured: by model, mode and board count.
+                 counts: Sequence[int], splits: Sequence[str] = (DEFAULT_SPLIT,)) -> list[Config]:
+    """Every configuration of a fleet, in the order measured: by model, mode, board count and split.
 
-    The exact mode always has its single board: the baseline of every ratio."""
+    The exact mode always has its single board: the baseline of every ratio. One board takes the
+    whole global batch (split ``ONE_BOARD``, measured once whatever ``splits`` asks); a planned
+    split has no batches until its fleet's profile is in (:func:`with_planned_batches`)."""
     configs = []
     for model in models:
         for mode in modes:
@@ -462,9 +596,32 @@ def plan_configs(fleet_name: str, boards: Sequence[BoardQuota], models: Sequence
                     continue
                 ids = fastest_boards(boards, k)
                 quotas = tuple(next(b.cpu for b in boards if b.id == i) for i in ids)
-                configs.append(Config(fleet_name, model, mode, tuple(ids), tuple(split_batch(quotas, WORKLOADS[model].global_batch)),
-                                      quotas))
+                batch = WORKLOADS[model].global_batch
+                if k == 1:
+                    configs.append(Config(fleet_name, model, mode, tuple(ids), (batch,), quotas, ONE_BOARD))
+                    continue
+                for split in splits:
+                    sizes = tuple(split_batch(quotas, batch)) if split == "quota" else ()
+                    configs.append(Config(fleet_name, model, mode, tuple(ids), sizes, quotas, split))
     return configs
+
+
+def with_planned_batches(configs: Sequence[Config], profiles: dict[str, FleetProfile]) -> list[Config]:
+    """The configurations with every planned split's batches from its model's profile (``profiles`` by model).
+
+    Raises:
+        ValueError: a planned configuration whose model has no profile, or the planner's refusal.
+    """
+    out = []
+    for cfg in configs:
+        if cfg.split != "planned":
+            out.append(cfg)
+            continue
+        if cfg.model not in profiles:
+            raise ValueError(f"{cfg.label}: no profile of {cfg.model}")
+        sizes = planned_split(profiles[cfg.model], cfg.boards, WORKLOADS[cfg.model].global_batch)
+        out.append(replace(cfg, batch_sizes=tuple(sizes)))
+    return out
 
 
 def _fleet_quotas(fleet: Fleet) -> list[BoardQuota]:
@@ -476,6 +633,7 @@ class Session:
     """Everything measured so far, and what went wrong."""
 
     runs: list[RunFigures] = field(default_factory=list)
+    profiles: list[dict[str, Any]] = field(default_factory=list)  # the planned splits' profiles: cost, fitted lines
     failures: list[str] = field(default_factory=list)   # why, one per failed run (or the lab, or the time)
     failed: list[str] = field(default_factory=list)     # the configurations whose run failed
     skipped: list[str] = field(default_factory=list)    # the configurations never run
@@ -503,11 +661,15 @@ def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, k
                 for board_id, board in lab.boards.items()}
         runs_dir = (args.keep_runs or tmp) / name
         runs_dir.mkdir(parents=True, exist_ok=True)
-        ctx = FleetContext(lab, key_file, info, files, runs_dir, args.deadline, args.ballast)
+        board_cpuacct = {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()}
+        ctx = FleetContext(lab, key_file, info, files, board_cpuacct, runs_dir, args.deadline, args.ballast)
         _warm(ctx, list(dict.fromkeys(b for cfg in configs for b in cfg.boards)))
+        configs = _plan_splits(ctx, name, configs, session)
         for n, cfg in enumerate(configs, 1):
             if time.monotonic() > args.deadline:
                 raise OutOfTime(f"--max-minutes passed before {cfg.label}")
+            if not cfg.batch_sizes:  # a planned split whose profile failed (said so already)
+                continue
             print(f"  [{n}/{len(configs)}] {cfg.label}: {'+'.join(cfg.boards)}, batches {','.join(map(str, cfg.batch_sizes))}",
                   file=sys.stderr, flush=True)
             run_started = time.monotonic()
@@ -525,6 +687,107 @@ def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, k
                   f"target {figures.target:.0%} {_target_cell(figures)}, outside compute {_pct(figures.exchange_share)}; "
                   f"stolen {figures.stolen:.0%}, others {figures.others_share:.0%}"
                   + (f" ({figures.attempts} attempts)" if figures.attempts > 1 else ""), file=sys.stderr, flush=True)
+            if len(cfg.boards) > 1:
+                print(f"    {step_breakdown(figures)}", file=sys.stderr, flush=True)
+
+
+def step_breakdown(r: RunFigures) -> str:
+    """Where a run's step goes: the median period against each board's median compute (and its share of the
+    period), batch, forward+backward CPU per sample, whole CPU per step (its cgroup's) and quota used."""
+    period = r.median_period_s
+    parts = []
+    for board, batch, quota in zip(r.boards, r.batch_sizes, r.quotas):
+        compute = r.median_compute_s.get(board)
+        text = f"{board} b={batch}"
+        if compute is not None:
+            share = f" ({compute / period:.0%})" if period else ""
+            text += f" {compute * 1e3:.0f} ms{share}, {cpu_per_sample(compute, quota, batch) * 1e3:.2f} ms CPU/sample"
+        if board in r.board_cpu_per_step_s:
+            text += f", {r.board_cpu_per_step_s[board] * 1e3:.0f} ms CPU/step"
+        if board in r.board_quota_used:
+            text += f", {r.board_quota_used[board]:.0%} of quota"
+        parts.append(text)
+    coordinator = "-" if r.coordinator_cpu_per_step_s is None else f"{r.coordinator_cpu_per_step_s * 1e3:.0f} ms"
+    return (f"step period {_fmt(period and period * 1e3, '.0f')} ms (median); per board (median compute, its share of "
+            f"the period): " + "; ".join(parts) + f"; the coordinator's CPU per step {coordinator}")
+
+
+def _profile(ctx: FleetContext, model: str, boards: Sequence[str]) -> tuple[FleetProfile, dict[str, Any]]:
+    """``edge-coordinator profile`` of ``boards`` on ``model`` through the lab (default flags but the batch sizes).
+
+    The fleet's other boards spin at their quotas meanwhile (``--ballast``), as during the runs.
+    Returns the profile and its figures for the record: its wall time, the steal, each board's fitted line.
+
+    Raises:
+        RuntimeError: the profile failed or its file cannot be read (the log's tail included).
+    """
+    from edgefleet.coordinator.planning import load_profiles
+    from edgefleet.lab.measurements import HostSteal
+    from edgefleet.launch import module_command
+    from edgefleet.protocol.errors import PlanError
+
+    workload = WORKLOADS[model]
+    out = ctx.runs_dir / f"profile-{model}.json"
+    log_path = out.with_suffix(".log")
+    cmd = _in_lab(ctx.lab, module_command(
+        "edgefleet.coordinator.cli", "--broker", ctx.lab.broker_address, "profile", "--fleet-key", str(ctx.key_file),
+        "--boards", ",".join(boards), "--model", model, *_model_options(workload), "--dataset", workload.dataset,
+        "--batch", ",".join(map(str, workload.profile_batches)), "--profile", str(out)))
+    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
+    _wait_ready(ctx.lab, boards)
+    timeout = max(1.0, min(PROFILE_TIMEOUT_S, ctx.deadline - time.monotonic()))
+    with _ballast(ctx.ballast_info, idle), log_path.open("wb") as log_file:
+        steal, started = HostSteal(), time.monotonic()
+        try:
+            done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ctx.runs_dir, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"profile of {model}: not done in {timeout:.0f} s:\n{_tail(log_path)}") from None
+        wall, stolen = time.monotonic() - started, steal.share
+    if done.returncode != 0:
+        raise RuntimeError(f"profile of {model} exited with {done.returncode}:\n{_tail(log_path)}")
+    try:
+        variants = load_profiles(out)
+    except PlanError as exc:
+        raise RuntimeError(f"profile of {model}: {exc}") from None
+    fleet = next(iter(variants.values()))
+    costs = fitted_costs(fleet)
+    return fleet, {"model": model, "boards": list(boards), "profile_s": round(wall, 1), "stolen": round(stolen, 4),
+                   "batch_sizes": list(workload.profile_batches),
+                   "fitted": {b: {"a_s": round(a, 5), "c_s": round(c, 6)} for b, (a, c) in costs.items()}}
+
+
+def _plan_splits(ctx: FleetContext, fleet_name: str, configs: list[Config], session: Session) -> list[Config]:
+    """Every planned split's batches, from one profile per model of the boards its configurations use.
+
+    A model whose profile fails loses its planned configurations (each a failure in the table)."""
+    profiles: dict[str, FleetProfile] = {}
+    for model in dict.fromkeys(cfg.model for cfg in configs if cfg.split == "planned"):
+        boards = list(dict.fromkeys(b for cfg in configs if cfg.model == model and cfg.split == "planned" for b in cfg.boards))
+        print(f"  profiling {model} on {len(boards)} boards for the planned split", file=sys.stderr, flush=True)
+        try:
+            profiles[model], record = _profile(ctx, model, boards)
+        except RuntimeError as exc:
+            for cfg in configs:
+                if cfg.model == model and cfg.split == "planned":
+                    session.failures.append(f"{cfg.label}: {exc}")
+                    session.failed.append(cfg.label)
+            print(f"    failed: {exc}", file=sys.stderr, flush=True)
+            continue
+        session.profiles.append({"fleet": fleet_name, **record})
+        lines = ", ".join(f"{b} {v['a_s'] * 1e3:.0f} + {v['c_s'] * 1e3:.1f} ms/sample" for b, v in record["fitted"].items())
+        print(f"    profiled in {record['profile_s']:.0f} s (stolen {record['stolen']:.0%}; counted in no run's figures): "
+              f"step time per board {lines}", file=sys.stderr, flush=True)
+    out = []
+    for cfg in configs:
+        if cfg.split == "planned" and cfg.model in profiles:
+            try:
+                out.extend(with_planned_batches([cfg], profiles))
+                continue
+            except ValueError as exc:  # the planner refused this split (memory, too few samples)
+                session.failures.append(f"{cfg.label}: {exc}")
+                session.failed.append(cfg.label)
+        out.append(cfg)
+    return out
 
 
 # ----------------------------------------------------------------------------- the table
@@ -584,7 +847,7 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
         r = row.run
         boards = f"{len(r.boards)}: all" if len(r.boards) > 4 else f"{len(r.boards)}: {'+'.join(r.boards)}"
         park = "-" if row.park[0] is None else f"{row.park[0]:.2f} / {_fmt(row.park[1], '.2f')}"
-        cells.append([r.fleet, r.model, r.mode, boards, ",".join(map(str, r.batch_sizes)), f"{row.quota_x:.2f}",
+        cells.append([r.fleet, r.model, r.mode, boards, r.split, ",".join(map(str, r.batch_sizes)), f"{row.quota_x:.2f}",
                       _fmt(r.samples_per_s, ".0f"), _fmt(r.time_per_epoch_s, ".1f"),
                       "-" if r.time_to_target_s is None else f"{r.time_to_target_s:.1f} ({r.target_epoch})",
                       _fmt(row.time_vs_one, ".2f"), park,
@@ -592,13 +855,16 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
                       f"{_fmt(row.efficiency_target, '.2f')} / {_fmt(row.efficiency_rate, '.2f')}",
                       _pct(r.exchange_share), f"{r.stolen:.0%} / {r.others_share:.0%}"])
     targets = "; ".join(f"{m} {WORKLOADS[m].target:.0%} at global batch {WORKLOADS[m].global_batch} "
-                        f"(at most {WORKLOADS[m].max_epochs} epochs)" for m in args.models)
+                        f"(at most {WORKLOADS[m].max_epochs} epochs{_options_note(WORKLOADS[m])})" for m in args.models)
     notes = [f"Targets (validation accuracy, digits): {targets}. "
              "Time to target: seconds from the first step (epoch reached). Time vs 1: ours relative to the best "
              "single board, beside Park et al.'s LeNet elapsed time relative to one device (their two configurations).",
              "Speed-up and efficiency: to target / samples/s, against the best single board in this run; efficiency = "
              "speed-up / quota x (the boards' summed CPU quota over the best board's). Outside compute: the share of a step's "
              "period outside the slowest board's forward+backward (links, waiting, reduce, per-step fixed costs).",
+             "Split: how the boards share the global batch: quota = in proportion to their CPU quotas; planned = the "
+             "planner's allocation (plan --objective time) from a profile of the boards taken in this run, which knows "
+             "each board's fixed cost per step; whole = one board.",
              f"Host: the hypervisor's steal / other processes' share of the CPU during the run; runs over "
              f"{args.steal_limit:.0%} steal taken again (up to {args.steal_retakes} more times). "
              f"{'Boards left out of a run spin at their quotas (ballast). ' if args.ballast else ''}"
@@ -618,9 +884,45 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
     for skipped in session.skipped:
         notes.append(f"not measured: {skipped}")
     print_table("Scaling on the emulated lab: time to accuracy and throughput against board count",
-                ["fleet", "model", "mode", "boards", "batches", "quota x", "samples/s", "s/epoch", "to target s",
+                ["fleet", "model", "mode", "boards", "split", "batches", "quota x", "samples/s", "s/epoch", "to target s",
                  "time vs 1", "Park et al.", "speed-up", "efficiency", "outside compute", "steal / others"],
-                cells, caption="\n".join(notes), left_columns=5, min_width=200)
+                cells, caption="\n".join(notes), left_columns=6, min_width=200)
+    largest: dict[tuple[str, str], int] = {}
+    for row in table_rows:
+        key = (row.run.fleet, row.run.model)
+        largest[key] = max(largest.get(key, 0), len(row.run.boards))
+    print_breakdown([row.run for row in table_rows if len(row.run.boards) == largest[(row.run.fleet, row.run.model)] > 1])
+    for record in session.profiles:
+        print(f"{record['fleet']} {record['model']}: the planned split's profile of {len(record['boards'])} boards took "
+              f"{record['profile_s']:.0f} s (stolen {record['stolen']:.0%}), not counted in the runs' figures")
+
+
+def print_breakdown(runs: Sequence[RunFigures]) -> None:
+    """Where the steps of ``runs`` (each fleet's largest configurations) go, one row per board."""
+    cells = []
+    for r in runs:
+        for board, batch, quota in zip(r.boards, r.batch_sizes, r.quotas):
+            compute = r.median_compute_s.get(board)
+            cpu_step = r.board_cpu_per_step_s.get(board)
+            cells.append([r.fleet, r.model, r.mode, r.split, board, f"{quota:.2f}", str(batch),
+                          _fmt(r.median_period_s and r.median_period_s * 1e3, ".0f"),
+                          _fmt(compute and compute * 1e3, ".0f"),
+                          _pct(compute / r.median_period_s if compute and r.median_period_s else None),
+                          _fmt(compute and cpu_per_sample(compute, quota, batch) * 1e3, ".2f"),
+                          _fmt(cpu_step and cpu_step * 1e3, ".0f"), _pct(r.board_quota_used.get(board)),
+                          _fmt(r.coordinator_cpu_per_step_s and r.coordinator_cpu_per_step_s * 1e3, ".0f")])
+    if cells:
+        print_table("Where the largest configurations' steps go (medians over the steps samples/s counts)",
+                    ["fleet", "model", "mode", "split", "board", "quota", "batch", "step ms", "compute ms", "of step",
+                     "CPU ms/sample", "CPU ms/step", "quota used", "coordinator CPU ms/step"], cells,
+                    caption="compute: the board's forward+backward (metrics.jsonl compute_s); CPU ms/sample: compute x quota / "
+                            "batch; CPU ms/step: the board's cgroup (agent and worker) per step, and quota used: that CPU over "
+                            "its quota's worth of the same time (100%: CPU-bound); the coordinator's CPU per step from /proc "
+                            "(validations included).", left_columns=5, min_width=160)
+
+
+def _options_note(workload: Workload) -> str:
+    return f", {workload.model_options}" if workload.model_options else ""
 
 
 # ----------------------------------------------------------------------------- main
@@ -655,6 +957,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", type=_modes, default=[BASELINE_MODE], metavar="MODE[,MODE]",
                         help=f"training modes, each a list of extra train flags (default and only one today: "
                              f"{', '.join(MODE_FLAGS)})")
+    parser.add_argument("--split", nargs="+", choices=SPLITS, default=[DEFAULT_SPLIT], metavar="SPLIT",
+                        help=f"how the boards of a configuration share its global batch: planned (the planner's "
+                             f"allocation from a profile of the boards taken in the run, which knows each board's fixed "
+                             f"cost per step) or quota (in proportion to the CPU quotas); several measure each "
+                             f"(default {DEFAULT_SPLIT})")
     parser.add_argument("--quick", action="store_true",
                         help="a short smoke run: mixed4, lenet5, 1 and 2 boards (unless --fleets, --models or --boards "
                              "say otherwise), at most one retake")
@@ -695,10 +1002,10 @@ def main(argv: list[str] | None = None) -> int:
     args.deadline = started + args.max_minutes * 60
     args.retakes = Retakes(args.steal_limit, args.steal_retakes, time.time() + args.max_minutes * 60)
     session = Session()
-    plans = {name: plan_configs(name, _fleet_quotas(load_fleet(FLEETS[name])), args.models, args.modes, args.boards)
+    plans = {name: plan_configs(name, _fleet_quotas(load_fleet(FLEETS[name])), args.models, args.modes, args.boards, args.split)
              for name in args.fleets}
     print(f"scaling: {sum(map(len, plans.values()))} configurations on {', '.join(args.fleets)}; modes "
-          f"{', '.join(args.modes)}; at most {args.max_minutes:g} min", file=sys.stderr, flush=True)
+          f"{', '.join(args.modes)}; splits {', '.join(args.split)}; at most {args.max_minutes:g} min", file=sys.stderr, flush=True)
     interrupted = False
     with tempfile.TemporaryDirectory(prefix="efl-scaling-") as tmp:
         key_file = Path(tmp) / "fleet.key"
@@ -714,18 +1021,21 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             interrupted = True
             print("scaling: interrupted; the lab is down", file=sys.stderr, flush=True)
-    measured = {(r.fleet, r.model, r.mode, len(r.boards)) for r in session.runs}
+    measured = {(r.fleet, r.model, r.mode, len(r.boards), r.split) for r in session.runs}
     session.skipped = [cfg.label for configs in plans.values() for cfg in configs
-                       if (cfg.fleet, cfg.model, cfg.mode, len(cfg.boards)) not in measured and cfg.label not in session.failed]
+                       if (cfg.fleet, cfg.model, cfg.mode, len(cfg.boards), cfg.split) not in measured
+                       and cfg.label not in session.failed]
     wall = time.monotonic() - started
     table_rows = rows(session.runs)
     if args.json:
         args.json.write_text(json.dumps({
             "settings": {"fleets": args.fleets, "models": args.models, "modes": {m: list(MODE_FLAGS[m]) for m in args.modes},
-                         "boards": args.boards, "workloads": {m: asdict(WORKLOADS[m]) for m in args.models},
+                         "boards": args.boards, "splits": args.split,
+                         "workloads": {m: asdict(WORKLOADS[m]) for m in args.models},
                          "steal_limit": args.steal_limit, "steal_retakes": args.steal_retakes, "ballast": args.ballast,
                          "warmup_steps": WARMUP_STEPS, "quick": args.quick},
-            "wall_s": wall, "failures": session.failures, "not_measured": session.skipped, "interrupted": interrupted,
+            "wall_s": wall, "profiles": session.profiles, "failures": session.failures, "not_measured": session.skipped,
+            "interrupted": interrupted,
             "rows": [asdict(row) for row in table_rows]}, indent=1))
     if table_rows:
         print_figures(table_rows, session, wall, args)

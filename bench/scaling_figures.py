@@ -2,20 +2,23 @@
 
 A run's figures come from its run directory's ``metrics.jsonl``: one record per applied step with
 ``step``, ``n`` (samples in the step's average), ``elapsed_s`` (seconds since the coordinator's
-first step began, taken before an epoch's validation), ``wall_s`` (the step as the exchange saw
-it: from opening the step to the last gradient in), ``compute_s`` (each board's own forward and
-backward) and, at the end of every epoch, ``val_accuracy``.
+first step began, taken once the step is applied: the replica validates inside the apply of an
+epoch's last step, ``coordinator.replica``, so that step's interval holds the validation),
+``wall_s`` (the step as the exchange saw it: from opening the step to the last gradient in),
+``compute_s`` (each board's own forward and backward) and, at the end of every epoch,
+``val_accuracy``. Measured on the lab (resnet_small, fleet8): an epoch-end step's interval is
+1.1-1.9 s longer than the others, and the next one lasts a few ms (the boards computed it during
+the validation, its gradients were in when the exchange opened it).
 
 * samples/s: samples over the steps after the first ``warmup``, divided by the time those steps
-  took; an interval that holds an epoch's validation (the one after an epoch's last step) is left
-  out, so this is the training rate.
+  took; the two intervals at an epoch's end (the one that holds the validation and the one that
+  overlapped it) are left out, so this is the training rate.
 * time per epoch: the mean span between the ends of two consecutive epochs, from the first epoch's
   end on (the first epoch also pays the start-up steps); each span holds one epoch's training and
   one validation, as an epoch of a real run does.
 * time to target: ``elapsed_s`` of the first epoch whose validation accuracy is at least the
-  target (it counts the earlier epochs' validations, not that epoch's own).
-* the exchange's share of the step: over the steps after the warm-up (not the first step of an
-  epoch, which follows a validation), the part of the step's period (consecutive ``elapsed_s``)
+  target (it counts every validation up to that epoch's own).
+* the exchange's share of the step: over the steps samples/s counts, the part of the step's period (consecutive ``elapsed_s``)
   outside the slowest board's ``compute_s``: sending, waiting, reducing, applying and a board's
   per-step fixed costs (data, hooks, the optimizer step); summed over the steps, as a share of
   their summed period. ``wall_s`` alone misses part of a step: the exchange opens step t once the
@@ -26,6 +29,13 @@ backward) and, at the end of every epoch, ``val_accuracy``.
 * speed-up over the best single board: its time to target over the configuration's (or the
   configuration's samples/s over its); scaling efficiency: the speed-up over the ratio of the
   configuration's summed CPU quota to the best board's quota (1.0: every quota fully turned into speed).
+* where a step goes: each board's median ``compute_s`` against the median step period (consecutive
+  ``elapsed_s``, the same steps as samples/s), and its CPU per sample (compute x quota / batch).
+
+Two splits of the global batch among a configuration's boards: ``quota`` (:func:`split_batch`,
+in proportion to the CPU quotas) and ``planned`` (:func:`planned_split`: the planner's allocation
+from a profile of the boards, which knows each board's fixed cost per step ``a_i`` and its link,
+as ``plan --objective time`` splits the global batch for these boards).
 """
 
 from __future__ import annotations
@@ -35,7 +45,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.planning import FleetProfile
 
 # Park, Lee, Kim (Electronics 2020, 9(1):28), LeNet on MNIST, elapsed seconds against the number of
 # Raspberry Pi 3 boards (MXNet, parameter server); ../shared/PAPERS.md section 2. Two configurations.
@@ -102,6 +115,34 @@ def split_batch(quotas: Sequence[float], global_batch: int) -> list[int]:
     return sizes
 
 
+def planned_split(fleet: FleetProfile, board_ids: Sequence[str], global_batch: int) -> list[int]:
+    """The batches ``plan --objective time`` gives ``board_ids`` for ``global_batch``: the planner's allocation.
+
+    Every board's predicted ready time (its profiled ``a_i + c_i * b_i``, then its gradient's upload)
+    is made as equal as integers allow, so a board with a large fixed cost per step gets fewer
+    samples than its quota's share (``coordinator.planning.allocate_batches``, memory-capped).
+
+    Raises:
+        ValueError: a board the profile lacks, or a split the planner refuses (its message).
+    """
+    from edgefleet.coordinator.planning import allocate_batches
+    from edgefleet.protocol.errors import PlanError
+
+    missing = [b for b in board_ids if b not in fleet.boards]
+    if missing:
+        raise ValueError(f"the profile has no board {', '.join(missing)} (profiled: {', '.join(fleet.boards)})")
+    try:
+        return list(allocate_batches([fleet.boards[b] for b in board_ids], global_batch=global_batch,
+                                     grad_bytes=fleet.grad_bytes))
+    except PlanError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def fitted_costs(fleet: FleetProfile) -> dict[str, tuple[float, float]]:
+    """Each profiled board's step time line: (fixed cost per step a_i, cost per sample c_i), seconds."""
+    return {b: (p.time_fit.intercept, p.time_fit.slope) for b, p in fleet.boards.items()}
+
+
 def quota_ratio(quotas: Sequence[float], best_quota: float) -> float:
     """The configuration's summed CPU quota over the best single board's: the speed-up perfect scaling would give."""
     return sum(quotas) / best_quota
@@ -152,12 +193,14 @@ def time_per_epoch(records: Sequence[Record], steps_per_epoch: int) -> float | N
 
 
 def _timed(records: Sequence[Record], warmup: int, steps_per_epoch: int) -> list[tuple[Record, Record]]:
-    """(previous, this) pairs of the steps after the warm-up whose interval holds no validation."""
+    """(previous, this) pairs of the steps after the warm-up whose interval neither holds nor overlaps a validation."""
     pairs = []
     for prev, this in itertools.pairwise(records):
         if int(this["step"]) < warmup or int(this["step"]) != int(prev["step"]) + 1:
             continue
-        if (int(prev["step"]) + 1) % steps_per_epoch == 0:  # the coordinator validated after prev
+        if (int(this["step"]) + 1) % steps_per_epoch == 0:  # the replica validated inside this step's apply
+            continue
+        if (int(prev["step"]) + 1) % steps_per_epoch == 0:  # the boards computed this step during that validation
             continue
         pairs.append((prev, this))
     return pairs
@@ -219,6 +262,17 @@ def median_compute(records: Sequence[Record], warmup: int) -> dict[str, float]:
     return {board: statistics.median(values) for board, values in times.items()}
 
 
+def median_period(records: Sequence[Record], warmup: int, steps_per_epoch: int) -> float | None:
+    """The median step period (consecutive ``elapsed_s``) over the steps samples/s counts; None without any."""
+    periods = [float(this["elapsed_s"]) - float(prev["elapsed_s"]) for prev, this in _timed(records, warmup, steps_per_epoch)]
+    return statistics.median(periods) if periods else None
+
+
+def cpu_per_sample(compute_s: float, quota: float, batch: int) -> float:
+    """A board's CPU seconds per sample of its forward and backward: its compute time x its quota / its batch."""
+    return compute_s * quota / batch
+
+
 def park_relative(devices: int) -> tuple[float | None, float | None]:
     """Park et al.'s LeNet elapsed time on ``devices`` boards relative to one, both configurations (None: not run)."""
     first = PARK_LENET_S.get(devices)
@@ -227,6 +281,28 @@ def park_relative(devices: int) -> tuple[float | None, float | None]:
             second / PARK_LENET_LONG_S[1] if second is not None else None)
 
 
-__all__ = ["PARK_LENET_LONG_S", "PARK_LENET_S", "BoardQuota", "Record", "TargetHit", "efficiency", "epoch_ends",
-           "exchange_share", "exchange_share_of_wall", "fastest_boards", "median_compute", "park_relative", "quota_ratio", "samples_per_s",
-           "speed_up_rate", "speed_up_time", "split_batch", "time_per_epoch", "time_to_target"]
+__all__ = [
+    "PARK_LENET_LONG_S",
+    "PARK_LENET_S",
+    "BoardQuota",
+    "Record",
+    "TargetHit",
+    "cpu_per_sample",
+    "efficiency",
+    "epoch_ends",
+    "exchange_share",
+    "exchange_share_of_wall",
+    "fastest_boards",
+    "fitted_costs",
+    "median_compute",
+    "median_period",
+    "park_relative",
+    "planned_split",
+    "quota_ratio",
+    "samples_per_s",
+    "speed_up_rate",
+    "speed_up_time",
+    "split_batch",
+    "time_per_epoch",
+    "time_to_target",
+]
