@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgefleet.agent.grad_stream import GradientStream
 from edgefleet.agent.local_sgd import ParameterAnchor
 from edgefleet.agent.step_channel import StepChannel
 from edgefleet.protocol.codec import WIRE_DTYPES, encode_array
@@ -40,6 +41,7 @@ from edgefleet.workloads.params import (
     assign_values,
     flatten_values,
     float_buffers,
+    gradient_order,
     restore_optimizer_state,
     restore_scheduler_states,
     trainable_params,
@@ -61,6 +63,21 @@ class ExchangeRefused(EdgeTrainError):
 
 class StopTraining(Exception):
     """The coordinator ended the job (finished, Ctrl-C, or this board was removed)."""
+
+
+def _why_not_streamed(trainer: Any, pl_module: Any, sync: SyncSchedule | None) -> str:
+    """Why the gradient a hook sees during backward may not be the one the optimizer takes ("": it is)."""
+    if trainer.accumulate_grad_batches > 1:
+        return f"--accumulate-grad-batches {trainer.accumulate_grad_batches} sums several backward passes"
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        return "a gradient scaler (16-mixed precision) unscales the gradients after backward"
+    if sync is not None:
+        return "periodic averaging (--sync-every)"
+    hook = getattr(type(pl_module), "on_after_backward", None)
+    if any(getattr(base, "on_after_backward", None) is hook for base in type(pl_module).__mro__[1:]
+           if base.__module__.split(".")[0] in ("lightning", "pytorch_lightning")):
+        return ""
+    return f"{type(pl_module).__name__}.on_after_backward may change the gradients after backward"
 
 
 class ExchangeClient:
@@ -98,6 +115,7 @@ class ExchangeClient:
         self._sent_tensor: dict[str, Any] | None = None
         self._channel: StepChannel | None = None  # the usual step's round trip, once the gradient array is known
         self._empty: dict[str, dict[str, Any]] = {}  # wire dtype -> an empty vector's tensor map (local steps)
+        self.overlap = False  # the welcome's: the job's vector is in reversed parameter order, streamed (--overlap)
 
     def hello(self, *, job_id: str, board_id: str, token: str, param_count: int, proof: bytes | None = None) -> Welcome:
         """Join the job; the welcome (the step to start at, the state to start from).
@@ -118,6 +136,7 @@ class ExchangeClient:
             raise ExchangeRefused(f"the coordinator refused this board: {reply.message}")
         self._receiver.buffer = bytearray()  # the welcome's tensors are views into the old buffer: keep them valid
         self.param_count = param_count
+        self.overlap = reply.overlap
         return reply
 
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float,
@@ -141,15 +160,7 @@ class ExchangeClient:
                 described = self._sent_tensor if grad is self._sent_array and self._sent_tensor else encode_array(grad)
                 self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=described,
                                                        logs=logs or None).to_wire())
-            answer = self._recv(channel.receive)
-            if type(answer) is tuple:
-                if answer[0] != step:
-                    raise DecodeError(f"expected the result of step {step}, got the result of step {answer[0]}")
-                self.split = self.lrs = None
-                return channel.array
-            if answer is None:  # not the usual size: the general receiver has the bytes read so far
-                answer = self._recv(self._receiver.recv, channel.avg_layout.decode_any_array)
-            return self._result_of(step, self._step_reply(answer, channel.avg_layout.dtype))
+            return self._answer(channel, step)
         tensor = self._sent_tensor if grad is self._sent_array else None  # the worker sends from one buffer every step
         if tensor is None:
             tensor = encode_array(grad)
@@ -170,6 +181,43 @@ class ExchangeClient:
             self._send(send_segments, self.sock, segments)
         answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
         return self._result_of(step, self._step_reply(answer, hot[1].dtype))
+
+    def _answer(self, channel: StepChannel, step: int) -> np.ndarray:
+        """The result of ``step`` read through ``channel`` (the general receiver for anything unusual)."""
+        answer = self._recv(channel.receive)
+        if type(answer) is tuple:
+            if answer[0] != step:
+                raise DecodeError(f"expected the result of step {step}, got the result of step {answer[0]}")
+            self.split = self.lrs = None
+            return channel.array
+        if answer is None:  # not the usual size: the general receiver has the bytes read so far
+            answer = self._recv(self._receiver.recv, channel.avg_layout.decode_any_array)
+        return self._result_of(step, self._step_reply(answer, channel.avg_layout.dtype))
+
+    def send_bytes(self, data: Any) -> None:
+        """Write part of a frame (overlap: ``agent.grad_stream``), TLS or not.
+
+        Raises:
+            TimeoutError: the coordinator took nothing for ``result_timeout_s``.
+            OSError: the connection failed.
+        """
+        self._send(self.sock.sendall, data)
+
+    def receive_result(self, *, step: int, grad: np.ndarray) -> np.ndarray:
+        """The fleet's average for ``step`` after this board sent its gradient ``grad`` itself (a streamed frame).
+
+        Returns and raises as :meth:`exchange` does; ``grad`` is the array sent at every step (its dtype is the wire's).
+        """
+        dtype = "float32" if grad.dtype == np.float32 else "float16" if grad.dtype == np.float16 else "bfloat16"
+        channel = self._channel
+        if channel is None or channel.grad is not grad:
+            hot = self._hot.get(dtype)
+            if hot is None:
+                hot = self._hot[dtype] = (HotFrame("grad", dtype), HotFrame("avg", dtype))
+                self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize
+            channel = self._channel = StepChannel(self.sock, self._receiver, grad, grad_layout=hot[0], avg_layout=hot[1],
+                                                  elements=self.param_count)
+        return self._answer(channel, step)
 
     def exchange_empty(self, *, step: int, n: int, loss: float | None, compute_s: float, dtype: str,
                        logs: dict[str, list[Any]] | None = None) -> None:
@@ -249,19 +297,30 @@ class GradientExchange:
         on_split: Called with (from_step, batch sizes) when the coordinator re-splits the global
             batch (the sampler's ``resplit``); None: this job's batches cannot be re-split.
         sync: The job's averaging schedule (``protocol.sync_schedule``); None: exact at every step.
+        overlap: The vector holds the gradient in reversed parameter order and goes out while backward
+            runs (``agent.grad_stream``); None: as the coordinator's welcome says (``client.overlap``).
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
     ``on_train_batch_end``: an empty vector at a local step, at a sync step the distance moved since
     the last average (``agent.local_sgd``), whose fleet average sets the model.
+
+    Overlap (``--overlap``): ``on_before_backward`` sends the frame's head and arms the hooks of
+    ``agent.grad_stream``, which send the gradient in buckets as backward produces it;
+    ``on_before_optimizer_step`` sends the rest and ``compute_s``, then waits for the average as
+    usual. Where the gradient at a hook is not yet the one the optimizer takes (accumulation over
+    several batches, a gradient scaler, a module's ``on_after_backward``), the vector keeps the
+    reversed order but goes out after backward, and the log says why once.
     """
 
     def __init__(self, client: ExchangeClient, *, batch_size: int | Callable[[int], int], start_step: int,
                  wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
                  on_split: Callable[[int, list[int]], object] | None = None,
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
-                 sync: SyncSchedule | None = None) -> None:
+                 sync: SyncSchedule | None = None, overlap: bool | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self.overlap = client.overlap if overlap is None else overlap
+        self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
         self._sync = sync if sync is not None and sync.periodic else None
         self._anchor: ParameterAnchor | None = None
         self._local_compute_s: float | None = None  # a local step's compute time, until its exchange after the optimizer step
@@ -292,7 +351,7 @@ class GradientExchange:
         # fleet's logged values): its learning rates come with the results (``lrs``), the board steps none itself.
         trainer.strategy.lr_scheduler_configs = [c for c in trainer.lr_scheduler_configs if not c.reduce_on_plateau]
         self._optimizer = optimizer
-        self._params = trainable_params(optimizer)
+        self._params = gradient_order(trainable_params(optimizer), overlap=self.overlap)
         self._buffers = float_buffers(pl_module)
         self._grad_elements = sum(p.numel() for p in self._params)
         self._flat = np.zeros(self._grad_elements + sum(b.numel() for b in self._buffers), dtype=np.float32)
@@ -300,6 +359,13 @@ class GradientExchange:
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
+        if self.overlap:
+            why_not = _why_not_streamed(trainer, pl_module, self._sync)
+            if why_not:
+                log.info("overlap: the gradient goes out after backward, not during it: %s", why_not)
+            elif self.stream is None:
+                self.stream = GradientStream(self._params, self._flat, self._wire, self.client.send_bytes)
+                log.info("overlap: the gradient goes out in buckets of %d KiB during backward", self.stream.bucket_bytes // 1024)
         if self._sync is not None:
             self._anchor = ParameterAnchor([*self._params, *self._buffers])
 
@@ -317,6 +383,11 @@ class GradientExchange:
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # Lightning divides each batch's loss by accumulate_grad_batches: the window's sum is the step's loss.
         self._window_loss = (self._window_loss or 0.0) + float(loss.detach())
+        if self.stream is not None and not self._is_local(self.step):  # one batch per step: its backward comes next
+            logs = self._step_logs.take() if self._step_logs is not None else None
+            n = self._batch_size(self.step) * trainer.accumulate_grad_batches
+            self.stream.begin(Grad.stream_head(step=self.step, n=n, loss=self._window_loss, logs=logs,
+                                               dtype=self.wire_dtype, elements=self._flat.size))
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -327,17 +398,14 @@ class GradientExchange:
             self._local_compute_s = compute_s  # the optimizer steps on this board's gradient; the exchange follows it
             return
         grads = self._grads or FlatGradients(self._params, self._flat[:self._grad_elements])
-        grads.gather()
-        if self._buffers:
-            flatten_values(self._buffers, self._flat[self._grad_elements:])
-        wire = self._flat
-        if self._wire is not None:
-            cast_into(self._wire, self._flat)
-            wire = self._wire
-        n = self._batch_size(self.step) * trainer.accumulate_grad_batches
-        logs = self._step_logs.take() if self._step_logs is not None else None
-        avg = self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
-                                   logs=logs)
+        stream = self.stream
+        if stream is not None and stream.armed:  # overlap: the gradient went out during backward; the rest now
+            if self._buffers:
+                flatten_values(self._buffers, self._flat[self._grad_elements:])
+            stream.finish(Grad.stream_tail(round(compute_s, 6)))
+            avg = self.client.receive_result(step=self.step, grad=self._wire if self._wire is not None else self._flat)
+        else:
+            avg = self._exchange_after_backward(grads, compute_s, trainer.accumulate_grad_batches)
         if self.client.lrs is not None:
             self._set_lrs(self.client.lrs)
         if self.client.split is not None:
@@ -350,6 +418,25 @@ class GradientExchange:
             assign_values(self._buffers, avg[self._grad_elements:])
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
+
+    def _exchange_after_backward(self, grads: FlatGradients, compute_s: float, accumulate: int) -> np.ndarray:
+        """Send the whole gradient now that backward has ended; the fleet's average."""
+        grads.gather()
+        if self._buffers:
+            flatten_values(self._buffers, self._flat[self._grad_elements:])
+        wire = self._flat
+        if self._wire is not None:
+            cast_into(self._wire, self._flat)
+            wire = self._wire
+        n = self._batch_size(self.step) * accumulate
+        logs = self._step_logs.take() if self._step_logs is not None else None
+        return self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
+                                    logs=logs)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

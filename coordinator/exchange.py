@@ -141,6 +141,7 @@ class _Board:
     refusal: str = ""                       # why its gradient for that step was refused
     gone_reason: str = ""
     flags: list[str] = field(default_factory=list)
+    streamed: int = 0                       # its gradients sent during backward (compute_s after the tensor: --overlap)
 
 
 @dataclass(slots=True, kw_only=True)  # not frozen: a frozen dataclass's __init__ costs 4 us, once per step
@@ -249,6 +250,9 @@ class ExchangeServer:
             speaks TLS; None: plain TCP.
         checker: each board's credential (``protocol.exchange_auth``); None: every board shows ``token``.
         sync: the job's averaging schedule (``protocol.sync_schedule``); None or ``every == 1``: every step exact.
+        overlap: the job's vectors hold the gradient in reversed parameter order, streamed by the boards
+            as backward produces it (``--overlap``); the welcome says so. The reduce is the same: a
+            streamed frame is an ordinary grad frame whose bytes arrive over a longer time.
     """
 
     def __init__(self, *, job_id: str, token: str, boards: list[tuple[str, int]], param_count: int, wire_dtype: str,
@@ -257,8 +261,9 @@ class ExchangeServer:
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
-                 checker: HelloChecker | None = None, sync: SyncSchedule | None = None) -> None:
+                 checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
+        self.overlap = overlap
         self._tls, self._checker = tls, checker
         self._hello_timeout_s = hello_timeout_s
         self.param_count = param_count
@@ -488,7 +493,7 @@ class ExchangeServer:
         board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
         board.grad, board.peer, board.sent_step = None, where, -1
         welcome = Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
-                          splits=tuple(self._schedule.splits_from(next_step)))
+                          splits=tuple(self._schedule.splits_from(next_step)), overlap=self.overlap)
         if self._welcome_extra is not None:
             welcome = welcome.with_fields(self._welcome_extra())
         try:
@@ -705,6 +710,8 @@ class ExchangeServer:
             return
         if self._answers_open_step(board, frame.step):
             grad = frame.array
+            if self.overlap and next(reversed(raw)) == "compute_s":  # decoders keep the order: a streamed frame's is last
+                board.streamed += 1
             self.bytes_in += grad.nbytes
             board.grad, board.n, board.logs = grad, frame.n, frame.logs
             board.loss, board.compute_s = frame.loss, frame.compute_s
@@ -925,6 +932,11 @@ class ExchangeServer:
 
     def flags(self) -> dict[str, list[str]]:
         return {b.board_id: list(b.flags) for b in self.boards.values() if b.flags}
+
+    def streamed_steps(self) -> dict[str, int]:
+        """How many of each board's kept gradients it sent during backward (``--overlap``; a board that cannot
+        stream, e.g. with gradient accumulation, sends after backward: its count stays 0)."""
+        return {b.board_id: b.streamed for b in self.boards.values()}
 
 
 class _NotTls(Exception):

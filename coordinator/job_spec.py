@@ -76,6 +76,9 @@ class JobSpec:
             mathematics change (the model differs from single-process Lightning's) for 1/H the bytes.
         sync_warmup: Exact steps before the first local one; None = the first epoch's steps
             (``resolve_job`` sets it to ``steps_per_epoch`` when ``sync_every`` > 1).
+        overlap: Send each board's gradient as backward produces it (the vector in reversed parameter
+            order, streamed in buckets), hiding the upload behind backward; the same mathematics, the
+            same result as without it. Not with ``sync_every`` > 1.
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
@@ -117,6 +120,7 @@ class JobSpec:
     rebalance_threshold: float = 0.15
     sync_every: int = 1
     sync_warmup: int | None = None
+    overlap: bool = False
     force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0
@@ -180,6 +184,11 @@ class JobSpec:
                               f"{self.accumulate_grad_batches}: periodic averaging steps each board on each of its "
                               "batches; use one or the other (a larger --batch or a larger --sync-every instead of "
                               "accumulation)")
+        if type(self.overlap) is not bool:
+            raise ConfigError(f"overlap {self.overlap!r:.20} in config.json is not true or false")
+        if self.overlap and self.sync_every > 1:
+            raise ConfigError(f"--overlap with --sync-every {self.sync_every}: overlap streams every step's gradient, "
+                              "periodic averaging sends one every few steps; use one or the other")
 
     @property
     def sync_schedule(self) -> SyncSchedule:

@@ -42,6 +42,7 @@ from edgefleet.workloads.params import (
     exchange_size,
     flatten_values,
     float_buffers,
+    gradient_order,
     restore_optimizer_state,
     restore_scheduler_states,
     scheduler_states,
@@ -96,6 +97,7 @@ class _ReplicaDriver:
         optimizer = trainer.optimizers[0]
         replica.optimizer, replica.schedulers = optimizer, list(trainer.lr_scheduler_configs)
         replica.params = trainable_params(optimizer)
+        replica.exchanged = gradient_order(replica.params, overlap=replica.overlap)
         if replica._saved is not None:
             restore_optimizer_state(optimizer, to_numpy_tree(replica._saved["optimizer"]))
             restore_scheduler_states(replica.schedulers, replica._saved.get("schedulers", []))
@@ -107,7 +109,7 @@ class _ReplicaDriver:
         avg, result = replica._next_gradient()
         kind = replica.sync.kind(replica.step) if replica.sync is not None else EXACT
         if kind == EXACT:
-            assign_grads(replica.params, avg)
+            assign_grads(replica.exchanged, avg)
             if replica.buffers:
                 assign_values(replica.buffers, avg[replica._grad_elements:])
         else:  # periodic averaging: no step of its own (no gradient: the optimizer moves nothing)
@@ -147,6 +149,7 @@ class Replica:
         logger: A Lightning logger of the module's package, or False.
         log_every_n_steps: The logger's cadence for per-step values.
         sync: The run's averaging schedule (``protocol.sync_schedule``); None: every step exact.
+        overlap: The gradient vector is in reversed parameter order (``workloads.params.gradient_order``).
 
     Raises:
         ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``),
@@ -155,12 +158,14 @@ class Replica:
 
     def __init__(self, model: Any, *, options: TrainerOptions | None = None, batches_per_epoch: int = 1,
                  total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False,
-                 log_every_n_steps: int = 50, sync: SyncSchedule | None = None) -> None:
+                 log_every_n_steps: int = 50, sync: SyncSchedule | None = None, overlap: bool = False) -> None:
         self.model = model
         setup = check_trainable(model)
         self.optimizer = setup.optimizer
         self.schedulers: list[Any] = list(setup.schedulers)
         self.params = trainable_params(self.optimizer)
+        self.overlap = overlap
+        self.exchanged = gradient_order(self.params, overlap=overlap)  # the gradient's order in the exchanged vector
         self.buffers = float_buffers(model)
         self.buffer_count = sum(b.numel() for b in self.buffers)
         self.param_count = exchange_size(self.optimizer, model)  # the exchanged vector: gradient, then float buffers

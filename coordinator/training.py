@@ -259,7 +259,7 @@ class TrainingRun:
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
                                logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps,
-                               sync=spec.sync_schedule)
+                               sync=spec.sync_schedule, overlap=spec.overlap)
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
@@ -297,6 +297,7 @@ class TrainingRun:
         self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
+        self.streamed_steps: dict[str, int] = {}  # --overlap: each board's gradients sent during backward
         self._board_commands: dict[str, dict[str, Any]] = {}  # each board's train command, to ask it back after it left
         self._invited: dict[str, tuple[int, float]] = {}       # board -> (times asked back, when last)
 
@@ -414,8 +415,8 @@ class TrainingRun:
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
                                     deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
-                                    sync_warmup=s.sync_schedule.warmup,
-                                    schema_version=train_schema_for(s.sync_every)).to_dict()
+                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap,
+                                    schema_version=train_schema_for(s.sync_every, s.overlap)).to_dict()
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -429,7 +430,7 @@ class TrainingRun:
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
-                                  splits=self.adapt.splits, sync=self.spec.sync_schedule)
+                                  splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
@@ -567,6 +568,7 @@ class TrainingRun:
         elapsed = time.monotonic() - started
         exchange.finished = True
         self.flags = exchange.flags()
+        self.streamed_steps = exchange.streamed_steps()
         self._checkpoint(self.elapsed_before_s + elapsed)
         interrupted = self.replica.step < spec.total_steps and self.target_reached is None
         if interrupted and self.checkpointed_step is not None and self.checkpointed_step < self.replica.step:
@@ -609,6 +611,8 @@ class TrainingRun:
                                 "steps_contributed": len(times),
                                 "median_compute_s": statistics.median(times) if times else None,
                                 "flags": self.flags.get(board, [])[:50]}
+            if self.spec.overlap:
+                per_board[board]["streamed_steps"] = self.streamed_steps.get(board, 0)
         return {"run_id": self.spec.run_id, "steps": self.replica.step, "total_steps": self.spec.total_steps,
                 "interrupted": interrupted, "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
                 "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
@@ -620,7 +624,7 @@ class TrainingRun:
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
-                "sync_every": self.spec.sync_every,
+                "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,
                 "mode": self.spec.sync_schedule.describe(),
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
@@ -53,6 +54,10 @@ MAX_LOGGED = 64          # names a board may log in one step
 MAX_LOG_NAME = 128       # characters of one logged name
 MAX_ID = 256             # characters of a job id, board id or token
 MAX_PROOF_BYTES = 64     # a hello's proof: an Ed25519 signature or an HMAC-SHA256
+_WIRE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_U16, _U32, _F64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">d")
+_COMPUTE_S_KEY = b"\xa9compute_s\xcb"  # msgpack: the key, then a float 64's type byte
+STREAM_TAIL_BYTES = len(_COMPUTE_S_KEY) + 8  # what follows a streamed grad frame's tensor (Grad.stream_tail)
 
 HELLO, WELCOME, REFUSAL, GRAD, AVG, STOP = "hello", "welcome", "error", "grad", "avg", "stop"
 
@@ -302,6 +307,7 @@ class Welcome:
     optimizer: Any                      # ... of the optimizer's state
     schedulers: list[Any] | None = None  # ... of each LR scheduler's state, in Lightning's order
     splits: tuple[BatchSplit, ...] = ()
+    overlap: bool = False                # the vector's gradient is in reversed parameter order (``--overlap``)
     v: int = EXCHANGE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -310,6 +316,8 @@ class Welcome:
             frame["schedulers"] = self.schedulers
         if self.splits:
             frame["splits"] = [split.to_wire() for split in self.splits]
+        if self.overlap:  # only then: the welcome of an exact job is the same bytes as before
+            frame["overlap"] = True
         return frame
 
     def with_fields(self, extra: Mapping[str, Any]) -> Welcome:
@@ -343,8 +351,11 @@ class Welcome:
         splits = d.get("splits", [])
         if not isinstance(splits, list) or len(splits) > MAX_SPLIT_BOARDS:
             raise DecodeError("welcome frame: splits is not a list")
+        overlap = d.get("overlap", False)
+        if type(overlap) is not bool:
+            raise DecodeError(f"welcome frame: overlap {overlap!r:.20} is not true or false")
         return cls(step=_whole(d, WELCOME, "step"), model=d["model"], optimizer=d["optimizer"], schedulers=schedulers,
-                   splits=tuple(BatchSplit.from_wire(split) for split in splits), v=v)
+                   splits=tuple(BatchSplit.from_wire(split) for split in splits), overlap=overlap, v=v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +436,47 @@ class Grad:
                    tensor: dict[str, Any]) -> list[bytes | memoryview] | None:
         """A grad frame without logs, ``tensor`` a tensor map, in ``layout``; None if it does not fit it."""
         return layout.encode({"step": step, "n": n, "loss": loss, "compute_s": compute_s}, tensor)
+
+    @staticmethod
+    def stream_head(*, step: int, n: int, loss: float, logs: dict[str, list[Any]] | None, dtype: str,
+                    elements: int) -> bytes:
+        """The start of a grad frame sent while backward runs (``--overlap``): its length header, then the map
+        up to the tensor's data. The data (``elements`` values of wire ``dtype``) follows, then :meth:`stream_tail`.
+
+        The frame is an ordinary msgpack map whose ``compute_s`` (known only when backward has ended)
+        comes after the tensor; every decoder takes it. The tensor's data starts at a multiple of
+        ``FRAME_ALIGN`` in the payload, as ``protocol.framing`` does; its ``bin`` is always a bin 32.
+
+        Raises:
+            ValueError: a dtype that is not a wire dtype, or a frame too large for the wire.
+        """
+        import msgpack
+
+        from edgefleet.protocol._msgpack_view import ALIGN_KEY
+        from edgefleet.protocol.framing import FRAME_ALIGN, FRAME_HEADER, MAX_FRAME_BYTES
+
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"{dtype!r} is not a wire dtype")
+        nbytes = elements * _WIRE_ITEMSIZE[dtype]
+        fields: dict[str, Any] = {"type": GRAD, "step": step, "n": n, "loss": loss}
+        if logs:
+            fields["logs"] = logs
+        entries = b"".join(msgpack.packb(key) + msgpack.packb(value, use_bin_type=True) for key, value in fields.items())
+        entries += (msgpack.packb("g") + b"\x83" + msgpack.packb("dtype") + msgpack.packb(dtype) + msgpack.packb("shape")
+                    + msgpack.packb([elements]) + msgpack.packb("data") + b"\xc6" + _U32.pack(nbytes))
+        count = len(fields) + 3  # + the padding, the tensor and compute_s
+        header = (bytes((0x80 | count,)) if count < 16 else b"\xde" + _U16.pack(count)) + msgpack.packb(ALIGN_KEY) + b"\xc4"
+        pad = -(len(header) + 1 + len(entries)) % FRAME_ALIGN
+        prefix = header + bytes((pad,)) + bytes(pad) + entries
+        payload = len(prefix) + nbytes + STREAM_TAIL_BYTES
+        if payload > MAX_FRAME_BYTES:
+            raise ValueError(f"a grad frame of {payload} bytes is larger than a frame may be")
+        return bytes(FRAME_HEADER.pack(payload) + prefix)
+
+    @staticmethod
+    def stream_tail(compute_s: float) -> bytes:
+        """The end of a streamed grad frame (:meth:`stream_head`): ``compute_s``, the map's last entry."""
+        return _COMPUTE_S_KEY + _F64.pack(compute_s)
 
     @classmethod
     def from_wire(cls, d: Any, *, elements: int, dtype: str) -> Grad:
@@ -556,6 +608,7 @@ __all__ = [
     "EXCHANGE_VERSION",
     "MAX_LOGGED",
     "MAX_SPLIT_BOARDS",
+    "STREAM_TAIL_BYTES",
     "Avg",
     "BatchSplit",
     "ExchangeVersionError",

@@ -31,7 +31,12 @@ JOB_SCHEMA_VERSION = 1
 # Version 4 may ask for periodic averaging (``sync_every`` > 1): a version-3 agent would ignore it and
 # train exact steps while the others train local ones. Only such a command is sent as version 4
 # (:func:`train_schema_for`); an exact one stays version 3, which every agent since then carries out.
-TRAIN_SCHEMA_VERSION = 4
+# Version 5 may ask for overlap (``overlap``): the gradient vector in reversed parameter order, streamed
+# during backward; a version-4 agent would send today's order and its gradient would be averaged
+# with the wrong elements. Only such a command is sent as version 5.
+TRAIN_SCHEMA_VERSION = 5
+OVERLAP_TRAIN_SCHEMA_VERSION = 5  # the first version that carries ``overlap``
+PERIODIC_TRAIN_SCHEMA_VERSION = 4  # the first version that carries ``sync_every`` > 1
 EXACT_TRAIN_SCHEMA_VERSION = 3  # the version of a train command without periodic averaging
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 DATA_MODES = ("global", "local")
@@ -48,10 +53,12 @@ def _is_sha256_hex(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
 
 
-def train_schema_for(sync_every: int) -> int:
-    """The lowest train-command version that carries a job averaging every ``sync_every`` steps: an agent
-    that would train it differently refuses it as too new; every other agent takes it."""
-    return TRAIN_SCHEMA_VERSION if sync_every > 1 else EXACT_TRAIN_SCHEMA_VERSION
+def train_schema_for(sync_every: int, overlap: bool = False) -> int:
+    """The lowest train-command version that carries a job averaging every ``sync_every`` steps (with
+    ``overlap`` or not): an agent that would train it differently refuses it as too new; every other agent takes it."""
+    if overlap:
+        return OVERLAP_TRAIN_SCHEMA_VERSION
+    return PERIODIC_TRAIN_SCHEMA_VERSION if sync_every > 1 else EXACT_TRAIN_SCHEMA_VERSION
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -92,6 +99,7 @@ class TrainCommand:
     exchange_tls_sha256: str = ""   # the exchange's certificate (hex SHA-256) the board must find; "": plain TCP
     sync_every: int = 1             # average the boards' parameters every this many local steps; 1 = exact (protocol.sync_schedule)
     sync_warmup: int = 0            # exact steps before the first local one
+    overlap: bool = False           # the gradient vector in reversed parameter order, sent as backward produces it
     schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -117,11 +125,18 @@ class TrainCommand:
             raise ValueError("exchange_tls_sha256 is not 64 hex digits")
         if self.sync_every < 1 or self.sync_warmup < 0:
             raise ValueError(f"sync_every {self.sync_every} must be >= 1 and sync_warmup {self.sync_warmup} >= 0")
-        if self.sync_every > 1 and self.schema_version < TRAIN_SCHEMA_VERSION:
-            raise ValueError(f"sync_every {self.sync_every} needs schema_version {TRAIN_SCHEMA_VERSION}, the command "
-                             f"says {self.schema_version}")
+        if self.sync_every > 1 and self.schema_version < PERIODIC_TRAIN_SCHEMA_VERSION:
+            raise ValueError(f"sync_every {self.sync_every} needs schema_version {PERIODIC_TRAIN_SCHEMA_VERSION}, the "
+                             f"command says {self.schema_version}")
         if self.sync_every > 1 and self.accumulate_grad_batches != 1:
             raise ValueError("sync_every > 1 needs accumulate_grad_batches 1")
+        if type(self.overlap) is not bool:
+            raise ValueError(f"overlap {self.overlap!r:.20} is not true or false")
+        if self.overlap and self.schema_version < OVERLAP_TRAIN_SCHEMA_VERSION:
+            raise ValueError(f"overlap needs schema_version {OVERLAP_TRAIN_SCHEMA_VERSION}, the command says "
+                             f"{self.schema_version}")
+        if self.overlap and self.sync_every > 1:
+            raise ValueError("overlap needs sync_every 1")
 
     @property
     def batch_size(self) -> int:
@@ -310,6 +325,8 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "MAX_PROBE_BYTES",
     "MAX_PROBE_ROUNDS",
+    "OVERLAP_TRAIN_SCHEMA_VERSION",
+    "PERIODIC_TRAIN_SCHEMA_VERSION",
     "TRAIN_SCHEMA_VERSION",
     "WIRE_DTYPES",
     "Command",

@@ -43,6 +43,17 @@ def trainable_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Paramete
     return [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
 
 
+def gradient_order(params: list[torch.nn.Parameter], *, overlap: bool) -> list[torch.nn.Parameter]:
+    """The parameters in the order of the exchanged gradient vector: the agreed order, or reversed with ``overlap``.
+
+    Why reversed: backward produces gradients from the last layers to the first, so a vector that
+    starts with the last layer's can be sent while backward still runs (``agent.grad_stream``). Every
+    board and the coordinator's replica use the same order; the reduce is elementwise, so the result
+    is the same bits either way.
+    """
+    return params[::-1] if overlap else list(params)
+
+
 def flatten_grads(params: list[torch.nn.Parameter], out: np.ndarray) -> np.ndarray:
     """Copy every parameter's gradient into the float32 vector ``out`` (zeros for a missing one)."""
     flat = torch.from_numpy(out)

@@ -127,6 +127,11 @@ def add_train_parser(sub: Any) -> None:
                                "(default 1: the exact mode, DDP's mathematics)")
     periodic.add_argument("--sync-warmup", type=int, metavar="STEPS",
                           help="exact steps (gradients averaged) before the first local one (default: the first epoch)")
+    p.add_argument("--overlap", action="store_true",
+                   help="send each board's gradient in buckets as backward produces it, hiding the upload behind "
+                        "backward (the same mathematics and result; opt-in for now, recorded in config.json). Boards "
+                        "need this edgefleet version. Not with --sync-every > 1; with --accumulate-grad-batches > 1 or "
+                        "a gradient scaler a board sends after backward, as without it")
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
@@ -186,6 +191,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
+                   overlap=getattr(args, "overlap", False),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 
 

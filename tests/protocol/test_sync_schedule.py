@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from edgefleet.protocol.errors import DecodeError
-from edgefleet.protocol.jobs import EXACT_TRAIN_SCHEMA_VERSION, TRAIN_SCHEMA_VERSION, TrainCommand, command_from_dict, train_schema_for
+from edgefleet.protocol.jobs import (
+    EXACT_TRAIN_SCHEMA_VERSION,
+    PERIODIC_TRAIN_SCHEMA_VERSION,
+    TRAIN_SCHEMA_VERSION,
+    TrainCommand,
+    command_from_dict,
+    train_schema_for,
+)
 from edgefleet.protocol.sync_schedule import SyncSchedule, is_sync_step
 
 BASE = {"kind": "train", "job_id": "j", "board_id": "b", "exchange_host": "127.0.0.1", "exchange_port": 9000,
@@ -39,7 +46,7 @@ def test_an_out_of_range_schedule_is_refused() -> None:
 
 
 def test_only_a_periodic_command_needs_the_new_version_so_older_agents_still_take_exact_jobs() -> None:
-    assert train_schema_for(1) == EXACT_TRAIN_SCHEMA_VERSION < TRAIN_SCHEMA_VERSION == train_schema_for(3)
+    assert train_schema_for(1) == EXACT_TRAIN_SCHEMA_VERSION < PERIODIC_TRAIN_SCHEMA_VERSION == train_schema_for(3) < TRAIN_SCHEMA_VERSION
     periodic = TrainCommand(**{k: v for k, v in BASE.items() if k != "kind"}, sync_every=3, sync_warmup=5,
                             schema_version=train_schema_for(3))
     assert command_from_dict(periodic.to_dict()) == periodic
