@@ -77,6 +77,7 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   (10 ms) is its default.
 
 Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags: ``exact`` (none) and
+``overlap`` (``--overlap``: the upload streamed during backward, the same mathematics) and
 ``local-sgd-H`` (``--sync-every H`` for H = 2, 4, 8, periodic averaging after one exact epoch: other
 mathematics, so its speed-up is against the exact best board). ``--modes`` refuses an unknown mode,
 naming the ones train lacks so far.
@@ -144,9 +145,9 @@ log = logging.getLogger("bench.scaling")
 FLEETS = {"fleet8": ROOT / "lab/fleets/fleet8.toml", "mixed4": ROOT / "lab/fleets/mixed4.toml"}
 BOARD_COUNTS = (1, 2, 4, 8)
 MODE_FLAGS: dict[str, tuple[str, ...]] = {  # mode -> extra train flags
-    "exact": (), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)}}
+    "exact": (), "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)}}
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
-PLANNED_MODES = {"overlap": "part 2", "powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}
+PLANNED_MODES = {"powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}
 BASELINE_MODE = "exact"
 SPLITS = ("planned", "quota")  # how a configuration's boards share the global batch (module doc)
 DEFAULT_SPLIT = "planned"
