@@ -23,6 +23,7 @@ import copy
 import logging
 import queue
 import threading
+import time
 import typing
 import warnings
 from collections.abc import Callable
@@ -91,6 +92,7 @@ class _ReplicaDriver:
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self._training_names: set[str] = set()  # logged here from the boards' training_step, with Lightning's suffixes
+        self._validation_started = time.perf_counter()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         replica = self.replica
@@ -124,7 +126,11 @@ class _ReplicaDriver:
                 pl_module.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar,
                               batch_size=result.n_total)
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._validation_started = time.perf_counter()
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.replica.validation_s += time.perf_counter() - self._validation_started
         metrics = {}
         for name, value in trainer.callback_metrics.items():
             if name in self._training_names:
@@ -188,6 +194,7 @@ class Replica:
         self.step = 0  # the next global step
         self.val_metrics: dict[str, float] = {}
         self._validated_at = -1
+        self.validation_s = 0.0  # seconds of validation since take_validation_s() last read it
         self._saved: dict[str, Any] | None = None
         self._gradients: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._waiting = threading.Event()   # the Trainer waits for the next gradient, or has ended
@@ -331,6 +338,11 @@ class Replica:
         restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))  # wire_state before start
 
     @torch.no_grad()
+    def take_validation_s(self) -> float:
+        """Seconds the replica spent in ``validation_step`` since the last call (it validates inside ``apply``)."""
+        taken, self.validation_s = self.validation_s, 0.0
+        return taken
+
     def evaluate(self, loader: Any) -> tuple[float, float] | None:
         """(mean cross-entropy, accuracy) of a classifier on ``loader``; None if its batches are not (input, class label).
 

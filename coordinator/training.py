@@ -545,8 +545,8 @@ class TrainingRun:
             val_s = None
             if epoch_end:
                 evaluating = time.monotonic()
-                self._evaluate()
-                val_s = time.monotonic() - evaluating
+                self._evaluate()  # the replica's validation_step ran inside this step's apply: its time is added
+                val_s = time.monotonic() - evaluating + self.replica.take_validation_s()
                 self._check_target(step, self.elapsed_before_s + time.monotonic() - started)
             self._steady.add(step - first_step, result.n_total, time.monotonic(), val_s or 0.0)
             rebalance = self.adapt.after_step(result, exchange)

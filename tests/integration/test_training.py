@@ -111,7 +111,8 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, 
     assert result["val_accuracy"] is not None and result["steps"] == 20
     # Timings a benchmark can use: joining, steady throughput, and each validation's own time.
     assert result["join_s"] > 0 and result["steady_samples_per_s"] > 0
-    assert all(s["val_s"] >= 0 for s in steps if "val_accuracy" in s) and any("val_s" in s for s in steps)
+    # val_s counts the replica's validation_step, which runs inside the step's apply (a loop of Lightning's: > 1 ms)
+    assert all(s["val_s"] > 0.001 for s in steps if "val_accuracy" in s) and any("val_s" in s for s in steps)
 
     # The boards are back to idle: status online, no worker, torch never loaded by the agent itself.
     _, _, factory = fleet
