@@ -115,7 +115,10 @@ def _train(server: ExchangeServer, boards_for: Callable[[int], list[Board]], ste
         await server.close()
         return applied, boards
 
-    return asyncio.run(main())
+    applied, boards = asyncio.run(main())
+    for board in boards:  # the last result may still be on its way to a board (through a relay) when the server closes
+        board.join(timeout=30)
+    return applied, boards
 
 
 def _expected(step: int) -> np.ndarray:
