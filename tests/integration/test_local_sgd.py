@@ -121,14 +121,19 @@ def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)
 
 
+def lenet_job(*flags: str, steps: int) -> JobSpec:
+    """LeNet-5 (SGD) on boards l1 and l2 at BATCHES for ``steps`` steps, with ``flags``, as ``train`` reads its command line."""
+    args = build_parser().parse_args(["train", "--boards", "l1,l2", "--batch", ",".join(map(str, BATCHES)), "--model",
+                                      "lenet5", "--model-options", "optimizer=sgd,lr=0.05", "--dataset", "digits",
+                                      "--seed", str(SEED), "--threads", "1", "--no-rebalance", "--steps", str(steps),
+                                      *flags])
+    return job_from_args(args)
+
+
 def test_periodic_averaging_trains_what_the_local_sgd_mathematics_gives(tmp_path: Path, mosquitto: LocalBroker,
                                                                         agents: AgentFactory) -> None:
     key = _fleet(tmp_path, mosquitto, agents)
-    args = build_parser().parse_args(["train", "--boards", "l1,l2", "--batch", ",".join(map(str, BATCHES)), "--model",
-                                      "lenet5", "--model-options", "optimizer=sgd,lr=0.05", "--dataset", "digits",
-                                      "--seed", str(SEED), "--threads", "1", "--no-rebalance", "--steps", str(STEPS),
-                                      "--sync-every", str(EVERY), "--sync-warmup", str(WARMUP)])
-    spec = job_from_args(args)  # the command line's flags, as ``train`` reads them
+    spec = lenet_job("--sync-every", str(EVERY), "--sync-warmup", str(WARMUP), steps=STEPS)
     assert (spec.sync_every, spec.sync_warmup) == (EVERY, WARMUP)
     observer = _Notes()
     outcome = train(spec, broker=BrokerSettings(host=mosquitto.host, port=mosquitto.port), fleet_key=load_fleet_key(key),

@@ -17,8 +17,6 @@ import pytest
 import torch
 
 from edgefleet.agent.grad_stream import GradientStream
-from edgefleet.coordinator.cli.main import build_parser
-from edgefleet.coordinator.cli.train import job_from_args
 from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.local_broker import LocalBroker
 from edgefleet.coordinator.train_job import train
@@ -34,7 +32,7 @@ from edgefleet.workloads.params import flatten_grads, gradient_order, trainable_
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
 from tests.hostile.test_exchange_faults import ServerProcess, join_boards, servers, start_boards  # noqa: F401
-from tests.integration.test_local_sgd import BATCHES, LENET, SEED, _fleet, _local_sgd_reference, _relative_error
+from tests.integration.test_local_sgd import BATCHES, LENET, SEED, _fleet, _local_sgd_reference, _relative_error, lenet_job
 
 STEPS = 4
 
@@ -42,11 +40,7 @@ STEPS = 4
 def test_an_overlapped_run_trains_the_exact_model_and_records_the_mode(tmp_path: Path, mosquitto: LocalBroker,
                                                                        agents: AgentFactory) -> None:
     key = _fleet(tmp_path, mosquitto, agents)
-    args = build_parser().parse_args(["train", "--boards", "l1,l2", "--batch", ",".join(map(str, BATCHES)), "--model",
-                                      "lenet5", "--model-options", "optimizer=sgd,lr=0.05", "--dataset", "digits",
-                                      "--seed", str(SEED), "--threads", "1", "--no-rebalance", "--steps", str(STEPS),
-                                      "--overlap"])
-    spec = job_from_args(args)
+    spec = lenet_job("--overlap", steps=STEPS)
     assert spec.overlap
     outcome = train(spec, broker=BrokerSettings(host=mosquitto.host, port=mosquitto.port), fleet_key=load_fleet_key(key),
                     run_dir=tmp_path / "run")
