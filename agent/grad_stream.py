@@ -11,6 +11,8 @@ grad frame (``protocol.exchange_frames.Grad.stream_head``) whose bytes came over
 
 The thread only writes bytes the hooks hand it, in order; the step's owner waits for it to finish
 before it reads the result, so the socket is never used by two threads at once.
+
+Imported only by the training worker (it needs torch); never on the agent's idle path.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class GradientStream:
         self.handed_at: list[float] = []  # perf_counter() when each piece went to the sender
         self.sent_at_backward_end = -1  # bytes of data written when the last parameter's hook ran (-1: not yet)
         self._sender = _Sender(send)
+        # torch declares register_post_accumulate_grad_hook without annotations (2.1-2.13): mypy's strict mode flags the call
         self._handles = [p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))  # type: ignore[no-untyped-call]
                          for i, p in enumerate(params)]
 
@@ -167,8 +170,9 @@ class GradientStream:
         first = self._copied
         start = self._ends[first - 1] if first else 0
         grads = [p.grad for p in self.params[first:upto]]
-        if self._one_call and all(g is not None for g in grads):
-            torch._foreach_copy_(self._views[first:upto], grads)  # type: ignore[arg-type]
+        present = [g for g in grads if g is not None]
+        if self._one_call and len(present) == len(grads):
+            torch._foreach_copy_(self._views[first:upto], present)
         else:
             for view, grad in zip(self._views[first:upto], grads):
                 if grad is None:

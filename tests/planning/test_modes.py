@@ -182,7 +182,7 @@ def test_help_of_plan_and_train_says_what_inexact_means() -> None:
 @pytest.mark.parametrize("every", [1, 0, -2, 2.5, True, "4"])
 def test_bad_local_sgd_periods_are_refused(every: object) -> None:
     with pytest.raises(PlanError, match="local SGD averages every H steps with H a whole number >= 2"):
-        local_sgd(every)  # type: ignore[arg-type]
+        local_sgd(every)  # type: ignore[arg-type]  # wrong types on purpose: the refusal is what is tested
 
 
 def test_bad_mode_requests_are_refused() -> None:
@@ -238,7 +238,8 @@ def test_train_auto_runs_the_chosen_mode_and_pretraining_measures_its_steady_sta
                           max_memory_fraction=0.9, top=5, allow_inexact=True)
 
     job = job_for(spec, result.chosen, D)
-    exact_job = job_for(spec, result.best_exact, D)  # type: ignore[arg-type]
+    assert result.best_exact is not None
+    exact_job = job_for(spec, result.best_exact, D)
     trial = pretraining_job(spec, result.chosen, 25)
 
     assert job.boards == ("w0", "w1", "w2", "w3") and job.sync_every == 8
