@@ -128,6 +128,11 @@ class _ReplicaDriver:
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._validation_started = time.perf_counter()
+        if self.replica.validation_threads is not None:
+            threads = self.replica.validation_threads()
+            if threads != torch.get_num_threads():
+                log.debug("validating with %d torch thread(s) (was %d)", threads, torch.get_num_threads())
+                torch.set_num_threads(threads)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self.replica.validation_s += time.perf_counter() - self._validation_started
@@ -156,6 +161,8 @@ class Replica:
         log_every_n_steps: The logger's cadence for per-step values.
         sync: The run's averaging schedule (``protocol.sync_schedule``); None: every step exact.
         overlap: The gradient vector is in reversed parameter order (``workloads.params.gradient_order``).
+        validation_threads: Called before each validation: the torch threads to validate with
+            (``coordinator.replica_threads``); None keeps the process's count.
 
     Raises:
         ConfigError: the module asks for something the fleet cannot train exactly (``workloads.preflight``),
@@ -164,8 +171,10 @@ class Replica:
 
     def __init__(self, model: Any, *, options: TrainerOptions | None = None, batches_per_epoch: int = 1,
                  total_steps: int = 1, val_loader: Callable[[], Any] | None = None, logger: Any = False,
-                 log_every_n_steps: int = 50, sync: SyncSchedule | None = None, overlap: bool = False) -> None:
+                 log_every_n_steps: int = 50, sync: SyncSchedule | None = None, overlap: bool = False,
+                 validation_threads: Callable[[], int] | None = None) -> None:
         self.model = model
+        self.validation_threads = validation_threads
         setup = check_trainable(model)
         self.optimizer = setup.optimizer
         self.schedulers: list[Any] = list(setup.schedulers)

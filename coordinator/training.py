@@ -55,6 +55,7 @@ from edgefleet.coordinator.fleet_select import check_boards_ready
 from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.planning.rebalance import Rebalancer
 from edgefleet.coordinator.replica import Replica
+from edgefleet.coordinator.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run_logger import make_logger
 from edgefleet.coordinator.train_job import batches_per_epoch
 from edgefleet.protocol.codec import encode_value
@@ -259,7 +260,8 @@ class TrainingRun:
         self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
                                logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps,
-                               sync=spec.sync_schedule, overlap=spec.overlap)
+                               sync=spec.sync_schedule, overlap=spec.overlap,
+                               validation_threads=None if spec.threads else FreeCpuThreads().threads)
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None

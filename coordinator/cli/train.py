@@ -81,7 +81,8 @@ def add_train_parser(sub: Any) -> None:
                    help="global: every board holds the whole dataset and takes its slice of each global batch; "
                         "local: each board trains on its own data (default global)")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per board (default: one per core of the board's CPU quota, else of its CPUs)")
+                   help="torch threads per board and for the coordinator's replica (default: a board takes one per core of "
+                        "its CPU quota, else of its CPUs; the replica validates with the cores its machine has free)")
     lightning = p.add_argument_group("Lightning Trainer flags (the same on every board and on the coordinator's replica)")
     lightning.add_argument("--accumulate-grad-batches", type=int, default=1, metavar="K",
                            help="sum the gradients of K global batches before each optimizer step (default 1)")
