@@ -21,7 +21,8 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   ``scaling_figures.split_batch``), the first full run's split. ``planned`` is the default because
   it was as good or better (fleet8, resnet_small, one run of both on a crowded host: samples/s
   1.68x and 1.72x over x86-1 at 2 boards, 2.55x against 2.16x at 4, 2.61x against 2.56x at 8).
-  One board takes the whole batch (split ``whole``). ``--no-rebalance`` keeps the split.
+  One board takes the whole batch (split ``whole``). ``--no-rebalance`` keeps the split, unless
+  ``--rebalance`` (train's default: the coordinator may re-split on a real, lasting change).
 * Workloads (``WORKLOADS``), both on scikit-learn's digits (1,438 training and 359 validation
   images, 32x32), seed 0, the models' default options. LeNet-5: global batch 128, target 95%
   validation accuracy (the issue's); trained on these global batches in one process it reaches
@@ -59,7 +60,10 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   same run in the exact mode: speed-up (time to target, and samples/s), scaling efficiency
   (speed-up over the configuration's summed CPU quota / the best board's quota) and the time to
   target relative to one board beside Park et al.'s LeNet (elapsed time relative to one device;
-  ../shared/PAPERS.md section 2), both of its configurations.
+  ../shared/PAPERS.md section 2), both of its configurations. Under the table, for each profile
+  taken: the exact mode's ceiling it allows at each board count (``bench/profile_bound.py``: each
+  board's fitted step cost and measured exchange round, the best boards of that count, no waiting
+  or noise), against which a run's speed-up can be judged.
 * Host: the hypervisor's steal during each run (``edgefleet.lab.measurements.HostSteal``) and how
   crowded the host was: the share of this machine's CPU that processes outside the lab took (all
   busy CPU from /proc/stat less the boards' cgroups, the server namespace's in fleet8, the
@@ -319,7 +323,7 @@ class MetricsTail:
 
 
 def _train_command(lab: Lab, key_file: Path, cfg: Config, workload: Workload, run_dir: Path, *,
-                   epochs: int | None = None, steps: int | None = None) -> list[str]:
+                   epochs: int | None = None, steps: int | None = None, rebalance: bool = False) -> list[str]:
     from edgefleet.launch import module_command
 
     length = (["--steps", str(steps)] if steps is not None
@@ -327,7 +331,8 @@ def _train_command(lab: Lab, key_file: Path, cfg: Config, workload: Workload, ru
     cmd = module_command("edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key_file),
                          "--boards", ",".join(cfg.boards), "--batch", ",".join(map(str, cfg.batch_sizes)),
                          "--model", workload.model, *_model_options(workload), "--dataset", workload.dataset, *length,
-                         "--seed", "0", "--no-rebalance", "--run-dir", str(run_dir), *MODE_FLAGS[cfg.mode])
+                         "--seed", "0", *([] if rebalance else ["--no-rebalance"]), "--run-dir", str(run_dir),
+                         *MODE_FLAGS[cfg.mode])
     return _in_lab(lab, cmd)
 
 
@@ -519,6 +524,7 @@ class FleetContext:
     runs_dir: Path
     deadline: float
     ballast: bool
+    rebalance: bool = False          # train's default re-balancing on (--rebalance); off keeps the planned split
 
 
 def _wait_ready(lab: Lab, boards: Sequence[str], timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -538,7 +544,7 @@ def _attempt(ctx: FleetContext, cfg: Config, attempt: int) -> RunFigures:
     workload = WORKLOADS[cfg.model]
     _wait_ready(ctx.lab, cfg.boards)
     run_dir = ctx.runs_dir / f"{cfg.fleet}-{cfg.model}-{cfg.mode}-{len(cfg.boards)}-{cfg.split}-try{attempt}"
-    cmd = _train_command(ctx.lab, ctx.key_file, cfg, workload, run_dir)
+    cmd = _train_command(ctx.lab, ctx.key_file, cfg, workload, run_dir, rebalance=ctx.rebalance)
     idle = [b for b in ctx.ballast_info if b not in cfg.boards] if ctx.ballast else []
     cpu = StepCpu({b: ctx.board_cpuacct[b] for b in cfg.boards})
     with _ballast(ctx.ballast_info, idle):
@@ -666,7 +672,7 @@ def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, k
         runs_dir = (args.keep_runs or tmp) / name
         runs_dir.mkdir(parents=True, exist_ok=True)
         board_cpuacct = {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()}
-        ctx = FleetContext(lab, key_file, info, files, board_cpuacct, runs_dir, args.deadline, args.ballast)
+        ctx = FleetContext(lab, key_file, info, files, board_cpuacct, runs_dir, args.deadline, args.ballast, args.rebalance)
         _warm(ctx, list(dict.fromkeys(b for cfg in configs for b in cfg.boards)))
         configs = _plan_splits(ctx, name, configs, session)
         for n, cfg in enumerate(configs, 1):
@@ -757,7 +763,19 @@ def _profile(ctx: FleetContext, model: str, boards: Sequence[str]) -> tuple[Flee
     costs = fitted_costs(fleet)
     return fleet, {"model": model, "boards": list(boards), "profile_s": round(wall, 1), "stolen": round(stolen, 4),
                    "batch_sizes": list(workload.profile_batches),
-                   "fitted": {b: {"a_s": round(a, 5), "c_s": round(c, 6)} for b, (a, c) in costs.items()}}
+                   "fitted": {b: {"a_s": round(a, 5), "c_s": round(c, 6)} for b, (a, c) in costs.items()},
+                   "ceiling_exact": _exact_ceilings(out, workload.global_batch)}
+
+
+def _exact_ceilings(profile_path: Path, global_batch: int) -> dict[int, float]:
+    """Per board count, the best speed-up over the best single board this profile's step costs and links allow
+    in the exact mode (``bench/profile_bound.py``): what a run of this session could reach at best."""
+    from profile_bound import best_by_size, board_costs  # bench/ is the script's folder, first on sys.path
+
+    costs = board_costs(json.loads(profile_path.read_text()))
+    rounds = {b.board_id: b.round_s for b in costs}
+    single = min(b.fixed_s + b.round_s + global_batch * b.per_sample_s for b in costs)
+    return {size: round(single / period, 3) for size, (period, _) in best_by_size(costs, rounds, global_batch).items()}
 
 
 def _plan_splits(ctx: FleetContext, fleet_name: str, configs: list[Config], session: Session) -> list[Config]:
@@ -872,7 +890,8 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
              f"Host: the hypervisor's steal / other processes' share of the CPU during the run; runs over "
              f"{args.steal_limit:.0%} steal taken again (up to {args.steal_retakes} more times). "
              f"{'Boards left out of a run spin at their quotas (ballast). ' if args.ballast else ''}"
-             f"Default train flags (threads fitted to each quota), --no-rebalance. {wall_s / 60:.1f} min in all."]
+             f"Default train flags (threads fitted to each quota){'' if args.rebalance else ', --no-rebalance'}. "
+             f"{wall_s / 60:.1f} min in all."]
     for (fleet, model, mode), epochs in _target_epochs(table_rows).items():
         if len(set(epochs)) > 1:  # the same mathematics should cross at the same epoch
             reached = ", ".join(str(e) if e else "not reached" for e in epochs)
@@ -897,8 +916,10 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
         largest[key] = max(largest.get(key, 0), len(row.run.boards))
     print_breakdown([row.run for row in table_rows if len(row.run.boards) == largest[(row.run.fleet, row.run.model)] > 1])
     for record in session.profiles:
+        ceilings = ", ".join(f"{size} boards {x:.2f}x" for size, x in record["ceiling_exact"].items() if size > 1)
         print(f"{record['fleet']} {record['model']}: the planned split's profile of {len(record['boards'])} boards took "
-              f"{record['profile_s']:.0f} s (stolen {record['stolen']:.0%}), not counted in the runs' figures")
+              f"{record['profile_s']:.0f} s (stolen {record['stolen']:.0%}), not counted in the runs' figures; the exact "
+              f"mode's ceiling it allows over the best single board (bench/profile_bound.py): {ceilings}")
 
 
 def print_breakdown(runs: Sequence[RunFigures]) -> None:
@@ -976,6 +997,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="at most N more attempts per configuration, the least stolen kept (default 2)")
     parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
                         help="boards left out of a run spin at their quotas meanwhile (default on)")
+    parser.add_argument("--rebalance", action="store_true",
+                        help="let train re-balance as it does by default (off: --no-rebalance keeps the split measured)")
     parser.add_argument("--max-minutes", type=float, default=60.0,
                         help="stop (exit 2, with the figures measured so far) after this long (default 60)")
     parser.add_argument("--keep-runs", type=Path, metavar="DIR", help="keep every run directory and its log here")
@@ -1037,7 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
                          "boards": args.boards, "splits": args.split,
                          "workloads": {m: asdict(WORKLOADS[m]) for m in args.models},
                          "steal_limit": args.steal_limit, "steal_retakes": args.steal_retakes, "ballast": args.ballast,
-                         "warmup_steps": WARMUP_STEPS, "quick": args.quick},
+                         "rebalance": args.rebalance, "warmup_steps": WARMUP_STEPS, "quick": args.quick},
             "wall_s": wall, "profiles": session.profiles, "failures": session.failures, "not_measured": session.skipped,
             "interrupted": interrupted,
             "rows": [asdict(row) for row in table_rows]}, indent=1))

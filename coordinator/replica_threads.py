@@ -50,7 +50,9 @@ def threads_for_free_cores(usable: float, others_busy: float) -> int:
 def read_cpu() -> CpuReading:
     """Now: the machine's busy CPU time (all CPUs, idle and I/O wait left out) and this process's (all threads)."""
     times = psutil.cpu_times()
-    busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    # Linux counts a guest's time in user and nice too (psutil's own cpu_percent leaves it out the same way).
+    counted_twice = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    busy = sum(times) - times.idle - getattr(times, "iowait", 0.0) - counted_twice
     own = psutil.Process().cpu_times()
     return CpuReading(time.monotonic(), busy, own.user + own.system)
 
