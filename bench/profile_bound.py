@@ -33,6 +33,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _table import print_table  # bench/ is the script's folder, first on sys.path
@@ -48,9 +49,9 @@ class BoardCost:
     round_s: float
 
 
-def board_costs(profile: dict[str, object], variant: str = "default") -> list[BoardCost]:
+def board_costs(profile: dict[str, Any], variant: str = "default") -> list[BoardCost]:
     """Fit ``a + b*n`` per board over the profile's points (at least two batch sizes)."""
-    boards = profile["variants"][variant]["boards"]  # type: ignore[index]
+    boards = profile["variants"][variant]["boards"]
     costs = []
     for board in boards:
         points = board["points"]

@@ -46,6 +46,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import queue
 import secrets
 import signal
 import statistics
@@ -306,7 +307,7 @@ class Board:
         while True:
             try:
                 got = self.results.get(timeout=0.2)
-            except Exception:  # queue.Empty
+            except queue.Empty:  # only that: a signal's BenchError raised in get() must stop the run
                 if not self.process.is_alive():
                     raise BenchError(f"the board process ended (exit code {self.process.exitcode})") from None
                 if time.monotonic() > deadline:
@@ -322,7 +323,7 @@ class Board:
         """Raise the board's error if it reported one (without waiting)."""
         try:
             got = self.results.get_nowait()
-        except Exception:  # queue.Empty
+        except queue.Empty:  # only that: a signal's BenchError raised in get() must stop the run
             if not self.process.is_alive():
                 raise BenchError(f"the board process ended (exit code {self.process.exitcode})") from None
             return
