@@ -61,7 +61,6 @@ import contextlib
 import copy
 import multiprocessing as mp
 import os
-import queue
 import signal
 import socket
 import statistics
@@ -74,7 +73,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _table import print_table  # bench/ is the script's folder, first on sys.path
+from _board_queue import next_message  # bench/ is the script's folder, first on sys.path
+from _table import print_table
 
 from edgefleet.agent.grad_stream import GradientStream, bucket_bytes_for
 from edgefleet.lab.cgroups import CFS_PERIOD_US, CONTROLLERS, Cgroup, find_controller_mounts
@@ -208,25 +208,6 @@ def _drain(sock: socket.socket) -> None:
         pass
 
 
-def _get(results: Any, process: Any, kind: str, timeout_s: float) -> Any:
-    """The board's next message, which must be ``kind``; its error, death or silence past ``timeout_s`` raise BenchError."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            got = results.get(timeout=0.2)
-        except queue.Empty:  # only that: a signal's BenchError raised in get() must stop the run
-            if not process.is_alive():
-                raise BenchError(f"the board process ended (exit code {process.exitcode})") from None
-            if time.monotonic() > deadline:
-                raise BenchError(f"no {kind!r} from the board within {timeout_s:g} s") from None
-            continue
-        if got[0] == "error":
-            raise BenchError(got[1])
-        if got[0] != kind:
-            raise BenchError(f"expected {kind!r} from the board, got {got[0]!r}")
-        return got[1]
-
-
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block has run to its end (a cleanup), then act as before."""
@@ -255,14 +236,14 @@ def run_board(name: str, cpu: float, config: RunConfig) -> dict[str, Any]:
         reader.start()
         process.start()
         board.close()  # the board process has its own: the stream ends when it closes it
-        pid = _get(results, process, "ready", config.timeout_s)
+        pid = next_message(results, process, "ready", config.timeout_s, BenchError)
         if cpu > 0:
             group = Cgroup(f"efb-overlap-{os.getpid()}-{pid}")
             group.create()
             group.set_cpu_quota(cpu, CFS_PERIOD_US)
             group.add(pid)
         go.put(True)
-        got: dict[str, Any] = _get(results, process, "result", config.timeout_s)
+        got: dict[str, Any] = next_message(results, process, "result", config.timeout_s, BenchError)
         return got
     finally:
         with _signals_deferred():

@@ -57,7 +57,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _table import print_table  # bench/ is the script's folder, first on sys.path
+from _board_queue import next_message  # bench/ is the script's folder, first on sys.path
+from _table import print_table
 
 DATASET = "digits"
 SEED = 0
@@ -302,22 +303,8 @@ class Board:
             self.group.set_cpu_quota(quota, CFS_PERIOD_US)
             self.group.add(pid)
 
-    def get(self, kind: str) -> Any:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                got = self.results.get(timeout=0.2)
-            except queue.Empty:  # only that: a signal's BenchError raised in get() must stop the run
-                if not self.process.is_alive():
-                    raise BenchError(f"the board process ended (exit code {self.process.exitcode})") from None
-                if time.monotonic() > deadline:
-                    raise BenchError(f"no {kind!r} from the board within {self.timeout_s:g} s") from None
-                continue
-            if got[0] == "error":
-                raise BenchError(got[1])
-            if got[0] != kind:
-                raise BenchError(f"expected {kind!r} from the board, got {got[0]!r}")
-            return got
+    def get(self, kind: str) -> tuple[str, Any]:
+        return kind, next_message(self.results, self.process, kind, self.timeout_s, BenchError)
 
     def check(self) -> None:
         """Raise the board's error if it reported one (without waiting)."""
