@@ -7,6 +7,10 @@ board sets its model to the anchor minus the average delta, which becomes its ne
 board (and the coordinator's replica, which holds the anchor itself) thus continues from the same
 model. ``protocol.sync_schedule`` says which steps those are.
 
+Integer buffers (``num_batches_tracked``) have no delta to average: the vector's last elements carry
+the board's own, as bytes (``workloads.params.pack_int_buffers``), and every board takes the first
+contributing board's from the result (DDP's rule, as at an exact step).
+
 Imported only by the training worker (it needs torch).
 """
 
@@ -17,7 +21,7 @@ import logging
 import numpy as np
 import torch
 
-from edgefleet.workloads.params import assign_values, flatten_values
+from edgefleet.workloads.params import assign_values, flatten_values, int_buffer_bytes, pack_int_buffers, unpack_int_buffers
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +31,14 @@ class ParameterAnchor:
 
     Args:
         tensors: The trainable parameters, then the float buffers, in the exchange's order.
+        int_buffers: The integer buffers, whose bytes end the exchanged vector (never a delta).
     """
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], int_buffers: list[torch.Tensor] | None = None) -> None:
         self.tensors = tensors
+        self.int_buffers = int_buffers or []
         self.values = np.zeros(sum(t.numel() for t in tensors), dtype=np.float32)
+        self.size = self.values.size + int_buffer_bytes(self.int_buffers)  # the exchanged vector's
         self.samples = 0  # trained on since the anchor was taken: this board's weight in the next average
         self.taken = False
 
@@ -42,16 +49,20 @@ class ParameterAnchor:
 
     @torch.no_grad()
     def delta_into(self, out: np.ndarray) -> np.ndarray:
-        """``out`` = anchor - the model now (float32, the exchange's layout); returns ``out``."""
-        flatten_values(self.tensors, out)
-        np.subtract(self.values, out, out=out)
+        """``out`` = anchor - the model now, then the integer buffers' bytes (float32, the exchange's layout); returns ``out``."""
+        deltas = out[:self.values.size]
+        flatten_values(self.tensors, deltas)
+        np.subtract(self.values, deltas, out=deltas)
+        pack_int_buffers(self.int_buffers, out[self.values.size:self.size])
         return out
 
     @torch.no_grad()
     def apply(self, average_delta: np.ndarray) -> None:
-        """The model and the anchor become anchor - ``average_delta`` (the fleet's average); the sample count restarts."""
-        np.subtract(self.values, average_delta, out=self.values)
+        """The model and the anchor become anchor - ``average_delta`` (the fleet's average), the integer buffers the
+        first contributing board's (the result's last elements); the sample count restarts."""
+        np.subtract(self.values, average_delta[:self.values.size], out=self.values)
         assign_values(self.tensors, self.values)
+        unpack_int_buffers(self.int_buffers, average_delta[self.values.size:self.size])
         self.samples = 0
 
 

@@ -70,9 +70,12 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         steps_per_epoch,
     )
     from edgefleet.workloads.lightning_api import callback_class, package_of
+    from edgefleet.workloads.module_checkpoint import extra_from_wire, restore_extra
+    from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
     from edgefleet.workloads.params import exchange_size, to_torch_tree
     from edgefleet.workloads.preflight import optimizer_setup
     from edgefleet.workloads.registry import build_model
+    from edgefleet.workloads.seeding import BatchSeeder, StepSeeding
     from edgefleet.workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
     from edgefleet.workloads.training_data import load_training_data
 
@@ -81,12 +84,22 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         options["lr"] = job.lr
     data = load_training_data(dataset=job.dataset, dataset_options=job.dataset_options, datamodule=job.datamodule,
                               datamodule_options=job.datamodule_options, cached=True, with_val=False)
-    model = build_model(job.model, options, data=data.train)
-    count = exchange_size(optimizer_setup(model).optimizer, model)
     trainer_options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches,
                                      gradient_clip_val=job.gradient_clip_val,
                                      gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
                                      precision=job.precision)
+    if job.data_mode == "global":
+        plan = GlobalBatchPlan(len(data.train), job.batch_sizes, job.seed)
+        batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
+    else:
+        local = LocalBatchPlan(len(data.train), job.batch_size, job.seed, board_seed=job.board_index)
+        batches_per_epoch = job.batches_per_epoch or local.steps_per_epoch
+    model = build_model(job.model, options, data=data.train)
+    # setup("fit") and configure_model() once, as Trainer.fit calls them, with the run's figures: the
+    # layers they build exist before the welcome's weights are loaded into them
+    figures = prepare_module(model, RunFigures(batches_per_epoch=batches_per_epoch, total_steps=job.total_steps,
+                                               max_epochs=job.max_epochs, options=trainer_options), data.datamodule)
+    count = exchange_size(optimizer_setup(model, figures).optimizer, model)
 
     keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
     token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
@@ -95,20 +108,23 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
         model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
         start = welcome.step
+        if welcome.module_state is not None:  # joining mid-run: what the module's on_save_checkpoint kept, as on resume
+            restore_extra(model, extra_from_wire(welcome.module_state), global_step=start,
+                          epoch=position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches).epoch)
         if job.data_mode == "global":
             # The job's batch sizes are the initial split; the welcome lists later re-splits still in
             # force or announced, and each step's result may announce another (the schedule follows them).
-            plan = GlobalBatchPlan(len(data.train), job.batch_sizes, job.seed)
-            batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
+            # The schedule counts batches, the coordinator optimizer steps: with --accumulate-grad-batches a
+            # re-split from step s starts at the first batch of s's window.
             schedule = SplitSchedule(plan)
+            first_batch = functools.partial(_first_batch, batches_per_epoch=batches_per_epoch,
+                                            accumulate=trainer_options.accumulate_grad_batches)
             for from_step, sizes in welcome_splits(welcome):
-                schedule.add(from_step, sizes)
+                schedule.add(first_batch(from_step), sizes)
             indices_of: Any = functools.partial(schedule.indices, board_index=job.board_index)
-            batch_size: Any = lambda step: schedule.batch_sizes_at(step)[job.board_index]  # noqa: E731
-            on_split: Any = schedule.add
+            batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[job.board_index]  # noqa: E731
+            on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
         else:
-            local = LocalBatchPlan(len(data.train), job.batch_size, job.seed, board_seed=job.board_index)
-            batches_per_epoch = job.batches_per_epoch or local.steps_per_epoch
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
         position = position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches)
         sync = SyncSchedule(every=job.sync_every, warmup=job.sync_warmup, total_steps=job.total_steps,
@@ -119,13 +135,18 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
+        seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
+        callbacks = [positioner, callback_class(package, StepSeeding, "StepSeeding")(seeder)]
+        if data.datamodule is not None:
+            callbacks.append(callback_class(package, DataModuleHooks, "DataModuleHooks")(data.datamodule))
         accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
         events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",
                     step=start)
         trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
-                               callbacks=[positioner, exchange], accelerator=accelerator)
+                               callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs)
+        sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
         try:
-            trainer.fit(model, train_dataloaders=data.train_loader(EpochBatchSampler(indices_of, position)))
+            trainer.fit(model, train_dataloaders=data.train_loader(sampler))
         except StopTraining as stop:
             events.emit("finished", f"stopped by the coordinator: {stop}", step=exchange.step)
             return 0
@@ -133,6 +154,13 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         return 0
     finally:
         client.close()
+
+
+def _first_batch(step: int, *, batches_per_epoch: int, accumulate: int) -> int:
+    """The first batch (counted from the start of training) of optimizer step ``step``'s window."""
+    from edgefleet.workloads.fleet_trainer import position_of
+
+    return position_of(step, batches_per_epoch, accumulate).first_batch
 
 
 def _batches_per_epoch(job: TrainCommand, here: int, source: str) -> int:
@@ -212,7 +240,9 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
         return 3
     except Exception as exc:
         traceback.print_exc()
-        events.emit("failed", f"{type(exc).__name__}: {exc}")
+        from edgefleet.workloads.device_errors import explain_device_error
+
+        events.emit("failed", explain_device_error(exc) or f"{type(exc).__name__}: {exc}")
         return 1
     finally:
         gc.collect()  # a kept worker waits for the next job with what the last one freed given back

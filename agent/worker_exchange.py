@@ -37,10 +37,8 @@ from edgefleet.protocol.sync_schedule import EXACT, SYNC, SyncSchedule
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.params import (
+    BufferSet,
     FlatGradients,
-    assign_values,
-    flatten_values,
-    float_buffers,
     gradient_order,
     restore_optimizer_state,
     restore_scheduler_states,
@@ -335,7 +333,7 @@ class GradientExchange:
         self._started: float | None = None  # the step's first batch (of several with gradient accumulation)
         self._params: list[torch.nn.Parameter] = []
         self._grads: FlatGradients | None = None  # the gradients to and from self._flat, one call each way
-        self._buffers: list[torch.Tensor] = []  # float buffers: they travel after the gradient
+        self._buffers = BufferSet()  # float buffers, then integer buffers' bytes: they travel after the gradient
         self._grad_elements = 0
         self._optimizer: Any = None
         self._flat = np.zeros(0, dtype=np.float32)
@@ -352,9 +350,9 @@ class GradientExchange:
         trainer.strategy.lr_scheduler_configs = [c for c in trainer.lr_scheduler_configs if not c.reduce_on_plateau]
         self._optimizer = optimizer
         self._params = gradient_order(trainable_params(optimizer), overlap=self.overlap)
-        self._buffers = float_buffers(pl_module)
+        self._buffers = BufferSet(pl_module)
         self._grad_elements = sum(p.numel() for p in self._params)
-        self._flat = np.zeros(self._grad_elements + sum(b.numel() for b in self._buffers), dtype=np.float32)
+        self._flat = np.zeros(self._grad_elements + self._buffers.elements, dtype=np.float32)
         self._grads = FlatGradients(self._params, self._flat[:self._grad_elements])
         if self.wire_dtype != "float32":
             self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
@@ -367,7 +365,7 @@ class GradientExchange:
                 self.stream = GradientStream(self._params, self._flat, self._wire, self.client.send_bytes)
                 log.info("overlap: the gradient goes out in buckets of %d KiB during backward", self.stream.bucket_bytes // 1024)
         if self._sync is not None:
-            self._anchor = ParameterAnchor([*self._params, *self._buffers])
+            self._anchor = ParameterAnchor([*self._params, *self._buffers.floats], self._buffers.ints)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._started is None:
@@ -401,7 +399,7 @@ class GradientExchange:
         stream = self.stream
         if stream is not None and stream.armed:  # overlap: the gradient went out during backward; the rest now
             if self._buffers:
-                flatten_values(self._buffers, self._flat[self._grad_elements:])
+                self._buffers.flatten_into(self._flat[self._grad_elements:])
             stream.finish(Grad.stream_tail(round(compute_s, 6)))
             avg = self.client.receive_result(step=self.step, grad=self._wire if self._wire is not None else self._flat)
         else:
@@ -414,8 +412,8 @@ class GradientExchange:
             cast_into(self._avg32, avg)
             avg = self._avg32
         grads.scatter(avg, keep=avg is self._avg32 or avg is self.client.result_buffer)
-        if self._buffers:  # the first contributing board's buffers (DDP's rule), or their average
-            assign_values(self._buffers, avg[self._grad_elements:])
+        if self._buffers:  # the first contributing board's buffers (DDP's rule), or the float ones' average
+            self._buffers.assign_from(avg[self._grad_elements:])
         self._on_step(self.step, self._loss, compute_s)
         self.step += 1
 
@@ -423,7 +421,7 @@ class GradientExchange:
         """Send the whole gradient now that backward has ended; the fleet's average."""
         grads.gather()
         if self._buffers:
-            flatten_values(self._buffers, self._flat[self._grad_elements:])
+            self._buffers.flatten_into(self._flat[self._grad_elements:])
         wire = self._flat
         if self._wire is not None:
             cast_into(self._wire, self._flat)

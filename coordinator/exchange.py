@@ -236,8 +236,10 @@ class ExchangeServer:
         wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
         welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
         welcome_extra: returns more fields of the welcome (``schedulers``: the LR schedulers' states).
-        buffer_elements: The last ``buffer_elements`` of every vector are the model's float buffers
+        buffer_elements: The last ``buffer_elements`` of every vector are the model's buffers
             (BatchNorm's running statistics), not a gradient.
+        int_buffer_elements: The last ``int_buffer_elements`` of those are its integer buffers' bytes
+            (``num_batches_tracked``): always the first contributing board's, whatever ``buffer_sync`` says.
         buffer_sync: ``broadcast``: the result carries the first contributing board's buffers (DDP's
             rule: rank 0's buffers at every forward); ``average``: their sample-weighted average.
         splits: re-splits already in force or announced, as ``BatchSplit`` or (from_step, batch sizes),
@@ -261,7 +263,8 @@ class ExchangeServer:
                  welcome_extra: Callable[[], dict[str, Any]] | None = None,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
-                 checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False) -> None:
+                 checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False,
+                 int_buffer_elements: int = 0) -> None:
         self.job_id, self._token, self.wire_dtype = job_id, token, wire_dtype
         self.overlap = overlap
         self._tls, self._checker = tls, checker
@@ -273,7 +276,7 @@ class ExchangeServer:
         self._welcome_extra = welcome_extra
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
-                                        outlier_ratio=outlier_ratio)
+                                        outlier_ratio=outlier_ratio, int_buffer_elements=int_buffer_elements)
         self._sum_tensor = encode_array(self._reducer.sum)  # fixed arrays: described once
         self._sync = sync if sync is not None and sync.periodic else None
         self._empty_wire = np.zeros(0, dtype=WIRE_NUMPY[wire_dtype])  # a local step's result, as it travels ...

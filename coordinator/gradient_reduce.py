@@ -33,6 +33,11 @@ the model off is far outside it. The max-norm and NaN/Inf checks apply as to gra
 Buffers are not gradients: they are left out of the norm check (NaN or Inf in them still refuses
 the vector), and with ``broadcast`` the result carries the first kept vector's buffers exactly
 (DDP's rule: rank 0's buffers), with ``average`` their weighted average like the rest.
+
+Integer buffers (``num_batches_tracked``, a user's counters) end every vector as their bytes, one
+value 0..255 per element (``workloads.params.int_buffers``): never summed, never judged by a norm,
+the result always carries the first kept vector's, also with ``average`` (an average of counters
+counts nothing). A vector whose bytes are not whole numbers 0..255 is refused (a broken board).
 """
 
 from __future__ import annotations
@@ -149,27 +154,34 @@ class GradientReducer:
         max_grad_norm: a vector whose gradient's norm exceeds it is refused.
         outlier_ratio: a vector whose gradient's norm exceeds this many times the median of the
             others' (with at least :data:`OUTLIER_MIN_OTHERS` others) is refused; ``inf`` turns it off.
-        buffer_elements: the last ``buffer_elements`` of every vector are float buffers, not gradient.
+        buffer_elements: the last ``buffer_elements`` of every vector are buffers, not gradient.
         buffer_sync: ``broadcast`` or ``average`` (see the module's docstring).
+        int_buffer_elements: the last ``int_buffer_elements`` of those are integer buffers' bytes,
+            always the first kept vector's.
 
     Raises:
-        ValueError: ``buffer_elements`` or ``buffer_sync`` out of range, or an unknown wire dtype.
+        ValueError: ``buffer_elements``, ``int_buffer_elements`` or ``buffer_sync`` out of range, or an unknown wire dtype.
     """
 
     def __init__(self, param_count: int, *, wire_dtype: str = "float32", max_grad_norm: float = 1e6,
-                 buffer_elements: int = 0, buffer_sync: str = "broadcast", outlier_ratio: float = OUTLIER_RATIO) -> None:
-        if not 0 <= buffer_elements <= param_count or buffer_sync not in BUFFER_SYNCS:
-            raise ValueError(f"buffer_elements {buffer_elements} / buffer_sync {buffer_sync!r} out of range")
+                 buffer_elements: int = 0, buffer_sync: str = "broadcast", outlier_ratio: float = OUTLIER_RATIO,
+                 int_buffer_elements: int = 0) -> None:
+        if not 0 <= int_buffer_elements <= buffer_elements <= param_count or buffer_sync not in BUFFER_SYNCS:
+            raise ValueError(f"buffer_elements {buffer_elements} (integer bytes {int_buffer_elements}) / "
+                             f"buffer_sync {buffer_sync!r} out of range")
         if wire_dtype not in WIRE_NUMPY:
             raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(WIRE_NUMPY)}")
         if not outlier_ratio >= 1:
             raise ValueError(f"outlier_ratio {outlier_ratio!r} must be at least 1")
         self.param_count, self.wire_dtype, self.max_grad_norm = param_count, wire_dtype, max_grad_norm
         self.outlier_ratio = outlier_ratio
-        self.buffer_elements = buffer_elements
-        self._buffers_from = param_count - buffer_elements if buffer_elements and buffer_sync == "broadcast" else None
+        self.buffer_elements, self.int_buffer_elements = buffer_elements, int_buffer_elements
+        self._summed = param_count - int_buffer_elements  # integer bytes are copied, never summed
+        # the result's tail taken from the first kept vector exactly: the integer bytes, and with broadcast the float buffers
+        self._copied_from = param_count - buffer_elements if buffer_sync == "broadcast" else self._summed
         self.sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
+        self._sum_summed, self._scratch_summed = self.sum[:self._summed], self._scratch[:self._summed]
         self.wire_out = np.zeros(param_count, dtype=WIRE_NUMPY[wire_dtype])  # the result in the wire dtype
         self._applied: np.ndarray | None = None  # fp16/bf16: the result widened back, as every replica applies it
 
@@ -182,8 +194,8 @@ class GradientReducer:
         """
         squares = [0.0] * len(grads)
         weights = [np.float32(n / total) for _, n in grads]
-        for start in range(0, self.param_count, REDUCE_BLOCK):
-            end = min(start + REDUCE_BLOCK, self.param_count)
+        for start in range(0, self._summed, REDUCE_BLOCK):
+            end = min(start + REDUCE_BLOCK, self._summed)
             acc, tmp = self.sum[start:end], self._scratch[:end - start]
             for i, (grad, _) in enumerate(grads):
                 squares[i] += scale_into(acc if i == 0 else tmp, grad[start:end], weights[i])
@@ -197,9 +209,9 @@ class GradientReducer:
         Called in order for each vector of a step, ``first`` for the first one, it gives the same
         bits as :meth:`weighted_sum` with the same weights.
         """
-        square = scale_into(self.sum if first else self._scratch, grad, weight)
+        square = scale_into(self._sum_summed if first else self._scratch_summed, grad[:self._summed], weight)
         if not first:
-            self.sum += self._scratch
+            self._sum_summed += self._scratch_summed
         return square
 
     def reduce(self, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None = None, *,
@@ -213,15 +225,18 @@ class GradientReducer:
         Refused: NaN or Inf, a norm above ``max_grad_norm``, then (judged once, among the vectors
         that passed those) a norm far above the others' (:func:`outliers`).
         """
+        refused = self._not_bytes(grads) if self.int_buffer_elements else []
         kept = list(range(len(grads)))
-        refused: list[tuple[int, str]] = []
+        if refused:
+            kept = [i for i in kept if i not in {j for j, _ in refused}]
+            squares = None  # summed with the refused ones: sum again without them
         limit = min(self.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         banded = False
         while kept:
             if squares is None:
                 total = sum(grads[i][1] for i in kept)
                 squares = self.weighted_sum([grads[i] for i in kept], total)
-            if self.buffer_elements:  # the norm check is the gradient's; buffers count only for NaN or Inf
+            if self.buffer_elements > self.int_buffer_elements:  # the norm check is the gradient's; buffers only for NaN or Inf
                 squares = [square - self.buffer_square(grads[i][0]) for i, square in zip(kept, squares)]
             bad = [(i, refusal_reason(square, limit) or "") for i, square in zip(kept, squares)
                    if not square <= limit]  # NaN, Inf or too large
@@ -240,10 +255,23 @@ class GradientReducer:
                 refused.append((i, why))
                 kept.remove(i)
             squares = None
-        if kept and self._buffers_from is not None:  # the buffers of the first kept vector, exactly
-            start, first = self._buffers_from, grads[kept[0]][0]
+        if kept and self._copied_from < self.param_count:  # the buffers of the first kept vector, exactly
+            start, first = self._copied_from, grads[kept[0]][0]
             scale_into(self.sum[start:], first[start:], np.float32(1.0))
         return Reduced(kept, refused)
+
+    def _not_bytes(self, grads: Sequence[tuple[np.ndarray, int]]) -> list[tuple[int, str]]:
+        """The vectors whose integer buffers' section holds anything but whole numbers 0..255, and why."""
+        found = []
+        for i, (vector, _) in enumerate(grads):
+            tail = vector[self._summed:]
+            if tail.dtype != np.float32:
+                widened = self._scratch[:tail.size]
+                cast_into(widened, tail)
+                tail = widened
+            if not np.all((tail >= 0) & (tail <= 255) & (np.floor(tail) == tail)):
+                found.append((i, "the integer buffers' bytes are not whole numbers 0..255"))
+        return found
 
     @staticmethod
     def _outlier_text(scaled: float, samples: int, why: str, scale_by_samples: bool) -> str:
@@ -253,11 +281,11 @@ class GradientReducer:
         return f"over {samples} samples since the last average: {why}"
 
     def buffer_square(self, vector: np.ndarray) -> float:
-        """The squared norm of a vector's float buffers (its tail), widened from the wire dtype if need be.
+        """The squared norm of a vector's float buffers (before the integer bytes), widened from the wire dtype if need be.
 
         Uses the scratch buffer: call it only after the weighted sum.
         """
-        tail = vector[self.param_count - self.buffer_elements:]
+        tail = vector[self.param_count - self.buffer_elements:self._summed]
         if tail.dtype != np.float32:
             widened = self._scratch[:tail.size]
             cast_into(widened, tail)

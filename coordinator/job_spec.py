@@ -208,6 +208,16 @@ class JobSpec:
                               precision=self.precision)
 
     @property
+    def max_epochs(self) -> int:
+        """The run's whole epochs when it was asked for in epochs (``Trainer(max_epochs=E)``), else 0 (asked for in steps,
+        or a fraction of an epoch: ``Trainer(max_steps=N)``). Only for a resolved spec."""
+        if self.steps is not None:
+            return 0
+        epochs = self.epochs if self.epochs is not None else DEFAULT_EPOCHS
+        whole = int(epochs)
+        return whole if whole == epochs and whole * self.steps_per_epoch == self.total_steps else 0
+
+    @property
     def resolved(self) -> bool:
         """True once the boards, the batch size of each and the run's length are fixed (``resolve_job``)."""
         return bool(self.run_id) and self.total_steps > 0 and len(self.boards) == len(self.batch_sizes) > 0

@@ -55,6 +55,7 @@ from edgefleet.coordinator.fleet_select import check_boards_ready
 from edgefleet.coordinator.job_spec import JobSpec
 from edgefleet.coordinator.planning.rebalance import Rebalancer
 from edgefleet.coordinator.replica import Replica
+from edgefleet.coordinator.replica_replay import ReplayData
 from edgefleet.coordinator.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run_logger import make_logger
 from edgefleet.coordinator.train_job import batches_per_epoch
@@ -66,6 +67,7 @@ from edgefleet.protocol.jobs import StopCommand, TrainCommand, train_schema_for
 from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
+from edgefleet.workloads.sharding import GlobalBatchPlan
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +182,9 @@ class _Adaptation:
     def __init__(self, spec: JobSpec, splits: list[BatchSplit], first_step: int) -> None:
         self.spec = spec
         self.splits = list(splits)
-        # With accumulation a step is several batches of each board: re-splits are not offered there (yet).
-        self.enabled = (spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
-                        and spec.accumulate_grad_batches == 1)
+        # With accumulation a step is a window of batches on each board: a re-split starts with a window
+        # (the boards translate the step into its first batch).
+        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
         self.watch_from = first_step + REBALANCE_WARMUP_STEPS
         self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
         self.records: list[dict[str, Any]] = []
@@ -213,7 +215,9 @@ class _Adaptation:
             return record
         if self.rebalancer is None or r.step < self.watch_from or set(r.contributors) != set(self.spec.boards):
             return None  # steps some board missed say little about the fleet's balance
-        decision = self.rebalancer.observe(r.compute_s, step=r.step, batch_sizes=r.batch_sizes,
+        accumulate = self.spec.accumulate_grad_batches  # a board's n is its batch size times the window's batches
+        decision = self.rebalancer.observe(r.compute_s, step=r.step,
+                                           batch_sizes={b: n // accumulate for b, n in r.batch_sizes.items()},
                                            steps_left=self.spec.total_steps - exchange.next_split_step)
         if decision is None:
             return None
@@ -261,7 +265,9 @@ class TrainingRun:
                                total_steps=spec.total_steps, val_loader=self.data.val_loader,
                                logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps,
                                sync=spec.sync_schedule, overlap=spec.overlap,
-                               validation_threads=None if spec.threads else FreeCpuThreads().threads)
+                               validation_threads=None if spec.threads else FreeCpuThreads().threads,
+                               max_epochs=spec.max_epochs, datamodule=self.data.datamodule, seed=spec.seed,
+                               replay_data=self._replay_data())
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
@@ -305,6 +311,13 @@ class TrainingRun:
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def _replay_data(self) -> ReplayData | None:
+        """The global batches, for a replica that replays training_step (global data mode: the coordinator holds them)."""
+        if self.spec.data_mode != "global":
+            return None
+        plan = GlobalBatchPlan(len(self.data.train), self.spec.batch_sizes, self.spec.seed)
+        return ReplayData(dataset=self.data.train, collate_fn=self.data.collate_fn, global_indices=plan.global_indices)
 
     def _check_target(self, step: int, elapsed_s: float) -> None:
         """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
@@ -386,7 +399,11 @@ class TrainingRun:
 
     def _welcome_extra(self) -> dict[str, Any]:
         schedulers = self.replica.scheduler_wire_state()
-        return {"schedulers": encode_value(schedulers)} if schedulers else {}
+        extra: dict[str, Any] = {"schedulers": encode_value(schedulers)} if schedulers else {}
+        module_state = self.replica.module_wire_state()  # a board joining mid-run loads what on_save_checkpoint kept
+        if module_state is not None:
+            extra["module_state"] = module_state
+        return extra
 
     def _exchange_security(self) -> tuple[HelloChecker, ssl.SSLContext | None]:
         """Each board's credential for the exchange, and the TLS server context of a certificate made for this run."""
@@ -413,6 +430,7 @@ class TrainingRun:
                                     datamodule_options=s.datamodule_options, board_index=i, batch_sizes=list(s.batch_sizes),
                                     seed=s.seed, total_steps=s.total_steps, data_mode=s.data_mode, lr=s.lr,
                                     wire_dtype=s.wire_dtype, threads=s.threads, batches_per_epoch=self.batches_per_epoch,
+                                    max_epochs=s.max_epochs,
                                     accumulate_grad_batches=s.accumulate_grad_batches,
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
@@ -432,6 +450,7 @@ class TrainingRun:
                                   param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
+                                  int_buffer_elements=self.replica.buffers.int_elements,
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
@@ -594,6 +613,8 @@ class TrainingRun:
         if r.logs:  # what training_step logged, sample-weighted over the boards
             record["logs"] = r.logs
             self.train_metrics.update(r.logs)
+        if (r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps:
+            self.train_metrics.update(self.replica.epoch_train_metrics())  # on_epoch=True: the epoch's mean, as Lightning
         if self.val_metrics and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
             record["val_metrics"] = dict(self.val_metrics)

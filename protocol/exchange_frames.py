@@ -308,10 +308,13 @@ class Welcome:
     schedulers: list[Any] | None = None  # ... of each LR scheduler's state, in Lightning's order
     splits: tuple[BatchSplit, ...] = ()
     overlap: bool = False                # the vector's gradient is in reversed parameter order (``--overlap``)
+    module_state: Any = None             # what the module's on_save_checkpoint added (a board joining mid-run loads it)
     v: int = EXCHANGE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
         frame = {"type": WELCOME, "v": self.v, "step": self.step, "model": self.model, "optimizer": self.optimizer}
+        if self.module_state is not None:
+            frame["module_state"] = self.module_state
         if self.schedulers:
             frame["schedulers"] = self.schedulers
         if self.splits:
@@ -326,7 +329,7 @@ class Welcome:
         Raises:
             ValueError: a name that is not an optional field of the welcome.
         """
-        unknown = set(extra) - {"schedulers"}
+        unknown = set(extra) - {"schedulers", "module_state"}
         if unknown:
             raise ValueError(f"a welcome has no field(s) {sorted(unknown)}")
         return dataclasses.replace(self, **extra) if extra else self
@@ -354,8 +357,12 @@ class Welcome:
         overlap = d.get("overlap", False)
         if type(overlap) is not bool:
             raise DecodeError(f"welcome frame: overlap {overlap!r:.20} is not true or false")
+        module_state = d.get("module_state")
+        if module_state is not None and not isinstance(module_state, dict):
+            raise DecodeError(f"welcome frame: module_state is a {type(module_state).__name__}, not a map")
         return cls(step=_whole(d, WELCOME, "step"), model=d["model"], optimizer=d["optimizer"], schedulers=schedulers,
-                   splits=tuple(BatchSplit.from_wire(split) for split in splits), overlap=overlap, v=v)
+                   splits=tuple(BatchSplit.from_wire(split) for split in splits), overlap=overlap,
+                   module_state=module_state, v=v)
 
 
 @dataclass(frozen=True, slots=True)

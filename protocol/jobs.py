@@ -34,7 +34,14 @@ JOB_SCHEMA_VERSION = 1
 # Version 5 may ask for overlap (``overlap``): the gradient vector in reversed parameter order, streamed
 # during backward; a version-4 agent would send today's order and its gradient would be averaged
 # with the wrong elements. Only such a command is sent as version 5.
-TRAIN_SCHEMA_VERSION = 5
+# Version 6, every train command: the board seeds its random generators before every batch from the
+# run's seed, its place in the split and the batch, takes the DataModule's batch-transfer hooks,
+# runs the module's setup and configure_model before joining, shows the module the run's figures
+# (``max_epochs`` among them) and exchanges integer buffers with the float ones. A version-5 agent
+# would train any job differently without a word (or with another vector size), so every command
+# is version 6 and such an agent refuses it as too new: upgrade every board together.
+TRAIN_SCHEMA_VERSION = 6
+CONFORMANCE_TRAIN_SCHEMA_VERSION = 6  # the first version every train command needs
 OVERLAP_TRAIN_SCHEMA_VERSION = 5  # the first version that carries ``overlap``
 PERIODIC_TRAIN_SCHEMA_VERSION = 4  # the first version that carries ``sync_every`` > 1
 EXACT_TRAIN_SCHEMA_VERSION = 3  # the version of a train command without periodic averaging
@@ -55,10 +62,14 @@ def _is_sha256_hex(text: str) -> bool:
 
 def train_schema_for(sync_every: int, overlap: bool = False) -> int:
     """The lowest train-command version that carries a job averaging every ``sync_every`` steps (with
-    ``overlap`` or not): an agent that would train it differently refuses it as too new; every other agent takes it."""
-    if overlap:
-        return OVERLAP_TRAIN_SCHEMA_VERSION
-    return PERIODIC_TRAIN_SCHEMA_VERSION if sync_every > 1 else EXACT_TRAIN_SCHEMA_VERSION
+    ``overlap`` or not): an agent that would train it differently refuses it as too new; every other agent takes it.
+
+    Since version 6 that is every job (see :data:`TRAIN_SCHEMA_VERSION`); the older thresholds
+    (:data:`PERIODIC_TRAIN_SCHEMA_VERSION`, :data:`OVERLAP_TRAIN_SCHEMA_VERSION`) stay as the commands' checks.
+    """
+    needed = OVERLAP_TRAIN_SCHEMA_VERSION if overlap else PERIODIC_TRAIN_SCHEMA_VERSION if sync_every > 1 else \
+        EXACT_TRAIN_SCHEMA_VERSION
+    return max(needed, CONFORMANCE_TRAIN_SCHEMA_VERSION)
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -91,6 +102,7 @@ class TrainCommand:
     wire_dtype: str = "float32"     # gradients on the wire: float32, float16 or bfloat16
     threads: int = 0                # torch threads on the board; 0 = what its CPU quota (else its CPUs) fits
     batches_per_epoch: int = 0      # global batches in an epoch (the coordinator's count; 0: count here)
+    max_epochs: int = 0             # the run's whole epochs when asked for in epochs (Trainer(max_epochs=...)); 0: in steps
     accumulate_grad_batches: int = 1  # Lightning's Trainer flags, the same on every replica
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
@@ -117,8 +129,8 @@ class TrainCommand:
             raise ValueError("exchange_port or total_steps out of range")
         if bool(self.dataset) == bool(self.datamodule):
             raise ValueError("give exactly one of dataset and datamodule")
-        if self.batches_per_epoch < 0 or self.accumulate_grad_batches < 1:
-            raise ValueError("batches_per_epoch must be >= 0 and accumulate_grad_batches >= 1")
+        if self.batches_per_epoch < 0 or self.accumulate_grad_batches < 1 or self.max_epochs < 0:
+            raise ValueError("batches_per_epoch and max_epochs must be >= 0 and accumulate_grad_batches >= 1")
         if self.gradient_clip_algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm {self.gradient_clip_algorithm!r} is not 'norm' or 'value'")
         if self.exchange_tls_sha256 and not _is_sha256_hex(self.exchange_tls_sha256):

@@ -126,11 +126,17 @@ class EpochBatchSampler(Sampler[list[int]]):
     Args:
         indices_of: Maps a batch counted from the start of training to this replica's dataset indices.
         start: Where this replica starts.
+        before_batch: Called with the batch's number (from the start of training) just before its
+            samples are loaded: the data's random generators are seeded there (``workloads.seeding``),
+            so a random augmentation draws the same whenever the batch is loaded (Lightning loads one
+            batch ahead, and a resumed run loads its first batches before any step).
     """
 
-    def __init__(self, indices_of: Callable[[int], list[int]], start: LoopPosition) -> None:
+    def __init__(self, indices_of: Callable[[int], list[int]], start: LoopPosition,
+                 before_batch: Callable[[int], None] | None = None) -> None:
         super().__init__()
         self._indices_of = indices_of
+        self._before_batch = before_batch
         self.start = start
         self.batches_per_epoch = start.batches_per_epoch
         self.epoch = start.epoch
@@ -143,7 +149,10 @@ class EpochBatchSampler(Sampler[list[int]]):
         first = self.start.batch if self.epoch == self.start.epoch else 0
         base = self.epoch * self.batches_per_epoch
         for batch in range(first, self.batches_per_epoch):
-            yield self._indices_of(base + batch)
+            indices = self._indices_of(base + batch)
+            if self._before_batch is not None:
+                self._before_batch(base + batch)
+            yield indices
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -207,10 +216,27 @@ def board_accelerator() -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
+def trainer_bounds(total_steps: int, max_epochs: int = 0) -> dict[str, int]:
+    """The Trainer's ``max_epochs``/``max_steps`` for a run of ``total_steps``: what the user asked for.
+
+    A run asked for in whole epochs is ``Trainer(max_epochs=E)`` (``max_steps`` -1), one asked for
+    in steps is ``Trainer(max_steps=N)`` (``max_epochs`` -1), so that a module reading
+    ``self.trainer.max_epochs`` or ``estimated_stepping_batches`` sees what ``Trainer.fit`` would show.
+    Both end after the same optimizer step.
+    """
+    if max_epochs > 0:
+        return {"max_epochs": max_epochs, "max_steps": -1}
+    return {"max_epochs": -1, "max_steps": total_steps}
+
+
 def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: int, callbacks: list[Any],
-                 accelerator: str, logger: Any = False, validate: bool = False, log_every_n_steps: int = 50) -> Any:
-    """The replica's Trainer: no checkpoints, progress bar or sanity checks of its own (edgefleet keeps those)."""
-    return package.Trainer(accelerator=accelerator, devices=1, max_epochs=-1, max_steps=total_steps, logger=logger,
+                 accelerator: str, logger: Any = False, validate: bool = False, log_every_n_steps: int = 50,
+                 max_epochs: int = 0) -> Any:
+    """A replica's Trainer: no checkpoints, progress bar or sanity checks of its own (edgefleet keeps those).
+
+    ``max_epochs`` > 0: the run was asked for in that many whole epochs (:func:`trainer_bounds`).
+    """
+    return package.Trainer(accelerator=accelerator, devices=1, **trainer_bounds(total_steps, max_epochs), logger=logger,
                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                            num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0,
                            use_distributed_sampler=False, callbacks=callbacks, log_every_n_steps=log_every_n_steps,
@@ -229,4 +255,5 @@ __all__ = [
     "make_trainer",
     "position_of",
     "steps_per_epoch",
+    "trainer_bounds",
 ]

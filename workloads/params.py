@@ -7,6 +7,7 @@ and optimizer state travel as nested maps of numpy arrays (never pickle).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -168,14 +169,92 @@ def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
     They travel after the gradient in every exchanged vector: each step's result carries the
     first contributing board's (DDP's rule: rank 0's buffers at every forward) or their
-    sample-weighted average. Integer buffers (``num_batches_tracked``) advance alike everywhere.
+    sample-weighted average. The other buffers follow them as bytes (:func:`int_buffers`).
     """
     return [buffer for _, buffer in model.named_buffers() if buffer.is_floating_point()]
 
 
+def int_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's buffers that are not floating point (``num_batches_tracked``, a user's counters and flags), in
+    ``named_buffers`` order.
+
+    Why bytes: they travel after the float buffers as their little-endian bytes, one byte per element
+    of the exchanged vector. A value 0..255 is exact in float32, float16 and bfloat16, so any int64
+    arrives bit for bit (float16 holds integers exactly only up to 2048, bfloat16 up to 256). Each
+    step's result carries the first contributing board's whatever ``--sync-buffers`` says: DDP's rule
+    (rank 0's buffers at every forward), and an average of counters counts nothing.
+    """
+    return [buffer for _, buffer in model.named_buffers() if not buffer.is_floating_point()]
+
+
+def int_buffer_bytes(tensors: list[torch.Tensor]) -> int:
+    """Elements the tensors take in the exchanged vector: one per byte."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@functools.cache
+def _little_endian(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype of ``dtype``'s elements in little-endian byte order (the wire's, whatever the host's)."""
+    little: np.dtype[Any] = torch.empty(0, dtype=dtype).numpy().dtype.newbyteorder("<")
+    return little
+
+
+def pack_int_buffers(tensors: list[torch.Tensor], out: np.ndarray) -> np.ndarray:
+    """Write the tensors' little-endian bytes into ``out`` (float32), one value 0..255 per byte; returns ``out``."""
+    offset = 0
+    for tensor in tensors:
+        values = tensor.detach().cpu().numpy().reshape(-1)
+        raw = values.astype(_little_endian(tensor.dtype), copy=False).view(np.uint8)
+        out[offset:offset + raw.size] = raw
+        offset += raw.size
+    return out
+
+
+def unpack_int_buffers(tensors: list[torch.Tensor], flat: np.ndarray) -> None:
+    """Set the tensors from the bytes :func:`pack_int_buffers` wrote (``flat`` is only read: it may be read-only)."""
+    raw = np.clip(flat[:int_buffer_bytes(tensors)], 0, 255).astype(np.uint8)  # whole bytes: the reduce refuses others
+    offset = 0
+    for tensor in tensors:
+        n = tensor.numel() * tensor.element_size()
+        dtype = _little_endian(tensor.dtype)
+        values = raw[offset:offset + n].view(dtype).astype(dtype.newbyteorder("="))  # aligned, in the host's order
+        tensor.data.copy_(torch.from_numpy(values.reshape(tensor.shape)))
+        offset += n
+
+
+class BufferSet:
+    """A module's buffers as they travel after the gradient: the float ones as values, then the others as bytes.
+
+    Args:
+        model: the module (a board's or the replica's); None: no buffers.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
+        self.floats = float_buffers(model) if model is not None else []
+        self.ints = int_buffers(model) if model is not None else []
+        self.float_elements = sum(b.numel() for b in self.floats)
+        self.int_elements = int_buffer_bytes(self.ints)  # the vector's last elements
+        self.elements = self.float_elements + self.int_elements
+
+    def __bool__(self) -> bool:
+        return self.elements > 0
+
+    def flatten_into(self, out: np.ndarray) -> np.ndarray:
+        """Copy the buffers into the float32 ``out`` (their ``elements``): float values, then integer bytes."""
+        flatten_values(self.floats, out[:self.float_elements])
+        pack_int_buffers(self.ints, out[self.float_elements:self.elements])
+        return out
+
+    def assign_from(self, flat: np.ndarray) -> None:
+        """Set the buffers from a vector laid out as :meth:`flatten_into` writes it (only read)."""
+        assign_values(self.floats, flat[:self.float_elements])
+        unpack_int_buffers(self.ints, flat[self.float_elements:self.elements])
+
+
 def exchange_size(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
-    """Elements of the vector a replica exchanges each step: the trainable parameters' gradient, then the float buffers."""
-    return param_count(trainable_params(optimizer)) + sum(b.numel() for b in float_buffers(model))
+    """Elements of the vector a replica exchanges each step: the trainable parameters' gradient, the float buffers,
+    then the other buffers' bytes."""
+    return param_count(trainable_params(optimizer)) + BufferSet(model).elements
 
 
 def flatten_values(tensors: list[torch.Tensor], out: np.ndarray) -> np.ndarray:

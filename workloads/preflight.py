@@ -19,6 +19,7 @@ import torch
 
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.lightning_api import package_of
+from edgefleet.workloads.module_audit import audit_training_metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,22 @@ class OptimizerSetup:
 
 
 @contextlib.contextmanager
-def _attached_trainer(model: Any) -> Iterator[None]:
-    """A never-fitted Trainer of the module's own package, attached while ``configure_optimizers`` runs.
+def _attached_trainer(model: Any, trainer: Any = None) -> Iterator[None]:
+    """A never-fitted Trainer attached while ``configure_optimizers`` runs: ``trainer``, else a bare one of the module's package.
 
-    Modules may read ``self.trainer`` there (e.g. ``estimated_stepping_batches``); without a Trainer
-    Lightning refuses to parse the optimizers at all.
+    Modules may read ``self.trainer`` there (e.g. ``estimated_stepping_batches``): a run passes the
+    Trainer of ``workloads.module_setup.prepare_module``, which carries the run's figures; without a
+    Trainer Lightning refuses to parse the optimizers at all.
     """
     if model._trainer is not None:
         yield
+        return
+    if trainer is not None:
+        model.trainer = trainer
+        try:
+            yield
+        finally:
+            model.trainer = None
         return
     package = package_of(model)
     quiet = logging.getLogger(package.__name__)
@@ -61,8 +70,11 @@ def _attached_trainer(model: Any) -> Iterator[None]:
         model.trainer = None
 
 
-def optimizer_setup(model: Any) -> OptimizerSetup:
+def optimizer_setup(model: Any, trainer: Any = None) -> OptimizerSetup:
     """The module's optimizer and schedulers, every return form of ``configure_optimizers`` understood.
+
+    ``trainer``: what ``self.trainer`` is meanwhile (``workloads.module_setup.prepare_module``'s, with the
+    run's figures); None attaches a bare Trainer (profiling, where no run exists yet).
 
     Raises:
         ConfigError: manual optimization, no optimizer, or more than one.
@@ -73,7 +85,7 @@ def optimizer_setup(model: Any) -> OptimizerSetup:
                           "optimization does not have; use automatic optimization (return the loss from training_step)")
     optimizer_module = __import__(f"{package_of(model).__name__}.core.optimizer", fromlist=["_"])
     try:
-        with _attached_trainer(model), warnings.catch_warnings():
+        with _attached_trainer(model, trainer), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             optimizers, schedulers = optimizer_module._init_optimizers_and_lr_schedulers(model)
     except ConfigError:
@@ -82,6 +94,10 @@ def optimizer_setup(model: Any) -> OptimizerSetup:
         message = str(exc)
         if "multiple optimizers" in message or "automatic optimization" in message:
             raise _several_optimizers(None) from None
+        if "empty parameter list" in message:
+            raise ConfigError(f"configure_optimizers() found no parameters ({message}): edgefleet ran the module's "
+                              "setup('fit') and configure_model() first, as Trainer.fit does, and neither built a "
+                              "layer with parameters; build the layers in __init__, setup or configure_model") from exc
         raise ConfigError(f"configure_optimizers() failed: {type(exc).__name__}: {message}") from exc
     if len(optimizers) != 1:
         raise _several_optimizers(len(optimizers))
@@ -98,13 +114,14 @@ def _several_optimizers(count: int | None) -> ConfigError:
                        "'lr': 1e-4}])")
 
 
-def check_trainable(model: Any) -> OptimizerSetup:
-    """Refuse what the fleet cannot train exactly; the module's optimizer setup otherwise.
+def check_trainable(model: Any, trainer: Any = None) -> OptimizerSetup:
+    """Refuse what the fleet cannot train exactly; the module's optimizer setup otherwise (``trainer``: as :func:`optimizer_setup`).
 
     Raises:
         ConfigError: naming the feature and what to do instead.
     """
-    setup = optimizer_setup(model)
+    audit_training_metrics(model)  # a torchmetrics Metric on the boards' side would be logged from one slice
+    setup = optimizer_setup(model, trainer)
     if isinstance(setup.optimizer, torch.optim.LBFGS):
         raise ConfigError("the optimizer is LBFGS, which evaluates the loss several times per step; every board "
                           "would exchange a gradient at each evaluation. Use a first-order optimizer (SGD, Adam, ...)")

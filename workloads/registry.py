@@ -335,7 +335,11 @@ class UserDatasetView(Dataset[Any]):
     @classmethod
     def wrap(cls, dataset: Any, spec: str) -> UserDatasetView:
         """Check ``dataset`` is a non-empty map-style dataset."""
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or isinstance(dataset, IterableDataset):
+        if isinstance(dataset, IterableDataset):
+            raise ConfigError(f"dataset {spec!r} returned an IterableDataset ({type(dataset).__name__}): the fleet "
+                              "picks each board's samples by index so that every step trains on the same global "
+                              "batch; return a map-style dataset (with __len__ and __getitem__) instead")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise ConfigError(f"dataset {spec!r} returned {_describe(dataset)}; it must be map-style "
                               "(with __len__ and __getitem__), e.g. a torch Dataset or a list of samples")
         if len(dataset) == 0:

@@ -33,12 +33,15 @@ class TrainingData:
         val_loader: The validation batches (the DataModule's ``val_dataloader()``, or the factory's
             ``val`` split), or None.
         source: What the user named, for messages (``dataset 'pkg.mod:fn'``).
+        datamodule: The user's LightningDataModule (set up for ``fit``), or None: its batch-transfer
+            hooks run on every replica (``workloads.module_setup.DataModuleHooks``).
     """
 
     train: Any
     collate_fn: Callable[[list[Any]], Any]
     val_loader: Callable[[], Any] | None
     source: str
+    datamodule: Any = None
 
     def train_loader(self, batch_sampler: Any) -> DataLoader[Any]:
         """A DataLoader of this data whose batches the fleet's ``batch_sampler`` picks."""
@@ -97,7 +100,7 @@ def _from_datamodule(module: Any, spec: str, with_val: bool) -> TrainingData:
     if with_val and _has_val_dataloader(module):
         val_loader = module.val_dataloader
     return TrainingData(train=loader.dataset, collate_fn=loader.collate_fn or default_collate,
-                        val_loader=val_loader, source=what)
+                        val_loader=val_loader, source=what, datamodule=module)
 
 
 def _has_val_dataloader(module: Any) -> bool:
@@ -108,7 +111,12 @@ def _has_val_dataloader(module: Any) -> bool:
 
 
 def _check_map_style(dataset: Any, what: str) -> None:
-    if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+    if isinstance(dataset, IterableDataset):
+        raise ConfigError(f"{what} is an IterableDataset ({type(dataset).__name__}): the fleet picks each board's "
+                          "samples by index so that every step trains on the same global batch, and an "
+                          "IterableDataset has no index; wrap the data in a map-style torch Dataset (with __len__ "
+                          "and __getitem__)")
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ConfigError(f"{what} is {type(dataset).__name__}, not a map-style dataset (with __len__ and "
                           "__getitem__): the fleet picks each board's samples by index so that every step trains "
                           "on the same global batch; wrap the data in a map-style torch Dataset")

@@ -1,7 +1,9 @@
 """The conformance cases: one per feature a user's LightningModule may rely on.
 
 ``CASES`` are cases edgefleet must train like plain Lightning does; ``REFUSED`` are
-cases it must refuse, each with a word its refusal message must contain.
+cases it must refuse, each with the words its refusal message must contain; ``SEEDED``
+are cases whose claim is reproducibility (the same seed, the same bits), as a board's
+random numbers cannot be one process's.
 """
 
 from __future__ import annotations
@@ -39,11 +41,34 @@ CASES: list[Case] = [
     Case("adam", M + "AdamNet", {"lr": 0.01}, dataset=CLASSIFICATION),
     Case("sgd_deterministic", M + "SgdNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"deterministic": True}),
     Case("bf16_mixed", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"precision": "bf16-mixed"}),
+    # Issue 39: modules as outside users write them.
+    Case("one_cycle", M + "OneCycleNet", {"lr": 0.2}, dataset=CLASSIFICATION),
+    Case("ema", M + "EmaNet", {"lr": 0.1, "decay": 0.8}, dataset=CLASSIFICATION),
+    Case("epoch_outputs", M + "EpochOutputsNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("datamodule_transfer_hooks", M + "LoggingNet", {"lr": 0.1},
+         datamodule=D + "SensorDataModule", datamodule_options={"n": 240, "seed": 2, "batch_size": 32}),
+    Case("module_transfer_hooks", M + "TransferHooksNet", {"lr": 0.1}, dataset=D + "make_raw_classification"),
+    Case("batchnorm_cumulative", M + "CumulativeBatchNormNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("configure_model", M + "ConfigureModelNet", {"lr": 0.1, "hidden": 16}, dataset=CLASSIFICATION),
+    Case("setup_model", M + "SetupNet", {"lr": 0.1, "hidden": 12}, dataset=CLASSIFICATION),
+    Case("val_torchmetric", M + "ValMetricNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("param_groups", M + "ParamGroupsNet", {"lr": 0.01}, dataset=CLASSIFICATION),
+    Case("frozen_layer", M + "FrozenLayerNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("tied_weights", M + "TiedWeightsNet", {"vocab": 50, "dim": 8, "lr": 0.5}, dataset=D + "make_tokens"),
+    Case("epoch_mean_log", M + "EpochLogNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+    Case("trainer_figures", M + "TrainerFiguresNet", {"lr": 0.1}, dataset=CLASSIFICATION, dataset_options=SMALL,
+         trainer={"accumulate_grad_batches": 2}),
 ]
 
-REFUSED: list[tuple[Case, str]] = [
-    (Case("two_optimizers", M + "TwoOptimizersNet", {"lr": 0.1}, dataset=CLASSIFICATION), "optimizers"),
-    (Case("manual_optimization", M + "ManualOptNet", {"lr": 0.1}, dataset=CLASSIFICATION), "manual optimization"),
+REFUSED: list[tuple[Case, tuple[str, ...]]] = [
+    (Case("two_optimizers", M + "TwoOptimizersNet", {"lr": 0.1}, dataset=CLASSIFICATION), ("optimizers",)),
+    (Case("manual_optimization", M + "ManualOptNet", {"lr": 0.1}, dataset=CLASSIFICATION), ("manual optimization",)),
     (Case("fp16_mixed", M + "OwnCtorNet", {"lr": 0.1}, dataset=CLASSIFICATION, trainer={"precision": "16-mixed"}),
-     "16-mixed"),
+     ("16-mixed",)),
+    # A metric object's state accumulates on each board: the refusal names the library and the attribute.
+    (Case("train_torchmetric", M + "TrainMetricNet", {"lr": 0.1}, dataset=CLASSIFICATION), ("torchmetrics", "train_acc")),
+]
+
+SEEDED: list[Case] = [
+    Case("dropout", M + "DropoutNet", {"lr": 0.1, "p": 0.3}, dataset=CLASSIFICATION),
 ]

@@ -15,6 +15,9 @@ FEATURES = 8
 CLASSES = 3
 SEQ = 6
 VOCAB = 50
+# make_raw_classification's features are readings in raw units: RAW_SHIFT + RAW_SCALE * (a standard normal).
+RAW_SHIFT = 5.0
+RAW_SCALE = 10.0
 
 
 class ListDataset(Dataset):
@@ -72,6 +75,13 @@ def make_dicts(split: str = "train", n: int = 240, seed: int = 0) -> Dataset:
     """Samples ``{"features": float32 (8,), "label": int64 scalar}`` (classification data)."""
     x, y = make_classification(split, n=n, seed=seed).tensors
     return ListDataset([{"features": x[i], "label": y[i]} for i in range(n)])
+
+
+def make_raw_classification(split: str = "train", n: int = 240, seed: int = 0) -> Dataset:
+    """``make_classification`` in raw units, as numpy hands data over: ``(x: float64 (8,), y: int64)``
+    with x = 5 + 10 * (the standard-normal features). A model needs them cast and standardised."""
+    x, y = make_classification(split, n=n, seed=seed).tensors
+    return TensorDataset(RAW_SHIFT + RAW_SCALE * x.double(), y)
 
 
 def make_sequences(split: str = "train", n: int = 240, seed: int = 0) -> Dataset:
@@ -132,3 +142,54 @@ class CollateDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, collate_fn=pad_collate)
+
+
+class SensorBatch:
+    """A batch type of the user's own, as in Lightning's ``transfer_batch_to_device`` docs."""
+
+    def __init__(self, readings: torch.Tensor, label: torch.Tensor) -> None:
+        self.readings = readings
+        self.label = label
+
+
+class SensorDataModule(pl.LightningDataModule):
+    """Raw float64 readings in dict samples ``{"readings", "label"}``, turned into model inputs by the three
+    batch-transfer hooks, for training and validation batches alike:
+
+    ``on_before_batch_transfer`` wraps the dict into a ``SensorBatch``; ``transfer_batch_to_device`` moves it,
+    casting the readings to float32 in the same copy; ``on_after_batch_transfer`` standardises them with the
+    training set's mean and std (computed in ``setup``) and hands the model ``(x, y)``. Skipping any one hook
+    leaves the model a batch it cannot take.
+    """
+
+    def __init__(self, n: int = 240, seed: int = 0, batch_size: int = 32) -> None:
+        super().__init__()
+        self.n = n
+        self.seed = seed
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        train = make_raw_classification("train", n=self.n, seed=self.seed)
+        val = make_raw_classification("val", n=max(self.n // 4, 1), seed=self.seed)
+        self.mean = train.tensors[0].mean(dim=0).float()
+        self.std = train.tensors[0].std(dim=0).float()
+        self.train_set = ListDataset([{"readings": x, "label": y} for x, y in train])
+        self.val_set = ListDataset([{"readings": x, "label": y} for x, y in val])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        return SensorBatch(batch["readings"], batch["label"])
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        if isinstance(batch, SensorBatch):
+            return SensorBatch(batch.readings.to(device, torch.float32), batch.label.to(device))
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        x = (batch.readings - self.mean.to(batch.readings.device)) / self.std.to(batch.readings.device)
+        return x, batch.label

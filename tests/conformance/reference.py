@@ -139,8 +139,14 @@ def trainer_class(model: torch.nn.Module) -> type:
     return lightning.pytorch.Trainer
 
 
-def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> tuple[torch.nn.Module, DataLoader]:
-    """Fits the case with plain Lightning; returns the trained module and its training loader."""
+def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int,
+                  callbacks: list | None = None) -> tuple[torch.nn.Module, DataLoader]:
+    """Fits the case with plain Lightning; returns the trained module and its training loader.
+
+    A DataModule case is fitted with ``datamodule=`` (its ``train_dataloader`` replaced, on the instance,
+    by the global-batch loader), so that Lightning calls the DataModule's batch-transfer hooks on the
+    training and validation batches, as it does for a user's run.
+    """
     data = case_data(case)
     torch.manual_seed(seed)
     model = load(case.model)(**case.model_options)
@@ -152,6 +158,8 @@ def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> tu
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         use_distributed_sampler=False,
     )
+    if callbacks:
+        flags["callbacks"] = callbacks
     validate = overrides(model, "validation_step")
     if not validate:
         flags["limit_val_batches"] = 0
@@ -159,11 +167,31 @@ def fit_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> tu
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         trainer = trainer_class(model)(**flags)
-        trainer.fit(model, train_dataloaders=loader, val_dataloaders=data.val_loader() if validate else None)
+        if case.datamodule is None:
+            trainer.fit(model, train_dataloaders=loader, val_dataloaders=data.val_loader() if validate else None)
+        else:
+            datamodule = load(case.datamodule)(**case.datamodule_options)
+            datamodule.train_dataloader = lambda: loader
+            trainer.fit(model, datamodule=datamodule)
     finally:
         # Trainer(deterministic=True) switches torch's global flag on and leaves it on.
         torch.use_deterministic_algorithms(deterministic_before)
     return model, loader
+
+
+@dataclass
+class ReferenceRun:
+    """What plain Lightning ends with: the module's state and the values it logged (``trainer.callback_metrics``)."""
+
+    state: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+def lightning_run(case: Case, *, steps: int, global_batch: int, seed: int) -> ReferenceRun:
+    """``lightning_reference``'s state together with the metrics Lightning reports after ``fit``."""
+    model, _ = fit_reference(case, steps=steps, global_batch=global_batch, seed=seed)
+    metrics = {name: float(value) for name, value in model.trainer.callback_metrics.items()}
+    return ReferenceRun(state_of(model), metrics)
 
 
 def lightning_reference(case: Case, *, steps: int, global_batch: int, seed: int) -> dict[str, torch.Tensor]:
@@ -177,10 +205,20 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
+def build_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """Builds the layers a module makes in ``setup("fit")`` or ``configure_model()``, in Lightning's order, as
+    ``fit`` does before ``configure_optimizers`` (no Trainer: hooks that read ``self.trainer`` do not fit here)."""
+    if overrides(model, "setup"):
+        model.setup("fit")
+    if overrides(model, "configure_model"):
+        model.configure_model()
+    return model
+
+
 def initial_state(case: Case, *, seed: int) -> dict[str, torch.Tensor]:
-    """The case's module as constructed (after ``torch.manual_seed(seed)``), before any training."""
+    """The case's module as constructed (after ``torch.manual_seed(seed)``) and built, before any training."""
     torch.manual_seed(seed)
-    return state_of(load(case.model)(**case.model_options))
+    return state_of(build_layers(load(case.model)(**case.model_options)))
 
 
 def relative_l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -197,23 +235,30 @@ def relative_l2(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float
     return math.sqrt(diff / norm)
 
 
+def integer_mismatches(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """The keys of ``b``'s integer (and bool) tensors that ``a`` lacks or holds with another value, dtype or shape."""
+    return [key for key, ref in b.items() if not torch.is_floating_point(ref) and not ref.is_complex()
+            and (key not in a or a[key].dtype != ref.dtype or not torch.equal(a[key].cpu(), ref))]
+
+
 def ddp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) -> dict[str, torch.Tensor]:
     """DDP's rule for a module with BatchNorm, in one process: the reference where a split batch cannot match a whole one.
 
     Each step every rank r normalises with the statistics of its own slice (``batch_sizes[r]``
     consecutive samples of the global batch) and starts its forward with rank 0's buffers (DDP
     broadcasts them from rank 0 before every forward); the gradients are averaged weighted by
-    the slices' sizes; afterwards every rank holds rank 0's buffers. Plain torch, SGD-like
-    optimizers from ``configure_optimizers`` returning one optimizer, no schedulers.
+    the slices' sizes; afterwards every rank holds rank 0's buffers. That holds for integer buffers
+    too: ``num_batches_tracked`` counts one per step. Plain torch, SGD-like optimizers from
+    ``configure_optimizers`` returning one optimizer, no schedulers.
     """
     data = case_data(case)
     torch.manual_seed(seed)
-    model = load(case.model)(**case.model_options)
+    model = build_layers(load(case.model)(**case.model_options))
     optimizer = model.configure_optimizers()
     assert isinstance(optimizer, torch.optim.Optimizer), "ddp_reference takes a bare optimizer"
     total = sum(batch_sizes)
     sampler = GlobalBatchSampler(len(data.train_set), total, seed)
-    buffers = [b for _, b in model.named_buffers() if b.is_floating_point()]
+    buffers = [b for _, b in model.named_buffers()]  # DDP broadcasts every buffer, num_batches_tracked too
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     step = 0

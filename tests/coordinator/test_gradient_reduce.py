@@ -224,3 +224,70 @@ def test_a_batch_holding_the_one_sample_a_fitted_model_still_gets_wrong_is_not_a
     outcome = reducer.reduce(list(zip(grads, counts)))
     assert outcome.kept == [0, 1, 2] and not outcome.refused
     assert np.array_equal(reducer.sum, _reference(grads, counts))
+
+
+def _with_int_bytes(count: int, size: int, int_bytes: int, seed: int) -> list[np.ndarray]:
+    """Vectors whose last ``int_bytes`` elements are integer buffers' bytes (whole numbers 0..255), each board's own."""
+    grads = _vectors(count, size, seed=seed)
+    rng = np.random.default_rng(seed)
+    for g in grads:
+        g[-int_bytes:] = rng.integers(0, 256, int_bytes)
+    return grads
+
+
+@pytest.mark.parametrize("wire", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("sync", ["broadcast", "average"])
+def test_integer_bytes_are_the_first_kept_vectors_in_every_sync_mode_and_wire_dtype(sync: str, wire: str) -> None:
+    floats, ints = 6, 16
+    grads32, counts = _with_int_bytes(3, 1000, ints, seed=7), [4, 8, 12]
+    for g in grads32:
+        g[-ints:] = 255.0 - g[-ints:]  # bytes up to 255: never in the norm check (max_grad_norm 1e3)
+    grads32[0][3] = np.nan  # the first vector is refused: the second one's bytes travel
+    wire_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[wire]
+    grads = []
+    for g in grads32:
+        sent = np.zeros(g.size, dtype=wire_dtype)
+        cast_into(sent, g)
+        grads.append(sent)
+    reducer = GradientReducer(1000, wire_dtype=wire, max_grad_norm=1e3, buffer_elements=floats + ints, buffer_sync=sync,
+                              int_buffer_elements=ints)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [1, 2] and dict(outcome.refused) == {0: "NaN or Inf in the gradient"}
+    assert np.array_equal(reducer.sum[-ints:], grads32[1][-ints:])  # exactly, also with average
+    assert np.array_equal(reducer.wire_to_float32(reducer.to_wire(reducer.sum))[-ints:], grads32[1][-ints:])
+    widened = [reducer.wire_to_float32(g).copy() for g in grads[1:]]
+    expected = _reference(widened, counts[1:])
+    assert np.array_equal(reducer.sum[:-ints - floats], expected[:-ints - floats])
+    float_part = slice(-ints - floats, -ints)
+    if sync == "broadcast":
+        assert np.array_equal(reducer.sum[float_part], widened[0][float_part])
+    else:
+        assert np.array_equal(reducer.sum[float_part], expected[float_part])
+
+
+def test_integer_bytes_summed_as_they_arrive_give_the_same_result() -> None:
+    ints, counts = 8, [4, 8, 12]
+    grads = _with_int_bytes(3, 500, ints, seed=8)
+    whole = GradientReducer(500, buffer_elements=ints, buffer_sync="average", int_buffer_elements=ints)
+    whole.reduce(list(zip(grads, counts)))
+    folded = GradientReducer(500, buffer_elements=ints, buffer_sync="average", int_buffer_elements=ints)
+    weights = sample_weights(counts)
+    squares = [folded.add_weighted(g, w, first=i == 0) for i, (g, w) in enumerate(zip(grads, weights))]
+    folded.reduce(list(zip(grads, counts)), squares)
+    assert np.array_equal(folded.sum, whole.sum) and np.array_equal(whole.sum[-ints:], grads[0][-ints:])
+
+
+@pytest.mark.parametrize("bad", [256.0, -1.0, 1.5, np.nan, np.inf])
+def test_a_vector_whose_integer_bytes_are_not_bytes_is_refused(bad: float) -> None:
+    ints, counts = 4, [4, 8]
+    grads = _with_int_bytes(2, 100, ints, seed=9)
+    grads[0][-2] = bad
+    reducer = GradientReducer(100, buffer_elements=ints, int_buffer_elements=ints)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [1] and dict(outcome.refused) == {0: "the integer buffers' bytes are not whole numbers 0..255"}
+    assert np.array_equal(reducer.sum, grads[1])  # the only vector kept: weight 1
+
+
+def test_integer_bytes_must_lie_within_the_buffers() -> None:
+    with pytest.raises(ValueError, match="integer bytes 6"):
+        GradientReducer(10, buffer_elements=5, int_buffer_elements=6)

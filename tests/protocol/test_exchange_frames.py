@@ -156,6 +156,7 @@ def test_a_frame_that_is_no_gradient_at_all_is_malformed(frame: Any, message: st
     ({"type": "welcome", "step": 0, "model": {}, "optimizer": {}, "splits": [{"batch_sizes": [8]}]},
      "split from_step None is not a step number"),
     ({"type": "welcome", "step": 0, "model": {}, "optimizer": {}, "v": "1"}, "welcome frame names no exchange protocol version"),
+    ({"type": "welcome", "step": 3, "model": {}, "optimizer": {}, "module_state": [1]}, "module_state is a list, not a map"),
     ({"type": "grad", "step": 0}, "expected a welcome frame, got 'grad'"),
     ({"type": "error"}, "error frame: message None is not a string"),
 ])
@@ -211,5 +212,8 @@ def test_a_welcome_takes_only_its_own_optional_fields_by_name() -> None:
     welcome = Welcome(step=0, model={}, optimizer={})
     assert welcome.with_fields({"schedulers": [{"a": 1}]}).schedulers == [{"a": 1}]
     assert welcome.with_fields({}) is welcome
+    kept = welcome.with_fields({"module_state": {"updates": 4}})  # what on_save_checkpoint added, for a late board
+    assert Welcome.from_wire(_wire(kept)).module_state == {"updates": 4}
+    assert "module_state" not in welcome.to_wire()
     with pytest.raises(ValueError, match=r"a welcome has no field\(s\) \['step'\]"):
         welcome.with_fields({"step": 3})

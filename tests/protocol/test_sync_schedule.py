@@ -45,8 +45,13 @@ def test_an_out_of_range_schedule_is_refused() -> None:
         SyncSchedule(every=0)
 
 
-def test_only_a_periodic_command_needs_the_new_version_so_older_agents_still_take_exact_jobs() -> None:
-    assert train_schema_for(1) == EXACT_TRAIN_SCHEMA_VERSION < PERIODIC_TRAIN_SCHEMA_VERSION == train_schema_for(3) < TRAIN_SCHEMA_VERSION
+def test_every_command_is_the_version_whose_agents_train_it_alike() -> None:
+    # version 6 seeds the boards, takes the DataModule's batch hooks and exchanges integer buffers: an older
+    # agent would train any job differently, so it refuses every command as too new
+    assert train_schema_for(1) == train_schema_for(3) == TRAIN_SCHEMA_VERSION > PERIODIC_TRAIN_SCHEMA_VERSION > \
+        EXACT_TRAIN_SCHEMA_VERSION
+    with pytest.raises(DecodeError, match="newer than this side understands"):
+        command_from_dict({**BASE, "schema_version": TRAIN_SCHEMA_VERSION + 1})
     periodic = TrainCommand(**{k: v for k, v in BASE.items() if k != "kind"}, sync_every=3, sync_warmup=5,
                             schema_version=train_schema_for(3))
     assert command_from_dict(periodic.to_dict()) == periodic
