@@ -132,6 +132,7 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     Raises:
         EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
     """
+    from edgefleet.workloads.module_setup import RunFigures, prepare_module
     from edgefleet.workloads.params import param_count, trainable_params
     from edgefleet.workloads.preflight import optimizer_setup
     from edgefleet.workloads.registry import build_dataset_cached, build_model
@@ -142,7 +143,9 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     pid = os.getpid()
     dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
     model = build_model(job.model, job.model_options, data=dataset)
-    count = param_count(trainable_params(optimizer_setup(model).optimizer))
+    # layers built in setup/configure_model count too; a profile has no run yet: one step's figures
+    figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1))
+    count = param_count(trainable_params(optimizer_setup(model, figures).optimizer))
     del model
     events.emit("running", f"profiling {job.model} (worker pid {pid})", data={"worker_pid": pid})
     meter = PowerMeter(context)

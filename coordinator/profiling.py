@@ -106,6 +106,7 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     """Build the dataset and every variant here: (variants, dataset length). Raises ConfigError."""
     import torch
 
+    from edgefleet.workloads.module_setup import RunFigures, prepare_module
     from edgefleet.workloads.params import param_count, trainable_params
     from edgefleet.workloads.preflight import check_trainable
     from edgefleet.workloads.registry import build_dataset, build_model, dataset_attribute
@@ -116,7 +117,8 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     for options in request.variants:
         torch.manual_seed(request.seed)
         model = build_model(request.model, options, data=dataset)
-        count = param_count(trainable_params(check_trainable(model).optimizer))
+        figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1))  # layers of setup/configure_model
+        count = param_count(trainable_params(check_trainable(model, figures).optimizer))
         variants.append(_Variant(variant_label(options), dict(options), model_key(request.model, options, shape), count))
     return variants, len(dataset)
 

@@ -46,7 +46,7 @@ from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
 from edgefleet.workloads.lightning_api import callback_class, package_of
 from edgefleet.workloads.module_checkpoint import extra_for_wire, module_extra, restore_extra, saves_extra
-from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
+from edgefleet.workloads.module_setup import DataModuleHooks, Placeholders, RunFigures, prepare_module
 from edgefleet.workloads.params import (
     BufferSet,
     assign_grads,
@@ -83,19 +83,6 @@ class _Stopped(Exception):
 def _no_training_step(*args: Any, **kwargs: Any) -> None:
     """The replica's training_step: the boards compute the gradient, the replica takes their average."""
     return None
-
-
-class _Placeholders(torch.utils.data.Dataset[int]):
-    """The replica's "samples": every batch is ``[0]``; the boards hold the data."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 class _LoggedNames:
@@ -335,7 +322,7 @@ class Replica:
         """The replica's batches: the real global batches when it replays training_step, else placeholders."""
         data = self.replay_data
         if data is None:
-            return DataLoader(_Placeholders(1), batch_sampler=EpochBatchSampler(lambda batch: [0], position))
+            return DataLoader(Placeholders(1), batch_sampler=EpochBatchSampler(lambda batch: [0], position))
         before = self.seeder.before_loading if self.seeder is not None else None
         return DataLoader(data.dataset, batch_sampler=EpochBatchSampler(data.global_indices, position, before_batch=before),
                           collate_fn=data.collate_fn)

@@ -55,8 +55,9 @@ class RunFigures:
     options: TrainerOptions = field(default_factory=TrainerOptions)
 
 
-class _Placeholders(Dataset[int]):
-    """Samples that stand for the run's global batches: only their count matters to a Trainer that never fits."""
+class Placeholders(Dataset[int]):
+    """Samples that stand for the run's global batches where a Trainer needs batches but not the data:
+    the figures Trainer (it never fits) and the replica's (the boards hold the data); every batch is ``[0]``."""
 
     def __init__(self, length: int) -> None:
         self.length = length
@@ -85,7 +86,7 @@ def figures_trainer(model: Any, figures: RunFigures, datamodule: Any = None) -> 
     try:
         trainer = make_trainer(package, options=figures.options, total_steps=figures.total_steps, callbacks=[],
                                accelerator="cpu", max_epochs=figures.max_epochs)
-        loader = DataLoader(_Placeholders(1), batch_sampler=EpochBatchSampler(
+        loader = DataLoader(Placeholders(1), batch_sampler=EpochBatchSampler(
             lambda batch: [0], position_of(0, figures.batches_per_epoch, figures.options.accumulate_grad_batches)))
         trainer._data_connector.attach_data(model, train_dataloaders=loader)
         trainer.datamodule = datamodule  # not attach_datamodule: its train_dataloader() is not the run's batches
@@ -166,4 +167,5 @@ class DataModuleHooks:
         self.datamodule.trainer = trainer
 
 
-__all__ = ["SETUP_HOOKS", "DataModuleHooks", "RunFigures", "attached", "figures_trainer", "prepare_module"]
+__all__ = ["SETUP_HOOKS", "DataModuleHooks", "Placeholders", "RunFigures", "attached", "figures_trainer",
+           "prepare_module"]

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from tests.conformance.cases import CLASSIFICATION, SMALL
+from tests.conformance.fleet_cli import BATCHES, STEPS
 from tests.conformance.reference import Case
-from tests.conformance.test_fleet_conformance import BATCHES, STEPS, _train_here
+from tests.conformance.test_fleet_conformance import _train_here
 
 CASE = Case("int_buffers", "tests.conformance.buffer_modules:CountingBatchNormNet", {"lr": 0.1},
             dataset=CLASSIFICATION, dataset_options=SMALL)

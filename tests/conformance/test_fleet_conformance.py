@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from edgefleet.coordinator.local_broker import LocalBroker
 from tests.conformance.cases import CASES, REFUSED, SEEDED
 from tests.conformance.conftest import BOARDS
+from tests.conformance.fleet_cli import BATCHES, GLOBAL_BATCH, SEED, STEPS, TOLERANCE, cli_command
 from tests.conformance.reference import (
     Case,
     ReferenceRun,
@@ -39,11 +39,6 @@ from tests.conformance.reference import (
     relative_l2,
 )
 
-BATCHES = "4,8,12"
-GLOBAL_BATCH = 24
-STEPS = 20
-SEED = 3
-TOLERANCE = 1e-5
 # Features the fleet cannot train exactly yet: refused before start, naming them.
 NOT_YET: dict[str, tuple[str, ...]] = {}
 # BatchNorm normalises with each board's own slice: the reference is DDP's rule, not one process.
@@ -57,14 +52,6 @@ LOGGED: dict[str, dict[str, float]] = {
     "module_transfer_hooks": {"val_loss": 1e-5},
     "val_torchmetric": {"val_loss": 1e-5, "val_acc": 1e-6},
 }
-_FLAGS = {"gradient_clip_val": "--gradient-clip-val", "gradient_clip_algorithm": "--gradient-clip-algorithm",
-          "accumulate_grad_batches": "--accumulate-grad-batches", "precision": "--precision"}
-
-
-def _options(values: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in values.items())
-
-
 def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, seed: int = SEED, **spec: Any) -> Path:
     """Train ``case`` with the coordinator's ``train`` in this process, as ``_train`` does with the CLI; its run directory.
 
@@ -95,17 +82,7 @@ def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, s
 
 
 def _train(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    broker, key = fleet
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--boards", ",".join(BOARDS), "--batch", BATCHES, "--steps", str(STEPS), "--seed", str(SEED),
-           "--threads", "1", "--no-rebalance", "--run-dir", str(run_dir), "--model", case.model,
-           "--model-options", _options(case.model_options)]
-    if case.datamodule:
-        cmd += ["--datamodule", case.datamodule, "--datamodule-options", _options(case.datamodule_options)]
-    else:
-        cmd += ["--dataset", str(case.dataset), "--dataset-options", _options(case.dataset_options)]
-    for name, value in case.trainer.items():
-        cmd += ["--deterministic"] if name == "deterministic" else [_FLAGS[name], str(value)]
+    cmd = cli_command(fleet, case, run_dir)
     return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300)
 
 
@@ -179,18 +156,12 @@ def test_what_the_fleet_cannot_train_exactly_is_refused_before_start(fleet, case
 
 def test_batchnorm_statistics_can_be_averaged_instead(fleet, tmp_path: Path) -> None:
     case = next(case for case in CASES if case.name == "batchnorm")
-    broadcast = torch.load(_trained(fleet, case, tmp_path / "broadcast") / "model.pt", weights_only=True)
-    averaged = torch.load(_trained(fleet, case, tmp_path / "average", "--sync-buffers", "average") / "model.pt",
+    broadcast = torch.load(_train_here(fleet, case, tmp_path / "broadcast") / "model.pt", weights_only=True)
+    averaged = torch.load(_train_here(fleet, case, tmp_path / "average", sync_buffers="average") / "model.pt",
                           weights_only=True)
     weights = [k for k in broadcast if "running" not in k and broadcast[k].is_floating_point()]
     assert all(torch.equal(broadcast[k], averaged[k]) for k in weights)  # training does not use them
     assert not torch.allclose(broadcast["net.1.running_mean"], averaged["net.1.running_mean"])
-
-
-def _trained(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *extra: str) -> Path:
-    done = _train(fleet, case, run_dir, *extra)
-    assert done.returncode == 0, done.stderr + done.stdout
-    return run_dir
 
 
 def test_logged_metrics_reach_the_result_and_tensorboard(fleet, tmp_path: Path) -> None:

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import torch
 
+from edgefleet.protocol.exchange_frames import BatchSplit
 from tests.conformance.cases import CASES
+from tests.conformance.fleet_cli import GLOBAL_BATCH, SEED, STEPS, TOLERANCE
 from tests.conformance.reference import lightning_reference, relative_l2
-from tests.conformance.test_fleet_conformance import GLOBAL_BATCH, SEED, STEPS, TOLERANCE, _train
+from tests.conformance.test_fleet_conformance import _train_here
 
 CASE = next(case for case in CASES if case.name == "accumulate")
 SPLIT_FROM = 4  # epoch 1's second window: 5 batches an epoch are windows of 2, 2 and 1
 
 
 def test_a_re_split_with_accumulation_trains_lightnings_model(fleet, tmp_path: Path) -> None:
-    run_dir = tmp_path / "resplit"
-    done = _train(fleet, CASE, run_dir, "--force-split", f"{SPLIT_FROM}:12,8,4")
-    assert done.returncode == 0, done.stderr + done.stdout
+    run_dir = _train_here(fleet, CASE, tmp_path / "resplit", force_split=BatchSplit(SPLIT_FROM, (12, 8, 4)))
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(STEPS))
     accumulate = CASE.trainer["accumulate_grad_batches"]
