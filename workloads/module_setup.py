@@ -84,6 +84,8 @@ def figures_trainer(model: Any, figures: RunFigures, datamodule: Any = None) -> 
     rng = torch.get_rng_state()
     before = model._trainer  # connecting the Trainer attaches it to the module: only attached() does, for a while
     try:
+        # CPU on every machine: this Trainer only answers questions and never fits; the board's own Trainer
+        # trains on its GPU where it has one (fleet_trainer.board_accelerator)
         trainer = make_trainer(package, options=figures.options, total_steps=figures.total_steps, callbacks=[],
                                accelerator="cpu", max_epochs=figures.max_epochs)
         loader = DataLoader(Placeholders(1), batch_sampler=EpochBatchSampler(
@@ -140,7 +142,7 @@ def prepare_module(model: Any, figures: RunFigures, datamodule: Any = None) -> A
         if overrides(model, "setup"):
             model.setup("fit")
         if overrides(model, "configure_model"):
-            with torch.device("cpu"):
+            with torch.device("cpu"):  # built where the coordinator draws the weights every board then loads
                 model.configure_model()
     model.setup = _skip_setup
     model.configure_model = _skip_configure_model

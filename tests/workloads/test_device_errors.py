@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -26,15 +28,15 @@ TORCH_MESSAGES = [
 ]
 
 
-def _line_of(function: object, text: str) -> int:
+def _line_of(function: Callable[..., Any], text: str) -> int:
     """The line number of the line of ``function`` containing ``text``."""
-    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    lines, first = inspect.getsourcelines(function)
     return first + next(i for i, line in enumerate(lines) if text in line)
 
 
-def _raised(function: object, *args: object) -> BaseException:
+def _raised(function: Callable[..., Any], *args: object) -> BaseException:
     with pytest.raises(Exception) as caught:
-        function(*args)  # type: ignore[operator]
+        function(*args)
     return caught.value
 
 
