@@ -2,7 +2,7 @@
 
 What runs (all on 127.0.0.1, all stopped and removed at the end):
 
-* a real Mosquitto on a free loopback port (``coordinator.local_broker.start_mosquitto``);
+* a real Mosquitto on a free loopback port (``brokers.local_broker.start_mosquitto``);
 * a real agent, ``python -m agent --config TMP --id bench-1 --broker 127.0.0.1:PORT --interval 1``,
   where the temporary config file sets ``[power] source = "estimated"`` so the run does not depend
   on which power sensors this machine has;
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.protocol.errors import BrokerError, DecodeError
 from edgefleet.protocol.messages import TelemetrySample
 from edgefleet.protocol.topics import DEFAULT_PREFIX, telemetry_topic

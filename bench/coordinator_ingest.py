@@ -2,7 +2,7 @@
 
 What runs (all on 127.0.0.1, all stopped at the end):
 
-* a real Mosquitto on a free loopback port (``coordinator.local_broker.start_mosquitto``: anonymous,
+* a real Mosquitto on a free loopback port (``brokers.local_broker.start_mosquitto``: anonymous,
   no ACL, ``max_queued_messages 100000``);
 * 500 simulated boards: ``--publishers`` processes (not 500), each one paho client publishing valid
   ``TelemetrySample`` JSON (~600 bytes, as an agent sends) for its share of the board ids, round
@@ -11,7 +11,7 @@ What runs (all on 127.0.0.1, all stopped at the end):
   messages unacknowledged per client (paced by PUBACKs), ``--messages`` in total;
 * two receivers, both subscribed at QoS 1 to ``edgefleet/v1/boards/+/telemetry``:
   (a) ``mosquitto_sub -C N -F '%r %U'`` (C, prints a receive timestamp per message): the limit;
-  (b) the coordinator's real path, ``coordinator.monitor.monitor_fleet`` with its ``FleetView``,
+  (b) the coordinator's real path, ``coordinator.control.monitor.monitor_fleet`` with its ``FleetView``,
   running in this process.
 
 Before publishing, a retained sample of a probe board is left on the broker; each receiver gets it
@@ -68,9 +68,9 @@ from typing import Any
 import psutil
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.fleet import FleetView
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
-from edgefleet.coordinator.monitor import monitor_fleet
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.control.fleet import FleetView
+from edgefleet.coordinator.control.monitor import monitor_fleet
 from edgefleet.protocol.errors import BrokerError
 from edgefleet.protocol.messages import TelemetrySample
 from edgefleet.protocol.topics import DEFAULT_PREFIX, fleet_filter, telemetry_topic
@@ -79,7 +79,7 @@ from edgefleet.transport.settings import BrokerSettings
 TARGET_RATE = 5_000.0          # messages per second folded by the fleet view, QoS 1, nothing lost
 QOS = 1
 PROBE_BOARD = "bench-probe"
-BROKER_QUEUE_LIMIT = 100_000   # max_queued_messages in coordinator.local_broker
+BROKER_QUEUE_LIMIT = 100_000   # max_queued_messages in brokers.local_broker
 _SEQ_MARK = 987654321
 _TS_MARK = 1234567890.125
 

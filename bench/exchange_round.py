@@ -8,7 +8,7 @@ against sum(b_i g_i) / sum(b_i) on every board.
 
 Three implementations, measured in the same run on the same machine:
 
-* ours: the real ``coordinator.exchange.ExchangeServer`` (asyncio, in this process, on 127.0.0.1,
+* ours: the real ``coordinator.exchange.server.ExchangeServer`` (asyncio, in this process, on 127.0.0.1,
   ``apply`` a no-op) and N real ``agent.worker_exchange.ExchangeClient`` boards, each in its own
   process (spawned by multiprocessing; threads would share the GIL with the server). Frames,
   msgpack, validation (shape, dtype, NaN/Inf and norm check) and the weighted reduce included.
@@ -82,7 +82,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from edgefleet.coordinator.exchange import ExchangeServer
+from edgefleet.coordinator.exchange.server import ExchangeServer
 
 SIZES: dict[str, int] = {"0.25 MB": 61_706, "4.6 MB": 1_150_000, "45 MB": 11_250_000}  # float32 elements
 ROUNDS_FACTOR: dict[str, int] = {"0.25 MB": 10, "4.6 MB": 3, "45 MB": 1}  # short rounds get more repeats

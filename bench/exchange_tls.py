@@ -75,7 +75,7 @@ import psutil
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 from exchange_round import BATCH, BenchError, check_average, serve_board, spans
 
-from edgefleet.coordinator.exchange import ExchangeServer
+from edgefleet.coordinator.exchange.server import ExchangeServer
 from edgefleet.lab.links import LinkError, call_in_netns, delete_netns, shape, tbf_parameters
 from edgefleet.lab.links import run as ip_run
 from edgefleet.protocol.exchange_auth import HelloChecker, HelloProver

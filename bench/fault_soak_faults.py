@@ -124,7 +124,7 @@ def restart_broker(lab: Lab, down_s: float) -> float:
 
     Retained messages go with it (the lab's broker keeps no persistence); agents publish theirs again on reconnecting.
     """
-    from edgefleet.coordinator.local_broker import start_mosquitto
+    from edgefleet.brokers.local_broker import start_mosquitto
     from edgefleet.lab import links
 
     old = lab.broker

@@ -30,7 +30,7 @@ loops (no Lightning, no sockets: the mathematics only, fast enough for several s
     each average.
   - ``topk:RATIO[:WIRE][:W][:both]``: after W exact steps (default 0), each board's gradient through its
     own ``workloads.topk_feedback`` compressor (k = ceil(RATIO x parameters)), the coordinator's
-    ``coordinator.sparse_reduce`` average, one optimizer step on it; WIRE ``float16`` or
+    ``coordinator.exchange.sparse_reduce`` average, one optimizer step on it; WIRE ``float16`` or
     ``bfloat16`` rounds the values up and down (default float32). Bytes up: indices (4 bytes) and
     values; down: the average over the union of the boards' indices, or the dense vector when that
     is smaller; with ``both``, the coordinator puts the average through a top-k compressor of its
@@ -101,7 +101,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgefleet.coordinator.sparse_reduce import SparseReducer
+from edgefleet.coordinator.exchange.sparse_reduce import SparseReducer
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.sparse_vector import VALUE_DTYPES, to_dense
 from edgefleet.workloads.registry import build_dataset, build_model, parse_options

@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from _table import print_table as render_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.objectives import OBJECTIVES
 from edgefleet.coordinator.planning import (
     BatchPoint,
     BoardProfile,
@@ -48,6 +47,7 @@ from edgefleet.coordinator.planning import (
     heuristic_gap,
     plan,
 )
+from edgefleet.coordinator.planning.objectives import OBJECTIVES
 from edgefleet.protocol.errors import EdgeTrainError
 
 MB = 10**6

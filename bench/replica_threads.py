@@ -1,7 +1,7 @@
 """Does fitting the replica's validation threads to the free CPU pay? All threads against the fitted count, on a busy machine.
 
 Why: the coordinator's replica validates at every epoch's end while the boards wait
-(``coordinator.replica_threads``). On the lab the boards share the coordinator's machine; torch's
+(``coordinator.run.replica_threads``). On the lab the boards share the coordinator's machine; torch's
 default (one intra-op thread per CPU) then waits at every operator's barrier for a thread the
 boards keep off its core. This starts ``--busy`` spinning processes (default: the machine's CPUs
 less one half, like the lab's boards at 1.44 of 2 cores: each spins for ``--duty`` of every 10 ms),
@@ -28,7 +28,7 @@ import time
 import torch
 from _table import print_table  # bench/ is the script's folder, first on sys.path
 
-from edgefleet.coordinator.replica_threads import FreeCpuThreads
+from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
 from edgefleet.workloads.registry import build_dataset, build_model
 
 

@@ -3,7 +3,7 @@
 A run's figures come from its run directory's ``metrics.jsonl``: one record per applied step with
 ``step``, ``n`` (samples in the step's average), ``elapsed_s`` (seconds since the coordinator's
 first step began, taken once the step is applied: the replica validates inside the apply of an
-epoch's last step, ``coordinator.replica``, so that step's interval holds the validation),
+epoch's last step, ``coordinator.run.replica``, so that step's interval holds the validation),
 ``wall_s`` (the step as the exchange saw it: from opening the step to the last gradient in),
 ``compute_s`` (each board's own forward and backward) and, at the end of every epoch,
 ``val_accuracy``. Measured on the lab (resnet_small, fleet8): an epoch-end step's interval is

@@ -9,7 +9,7 @@ synthetic one, 1x32x32 like digits, with ``--dataset-n`` (40,000) samples per ep
 
 Per fleet and model:
 
-1. ``profile``: the real profile path (``coordinator.profiling.profile_fleet``: every board
+1. ``profile``: the real profile path (``coordinator.planning.profiling.profile_fleet``: every board
    times warm-up + timed steps at two batch sizes, its peak memory, its power model and its link
    to the exchange endpoint). Its wall time is the profiling cost.
 2. ``plan``: the planner estimates every configuration (the participants, each board's batch
@@ -107,7 +107,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from _table import print_table
 
-from edgefleet.coordinator.objectives import OBJECTIVE_KEY, OBJECTIVES
+from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY, OBJECTIVES
 
 ANCHOR_HIT_RATE = 0.7667
 HIT_TOLERANCE = 0.03
@@ -220,8 +220,8 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
                       info: dict[str, dict[str, Any]], args: argparse.Namespace, steps_per_epoch: int, *,
                       warmup: int, timed: int) -> dict[str, float]:
     """One real training run; returns the measured step time, power, energy and EDP per epoch."""
-    from edgefleet.coordinator.job_spec import JobSpec as TrainSpec
-    from edgefleet.coordinator.training import TrainingRun
+    from edgefleet.coordinator.run.job_spec import JobSpec as TrainSpec
+    from edgefleet.coordinator.run.training import TrainingRun
 
     total = warmup + timed + 1  # the last step also evaluates: outside the timed window
     marks: dict[int, tuple[float, dict[str, int]]] = {}
@@ -270,7 +270,7 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
         plan,
         variant_label,
     )
-    from edgefleet.coordinator.profiling import ProfileRequest, profile_fleet
+    from edgefleet.coordinator.planning.profiling import ProfileRequest, profile_fleet
     from edgefleet.protocol.errors import PlanError
 
     model, options = CASES[case]
@@ -402,7 +402,7 @@ async def _verify(candidate: Any, ranked: dict[str, list[tuple[str, ...]]], args
 async def _warm_workers(broker: Any, key: bytes, boards: list[str], args: argparse.Namespace) -> None:
     """One tiny profile, not counted: every board's kept worker imports torch and Lightning and
     builds the dataset once (a training job on a fresh board would pay the same)."""
-    from edgefleet.coordinator.profiling import ProfileRequest, profile_fleet
+    from edgefleet.coordinator.planning.profiling import ProfileRequest, profile_fleet
 
     started = time.monotonic()
     await profile_fleet(broker, key, boards, ProfileRequest(
@@ -413,7 +413,7 @@ async def _warm_workers(broker: Any, key: bytes, boards: list[str], args: argpar
 
 
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
-    from edgefleet.coordinator.config import load_coordinator_config
+    from edgefleet.coordinator.cli.config import load_coordinator_config
     from edgefleet.protocol.address import parse_host_port
     from edgefleet.transport.fleet_key import load_fleet_key
 

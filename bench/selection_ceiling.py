@@ -26,7 +26,7 @@ from typing import Any
 from _table import print_table
 from selection_accuracy import HIT_TOLERANCE
 
-from edgefleet.coordinator.objectives import OBJECTIVE_KEY
+from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY
 
 
 def _redraw(samples: dict[str, list[float]], rng: random.Random) -> dict[str, float]:

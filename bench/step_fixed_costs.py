@@ -9,7 +9,7 @@ What runs: one board process (spawned, ``torch.set_num_threads(1)``) runs
 ``agent.worker.run_job`` itself, unchanged (the job's Lightning ``Trainer.fit`` with the
 ``GradientExchange`` callback, the ``ExchangeClient``, the data loader over the fleet's sampler),
 for each batch size ``n`` of ``--batches``, one job after the other as a kept worker does. This
-process is the coordinator's side: a real ``coordinator.exchange.ExchangeServer`` on 127.0.0.1
+process is the coordinator's side: a real ``coordinator.exchange.server.ExchangeServer`` on 127.0.0.1
 with this one board; its ``apply`` does nothing (the board's CPU is what is measured). The board
 runs in a cgroup v1 group of its own with a CFS quota (``--quotas``, 10 ms periods as in the lab,
 ``lab.cgroups``) or unconstrained (quota 0); it joins its group after its imports.
@@ -225,7 +225,8 @@ def board_main(jobs: Any, results: Any, verbose: bool, code_root: str) -> None:
 
         torch.set_num_threads(1)
         quiet_lightning()
-        from edgefleet.agent.worker import EventWriter, run_job
+        from edgefleet.agent.worker import run_job
+        from edgefleet.agent.worker_events import EventWriter
         from edgefleet.protocol.jobs import TrainCommand
 
         class StepClock(EventWriter):
@@ -336,7 +337,7 @@ async def run_one_job(board: Board, model_name: str, n: int, args: argparse.Name
     """Serve one job of ``n`` samples a step to the board; its result message and the periods it was throttled in."""
     import torch
 
-    from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer
+    from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer
     from edgefleet.protocol.codec import encode_value
     from edgefleet.protocol.jobs import TrainCommand
     from edgefleet.workloads.params import exchange_size, single_optimizer, to_numpy_tree

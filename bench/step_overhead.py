@@ -8,9 +8,9 @@ What is measured, all with ``torch.set_num_threads(1)`` in every process:
 * local Lightning step: the same model and batches through ``pytorch_lightning.Trainer.fit``
   (the Trainer flags the agent's worker uses);
 * distributed step: the real components of a training job without MQTT. This process runs the
-  coordinator's side: ``coordinator.exchange.ExchangeServer`` on 127.0.0.1 (asyncio) with the real
-  ``coordinator.replica.Replica`` as ``apply`` (the coordinator's replica steps once the step's
-  result is on its way to the boards, while they compute the next step, as in ``coordinator.training``). Two board
+  coordinator's side: ``coordinator.exchange.server.ExchangeServer`` on 127.0.0.1 (asyncio) with the real
+  ``coordinator.run.replica.Replica`` as ``apply`` (the coordinator's replica steps once the step's
+  result is on its way to the boards, while they compute the next step, as in ``coordinator.run.training``). Two board
   processes (spawned) each run what
   ``agent.worker.run_job`` runs: ``ExchangeClient.hello``, the welcome's model and optimizer state,
   a ``BoardBatchSampler`` over a ``GlobalBatchPlan`` with batch sizes (32, 32), and
@@ -232,8 +232,8 @@ def board_main(index: int, host: str, port: int, token: str, total: int, queue: 
 async def distributed(steps: int, warmup: int, timeout: float) -> dict[str, Any]:
     import torch
 
-    from edgefleet.coordinator.exchange import ExchangeServer
-    from edgefleet.coordinator.replica import Replica
+    from edgefleet.coordinator.exchange.server import ExchangeServer
+    from edgefleet.coordinator.run.replica import Replica
     from edgefleet.protocol.codec import encode_value
     from edgefleet.workloads.registry import build_dataset, build_model
     from edgefleet.workloads.sharding import GlobalBatchPlan

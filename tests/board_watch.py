@@ -8,7 +8,7 @@ import time
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.topics import cmd_topic, events_topic, status_topic

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.coordinator.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
 
 REPO = Path(__file__).resolve().parents[1]
 

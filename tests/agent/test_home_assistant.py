@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgefleet.agent.home_assistant import ENTITIES, HomeAssistantDiscovery, entity_config, manufacturer_of, node_id_for
 from edgefleet.agent.sensors.power_rpi5_pmic import parse_throttled
 from edgefleet.agent.sensors.throttling import throttle_fields
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample
 from edgefleet.protocol.topics import status_topic, telemetry_topic
 from tests.board_watch import PREFIX, BoardWatch

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from edgefleet.agent.link_probe import ProfileError, probe_link
-from edgefleet.coordinator.link_probe import LinkProbeServer
+from edgefleet.coordinator.planning.link_probe import LinkProbeServer
 from edgefleet.protocol.probe_frames import PROBE_VERSION, Go, ProbeHello
 from edgefleet.transport.frame_io import recv_frame, send_frame
 
@@ -37,7 +37,7 @@ def test_the_probe_server_refuses_a_board_of_another_version(monkeypatch, caplog
         finally:
             await server.close()
 
-    with caplog.at_level(logging.WARNING, logger="edgefleet.coordinator.link_probe"):
+    with caplog.at_level(logging.WARNING, logger="edgefleet.coordinator.planning.link_probe"):
         asyncio.run(main())
     assert f"link probe: refused a connection: {message}" in caplog.messages
 

@@ -20,7 +20,7 @@ from edgefleet.agent.board_resources import PowerMeter, cgroup_memory_limit
 from edgefleet.agent.job_runner import JobRunner, WorkerContext, job_line
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.agent.profile_worker import run_profile
-from edgefleet.coordinator.link_probe import LinkProbeServer
+from edgefleet.coordinator.planning.link_probe import LinkProbeServer
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import JobEvent, ProfileCommand
 from edgefleet.protocol.profile_report import PROFILE_REPORT_VERSION, ProfileReport

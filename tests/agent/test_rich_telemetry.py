@@ -20,7 +20,7 @@ from edgefleet.agent.sensors.disk import DiskSource
 from edgefleet.agent.sensors.gpu_jetson import JetsonGpuSource, find_gpu_load_file, parse_gpu_load, parse_jtop_gpu
 from edgefleet.agent.sensors.power_rpi5_pmic import parse_throttled
 from edgefleet.agent.sensors.throttling import ThrottlingSource, throttle_fields
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import OMITTED_WHEN_NONE, TelemetrySample

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.agent.sdnotify import sd_notify
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from tests.conftest import AgentFactory
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from edgefleet.agent.job_runner import WorkerContext, job_line
-from edgefleet.agent.worker import EventWriter, _run_one, _TorchDefaults
+from edgefleet.agent.worker import _run_one, _TorchDefaults
+from edgefleet.agent.worker_events import EventWriter
 from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.exchange_frames import Avg, ExchangeVersionError, Hello, Refusal, Welcome

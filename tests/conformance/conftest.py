@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 

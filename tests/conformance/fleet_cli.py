@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from tests.conformance.conftest import BOARDS
 from tests.conformance.reference import Case
 from tests.helpers import coordinator, interrupt_after

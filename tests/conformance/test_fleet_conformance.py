@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from tests.conformance.cases import CASES, REFUSED, SEEDED
 from tests.conformance.conftest import BOARDS
 from tests.conformance.fleet_cli import BATCHES, GLOBAL_BATCH, SEED, STEPS, TOLERANCE, cli_command
@@ -59,8 +59,8 @@ def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, s
 
     What a run sets process-wide (torch's threads, ``deterministic``'s global flag) is put back afterwards.
     """
-    from edgefleet.coordinator.job_spec import JobSpec
-    from edgefleet.coordinator.train_job import train
+    from edgefleet.coordinator.run.job_spec import JobSpec
+    from edgefleet.coordinator.run.train_job import train
     from edgefleet.transport.fleet_key import load_fleet_key
     from edgefleet.transport.settings import BrokerSettings
 

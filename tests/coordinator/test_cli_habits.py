@@ -18,8 +18,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefleet.coordinator.cli.main import build_parser, main
-from edgefleet.coordinator.config import default_config_path, load_coordinator_config
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.cli.config import default_config_path, load_coordinator_config
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.protocol.address import HostPort, parse_broker
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import BoardStatus
@@ -96,7 +96,7 @@ def test_an_mqtts_url_reaches_a_real_tls_listener(tmp_path: Path, monkeypatch: p
 def test_the_default_config_is_the_variables_else_the_users_else_the_systems(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     system, user = tmp_path / "etc" / "coordinator.toml", tmp_path / "xdg" / "edgefleet" / "coordinator.toml"
-    monkeypatch.setattr("edgefleet.coordinator.config.SYSTEM_CONFIG", system)
+    monkeypatch.setattr("edgefleet.coordinator.cli.config.SYSTEM_CONFIG", system)
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     assert default_config_path(env) is None
     system.parent.mkdir()

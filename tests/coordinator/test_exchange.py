@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
-from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer
+from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.protocol.exchange_frames import BatchSplit, Grad, Hello, Refusal, Welcome, decode_hello_reply

@@ -36,10 +36,10 @@ from edgefleet.coordinator.exporter.fleet_collector import FleetCollector
 from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics, serve_metrics
 from edgefleet.coordinator.exporter.telemetry_metrics import NAMED_FIELDS, sample_values
 from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
-from edgefleet.coordinator.fleet import FleetView
-from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.local_broker import LocalBroker, free_port
-from edgefleet.coordinator.training import StepView
+from edgefleet.coordinator.control.fleet import FleetView
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.brokers.local_broker import LocalBroker, free_port
+from edgefleet.coordinator.run.training import StepView
 from edgefleet.protocol.address import HostPort
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample

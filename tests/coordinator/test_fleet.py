@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from edgefleet.coordinator.fleet import FleetView
+from edgefleet.coordinator.control.fleet import FleetView
 from edgefleet.protocol.messages import BoardStatus, TelemetrySample
 
 P = "edgefleet/v1"

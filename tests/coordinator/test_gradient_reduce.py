@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgefleet.coordinator.gradient_reduce import (
+from edgefleet.coordinator.exchange.gradient_reduce import (
     REDUCE_BLOCK,
     GradientReducer,
     outlier_reason,

@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 from edgefleet import __version__
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.planning import save_profiles
 from edgefleet.coordinator.planning.profiles import ProfileMeta
 from edgefleet.transport.fleet_key import generate_key_hex

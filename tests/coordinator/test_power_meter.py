@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edgefleet.coordinator.fleet import FleetView
-from edgefleet.coordinator.power_meter import PowerMeter
+from edgefleet.coordinator.control.fleet import FleetView
+from edgefleet.coordinator.control.power_meter import PowerMeter
 from edgefleet.protocol.messages import TelemetrySample
 from edgefleet.protocol.topics import telemetry_topic
 from tests.helpers import wait_until

@@ -11,7 +11,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from edgefleet.coordinator.replica import Replica, ReplicaError
+from edgefleet.coordinator.run.replica import Replica, ReplicaError
 from edgefleet.workloads.fleet_trainer import TrainerOptions
 from tests.conformance import reference
 from tests.conformance.cases import CASES

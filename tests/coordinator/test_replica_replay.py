@@ -7,7 +7,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from edgefleet.coordinator.replica_replay import Replay, replay_reason
+from edgefleet.coordinator.run.replica_replay import Replay, replay_reason
 
 
 class Base(pl.LightningModule):

@@ -16,8 +16,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from edgefleet.coordinator.replica import Replica
-from edgefleet.coordinator.replica_threads import FreeCpuThreads, threads_for_free_cores
+from edgefleet.coordinator.run.replica import Replica
+from edgefleet.coordinator.run.replica_threads import FreeCpuThreads, threads_for_free_cores
 
 
 @pytest.mark.parametrize(("usable", "others", "expected"), [

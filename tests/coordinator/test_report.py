@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from edgefleet.coordinator.cli.main import main
-from edgefleet.coordinator.fleet import FleetView
+from edgefleet.coordinator.control.fleet import FleetView
 from edgefleet.coordinator.report import POWER_FILE, PowerLog, write_report
 from edgefleet.coordinator.report.plots import PLOTS
 from edgefleet.protocol.messages import TelemetrySample

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.local_broker import LocalBroker
-from edgefleet.coordinator.train_job import TrainObserver, load_job, resolve_job, train
-from edgefleet.coordinator.training import StepView
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.brokers.local_broker import LocalBroker
+from edgefleet.coordinator.run.train_job import TrainObserver, load_job, resolve_job, train
+from edgefleet.coordinator.run.training import StepView
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.transport.fleet_key import generate_key_hex, load_fleet_key
 from edgefleet.transport.settings import BrokerSettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgefleet.coordinator.gradient_reduce import GradientReducer
-from edgefleet.coordinator.sparse_reduce import SparseReducer
+from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer
+from edgefleet.coordinator.exchange.sparse_reduce import SparseReducer
 from edgefleet.protocol.sparse_vector import SparseVector, to_dense, to_wire_values, widen_values
 from edgefleet.workloads.topk_feedback import TopKFeedback
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS as REEXPORTED
-from edgefleet.coordinator.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
+from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS as REEXPORTED
+from edgefleet.coordinator.run.split_schedule import SPLIT_LEAD_STEPS, SplitRefused, SplitSchedule, split_step
 from edgefleet.protocol.exchange_frames import BatchSplit
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgefleet.coordinator.training import SteadyRate
+from edgefleet.coordinator.run.training import SteadyRate
 
 
 def test_the_first_steps_and_validation_time_are_left_out() -> None:

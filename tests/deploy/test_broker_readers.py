@@ -29,7 +29,7 @@ import yaml
 from jinja2.nativetypes import NativeEnvironment
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.local_broker import free_port
+from edgefleet.brokers.ports import free_port
 from tests.deploy.test_mosquitto_examples import PREFIX, ROLE, Broker, Client, debian_layout, into_temp, start
 from tests.deploy.tools import tool
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from edgefleet.agent.config import TelemetrySettings
-from edgefleet.coordinator.config import CoordinatorSecurity
+from edgefleet.coordinator.cli.config import CoordinatorSecurity
 from edgefleet.protocol.signing import CommandVerifier, sign_command
 from edgefleet.transport.fleet_key import (
     PRIVATE,
@@ -111,7 +111,7 @@ def _toml(path: Path) -> dict[str, Any]:
 
 
 def _security(path: Path) -> CoordinatorSecurity:
-    """coordinator.toml's [security] as edge-coordinator reads it (coordinator/config.py; the [broker]
+    """coordinator.toml's [security] as edge-coordinator reads it (coordinator/cli/config.py; the [broker]
     section's password file is on the coordinator host only)."""
     data = _toml(path)
     assert set(data) == {"broker", "security"}

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from edgefleet.coordinator.local_broker import free_port
+from edgefleet.brokers.ports import free_port
 from edgefleet.protocol.signing import CommandVerifier, sign_command
 from edgefleet.transport.fleet_key import PRIVATE, load_board_keys, load_command_keys, load_fleet_key, public_key_text, read_key_file
 from edgefleet.transport.settings import read_toml

@@ -31,7 +31,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.local_broker import free_port, wait_for_port
+from edgefleet.brokers.ports import free_port, wait_for_port
 from tests.deploy.tools import ANSIBLE_DIR, REPO, tool
 
 EXAMPLES = REPO / "examples"

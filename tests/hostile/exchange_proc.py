@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.coordinator.exchange import ExchangeError, ExchangeServer
+from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer
 from edgefleet.protocol.codec import encode_value
 
 JOB, TOKEN = "job", "secret"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import wait_boards_online, wait_until

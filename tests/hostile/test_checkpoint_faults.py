@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgefleet.coordinator.checkpoints import (
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.run.checkpoints import (
     CHECKPOINT,
     KEEP_PREVIOUS,
     DiskFullError,
@@ -28,7 +29,6 @@ from edgefleet.coordinator.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import TrainCommand
 from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import load_fleet_key, private_key_text, public_key_text, write_new_key

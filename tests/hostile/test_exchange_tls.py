@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused
-from edgefleet.coordinator.exchange import ExchangeServer
+from edgefleet.coordinator.exchange.server import ExchangeServer
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.exchange_auth import HelloChecker, HelloProver
 from edgefleet.protocol.signing import ed25519_public_key, generate_ed25519_seed

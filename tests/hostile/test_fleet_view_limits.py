@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from edgefleet.coordinator import fleet
-from edgefleet.coordinator.fleet import BAD_LOG_BURST, DEFAULT_MAX_BOARDS, FleetView
+from edgefleet.coordinator.control import fleet
+from edgefleet.coordinator.control.fleet import BAD_LOG_BURST, DEFAULT_MAX_BOARDS, FleetView
 from edgefleet.protocol.messages import BoardStatus
 from tests.hostile.mqtt_payloads import ABSURD_TELEMETRY, MARKUP, NESTED_100K, NESTED_VALID_60K, telemetry
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.board_watch import BoardWatch

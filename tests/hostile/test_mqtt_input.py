@@ -23,9 +23,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.fleet import BoardRow, FleetView
-from edgefleet.coordinator.local_broker import LocalBroker
-from edgefleet.coordinator.monitor import monitor_fleet
+from edgefleet.brokers.local_broker import LocalBroker
+from edgefleet.coordinator.control.fleet import BoardRow, FleetView
+from edgefleet.coordinator.control.monitor import monitor_fleet
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.topics import caps_topic, cmd_topic, status_topic, telemetry_topic
 from edgefleet.transport.mqtt_link import DROP_LOG_BURST, MqttLink

@@ -10,8 +10,8 @@ from rich.table import Table
 from edgefleet.coordinator.cli.plan_render import plan_table
 from edgefleet.coordinator.cli.profile_render import profile_table
 from edgefleet.coordinator.cli.render import fleet_table, limit_note, summary_table
-from edgefleet.coordinator.fleet import BoardRow, FleetView
-from edgefleet.coordinator.plan_job import PlanRequest
+from edgefleet.coordinator.control.fleet import BoardRow, FleetView
+from edgefleet.coordinator.planning.plan_job import PlanRequest
 from edgefleet.protocol.messages import BoardStatus, TelemetrySample
 from tests.hostile.mqtt_payloads import CLOSING_TAG, HUGE_INT, MARKUP, telemetry
 from tests.planning import board, fleet

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.coordinator.checkpoints import check_new_run_dir
-from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.local_broker import free_port
-from edgefleet.coordinator.train_job import train
+from edgefleet.brokers.ports import free_port
+from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.train_job import train
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.transport.fleet_key import generate_key_hex
 from edgefleet.transport.settings import BrokerSettings

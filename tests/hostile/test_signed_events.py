@@ -19,7 +19,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import JobEvent, TrainCommand
 from edgefleet.protocol.signing import CoordinatorKeys, EventSigner, generate_ed25519_seed
 from edgefleet.protocol.topics import events_topic
@@ -127,8 +127,8 @@ def test_a_board_without_a_key_is_refused_before_the_job_starts(
 
 
 def test_the_demo_fleet_signs_commands_and_events_with_fresh_ed25519_keys() -> None:
-    from edgefleet.coordinator.board_channel import BoardChannel
-    from edgefleet.coordinator.demo import demo_fleet, wait_online
+    from edgefleet.coordinator.control.board_channel import BoardChannel
+    from edgefleet.coordinator.run.demo import demo_fleet, wait_online
 
     with demo_fleet(2) as fleet:
         keys = CoordinatorKeys.from_bytes(fleet.fleet_key)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from edgefleet import __version__
-from edgefleet.coordinator.auto_train import recheck_before_training
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.cli.auto import add_auto_args, run_auto
 from edgefleet.coordinator.cli.train import add_train_parser
-from edgefleet.coordinator.local_broker import LocalBroker
 from edgefleet.coordinator.planning import load_profiles
 from edgefleet.coordinator.planning.profiles import load_profile_meta
+from edgefleet.coordinator.run.auto_train import recheck_before_training
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.coordinator.test_plan_cli import _agent_config, _online, _profile
@@ -117,8 +117,8 @@ def test_auto_profiles_when_the_saved_profile_is_for_another_model_then_trains(
 
 def test_a_board_gone_between_planning_and_training_is_left_out_and_the_plan_recomputed(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    from edgefleet.coordinator.plan_fleet import FleetCheck, load_profile_file
-    from edgefleet.coordinator.plan_job import PlanRequest
+    from edgefleet.coordinator.planning.plan_fleet import FleetCheck, load_profile_file
+    from edgefleet.coordinator.planning.plan_job import PlanRequest
     from edgefleet.transport.settings import BrokerSettings
 
     ids = ("rc-a", "rc-b", "rc-c")

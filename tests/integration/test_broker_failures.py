@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from edgefleet.coordinator.local_broker import free_port, start_mosquitto
+from edgefleet.brokers.local_broker import free_port, start_mosquitto
 from tests.conftest import AgentFactory
 from tests.helpers import status_json, wait_until
 

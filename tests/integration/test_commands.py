@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgpack
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import TrainCommand
 from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import generate_key_hex

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from edgefleet.coordinator.embedded_broker import start_embedded_broker
+from edgefleet.brokers.embedded_broker import start_embedded_broker
 from tests.conftest import AgentFactory
 from tests.helpers import status_json, wait_until
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.topics import status_topic
 from tests.helpers import coordinator

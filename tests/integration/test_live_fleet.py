@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from tests.conftest import AgentFactory
 from tests.helpers import status_json, wait_until
 

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.cli.main import build_parser
-from edgefleet.coordinator.cli.train import job_from_args
-from edgefleet.coordinator.exchange import ExchangeServer
-from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.local_broker import LocalBroker
-from edgefleet.coordinator.train_job import TrainObserver, train
+from edgefleet.coordinator.cli.train_args import job_from_args
+from edgefleet.coordinator.exchange.server import ExchangeServer
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.train_job import TrainObserver, train
 from edgefleet.protocol.codec import encode_array, encode_value
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import Grad, Hello, decode_hello_reply, decode_step_reply
@@ -169,7 +169,7 @@ def test_requests_periodic_averaging_cannot_honour_are_refused_with_the_way_out(
     with pytest.raises(ConfigError, match=r"--sync-every 4 with --accumulate-grad-batches 2: .* use one or the other"):
         JobSpec(model="lenet5", dataset="digits", sync_every=4, accumulate_grad_batches=2)
 
-    from edgefleet.coordinator.replica import Replica
+    from edgefleet.coordinator.run.replica import Replica
     from tests.conformance.modules import PlateauNet
 
     with pytest.raises(ConfigError, match=r"ReduceLROnPlateau .* use --sync-every 1"):
@@ -189,7 +189,7 @@ def test_the_cli_refuses_sync_every_0_before_touching_the_fleet(tmp_path: Path, 
 
 def test_the_replica_takes_no_step_between_averages_and_checkpoints_the_last_average() -> None:
     """Exact step 0, local steps 1-2, sync step 3 (every 3 after 1): a StepLR halves the rate every 3 steps."""
-    from edgefleet.coordinator.replica import Replica
+    from edgefleet.coordinator.run.replica import Replica
     from tests.conformance.modules import StepSchedulerNet
 
     torch.manual_seed(SEED)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from edgefleet.agent.grad_stream import GradientStream
-from edgefleet.coordinator.job_spec import JobSpec
-from edgefleet.coordinator.local_broker import LocalBroker
-from edgefleet.coordinator.train_job import train
+from edgefleet.brokers.local_broker import LocalBroker
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.train_job import train
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import Grad, Hello, Welcome
 from edgefleet.protocol.framing import FRAME_HEADER, decode_frame

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from edgefleet.coordinator.local_broker import LocalBroker
+from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.planning.profiles import load_profile_meta, load_profiles
 from edgefleet.protocol.jobs import ProfileCommand
 from edgefleet.protocol.signing import sign_command

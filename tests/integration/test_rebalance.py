@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import interrupt_after

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from edgefleet.coordinator.local_broker import LocalBroker, start_mosquitto
+from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.conftest import AgentFactory
 from tests.helpers import interrupt_after, status_json, wait_until

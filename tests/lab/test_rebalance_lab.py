@@ -16,6 +16,8 @@ rebalancer split by the steps since the drift and checked its own splits, one CI
 1.40x, and one local run split 87,62,31 -> 99,60,21 on a median that had turned on a slow outlier
 and stayed there. A board that needs over 1.3x the CPU time per sample after the re-balance than
 before (at its quota) was not given its quota by the host: the test then skips, naming the figures.
+Below that, the boards that kept their quota measure what the host took from all of them (one CI
+run: 1.16x and 1.24x more CPU time per sample, step time 1.39x), and the bound scales by it.
 
 The assertion message gives the measured figures.
 
@@ -35,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
+from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
 from edgefleet.lab.fleet_file import FleetError, parse_fleet
 from edgefleet.lab.lab import Lab, agent_supports_fleet_key
 from edgefleet.lab.measurements import HostSteal, skip_if_stolen
@@ -46,7 +48,7 @@ from tests.lab.quota_fleet import quota_fleet_toml
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
 BATCHES = {"big": 87, "mid": 62, "small": 31}   # ~3.4 ms of CPU per sample: ~0.5 s a step on each board
 CUT = "small"
-WARMUP_STEPS = 2          # coordinator.training.REBALANCE_WARMUP_STEPS
+WARMUP_STEPS = 2          # coordinator.run.training.REBALANCE_WARMUP_STEPS
 WINDOW = 5                # the rebalancer's window (its default)
 REFERENCE_STEPS = 2 * WINDOW  # the steps at a split before the rebalancer judges it (Rebalancer.reference_steps)
 STEPS_AFTER = REFERENCE_STEPS + 2  # steps measured after the re-balance took effect: past the check of its own split
@@ -190,4 +192,7 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
                + ", ".join(f"{b} {cpu_before[b] * 1e3:.2f} -> {cpu_after[b] * 1e3:.2f} ms" for b in QUOTAS))
     print("\n" + figures)
     assert during > 2 * before, f"the cut did not slow the fleet down: {figures}"
-    assert after <= MAX_RATIO * before, f"the step time did not recover: {figures}"
+    # What the host took from every board (within HOST_SLACK) slows the steps after the re-balance
+    # by as much, whatever the split: the boards that kept their quota say how much.
+    host = max(1.0, min(cpu_after[b] / cpu_before[b] for b in QUOTAS if b != CUT))
+    assert after <= MAX_RATIO * host * before, f"the step time did not recover (host {host:.2f}x slower): {figures}"

@@ -18,8 +18,6 @@ import pytest
 from edgefleet.coordinator.cli.auto import planner_flags_given
 from edgefleet.coordinator.cli.plan import add_plan_parser, cmd_plan
 from edgefleet.coordinator.cli.train import add_train_parser
-from edgefleet.coordinator.plan_job import INEXACT_MARGIN_PCT, mode_job_options
-from edgefleet.coordinator.plan_summary import estimate_json, mode_lines, summary_of
 from edgefleet.coordinator.planning import (
     EXACT,
     INEXACT_MARGIN,
@@ -35,8 +33,10 @@ from edgefleet.coordinator.planning import (
     save_profiles,
 )
 from edgefleet.coordinator.planning.modes import ROUND_BYTES
+from edgefleet.coordinator.planning.plan_job import INEXACT_MARGIN_PCT, mode_job_options
+from edgefleet.coordinator.planning.plan_summary import estimate_json, mode_lines, summary_of
 from edgefleet.coordinator.planning.profiles import ProfileMeta
-from edgefleet.coordinator.verify import Trial, choose_measured, measure
+from edgefleet.coordinator.planning.verify import Trial, choose_measured, measure
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError, PlanError
 from tests.planning import MB, board, fleet
 
@@ -227,10 +227,10 @@ def test_pretraining_chooses_an_inexact_candidate_only_when_measured_clearly_fas
 
 
 def test_train_auto_runs_the_chosen_mode_and_pretraining_measures_its_steady_state() -> None:
-    from edgefleet.coordinator.auto_train import check_auto_job, job_for, mode_warmup_steps
-    from edgefleet.coordinator.job_spec import JobSpec
-    from edgefleet.coordinator.plan_job import PlanRequest
-    from edgefleet.coordinator.verify import pretraining_job
+    from edgefleet.coordinator.planning.plan_job import PlanRequest
+    from edgefleet.coordinator.planning.verify import pretraining_job
+    from edgefleet.coordinator.run.auto_train import check_auto_job, job_for, mode_warmup_steps
+    from edgefleet.coordinator.run.job_spec import JobSpec
 
     result = plan({"default": _links_bound()}, objective="time", modes=candidate_modes(allow_inexact=True))
     spec = JobSpec(model="lenet5", dataset="digits", epochs=2.0)

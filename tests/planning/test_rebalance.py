@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from edgefleet.coordinator.planning.rebalance import Rebalancer
+from edgefleet.coordinator.run.rebalance import Rebalancer
 
 # Time per sample of three boards; with batches 16, 16, 48 all finish a step in 0.48 s.
 PER_SAMPLE = {"pi4-1": 0.030, "pi5-1": 0.030, "x86-1": 0.010}
@@ -26,7 +26,7 @@ def test_a_board_that_slows_40_percent_gets_a_smaller_batch_within_a_few_steps(c
         assert rebalancer.observe(_times(rebalancer.batch_sizes, PER_SAMPLE, rng, 0.03), step=step) is None
     throttled = dict(PER_SAMPLE, **{"pi4-1": PER_SAMPLE["pi4-1"] * 1.4})
     decision = None
-    with caplog.at_level(logging.INFO, logger="edgefleet.coordinator.planning.rebalance"):
+    with caplog.at_level(logging.INFO, logger="edgefleet.coordinator.run.rebalance"):
         for step in range(10, 30):
             decision = rebalancer.observe(_times(rebalancer.batch_sizes, throttled, rng, 0.03), step=step)
             if decision:

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgefleet.coordinator.objectives import OBJECTIVES
 from edgefleet.coordinator.planning import search
 from edgefleet.coordinator.planning.cost_model import (
     FleetArrays,
     fill_per_board,
     format_duration,
 )
+from edgefleet.coordinator.planning.objectives import OBJECTIVES
 from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile
 from edgefleet.coordinator.planning.search import FEWER_BOARDS_WITHIN, heuristic_gap, plan
 from edgefleet.protocol.errors import PlanError

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from edgefleet.coordinator.profiling import ProfileFailed, read_report
+from edgefleet.coordinator.planning.profiling import ProfileFailed, read_report
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.profile_report import (

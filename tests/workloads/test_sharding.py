@@ -365,7 +365,7 @@ def test_the_exchange_announces_splits_early_enough_for_lightnings_fetcher(clust
     """SPLIT_LEAD_STEPS against the installed Lightning. With a sized loader (the worker's) it draws a
     step just before training it; without ``len()`` its fetcher prefetches one step, so when step t's
     result arrives step t + 1 is drawn: a split from t + 1 is then refused, one from t + 2 applies exactly."""
-    from edgefleet.coordinator.exchange import SPLIT_LEAD_STEPS
+    from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
 
     sizes, ahead = _train_with_a_split_announced(clusters, tmp_path, lead=SPLIT_LEAD_STEPS, sized=True)
     assert sizes == [6, 6, 6, 6, 2, 2, 2, 2] and ahead + 1 <= SPLIT_LEAD_STEPS

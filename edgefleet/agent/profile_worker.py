@@ -1,0 +1,197 @@
+"""The board's side of ``edge-coordinator profile``: measure one model variant for the planner.
+
+For each batch size, in ascending order, a fresh copy of the model trains ``warmup_steps +
+timed_steps`` real steps with the same Trainer settings as a training job. A callback notes the
+time of every ``on_train_batch_start``; the period between two of them is the whole step (data,
+forward, backward, optimizer step, Lightning's overhead) and the median over the timed steps is
+the step time. Once per batch size it reads the process's peak resident memory (reset at the
+start of the job, so a kept worker's earlier jobs do not count; ascending order makes each
+reading that batch size's peak) and the power drawn during the timed steps: the board's sensor
+sampled in a thread, or, with no sensor, ``idle_w + (max_w - idle_w) x`` the share of the CPU
+this board may use (its cgroup quota, else its cores) that the agent's cgroup filled. Then it
+probes the board's link to the coordinator: in bulk with ``probe_bytes`` set (a board's first
+job), and with ``probe_rounds`` set in rounds of the variant's gradient, as a training step moves it.
+
+The memory and power figures come from ``agent.board_resources``, the link probe from
+``agent.link_probe``; neither needs torch. This module is imported only by the worker (it needs
+torch and Lightning).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from edgefleet import __version__
+from edgefleet.agent.board_resources import (
+    PowerMeter,
+    memory_total_bytes,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
+from edgefleet.agent.cpu_threads import board_threads
+from edgefleet.agent.link_probe import ProfileError, probe_link
+from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
+from edgefleet.protocol.profile_report import LinkReport, MeasuredPoint, ProfileReport, RoundsReport
+
+if TYPE_CHECKING:
+    from edgefleet.agent.job_runner import WorkerContext
+    from edgefleet.agent.worker_events import EventWriter
+
+log = logging.getLogger(__name__)
+
+MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation, for normally spread step times
+
+
+# ---------------------------------------------------------------------------------------- steps
+
+class _Measured(Exception):
+    """Raised at the first batch after the timed steps: the measurement is complete."""
+
+
+class StepClock:
+    """Notes every ``on_train_batch_start``; runs the power meter over the timed steps.
+
+    Its hooks are a Callback of the model's own Lightning package (``workloads.lightning_api``).
+    """
+
+    def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter) -> None:
+        self.warmup, self.timed, self.meter = warmup_steps, timed_steps, meter
+        self.starts: list[float] = []
+        self.power_w: float | None = None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if pl_module.device.type == "cuda":  # a GPU runs ahead of Python: a step ends when its kernels do
+            torch.cuda.synchronize(pl_module.device)
+        self.starts.append(time.perf_counter())
+        if len(self.starts) == self.warmup + 1:
+            self.meter.start()
+        if len(self.starts) == self.warmup + self.timed + 1:
+            self.power_w = self.meter.stop()
+            raise _Measured
+
+    @property
+    def periods_s(self) -> list[float]:
+        """The timed steps' periods (start of a step to the start of the next)."""
+        return [b - a for a, b in zip(self.starts[self.warmup:], self.starts[self.warmup + 1:])]
+
+
+def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
+    """``count`` batches of random sample indices (drawn with replacement: a batch may exceed the dataset)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(n, (count, batch_size), generator=generator).tolist()
+
+
+def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
+    from torch.utils.data import DataLoader
+
+    from edgefleet.workloads.fleet_trainer import board_accelerator
+    from edgefleet.workloads.lightning_api import callback_class, package_of
+    from edgefleet.workloads.registry import build_model
+
+    torch.manual_seed(job.seed)
+    model = build_model(job.model, job.model_options, data=dataset)
+    package = package_of(model)
+    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter)
+    batches = _batches(len(dataset), batch_size, job.warmup_steps + job.timed_steps + 1, job.seed)
+    trainer = package.Trainer(accelerator=board_accelerator(), devices=1, max_epochs=1, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                              num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
+                              callbacks=[clock])
+    collate = getattr(dataset, "collate_fn", None)  # the dataset's own batching, as training uses it
+    try:
+        trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=batches,
+                                                        collate_fn=collate if callable(collate) else None))
+    except _Measured:
+        pass
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, MemoryError) or "alloc" in str(exc).lower():
+            raise ProfileError(f"out of memory at batch size {batch_size} ({type(exc).__name__}: {str(exc)[:200]}); "
+                               "profile smaller batch sizes (--batch)") from None
+        raise
+    periods = clock.periods_s
+    if clock.power_w is None or len(periods) < job.timed_steps:
+        raise ProfileError(f"the model trained only {len(clock.starts)} of {len(batches)} steps at batch size "
+                           f"{batch_size}; does its training_step skip batches?")
+    median = statistics.median(periods)
+    spread = MAD_TO_SIGMA * statistics.median(abs(p - median) for p in periods)
+    return MeasuredPoint(batch_size=batch_size, step_time_s=median, step_time_min_s=min(periods),
+                         step_time_max_s=max(periods), step_time_spread_s=spread, samples_per_s=batch_size / median,
+                         peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w)
+
+
+def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext) -> int:
+    """Measure ``job`` and report one ``finished`` event whose ``data`` is the ``protocol.profile_report.ProfileReport``.
+
+    Raises:
+        EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
+    """
+    from edgefleet.workloads.module_setup import RunFigures, prepare_module
+    from edgefleet.workloads.params import param_count, trainable_params
+    from edgefleet.workloads.preflight import optimizer_setup
+    from edgefleet.workloads.registry import build_dataset_cached, build_model
+
+    torch.set_num_threads(job.threads or board_threads())  # the threads a training job here would use
+    if not reset_peak_rss():
+        log.warning("cannot reset the peak RSS (/proc/self/clear_refs); memory figures include earlier jobs")
+    pid = os.getpid()
+    dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
+    model = build_model(job.model, job.model_options, data=dataset)
+    # layers built in setup/configure_model count too; a profile has no run yet: one step's figures
+    figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1))
+    count = param_count(trainable_params(optimizer_setup(model, figures).optimizer))
+    del model
+    events.emit("running", f"profiling {job.model} (worker pid {pid})", data={"worker_pid": pid})
+    meter = PowerMeter(context)
+    try:
+        idle_w = meter.idle_w()
+        points = []
+        for batch_size in sorted(set(job.batch_sizes)):
+            point = _measure(job, dataset, batch_size, meter)
+            points.append(point)
+            events.emit("progress", f"batch {batch_size}: {point.step_time_s * 1000:.1f} ms/step, "
+                                    f"{point.samples_per_s:.0f} samples/s, peak {point.peak_memory_bytes / 1e6:.0f} MB, "
+                                    f"{point.power_w:.2f} W ({meter.label})")
+        link = rounds = None
+        if job.probe_bytes or job.probe_rounds:  # after the steps: another board's probe traffic must not slow them
+            probed = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
+                                board_id=job.board_id, nbytes=job.probe_bytes, round_bytes=job.probe_round_bytes,
+                                rounds=job.probe_rounds, meter=meter)
+            link, rounds = probed.bulk, probed.rounds
+            if link is not None:
+                events.emit("progress", f"link up {link.up_bytes_per_s * 8e-6:.1f} Mbit/s, "
+                                        f"down {link.down_bytes_per_s * 8e-6:.1f} Mbit/s, {link.power_w:.2f} W ({meter.label})")
+            if rounds is not None:
+                events.emit("progress", f"gradient of {rounds.round_bytes / 1e6:.2f} MB up and back in "
+                                        f"{rounds.round_s * 1000:.1f} ms (median of {rounds.rounds}), "
+                                        f"{rounds.power_w:.2f} W ({meter.label})")
+    finally:
+        meter.close()
+    windows = [p.step_time_s * job.timed_steps for p in points]
+    active_w = sum(p.power_w * w for p, w in zip(points, windows)) / sum(windows)
+    report = ProfileReport(
+        agent_version=__version__, worker_pid=pid, torch_threads=torch.get_num_threads(), param_count=count,
+        points=tuple(points), active_power_w=active_w, idle_power_w=idle_w, power_source=meter.label,
+        memory_total_bytes=memory_total_bytes(),
+        link=None if link is None else LinkReport(up_bytes_per_s=link.up_bytes_per_s, down_bytes_per_s=link.down_bytes_per_s,
+                                                  nbytes=job.probe_bytes, power_w=link.power_w),
+        link_rounds=None if rounds is None else RoundsReport(round_bytes=rounds.round_bytes, rounds=rounds.rounds,
+                                                             round_s=rounds.round_s, power_w=rounds.power_w))
+    data = report.to_wire()
+    try:
+        size = len(json.dumps(data, allow_nan=False))  # the coordinator refuses non-finite numbers
+    except ValueError:
+        raise ProfileError("a profile figure is not a finite number (a clock or sensor misbehaved); profile again") from None
+    if size > MAX_EVENT_BYTES // 2:
+        raise ProfileError(f"the profile result is {size} bytes, over {MAX_EVENT_BYTES // 2}; profile fewer batch sizes")
+    events.emit("finished", f"profiled {len(points)} batch sizes", data=data)
+    return 0
+
+
+__all__ = ["ProfileError", "StepClock", "run_profile"]

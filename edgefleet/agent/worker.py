@@ -1,0 +1,250 @@
+"""The training worker: runs jobs in its own process, started by the agent's JobRunner.
+
+It reads jobs from stdin, one JSON line each (``{"command": <verified TrainCommand or
+ProfileCommand>, "board": <agent.job_runner.WorkerContext>}``), runs them one after the other
+and writes events as JSON lines on the stdout it was given; everything else it or Lightning
+prints goes to stderr. End of input ends the worker. A job that fails ends it too, so that the
+next job starts in a fresh process. Exit codes: 0 every job finished (or was stopped), 3 a job
+could not run here (unknown model or dataset, refused by the exchange), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import IO, TYPE_CHECKING, Any
+
+from edgefleet.agent.exchange_credential import hello_credential
+from edgefleet.agent.heap import release_free_heap
+from edgefleet.agent.worker_events import EventWriter
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
+
+if TYPE_CHECKING:
+    from edgefleet.agent.job_runner import WorkerContext
+
+def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | None = None) -> int:
+    import torch
+
+    from edgefleet.agent.cpu_threads import board_threads
+
+    torch.set_num_threads(job.threads or board_threads())  # threads beyond the board's quota only spin
+
+    from edgefleet.agent.step_logs import StepLogs
+    from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
+    from edgefleet.protocol.codec import decode_value
+    from edgefleet.protocol.sync_schedule import SyncSchedule
+    from edgefleet.workloads.fleet_trainer import (
+        EpochBatchSampler,
+        LoopPositioner,
+        TrainerOptions,
+        board_accelerator,
+        make_trainer,
+        position_of,
+        steps_per_epoch,
+    )
+    from edgefleet.workloads.lightning_api import callback_class, package_of
+    from edgefleet.workloads.module_checkpoint import extra_from_wire, restore_extra
+    from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
+    from edgefleet.workloads.params import exchange_size, to_torch_tree
+    from edgefleet.workloads.preflight import optimizer_setup
+    from edgefleet.workloads.registry import build_model
+    from edgefleet.workloads.seeding import BatchSeeder, StepSeeding
+    from edgefleet.workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
+    from edgefleet.workloads.training_data import load_training_data
+
+    options = dict(job.model_options)
+    if job.lr is not None:
+        options["lr"] = job.lr
+    data = load_training_data(dataset=job.dataset, dataset_options=job.dataset_options, datamodule=job.datamodule,
+                              datamodule_options=job.datamodule_options, cached=True, with_val=False)
+    trainer_options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches,
+                                     gradient_clip_val=job.gradient_clip_val,
+                                     gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
+                                     precision=job.precision)
+    if job.data_mode == "global":
+        plan = GlobalBatchPlan(len(data.train), job.batch_sizes, job.seed)
+        batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
+    else:
+        local = LocalBatchPlan(len(data.train), job.batch_size, job.seed, board_seed=job.board_index)
+        batches_per_epoch = job.batches_per_epoch or local.steps_per_epoch
+    model = build_model(job.model, options, data=data.train)
+    # setup("fit") and configure_model() once, as Trainer.fit calls them, with the run's figures: the
+    # layers they build exist before the welcome's weights are loaded into them
+    figures = prepare_module(model, RunFigures(batches_per_epoch=batches_per_epoch, total_steps=job.total_steps,
+                                               max_epochs=job.max_epochs, options=trainer_options), data.datamodule)
+    count = exchange_size(optimizer_setup(model, figures).optimizer, model)
+
+    keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
+    token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
+    client = ExchangeClient(job.exchange_host, job.exchange_port, tls_sha256=job.exchange_tls_sha256)
+    try:
+        welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
+        model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
+        start = welcome.step
+        if welcome.module_state is not None:  # joining mid-run: what the module's on_save_checkpoint kept, as on resume
+            restore_extra(model, extra_from_wire(welcome.module_state), global_step=start,
+                          epoch=position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches).epoch)
+        if job.data_mode == "global":
+            # The job's batch sizes are the initial split; the welcome lists later re-splits still in
+            # force or announced, and each step's result may announce another (the schedule follows them).
+            # The schedule counts batches, the coordinator optimizer steps: with --accumulate-grad-batches a
+            # re-split from step s starts at the first batch of s's window.
+            schedule = SplitSchedule(plan)
+            first_batch = functools.partial(_first_batch, batches_per_epoch=batches_per_epoch,
+                                            accumulate=trainer_options.accumulate_grad_batches)
+            for from_step, sizes in welcome_splits(welcome):
+                schedule.add(first_batch(from_step), sizes)
+            indices_of: Any = functools.partial(schedule.indices, board_index=job.board_index)
+            batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[job.board_index]  # noqa: E731
+            on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
+        else:
+            indices_of, batch_size, on_split = local.indices, job.batch_size, None
+        position = position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches)
+        sync = SyncSchedule(every=job.sync_every, warmup=job.sync_warmup, total_steps=job.total_steps,
+                            steps_per_epoch=steps_per_epoch(batches_per_epoch, trainer_options.accumulate_grad_batches))
+        package = package_of(model)
+        exchange = callback_class(package, GradientExchange, "GradientExchange")(
+            client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
+            optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
+            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync)
+        positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
+        seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
+        callbacks = [positioner, callback_class(package, StepSeeding, "StepSeeding")(seeder)]
+        if data.datamodule is not None:
+            callbacks.append(callback_class(package, DataModuleHooks, "DataModuleHooks")(data.datamodule))
+        accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
+        events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",
+                    step=start)
+        trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
+                               callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs)
+        sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
+        try:
+            trainer.fit(model, train_dataloaders=data.train_loader(sampler))
+        except StopTraining as stop:
+            events.emit("finished", f"stopped by the coordinator: {stop}", step=exchange.step)
+            return 0
+        events.emit("finished", step=exchange.step)
+        return 0
+    finally:
+        client.close()
+
+
+def _first_batch(step: int, *, batches_per_epoch: int, accumulate: int) -> int:
+    """The first batch (counted from the start of training) of optimizer step ``step``'s window."""
+    from edgefleet.workloads.fleet_trainer import position_of
+
+    return position_of(step, batches_per_epoch, accumulate).first_batch
+
+
+def _batches_per_epoch(job: TrainCommand, here: int, source: str) -> int:
+    """The job's batches per epoch, checked against this board's copy of the data.
+
+    Raises:
+        EdgeTrainError: the board's data gives another count: it is not the coordinator's data.
+    """
+    if job.batches_per_epoch and job.batches_per_epoch != here:
+        raise EdgeTrainError(f"{source} gives {here} global batches per epoch on this board, {job.batches_per_epoch} "
+                             "on the coordinator: every board needs the same data in global data mode (or use "
+                             "--data-mode local)")
+    return here
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker if the agent dies (kill -9 included): no orphaned jobs."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the agent's own stop() still ends the worker
+        pass
+    if os.getppid() == 1:  # the agent died before prctl took effect
+        sys.exit(1)
+
+
+def _read_job(line: str) -> tuple[Any, Any]:
+    """The job and board context one stdin line holds.
+
+    Raises:
+        DecodeError: not JSON, not a job, or invalid fields.
+    """
+    from edgefleet.agent.job_runner import WorkerContext
+
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise DecodeError(f"the worker's input is not a JSON job ({exc})") from None
+    if not isinstance(data, dict):
+        raise DecodeError("the worker's input is not a JSON object")
+    command = command_from_dict(data.get("command", data))  # a bare command works too
+    if isinstance(command, StopCommand):
+        raise DecodeError("a stop command is not a job")
+    return command, WorkerContext.from_dict(data.get("board"))
+
+
+class _TorchDefaults:
+    """Puts back what one job may change for the next in a kept worker (torch's threads, deterministic algorithms)."""
+
+    def __init__(self) -> None:
+        self.threads: int | None = None
+
+    def restore(self) -> None:
+        import torch  # every job needs it; the first import here costs the job nothing extra
+
+        torch.use_deterministic_algorithms(False)  # a job's Trainer(deterministic=True) sets it process-wide
+        if self.threads is None:
+            self.threads = torch.get_num_threads()
+        elif torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+
+def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
+    """Run the job of one input line, reporting its failure as a ``failed`` event; its exit code."""
+    try:
+        job, context = _read_job(line)
+        defaults.restore()
+        if isinstance(job, ProfileCommand):
+            from edgefleet.agent.profile_worker import run_profile
+
+            return run_profile(job, events, context)
+        return run_job(job, events, context)
+    except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
+        events.emit("failed", str(exc))
+        return 3
+    except Exception as exc:
+        traceback.print_exc()
+        from edgefleet.workloads.device_errors import explain_device_error
+
+        events.emit("failed", explain_device_error(exc) or f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        gc.collect()  # a kept worker waits for the next job with what the last one freed given back
+        release_free_heap()  # to the kernel too: the heap keeps freed memory while a job runs (agent.heap)
+
+
+def main() -> int:
+    _die_with_parent()
+    # Events go to the stdout we were given; anything printed by us or Lightning goes to stderr.
+    events = EventWriter(os.fdopen(os.dup(1), "w", buffering=1))
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    defaults = _TorchDefaults()
+    code = 0
+    for line in iter(sys.stdin.readline, ""):
+        if not line.strip():
+            continue
+        code = _run_one(line, events, defaults)
+        if code != 0:
+            return code  # after a failure the next job gets a fresh process, not a possibly broken one
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

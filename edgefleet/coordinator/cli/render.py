@@ -1,0 +1,125 @@
+"""Rich tables: the fleet view (``status``) and the end of a training run.
+
+Every string that a board or a run produced goes into a cell as a :class:`rich.text.Text`, which
+rich never parses as markup: a ``power_source`` of ``[bold red]x[/]`` shows as those characters,
+and ``[/]`` cannot raise MarkupError. Numbers go through :func:`_num` and :func:`_bytes`, which show
+``?`` for a value they cannot format instead of raising.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from edgefleet.coordinator.control.fleet import BoardRow
+
+_SHORT_REASON = {"connection lost": "lost"}
+_HEALTH_STYLE = {"ok": "green", "stale": "yellow", "no-data": "yellow", "bad-data": "red", "offline": "dim red"}
+
+
+def _bytes(n: float | None) -> str:
+    """Compact SI bytes: 812B, 2.7K, 512M, 25.3G; ``?`` for a value that cannot be formatted."""
+    if n is None:
+        return "-"
+    try:
+        for unit in ("B", "K", "M", "G", "T"):
+            if abs(n) < 1000 or unit == "T":
+                return f"{n:.0f}{unit}" if unit == "B" or abs(n) >= 10 else f"{n:.1f}{unit}"
+            n /= 1000
+    except (OverflowError, ValueError, TypeError):
+        return "?"
+    return "-"
+
+
+def _num(value: float | None, fmt: str, suffix: str = "") -> str:
+    """``value`` formatted with ``fmt`` and ``suffix``; ``-`` for None, ``?`` for a value that cannot be formatted."""
+    if value is None:
+        return "-"
+    try:
+        return format(value, fmt) + suffix
+    except (OverflowError, ValueError, TypeError):
+        return "?"
+
+
+def limit_note(ignored: int, max_boards: int) -> str:
+    """The line that says boards were left out of the view; empty when none were."""
+    if not ignored:
+        return ""
+    return (f"{ignored} more board(s) not shown: over the limit of {max_boards} boards per view "
+            f"(raise it with --max-boards, or clear the retained topics of boards that do not exist)")
+
+
+def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet", note: str = "") -> Table:
+    """One row per board: state, age of its sample, CPU, memory, network, temperature and power.
+
+    Board-provided text (ids, offline reasons, power sources) is shown as plain text, never as markup;
+    ``note`` (for example :func:`limit_note`) goes into the caption.
+    """
+    table = Table(title=Text(title, style="table.title"), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
+    for name, justify in (("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"),
+                          ("memory", "right"), ("net rx/tx", "right"), ("temp", "right"),
+                          ("power", "right"), ("source", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for row in rows:
+        s = row.sample
+        state = row.state if row.health in ("ok", "offline") else f"{row.state} ({row.health})"
+        if row.health == "offline" and row.offline_reason:
+            state = f"offline ({_SHORT_REASON.get(row.offline_reason, row.offline_reason)})"
+        if row.bad_messages:
+            state += f" [{row.bad_messages} bad]"
+        memory = "-" if s is None or s.mem_used_bytes is None else f"{_bytes(s.mem_used_bytes)}/{_bytes(s.mem_total_bytes)}"
+        net = "-" if s is None else f"{_bytes(s.net_rx_bytes_per_s)}/{_bytes(s.net_tx_bytes_per_s)}"
+        cells = [
+            row.board_id, state, _num(row.age_s, ".1f", "s"),
+            "-" if s is None else _num(s.cpu_percent, ".0f", "%"),
+            memory, net,
+            "-" if s is None else _num(s.temp_c, ".1f", "°C"),
+            "-" if s is None else _num(s.power_w, ".2f", "W*" if s.power_source == "estimated" else "W"),
+            "-" if s is None else s.power_source,
+        ]
+        style = _HEALTH_STYLE.get(row.health, "")
+        table.add_row(*(Text(cell, style=style if i == 1 else "") for i, cell in enumerate(cells)))
+    captions = []
+    if not rows:
+        captions.append("no boards have reported on this broker and topic prefix yet")
+    elif any(r.sample is not None and r.sample.power_source == "estimated" for r in rows):
+        captions.append("* estimated from CPU load, not measured")
+    if note:
+        captions.append(note)
+    if captions:
+        table.caption = Text("\n".join(captions), style="table.caption")
+        table.caption_justify = "left"
+    return table
+
+
+def make_console() -> Console:
+    """A console as wide as the terminal, or 120 columns when output goes to a file or pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """One line of a run's result: steps, validation accuracy, time and throughput."""
+    acc = result.get("val_accuracy")
+    return (f"run {result['run_id']}: {result['steps']}/{result['total_steps']} steps, "
+            f"val accuracy {'-' if acc is None else f'{acc:.2%}'}, {result['elapsed_s']:.1f} s training, "
+            f"{result.get('samples_per_s') or 0:.0f} samples/s")
+
+
+def summary_table(result: dict[str, Any]) -> Table:
+    """The end-of-run table: each board's share of the run."""
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
+    for name in ("board", "batch", "steps", "median compute", "flags"):
+        table.add_column(name, justify="left" if name in ("board", "flags") else "right")
+    for board, info in result["boards"].items():
+        median = info.get("median_compute_s")
+        flags = info.get("flags") or []
+        table.add_row(Text(str(board)), str(info["batch_size"]), str(info["steps_contributed"]),
+                      "-" if median is None else _num(median * 1000, ".1f", " ms"),
+                      Text("" if not flags else f"{len(flags)}: {flags[-1]}"))
+    return table

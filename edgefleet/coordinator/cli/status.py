@@ -1,0 +1,98 @@
+"""``edge-coordinator status``: one table of every board, once, live (``--watch``) or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.coordinator.cli.shared import load_config, require_rich
+from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from edgefleet.coordinator.control.fleet import FleetView
+
+DEFAULT_WAIT_S = 3.0
+
+
+def add_status_parser(sub: Any) -> None:
+    """Add the ``status`` command to the top-level subparsers ``sub``."""
+    status = sub.add_parser("status", help="show every board: state, CPU, memory, network, temperature, power",
+                            description="Show every board that reported on the broker. A board whose last sample is older "
+                                        "than 3 of its intervals is shown as stale; one that stopped or lost its connection "
+                                        "as offline.")
+    mode = status.add_mutually_exclusive_group()
+    mode.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
+    mode.add_argument("--json", action="store_true", help="print a JSON list of boards for scripts")
+    status.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS",
+                        help=f"how long a snapshot waits for online boards' first samples (default {DEFAULT_WAIT_S:g})")
+    status.add_argument("--max-boards", type=_positive_int, default=DEFAULT_MAX_BOARDS, metavar="N",
+                        help=f"show at most N boards; a note says how many more were left out (default {DEFAULT_MAX_BOARDS})")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of boards of at least 1")
+    return value
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``edge-coordinator status``; returns the exit status."""
+    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
+
+    cfg = load_config(args)
+    if not args.json:
+        require_rich()
+    from edgefleet.coordinator.cli.render import limit_note
+
+    with monitor_fleet(cfg.broker, max_boards=args.max_boards) as view:
+        if args.watch:
+            watch(view, title=f"edgefleet @ {cfg.broker.address()}")
+            return 0
+        wait_for_snapshot(view, timeout_s=args.wait)
+        rows = view.rows()
+        note = limit_note(view.ignored_boards(), view.max_boards)
+    if args.json:
+        json.dump([r.to_dict() for r in rows], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        if note:
+            print(f"edge-coordinator: {note}", file=sys.stderr)
+    else:
+        from edgefleet.coordinator.cli.render import fleet_table, make_console
+
+        make_console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}", note=note))
+    return 0
+
+
+def watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
+    """Show the fleet's table live for ``seconds`` (0: until Ctrl-C)."""
+    from rich.live import Live
+
+    from edgefleet.coordinator.cli.render import fleet_table, limit_note, make_console
+
+    def table() -> Table:
+        return fleet_table(view.rows(), title=title, note=limit_note(view.ignored_boards(), view.max_boards))
+
+    deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
+    # Ctrl-C only sets a flag, so it ends the view cleanly wherever it lands (even mid-draw).
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        with Live(table(), console=make_console(), refresh_per_second=4) as live:
+            while not stop.wait(0.5) and time.monotonic() < deadline:
+                live.update(table())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+__all__ = ["add_status_parser", "cmd_status", "watch"]

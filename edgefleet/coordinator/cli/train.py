@@ -1,0 +1,196 @@
+"""``edge-coordinator train``: its flags, the :class:`JobSpec` they describe, and the command.
+
+The job itself runs in :func:`edgefleet.coordinator.run.train_job.train` (with ``--auto``,
+:func:`edgefleet.coordinator.run.auto_train.auto_train`); :mod:`.train_progress` shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.coordinator.cli.exporter import listen_address
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
+from edgefleet.coordinator.cli.train_args import job_from_args, parse_batches, parse_force_split
+from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP
+from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, JobSpec
+from edgefleet.coordinator.run.run_logger import LOGGERS
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
+    from edgefleet.protocol.address import HostPort
+
+TRAIN_EPILOG = """\
+examples:
+  edge-coordinator train --boards pi-1,pi-2,orin-1 --model lenet5 --dataset digits --batch 16,16,48 --epochs 5
+  edge-coordinator train --model mlp --model-options layers=3,width=64 --dataset synthetic --steps 200
+  edge-coordinator train --model mypkg.models:Net --dataset mypkg.data:make_dataset --batch 32 --epochs 2
+  edge-coordinator train --resume runs/lenet5-digits-20261121-101500-ab12
+
+The run directory (runs/<run-id>/ unless --run-dir) holds config.json, metrics.jsonl (one line per
+applied step), checkpoint.pt, result.json and, when the run completes, model.pt (a plain state_dict).
+Ctrl-C stops at a step boundary and leaves a checkpoint that --resume continues from. A new run
+refuses a --run-dir that already holds a run. Every file is written whole or not at all: a full
+disk stops the run with the space needed, and the last checkpoint stays for --resume.
+
+When a board's time per sample drifts by more than --rebalance-threshold (a Pi throttling under
+heat), the batch sizes are re-balanced at a step boundary with the same global batch: a note
+"step N: re-balancing from step M: ..." and a "rebalance" entry in that step's metrics.jsonl line.
+Once the new sizes have run a few steps they are checked in turn: a board still the slowest by a
+margin (it slowed further meanwhile) gets a second re-balance, "... still the slowest at the new sizes".
+"""
+
+
+def add_train_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a model on the boards (synchronous data-parallel)",
+                       description="Train one model on several boards at once with DDP's mathematics: every step "
+                                   "averages the boards' gradients weighted by their batch sizes (unless you opt in to "
+                                   "periodic averaging with --sync-every, which changes the mathematics).",
+                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--boards", metavar="ID,ID,…", help="boards that take part (default: every online board that can train)")
+    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class, "
+                                                     "a LightningModule of pytorch_lightning or lightning.pytorch (default lenet5)")
+    p.add_argument("--model-options", default="", metavar="K=V,…",
+                   help="the model constructor's keyword arguments, e.g. lr=0.01,hidden=64 or layers=3,width=64")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--dataset", default="digits",
+                      help="digits, synthetic, npz, an entry point or pkg.module:factory (default digits)")
+    data.add_argument("--datamodule", metavar="PKG.MOD:CLASS",
+                      help="a LightningDataModule instead of a dataset: its train_dataloader()'s dataset and collate_fn "
+                           "are used (the fleet picks each board's samples), its val_dataloader() validates")
+    p.add_argument("--dataset-options", default="", metavar="K=V,…", help="e.g. path=/data/train.npz for npz")
+    p.add_argument("--datamodule-options", default="", metavar="K=V,…", help="the DataModule constructor's keyword arguments")
+    p.add_argument("--batch", default=str(DEFAULT_BATCH), metavar="B[,B,…]",
+                   help=f"batch size per board, one value for all or one per board (default {DEFAULT_BATCH})")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=float, help=f"epochs over the dataset (default {DEFAULT_EPOCHS:g})")
+    length.add_argument("--steps", type=int, help="global steps instead of epochs")
+    p.add_argument("--target-accuracy", type=float, metavar="FRACTION",
+                   help="stop after the first epoch whose validation accuracy reaches this (e.g. 0.95); the run "
+                        "then counts as finished (model.pt, result.json's target_reached). --epochs/--steps stay the limit")
+    p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the data order (default 0)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
+    p.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+                   help="gradients on the wire (default float32: exact; float16 halves the bytes)")
+    p.add_argument("--data-mode", choices=DATA_MODES, default="global",
+                   help="global: every board holds the whole dataset and takes its slice of each global batch; "
+                        "local: each board trains on its own data (default global)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per board and for the coordinator's replica (default: a board takes one per core of "
+                        "its CPU quota, else of its CPUs; the replica validates with the cores its machine has free)")
+    lightning = p.add_argument_group("Lightning Trainer flags (the same on every board and on the coordinator's replica)")
+    lightning.add_argument("--accumulate-grad-batches", type=int, default=1, metavar="K",
+                           help="sum the gradients of K global batches before each optimizer step (default 1)")
+    lightning.add_argument("--gradient-clip-val", type=float, metavar="X",
+                           help="clip the averaged gradient (default: no clipping)")
+    lightning.add_argument("--gradient-clip-algorithm", choices=("norm", "value"), default="norm",
+                           help="norm: over all parameters together (default); value: each element")
+    lightning.add_argument("--deterministic", action="store_true", help="torch's deterministic algorithms on every replica")
+    lightning.add_argument("--precision", default="32-true", metavar="32-true|bf16-mixed",
+                           help="bf16-mixed: autocast to bfloat16 on every board (weights and gradients stay fp32); "
+                                "16-mixed is refused (default 32-true)")
+    lightning.add_argument("--log-every-n-steps", type=int, default=50, metavar="N",
+                           help="how often --logger writes what training_step logs per step (default 50, Lightning's)")
+    lightning.add_argument("--sync-buffers", choices=BUFFER_SYNC, default="broadcast",
+                           help="BatchNorm's running statistics (every float buffer) after each step: broadcast the "
+                                "first board's, as DDP does (default), or average them over the boards' samples")
+    lightning.add_argument("--logger", choices=LOGGERS, default="none",
+                           help="write what the module logs in validation_step, and the fleet's loss, with "
+                                "Lightning's CSVLogger or TensorBoardLogger into RUN_DIR/logs (default none)")
+    p.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS", help="checkpoint interval (default 50)")
+    p.add_argument("--step-timeout", type=float, default=10.0, metavar="S",
+                   help="a board later than max(S, 5x the median step) is left out of that step (default 10)")
+    p.add_argument("--exchange-host", default="", help="address the boards connect to (default: this machine's address towards the broker)")
+    p.add_argument("--exchange-port", type=int, default=0, help="TCP port of the gradient exchange (default: any free port)")
+    p.add_argument("--no-exchange-tls", dest="exchange_tls", action="store_false",
+                   help="send gradients in clear instead of over TLS (a certificate made for the run, pinned in the signed "
+                        "commands); only on a network you trust, or to measure what TLS costs")
+    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
+                   help="move samples between boards when one's speed drifts, keeping the global batch (default on; "
+                        "global data mode only)")
+    p.add_argument("--rebalance-threshold", type=float, default=0.15, metavar="FRACTION",
+                   help="relative change of a board's time per sample that counts as drift (default 0.15); raise it "
+                        "if the notes show re-balancing back and forth on a noisy fleet")
+    periodic = p.add_argument_group(
+        "periodic averaging (local SGD; opt-in: it CHANGES THE MATHEMATICS)",
+        "With --sync-every H > 1, after --sync-warmup exact steps each board steps its optimizer on its own\n"
+        "batch's gradient, and the boards' parameters are averaged (weighted by their samples) every H steps,\n"
+        "at every epoch's end and at the run's end. The trained model then differs from single-process\n"
+        "Lightning's (and from the exact mode's); in exchange, after the warm-up, the exchange carries 1/H of\n"
+        "the exact mode's bytes. Measure its accuracy against the exact mode (docs/training.md).")
+    periodic.add_argument("--sync-every", type=int, default=1, metavar="H",
+                          help="average the boards' parameters every H steps instead of their gradients every step "
+                               "(default 1: the exact mode, DDP's mathematics)")
+    periodic.add_argument("--sync-warmup", type=int, metavar="STEPS",
+                          help="exact steps (gradients averaged) before the first local one (default: the first epoch)")
+    p.add_argument("--overlap", action="store_true",
+                   help="send each board's gradient in buckets as backward produces it, hiding the upload behind "
+                        "backward (the same mathematics and result; opt-in for now, recorded in config.json). Boards "
+                        "need this edgefleet version. Not with --sync-every > 1; with --accumulate-grad-batches > 1 or "
+                        "a gradient scaler a board sends after backward, as without it")
+    p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
+    p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--fleet-key", metavar="FILE", help=FLEET_KEY_HELP)
+    add_board_keys_arg(p)
+    p.add_argument("--metrics-listen", type=listen_address("--metrics-listen"), metavar="HOST:PORT",
+                   help="while the run lasts, serve Prometheus metrics on http://HOST:PORT/metrics: the boards (as "
+                        "`edge-coordinator exporter`) and the run's step time, samples/s, loss and each board's compute "
+                        f"time (edgefleet_train_*; docs/monitoring.md). {LISTEN_HELP}")
+    from edgefleet.coordinator.cli.auto import add_auto_args
+
+    add_auto_args(p)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``edge-coordinator train``; returns the exit status."""
+    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+    from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
+    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
+    from edgefleet.coordinator.cli.train_progress import run_training_ui
+    from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resolve_job
+
+    if args.resume is None and args.run_dir is not None:
+        check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
+    if args.auto:
+        with served_metrics(args) as metrics:
+            return run_auto(args, metrics=metrics)
+    planner_flags = planner_flags_given(args)
+    if planner_flags:
+        raise ConfigError(f"{', '.join(planner_flags)} tell the planner what to choose: add --auto (without it, train "
+                          "uses exactly the --boards and --batch you give)")
+    cfg = load_config(args)
+    fleet_key = coordinator_keys(args, cfg)
+    spec = load_job(args.resume) if args.resume is not None else job_from_args(args)
+    spec = resolve_job(spec, broker=cfg.broker)
+    run_dir = args.resume or args.run_dir or default_run_dir(spec)
+    with served_metrics(args) as metrics:
+        return run_training_ui(spec, run_dir, broker=cfg.broker, fleet_key=fleet_key, resume=args.resume is not None,
+                               metrics=metrics)
+
+
+@contextmanager
+def served_metrics(args: argparse.Namespace) -> Iterator[TrainingMetrics | None]:
+    """With ``--metrics-listen``, the fleet's metrics while the block runs, and the run's from the yielded
+    collector (pass it to the progress display); without, nothing and None."""
+    listen: HostPort | None = getattr(args, "metrics_listen", None)
+    if listen is None:
+        yield None
+        return
+    from edgefleet.coordinator.cli.shared import load_config
+    from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
+
+    metrics = TrainingMetrics()
+    with serve_fleet_metrics(load_config(args).broker, listen, collectors=[metrics]) as endpoint:
+        print(f"metrics: {endpoint.url}", flush=True)
+        yield metrics
+
+
+__all__ = ["add_train_parser", "cmd_train", "served_metrics"]

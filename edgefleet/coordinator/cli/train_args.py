@@ -1,0 +1,62 @@
+"""The ``train`` flags as the job they describe: :func:`job_from_args` (used by ``train`` and
+``train --auto``), the ``--batch`` list and the ``--force-split`` test hook."""
+
+from __future__ import annotations
+
+import argparse
+
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``--batch B[,B,…]``: one batch size for every board, or one per board (matched to the boards when the job is resolved)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--batch {text!r}: use whole numbers, e.g. --batch 32 or --batch 16,16,48") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"--batch {text!r}: every batch size must be at least 1")
+    return values
+
+
+def parse_force_split(text: str) -> BatchSplit:
+    """``--force-split STEP:B,B,…`` (a test hook): batch sizes B,B,… from step STEP on.
+
+    Whether the sizes fit the boards is checked when the job is resolved (``train_job.check_force_split``).
+    """
+    step_text, _, sizes_text = text.partition(":")
+    try:
+        from_step, sizes = int(step_text), [int(v) for v in sizes_text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--force-split {text!r}: use STEP:B,B,…, e.g. 8:16,16,16") from None
+    if from_step < 0 or not sizes:
+        raise ConfigError(f"--force-split {text!r}: use STEP:B,B,…, e.g. 8:16,16,16")
+    return BatchSplit(from_step, tuple(sizes))
+
+
+def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | None = None) -> JobSpec:
+    """The job the ``train`` flags describe (``batch_sizes``: instead of ``--batch``). Raises ConfigError naming the flag."""
+    from edgefleet.workloads.registry import parse_options
+
+    boards = tuple(b for b in (args.boards or "").split(",") if b)
+    return JobSpec(model=args.model, model_options=parse_options(args.model_options),
+                   dataset="" if args.datamodule else args.dataset, dataset_options=parse_options(args.dataset_options),
+                   datamodule=args.datamodule or "", datamodule_options=parse_options(args.datamodule_options),
+                   boards=boards, batch_sizes=batch_sizes or parse_batches(args.batch),
+                   epochs=args.epochs, steps=args.steps, target_accuracy=args.target_accuracy, seed=args.seed, lr=args.lr,
+                   wire_dtype=args.wire_dtype, data_mode=args.data_mode, threads=args.threads,
+                   accumulate_grad_batches=args.accumulate_grad_batches, gradient_clip_val=args.gradient_clip_val,
+                   gradient_clip_algorithm=args.gradient_clip_algorithm, deterministic=args.deterministic,
+                   precision=args.precision, logger=args.logger, sync_buffers=args.sync_buffers,
+                   log_every_n_steps=args.log_every_n_steps, checkpoint_every=args.checkpoint_every,
+                   step_timeout_s=args.step_timeout, exchange_host=args.exchange_host, exchange_port=args.exchange_port,
+                   exchange_tls=args.exchange_tls,
+                   rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
+                   sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
+                   overlap=getattr(args, "overlap", False),
+                   force_split=parse_force_split(args.force_split) if args.force_split else None)
+
+
+__all__ = ["job_from_args", "parse_batches", "parse_force_split"]

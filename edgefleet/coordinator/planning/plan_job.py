@@ -1,0 +1,184 @@
+"""Choose the boards, per-board batch sizes and model variant for a job: the service behind ``edge-coordinator plan``.
+
+The profile file (``edge-coordinator profile``) is checked against the job (model, dataset) and,
+given a broker, against the fleet as it is now (which profiled boards are online, and which agent
+version each runs); then :func:`edgefleet.coordinator.planning.plan` estimates every candidate
+under the :class:`PlanRequest`'s objective and constraints. ``verify.verify_candidates`` then
+pre-trains the best few, on :func:`job_to_verify`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.protocol.errors import ConfigError, PlanError
+
+if TYPE_CHECKING:  # numpy loads only when a plan is made, not with the command line's parser
+    from edgefleet.coordinator.run.job_spec import JobSpec
+    from edgefleet.coordinator.planning.plan_fleet import FleetCheck
+    from edgefleet.coordinator.planning import FleetProfile, PlanResult
+    from edgefleet.coordinator.planning.profiles import ProfileMeta
+    from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GLOBAL_BATCHES = (32, 64, 128)  # each split among the boards by the planner
+DEFAULT_FEWER_BOARDS_PCT = 2.0          # planning.search.FEWER_BOARDS_WITHIN, in percent
+DEFAULT_MAX_MEMORY_FRACTION = 0.9
+DEFAULT_VERIFY_STEPS = 20               # timed steps per pre-trained candidate
+INEXACT_MARGIN_PCT = 10.0               # planning.modes.INEXACT_MARGIN, in percent (for --help, without numpy)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest:
+    """The objective and constraints of one planning request, in ``planning.plan``'s units.
+
+    Attributes:
+        objective: What to minimise per epoch (:data:`~edgefleet.coordinator.planning.objectives.OBJECTIVES`).
+        max_power_w: The taking-part boards together draw at most this (None: no cap).
+        deadline_s: An epoch takes at most this (None: no deadline).
+        global_batches: The global batch sizes to consider, each split among the boards.
+        count_idle: Charge the idle power of the boards left out to the energy.
+        max_memory_fraction: Share of a board's memory a predicted peak may use.
+        top: Candidates kept in the ranking.
+        fewer_boards_within: Of the candidates within this fraction of the best estimate, the one
+            with the fewest boards is chosen.
+        allow_inexact: Also consider training modes that change the mathematics (local SGD every
+            2, 4 or 8 steps: ``planning.modes``); one is chosen only when clearly better than exact.
+        deadline_text: How the deadline was asked for (e.g. ``--deadline 30 min over 5 epochs = 6.0
+            min per epoch``), added to a refusal that names it.
+    """
+
+    objective: str
+    max_power_w: float | None
+    deadline_s: float | None
+    global_batches: tuple[int, ...]
+    count_idle: bool
+    max_memory_fraction: float
+    top: int
+    fewer_boards_within: float = DEFAULT_FEWER_BOARDS_PCT / 100
+    deadline_text: str = ""
+    allow_inexact: bool = False
+
+    def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "") -> PlanResult:
+        """``planning.plan`` over ``profiles``; ``deadline_text`` (default: the request's) explains a refusal's deadline."""
+        from edgefleet.coordinator.planning import candidate_modes, plan
+
+        deadline_text = deadline_text or self.deadline_text
+        try:
+            return plan(dict(profiles), objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
+                        global_batches=self.global_batches, count_idle=self.count_idle,
+                        max_memory_fraction=self.max_memory_fraction, top=self.top,
+                        fewer_boards_within=self.fewer_boards_within,
+                        modes=candidate_modes(allow_inexact=self.allow_inexact))
+        except PlanError as exc:
+            if deadline_text and "--deadline" in str(exc):
+                raise PlanError(f"{exc} ({deadline_text})") from None
+            raise
+
+
+def deadline_text(deadline_min: float | None, epochs: float) -> str:
+    """``"--deadline 30 min over 5 epochs = 6.0 min per epoch"``, or "" without a deadline."""
+    if deadline_min is None:
+        return ""
+    from edgefleet.coordinator.planning import format_duration
+
+    return (f"--deadline {deadline_min:g} min over {epochs:g} epoch{'s' if epochs != 1 else ''} = "
+            f"{format_duration(deadline_min * 60 / epochs)} per epoch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanOutcome:
+    """A plan and what it was made on."""
+
+    result: PlanResult
+    profiles: dict[str, FleetProfile]   # the job's variants as profiled (every profiled board)
+    meta: ProfileMeta | None            # what the profile file says it measured
+    check: FleetCheck                   # the boards that could take part
+    notes: tuple[str, ...]              # boards left out, the fleet not checked, and the like
+
+    @property
+    def dataset_len(self) -> int:
+        """Samples in the profiled dataset's training split."""
+        return next(iter(self.profiles.values())).dataset_len
+
+
+def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
+         variants: list[dict[str, Any]] | None = None, dataset: str | None = None,
+         dataset_options: dict[str, Any] | None = None, broker: BrokerSettings | None = None) -> PlanOutcome:
+    """Plan the job over the profile file's boards that can take part now.
+
+    Args:
+        request: Objective and constraints.
+        profile_path: The profile file.
+        model, dataset, dataset_options: The job's; None = the profile's.
+        variants: The model-option dicts to plan over; None = every profiled variant of the model.
+        broker: Where to check the fleet (boards online, agent versions); None plans on the
+            profile alone, as if every profiled board were there.
+
+    Raises:
+        PlanError: the profile does not fit the job or the fleet, or no configuration meets the
+            request (the message names the constraint and by how much).
+        BrokerError: the broker cannot be reached.
+    """
+    from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, fleet_rows, load_profile_file, restrict_to, select_variants
+
+    profiles, meta = load_profile_file(profile_path)
+    selected = select_variants(profiles, meta=meta, model=model, variants=variants, dataset=dataset,
+                               dataset_options=dataset_options)
+    notes: list[str] = []
+    if broker is None:
+        check = FleetCheck.unchecked(selected)
+        notes.append("not checked against the fleet (--no-fleet-check): boards and agent versions are the profile's")
+    else:
+        check = check_fleet(selected, fleet_rows(broker))
+    notes += check.notes
+    result = request.run(restrict_to(selected, check))
+    return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
+
+
+def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options: dict[str, Any] | None,
+                  dataset: str | None, dataset_options: dict[str, Any] | None) -> JobSpec:
+    """The job a plan's candidates are pre-trained on: the one given, else the one the profile measured.
+
+    Raises:
+        PlanError: neither the arguments nor the profile say which model and dataset.
+    """
+    from edgefleet.coordinator.run.job_spec import JobSpec
+
+    model = model or (meta.model if meta is not None else None)
+    dataset = dataset or (meta.dataset if meta is not None else None)
+    if model is None or dataset is None:
+        raise PlanError("--verify needs to know what to train: the profile does not say, so give --model and --dataset")
+    if dataset_options is None and meta is not None and dataset == meta.dataset:
+        dataset_options = dict(meta.dataset_options)
+    return JobSpec(model=model, model_options=model_options or {}, dataset=dataset, dataset_options=dataset_options or {},
+                   wire_dtype=meta.wire_dtype if meta is not None else "float32")
+
+
+def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A training mode's JobSpec keywords (``{"sync_every": 4}``; ``{}`` for the exact mode).
+
+    Only an inexact mode passes any, so an exact plan builds the same JobSpec as before the modes
+    existed, whatever fields the JobSpec has.
+
+    Raises:
+        ConfigError: the JobSpec has no such field (this edgefleet's ``train`` cannot run the mode).
+    """
+    from edgefleet.coordinator.run.job_spec import JobSpec
+
+    known = {f.name for f in dataclasses.fields(JobSpec)}
+    missing = sorted(set(options) - known)
+    if missing:
+        raise ConfigError(f"the plan chose a training mode this edgefleet's train cannot run (no JobSpec "
+                          f"{', '.join(missing)}); plan without --allow-inexact")
+    return dict(options)
+
+
+__all__ = ["DEFAULT_FEWER_BOARDS_PCT", "DEFAULT_GLOBAL_BATCHES", "DEFAULT_MAX_MEMORY_FRACTION", "DEFAULT_VERIFY_STEPS",
+           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "mode_job_options", "plan"]

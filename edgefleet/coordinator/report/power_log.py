@@ -1,0 +1,115 @@
+"""``power.jsonl``: every board's power readings while a run trains, for the run's report.
+
+``metrics.jsonl`` holds what the exchange sees (loss, compute times, batch sizes); power comes from
+the boards' telemetry over MQTT, which only a :class:`~edgefleet.coordinator.control.fleet.FleetView`
+sees. :class:`PowerLog` polls such a view on a small thread and appends one line per new sample
+(by ``seq``) of the boards it follows::
+
+    {"board_id": "pi-1", "seen_s": 12.48, "ts": 1763720112.3, "seq": 41, "power_w": 6.1,
+     "power_source": "estimated"}
+
+``seen_s`` counts seconds on the coordinator's clock from when the log was opened (the boards'
+``ts`` clocks need not agree with it or with each other); a resumed run's log continues the count
+from its last line, so the time the run was stopped is left out. A line is written whole; the
+report skips one a crash cut short.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from edgefleet.coordinator.control.fleet import FleetView
+
+log = logging.getLogger(__name__)
+
+POWER_FILE = "power.jsonl"
+POLL_S = 0.1   # well below the shortest telemetry interval in use (1 s)
+
+
+def _logged_s(path: Path) -> float:
+    """The last ``seen_s`` of an existing log (a resumed run's), or 0."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return 0.0
+    for line in reversed(lines):
+        try:
+            seen = json.loads(line).get("seen_s")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(seen, (int, float)):
+            return float(seen)
+    return 0.0
+
+
+class PowerLog:
+    """Appends the followed boards' power samples to ``path`` until closed.
+
+    Use as a context manager around the run::
+
+        with monitor_fleet(broker) as view, PowerLog(view, spec.boards, run_dir / POWER_FILE):
+            train(...)
+
+    A failure to write stops the log with a warning; it never stops the run.
+    """
+
+    def __init__(self, view: FleetView, boards: Iterable[str], path: Path, *, poll_s: float = POLL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.view, self.boards, self.path, self.poll_s, self.clock = view, set(boards), path, poll_s, clock
+        self._started = clock() - _logged_s(path)
+        self._last_seq: dict[str, int] = {}
+        self._closed = threading.Event()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+        self._thread = threading.Thread(target=self._poll, name="power-log", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> PowerLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop polling, write what the view holds now, and close the file."""
+        self._closed.set()
+        self._thread.join(timeout=2.0)
+        if not self._file.closed:
+            self._collect()
+            self._file.close()
+
+    def _poll(self) -> None:
+        while not self._closed.wait(self.poll_s):
+            self._collect()
+
+    def _collect(self) -> None:
+        lines = [json.dumps(record, sort_keys=True) + "\n" for record in self._new_records()]
+        if not lines or self._file.closed:
+            return
+        try:
+            self._file.write("".join(lines))
+            self._file.flush()
+        except OSError as exc:
+            log.warning("%s: cannot write power readings (%s); the run's report will lack the rest", self.path, exc)
+            self._file.close()
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        seen_s = round(self.clock() - self._started, 3)
+        records = []
+        for row in self.view.rows():
+            s = row.sample
+            if s is None or row.board_id not in self.boards or self._last_seq.get(row.board_id) == s.seq:
+                continue
+            self._last_seq[row.board_id] = s.seq
+            records.append({"board_id": row.board_id, "seen_s": seen_s, "ts": s.ts, "seq": s.seq,
+                            "power_w": s.power_w, "power_source": s.power_source})
+        return records
+
+
+__all__ = ["POWER_FILE", "PowerLog"]

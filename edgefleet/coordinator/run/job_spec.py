@@ -1,0 +1,255 @@
+"""The job the coordinator trains: one typed spec for ``train``, ``train --auto``, pre-training and the demo.
+
+A :class:`JobSpec` says what to train (model, data, options), on which boards with which batch
+sizes, for how long, and with which Lightning and exchange settings. The request fields come from
+the user (the command line builds them from its flags; a script builds them directly); the run
+fields (``run_id``, ``total_steps``, ``steps_per_epoch``, ``batches_per_epoch``) are filled in by
+:func:`edgefleet.coordinator.run.train_job.resolve_job` once the boards and the dataset's size are
+known. A resolved spec is what a run saves as ``config.json`` and what ``--resume`` reads back.
+
+The board's side of a job is :class:`edgefleet.protocol.jobs.TrainCommand`, the wire message each
+board receives: the coordinator builds one per board from the resolved spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.protocol.errors import ConfigError, DecodeError
+from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+from edgefleet.protocol.sync_schedule import SyncSchedule
+
+if TYPE_CHECKING:  # torch: only when a job is checked or run, not with the command line's parser
+    from edgefleet.workloads.fleet_trainer import TrainerOptions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EPOCHS = 5.0        # when a job gives neither epochs nor steps
+DEFAULT_BATCH = 32          # per board
+BUFFER_SYNC = ("broadcast", "average")  # float buffers after each step: the first board's (DDP) or their average
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One training job: what to train, where, for how long and how.
+
+    Attributes:
+        model: ``lenet5``, ``mlp``, ``resnet_small``, an entry point or ``pkg.module:Class``.
+        dataset: A dataset spec (``digits``, ``synthetic``, ``npz``, ``pkg.module:factory``), or ""
+            with ``datamodule``.
+        model_options: The model constructor's keyword arguments (a variant's options included).
+        dataset_options: The dataset factory's keyword arguments.
+        datamodule: ``pkg.mod:Class``, a LightningDataModule, instead of ``dataset``.
+        datamodule_options: The DataModule constructor's keyword arguments.
+        boards: The boards that take part, in order; () = every online board that can train (for
+            ``auto_train``: the planner may use any of them).
+        batch_sizes: Each board's batch size, by index; one value = the same for every board.
+        epochs: Epochs over the dataset (:data:`DEFAULT_EPOCHS` when neither this nor ``steps``).
+        steps: Global steps instead of epochs.
+        target_accuracy: Stop, as a finished run, after the first epoch whose validation accuracy
+            reaches this (0-1]; None runs every epoch or step given.
+        seed: Seeds the initial weights and the data order.
+        lr: Overrides the model's learning rate.
+        wire_dtype: Gradients on the wire (:data:`~edgefleet.protocol.jobs.WIRE_DTYPES`).
+        data_mode: ``global`` (each board takes its slice of every global batch) or ``local``.
+        threads: Torch threads per board; 0 = what the board's CPU quota (else its CPUs) fits.
+        accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, deterministic,
+            precision: Lightning's Trainer flags, the same on every board and on the replica.
+        logger: The coordinator's Lightning logger: ``none``, ``csv`` or ``tensorboard``.
+        sync_buffers: Float buffers after each step (:data:`BUFFER_SYNC`).
+        log_every_n_steps: The logger's cadence for per-step values.
+        checkpoint_every: Steps between checkpoints.
+        step_timeout_s: A board later than max(this, 5x the median step) is left out of that step.
+        exchange_host: The address the boards connect to; "" = this machine's towards the broker.
+        exchange_port: The gradient exchange's TCP port; 0 = any free port.
+        exchange_tls: The exchange speaks TLS with a certificate made for the run (pinned in the
+            signed commands); False sends gradients in clear (a trusted cable, or to measure TLS's cost).
+        rebalance: Re-balance the batch sizes when a board's speed drifts (global data mode).
+        rebalance_threshold: Relative change of a board's time per sample that counts as drift.
+        sync_every: Periodic averaging (local SGD, ``protocol.sync_schedule``): after the warm-up each
+            board steps on its own gradient and the boards' parameters are averaged every this many
+            steps; 1 (the default) averages gradients at every step, DDP's mathematics. Above 1 the
+            mathematics change (the model differs from single-process Lightning's) for 1/H the bytes.
+        sync_warmup: Exact steps before the first local one; None = the first epoch's steps
+            (``resolve_job`` sets it to ``steps_per_epoch`` when ``sync_every`` > 1).
+        overlap: Send each board's gradient as backward produces it (the vector in reversed parameter
+            order, streamed in buckets), hiding the upload behind backward; the same mathematics, the
+            same result as without it. Not with ``sync_every`` > 1.
+        force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
+        run_id: The run's name (set by ``resolve_job``).
+        total_steps: Global steps of the run (set by ``resolve_job``).
+        steps_per_epoch: Optimizer steps in an epoch (set by ``resolve_job``).
+        batches_per_epoch: Global batches in an epoch (set by ``resolve_job``; 0 in runs saved
+            before it was recorded: counted from the data).
+    """
+
+    model: str
+    dataset: str = ""
+    model_options: dict[str, Any] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    datamodule: str = ""
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    boards: tuple[str, ...] = ()
+    batch_sizes: tuple[int, ...] = (DEFAULT_BATCH,)
+    epochs: float | None = None
+    steps: int | None = None
+    target_accuracy: float | None = None
+    seed: int = 0
+    lr: float | None = None
+    wire_dtype: str = "float32"
+    data_mode: str = "global"
+    threads: int = 0
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    deterministic: bool = False
+    precision: str = "32-true"
+    logger: str = "none"
+    sync_buffers: str = "broadcast"
+    log_every_n_steps: int = 50
+    checkpoint_every: int = 50
+    step_timeout_s: float = 10.0
+    exchange_host: str = ""
+    exchange_port: int = 0
+    exchange_tls: bool = True
+    rebalance: bool = True
+    rebalance_threshold: float = 0.15
+    sync_every: int = 1
+    sync_warmup: int | None = None
+    overlap: bool = False
+    force_split: BatchSplit | None = None
+    run_id: str = ""
+    total_steps: int = 0
+    steps_per_epoch: int = 0
+    batches_per_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        # config.json holds lists; a spec holds tuples
+        object.__setattr__(self, "boards", tuple(self.boards))
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        if isinstance(self.force_split, dict):  # as config.json holds it
+            try:
+                object.__setattr__(self, "force_split", BatchSplit.from_wire(self.force_split))
+            except DecodeError as exc:
+                raise ConfigError(f"force_split: {exc}") from None
+        self._check()
+
+    def _check(self) -> None:
+        """Raises ConfigError for a value no run could take, naming the command line's flag."""
+        if bool(self.dataset) == bool(self.datamodule):
+            raise ConfigError("give a dataset or a DataModule (exactly one of them)")
+        if self.datamodule and self.dataset_options:
+            raise ConfigError("--dataset-options belong to --dataset; a DataModule takes --datamodule-options")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: every batch size must be at least 1")
+        if len(set(self.boards)) != len(self.boards):
+            raise ConfigError(f"--boards names a board twice: {','.join(self.boards)}")
+        if self.epochs is not None and self.steps is not None:
+            raise ConfigError("give epochs or steps, not both")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ConfigError(f"--epochs {self.epochs:g} must be positive")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps {self.steps}: give at least 1 step")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"--target-accuracy {self.target_accuracy:g}: give a fraction in (0, 1], e.g. 0.95")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
+        if self.data_mode not in DATA_MODES:
+            raise ConfigError(f"--data-mode {self.data_mode!r} is not one of {', '.join(DATA_MODES)}")
+        if self.sync_buffers not in BUFFER_SYNC:
+            raise ConfigError(f"--sync-buffers {self.sync_buffers!r} is not one of {', '.join(BUFFER_SYNC)}")
+        if not self.rebalance_threshold > 0:
+            raise ConfigError(f"--rebalance-threshold {self.rebalance_threshold}: use a fraction above 0, e.g. 0.15")
+        if self.force_split is not None and self.data_mode != "global":
+            raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
+        self._check_sync()
+        if self.log_every_n_steps < 1:
+            raise ConfigError(f"--log-every-n-steps {self.log_every_n_steps}: use a whole number of steps >= 1")
+        _ = self.trainer_options  # TrainerOptions checks Lightning's flags
+
+    def _check_sync(self) -> None:
+        """Raises ConfigError for periodic averaging that cannot run as asked, saying what to do instead."""
+        if type(self.sync_every) is not int or self.sync_every < 1:
+            raise ConfigError(f"--sync-every {self.sync_every!r}: give a whole number of steps >= 1 (1 = average the "
+                              "gradients at every step, the exact mode)")
+        if self.sync_warmup is not None and (type(self.sync_warmup) is not int or self.sync_warmup < 0):
+            raise ConfigError(f"--sync-warmup {self.sync_warmup!r}: give a whole number of exact steps >= 0 "
+                              "(default: the first epoch's steps)")
+        if self.sync_every > 1 and self.accumulate_grad_batches != 1:
+            raise ConfigError(f"--sync-every {self.sync_every} with --accumulate-grad-batches "
+                              f"{self.accumulate_grad_batches}: periodic averaging steps each board on each of its "
+                              "batches; use one or the other (a larger --batch or a larger --sync-every instead of "
+                              "accumulation)")
+        if type(self.overlap) is not bool:
+            raise ConfigError(f"overlap {self.overlap!r:.20} in config.json is not true or false")
+        if self.overlap and self.sync_every > 1:
+            raise ConfigError(f"--overlap with --sync-every {self.sync_every}: overlap streams every step's gradient, "
+                              "periodic averaging sends one every few steps; use one or the other")
+
+    @property
+    def sync_schedule(self) -> SyncSchedule:
+        """Which steps average gradients, parameters or nothing (``protocol.sync_schedule``); needs a resolved spec."""
+        warmup = self.sync_warmup if self.sync_warmup is not None else self.steps_per_epoch
+        return SyncSchedule(every=self.sync_every, warmup=warmup, steps_per_epoch=self.steps_per_epoch,
+                            total_steps=self.total_steps)
+
+    @property
+    def trainer_options(self) -> TrainerOptions:
+        """Lightning's Trainer flags of the job. Raises ConfigError for a value Lightning cannot honour here."""
+        from edgefleet.workloads.fleet_trainer import TrainerOptions
+
+        return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
+                              gradient_clip_val=self.gradient_clip_val,
+                              gradient_clip_algorithm=self.gradient_clip_algorithm, deterministic=self.deterministic,
+                              precision=self.precision)
+
+    @property
+    def max_epochs(self) -> int:
+        """The run's whole epochs when it was asked for in epochs (``Trainer(max_epochs=E)``), else 0 (asked for in steps,
+        or a fraction of an epoch: ``Trainer(max_steps=N)``). Only for a resolved spec."""
+        if self.steps is not None:
+            return 0
+        epochs = self.epochs if self.epochs is not None else DEFAULT_EPOCHS
+        whole = int(epochs)
+        return whole if whole == epochs and whole * self.steps_per_epoch == self.total_steps else 0
+
+    @property
+    def resolved(self) -> bool:
+        """True once the boards, the batch size of each and the run's length are fixed (``resolve_job``)."""
+        return bool(self.run_id) and self.total_steps > 0 and len(self.boards) == len(self.batch_sizes) > 0
+
+    @property
+    def data_name(self) -> str:
+        """The dataset's or DataModule's spec, whichever the job uses."""
+        return self.datamodule or self.dataset
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as ``config.json`` holds it."""
+        data = dataclasses.asdict(self)
+        data["force_split"] = None if self.force_split is None else self.force_split.to_wire()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        """A spec from ``config.json``. Raises ConfigError for keys this version does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"config.json has unknown keys {sorted(unknown)}: written by a newer edgefleet?")
+        return cls(**data)
+
+
+def batches_per_epoch(spec: JobSpec, dataset_len: int, batch_sizes: tuple[int, ...]) -> int:
+    """Global batches in one pass over ``dataset_len`` samples, in the spec's data mode."""
+    from edgefleet.workloads.sharding import GlobalBatchPlan  # torch: off the CLI's start-up path
+
+    if spec.data_mode == "global":
+        return GlobalBatchPlan(dataset_len, list(batch_sizes), spec.seed).steps_per_epoch
+    return max(1, dataset_len // max(batch_sizes))
+
+
+__all__ = ["BUFFER_SYNC", "DEFAULT_BATCH", "DEFAULT_EPOCHS", "JobSpec", "batches_per_epoch"]

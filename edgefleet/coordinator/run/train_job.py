@@ -1,0 +1,205 @@
+"""Train a :class:`JobSpec` on the fleet: the service behind ``edge-coordinator train``.
+
+:func:`resolve_job` fixes what a spec leaves open (the boards, each one's batch size, the run's
+length and name), :func:`train` runs it through :class:`~edgefleet.coordinator.run.training.TrainingRun`
+and returns its :class:`~edgefleet.coordinator.run.training.TrainOutcome`, and :func:`load_job` reads
+back the spec of a run directory to resume it. What the run reports as it goes (each step, notes)
+reaches a :class:`TrainObserver`; the command line's progress bar is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgefleet.coordinator.run.job_spec import DEFAULT_EPOCHS, JobSpec, batches_per_epoch
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.control.fleet import FleetView
+    from edgefleet.coordinator.run.training import StepView, TrainOutcome
+    from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+RUNS_ROOT = Path("runs")
+
+
+class TrainObserver:
+    """What a training run reports as it goes; the methods here do nothing but log the notes."""
+
+    def started(self, spec: JobSpec, run_dir: Path, first_step: int) -> None:
+        """The run is about to step: ``first_step`` is 0, or where a resumed run continues."""
+
+    def step(self, view: StepView) -> None:
+        """A step was applied."""
+
+    def note(self, text: str) -> None:
+        """A line for the user: the exchange's address, a board left out, a re-balance."""
+        log.info("%s", text)
+
+    def stopped(self) -> None:
+        """The run ended, completed or not (called whatever happened once ``started`` was)."""
+
+
+def new_run_id(spec: JobSpec) -> str:
+    """``lenet5-digits-20261121-101500-ab12``: the model, the data, the time and 4 random hex digits."""
+    model = spec.model.split(":")[-1].lower()
+    data = spec.data_name.split(":")[-1].lower()
+    return f"{model}-{data}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def default_run_dir(spec: JobSpec) -> Path:
+    """Where a run is written unless told: ``runs/<run-id>``."""
+    return RUNS_ROOT / spec.run_id
+
+
+def per_board_batches(batch_sizes: tuple[int, ...], boards: tuple[str, ...]) -> tuple[int, ...]:
+    """One batch size per board: a single value is every board's. Raises ConfigError on a count mismatch."""
+    if len(batch_sizes) == 1:
+        return batch_sizes * len(boards)
+    if len(batch_sizes) != len(boards):
+        raise ConfigError(f"--batch has {len(batch_sizes)} values for {len(boards)} boards ({', '.join(boards)}); "
+                          "give one per board or one for all")
+    return batch_sizes
+
+
+def check_force_split(force_split: BatchSplit, batch_sizes: tuple[int, ...]) -> None:
+    """The test hook's re-split must keep the global batch and give every board a sample, after the lead steps."""
+    from edgefleet.coordinator.run.split_schedule import SPLIT_LEAD_STEPS
+
+    from_step, sizes = force_split.from_step, list(force_split.batch_sizes)
+    text = f"{from_step}:{','.join(map(str, sizes))}"
+    if len(sizes) != len(batch_sizes) or min(sizes, default=0) < 1 or sum(sizes) != sum(batch_sizes):
+        raise ConfigError(f"--force-split {text!r}: give each of the {len(batch_sizes)} boards at least one sample, "
+                          f"{sum(batch_sizes)} in all (the global batch)")
+    if from_step <= SPLIT_LEAD_STEPS:
+        raise ConfigError(f"--force-split {text!r}: a re-split can start at step {SPLIT_LEAD_STEPS + 1} at the earliest")
+
+
+def training_set_size(spec: JobSpec) -> int:
+    """Samples in the job's training set (loads the dataset or the DataModule; raises ConfigError for a bad one)."""
+    from edgefleet.workloads.training_data import load_training_data
+
+    data = load_training_data(dataset=spec.dataset, dataset_options=spec.dataset_options, datamodule=spec.datamodule,
+                              datamodule_options=spec.datamodule_options, with_val=False)
+    return len(data.train)
+
+
+def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_len: int | None = None) -> JobSpec:
+    """The spec with its boards, per-board batch sizes, length and run id fixed; a resolved spec is returned as is.
+
+    Args:
+        spec: The job.
+        broker: Where to find the online boards when the spec names none.
+        dataset_len: The training set's size if known (else the data is loaded to count it).
+
+    Raises:
+        ConfigError: no board to train on, a batch size per board that does not match the boards,
+            a bad forced split, or data that cannot be loaded.
+    """
+    if spec.resolved:
+        return spec
+    from edgefleet.workloads.fleet_trainer import steps_per_epoch
+
+    boards = spec.boards
+    if not boards and broker is not None:
+        from edgefleet.coordinator.control.fleet_select import online_trainers
+
+        boards = tuple(online_trainers(broker))
+    if not boards:
+        raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
+    batch_sizes = per_board_batches(spec.batch_sizes, boards)
+    if spec.force_split is not None:
+        check_force_split(spec.force_split, batch_sizes)
+    size = dataset_len if dataset_len is not None else training_set_size(spec)
+    batches = batches_per_epoch(spec, size, batch_sizes)
+    per_epoch = steps_per_epoch(batches, spec.accumulate_grad_batches)
+    total = spec.steps if spec.steps is not None else max(1, round((spec.epochs or DEFAULT_EPOCHS) * per_epoch))
+    warmup = spec.sync_warmup
+    if warmup is None and spec.sync_every > 1:  # post-local SGD: one exact epoch first (exact runs have no warm-up)
+        warmup = per_epoch
+    return replace(spec, boards=boards, batch_sizes=batch_sizes, total_steps=total, steps_per_epoch=per_epoch,
+                   batches_per_epoch=batches, sync_warmup=warmup, run_id=spec.run_id or new_run_id(spec))
+
+
+def load_job(run_dir: Path) -> JobSpec:
+    """The resolved spec a run directory was started with (its ``config.json``), to resume it."""
+    config = run_dir / "config.json"
+    if not config.exists():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.json); give the folder train printed")
+    return JobSpec.from_json(json.loads(config.read_text()))
+
+
+def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: Path | None = None, resume: bool = False,
+          observer: TrainObserver | None = None, power_view: FleetView | None = None) -> TrainOutcome:
+    """Train ``spec`` on its boards (resolving it first if needed) and return how the run ended.
+
+    Args:
+        spec: The job; resolved with :func:`resolve_job` unless it is already.
+        broker: The fleet's broker.
+        fleet_key: The key that signs the boards' commands.
+        run_dir: Where the run is written (default ``runs/<run-id>``); with ``resume``, the
+            interrupted run's directory. A new run refuses a directory that holds a run already.
+        resume: Continue the run in ``run_dir`` from its checkpoint.
+        observer: Receives every step and note (default: notes to this module's log).
+        power_view: A fleet view already following the broker, to record the boards' power from
+            (``power.jsonl``); None opens one for the run.
+
+    Returns:
+        The run's directory, its result (``result.json``) and whether it was interrupted
+        (Ctrl-C or SIGTERM stop it at a step boundary with a checkpoint to resume from).
+
+    Raises:
+        EdgeTrainError: a bad spec, a run directory that holds a run already (without ``resume``),
+            a board that is not ready, or a failure of the exchange.
+        RunDirError: the run directory could not be written (DiskFullError: its disk is full); the
+            message says how to go on (``--resume`` from the last checkpoint, which is intact).
+        KeyboardInterrupt: Ctrl-C before the first step began.
+    """
+    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+    from edgefleet.coordinator.run.training import TrainingRun
+
+    if resume and run_dir is None:
+        raise ConfigError("resuming needs the run directory")
+    if not resume and run_dir is not None:
+        check_new_run_dir(run_dir)  # before the data is loaded or any board is asked
+    spec = resolve_job(spec, broker=broker)
+    run_dir = run_dir or default_run_dir(spec)
+    observer = observer or TrainObserver()
+    run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
+                      on_note=observer.note, resume=resume)
+    observer.started(spec, run_dir, run.replica.step)
+    try:
+        with ExitStack() as stack:
+            _log_power(stack, spec, run_dir, broker, power_view, observer)
+            return asyncio.run(run.run())
+    finally:
+        observer.stopped()
+
+
+def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSettings, view: FleetView | None,
+               observer: TrainObserver) -> None:
+    """Record the boards' power readings in the run directory while it trains (``report``'s power plot)."""
+    from edgefleet.coordinator.control.monitor import monitor_fleet
+    from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
+    from edgefleet.protocol.errors import BrokerError
+
+    try:
+        if view is None:
+            view = stack.enter_context(monitor_fleet(broker))
+        stack.enter_context(PowerLog(view, spec.boards, run_dir / POWER_FILE))
+    except (BrokerError, OSError) as exc:
+        observer.note(f"the boards' power is not recorded for this run ({exc}); the report will have no power plot")
+
+
+__all__ = ["RUNS_ROOT", "TrainObserver", "default_run_dir", "load_job", "new_run_id", "per_board_batches", "resolve_job",
+           "train", "training_set_size"]

@@ -1,0 +1,664 @@
+"""The training driver: start the job on the boards, run every step through the exchange, keep
+the replica, checkpoints and metrics, and end with a result the user can read and a model file.
+
+Ctrl-C (or SIGTERM) stops at a step boundary: the boards are told to stop, the checkpoint holds the
+last applied step, and ``edge-coordinator train --resume RUN_DIR`` continues from there.
+
+Adapting during training (global data mode, two boards or more, ``--rebalance``): every step's
+per-board compute times go to a :class:`~coordinator.run.rebalance.Rebalancer`; when a board's
+time per sample drifts past the threshold it proposes new batch sizes with the same sum, which the
+exchange announces for a step two steps ahead. That step's record in ``metrics.jsonl`` gets a
+``"rebalance"`` entry (old and new sizes, the drift, the step they apply from) and the user a note.
+The global batch of every step is unchanged, so the trained model is too (up to fp32 summation
+order). The splits are part of the checkpoint: a resumed run keeps the one in force.
+
+Periodic averaging (``--sync-every H``, ``protocol.sync_schedule``) is opt-in and changes the
+mathematics: the exchange, the replica and the boards follow one schedule; each step's record in
+``metrics.jsonl`` says its kind, ``result.json`` the mode, and a run stopped between averages
+resumes from the last average.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import math
+import signal
+import socket
+import ssl
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgefleet.coordinator.control.board_channel import BoardChannel
+from edgefleet.coordinator.run.checkpoints import (
+    CHECKPOINT,
+    MetricsLog,
+    RunDirError,
+    atomic_torch_save,
+    atomic_write_json,
+    check_new_run_dir,
+    load_checkpoint,
+    make_run_dir,
+    remove_stale_temps,
+    save_checkpoint,
+    write_error,
+)
+from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
+from edgefleet.coordinator.control.fleet_select import check_boards_ready
+from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
+from edgefleet.coordinator.run.rebalance import Rebalancer
+from edgefleet.coordinator.run.replica import Replica
+from edgefleet.coordinator.run.replica_replay import ReplayData
+from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
+from edgefleet.coordinator.run.run_logger import make_logger
+from edgefleet.protocol.codec import encode_value
+from edgefleet.protocol.errors import ConfigError, DecodeError
+from edgefleet.protocol.exchange_auth import HelloChecker
+from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.jobs import StopCommand, TrainCommand, train_schema_for
+from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
+from edgefleet.transport.exchange_tls import make_job_certificate
+from edgefleet.transport.settings import BrokerSettings
+from edgefleet.workloads.sharding import GlobalBatchPlan
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 180.0  # a Raspberry Pi needs tens of seconds to import torch and Lightning
+REJOIN_EVERY_S = 30.0   # a board that left and is online again is asked back at most this often ...
+MAX_REJOINS = 3         # ... and this many times in a run
+REJECT_GRACE_S = 3.0    # a board that refused a command for the job fails unless it accepts one within this long
+# The first steps after a (re)start are slow (allocations, caches, Lightning's first-batch work):
+# they would make a poor reference for the rebalancer, so it starts watching after them.
+REBALANCE_WARMUP_STEPS = 2
+ACCURACY_KEYS = ("val_acc", "val_accuracy", "val/acc", "val/accuracy")  # a validation_step's accuracy, as commonly logged
+
+
+@dataclass
+class StepView:
+    """What the progress display shows after each step."""
+
+    step: int
+    total_steps: int
+    loss: float | None
+    val_accuracy: float | None
+    samples_per_s: float
+    board_compute_s: dict[str, float]
+    late: list[str]
+    refused: dict[str, str]
+    batch_sizes: dict[str, int] = field(default_factory=dict)  # each contributor's samples this step
+    shown: dict[str, float] = field(default_factory=dict)  # logged with prog_bar=True (training_step, validation_step)
+
+
+@dataclass
+class TrainOutcome:
+    run_dir: Path
+    result: dict[str, Any]
+    interrupted: bool
+
+
+def exchange_host_for(broker: BrokerSettings) -> str:
+    """The local address that reaches the broker; boards on the broker's network reach it too."""
+    if broker.host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((broker.host, broker.port))  # UDP connect sends nothing; it picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "0.0.0.0"
+
+
+def _checkpointed_splits(saved: Any, run_dir: Path) -> list[BatchSplit]:
+    """The batch splits a checkpoint recorded. Raises ConfigError: the checkpoint holds something else."""
+    try:
+        if not isinstance(saved, list):
+            raise DecodeError(f"splits is a {type(saved).__name__}, not a list")
+        return [BatchSplit.from_wire(s) for s in saved]
+    except DecodeError as exc:
+        raise ConfigError(f"{run_dir}: the checkpoint's batch splits are unreadable ({exc}); "
+                          "resume from an intact copy or start a new run") from None
+
+
+def _refuse_a_finished_run(run_dir: Path) -> None:
+    """A run that stopped at its target accuracy is complete: --resume has nothing to continue."""
+    import json
+
+    try:
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    reached = result.get("target_reached") if isinstance(result, dict) else None
+    if isinstance(reached, dict) and not result.get("interrupted"):
+        raise ConfigError(f"{run_dir} is complete: it reached its target accuracy at step {reached.get('step')}; "
+                          "nothing to resume (start a new run with a higher --target-accuracy to train on)")
+
+
+STEADY_SKIP_STEPS = 3  # steps a run (or a resumed run) takes to warm up, left out of its steady samples/s
+
+
+class SteadyRate:
+    """Samples/s once warm: from the end of the first ``skip_steps`` steps, validation time left out."""
+
+    def __init__(self, *, skip_steps: int) -> None:
+        self.skip_steps = skip_steps
+        self._since: float | None = None
+        self._samples = 0
+        self._validating_s = 0.0
+        self._now = 0.0
+
+    def add(self, index: int, samples: int, now: float, validating_s: float) -> None:
+        """Step ``index`` (0 = the run's first) of ``samples`` ended at ``now``, after ``validating_s`` of validation."""
+        if index + 1 == self.skip_steps or (self._since is None and index + 1 > self.skip_steps):
+            self._since, self._samples, self._validating_s = now, 0, 0.0
+        elif self._since is not None:
+            self._samples += samples
+            self._validating_s += validating_s
+        self._now = now
+
+    def samples_per_s(self) -> float | None:
+        if self._since is None or self._samples == 0:
+            return None
+        busy = self._now - self._since - self._validating_s
+        return round(self._samples / busy, 2) if busy > 0 else None
+
+
+class _Adaptation:
+    """The batch split in force, the rebalancer that changes it, and the forced split of ``force_split``.
+
+    Args:
+        spec: The run.
+        splits: Splits already announced (a resumed run's, from its checkpoint), in step order.
+        first_step: The step this (possibly resumed) run starts at.
+    """
+
+    def __init__(self, spec: JobSpec, splits: list[BatchSplit], first_step: int) -> None:
+        self.spec = spec
+        self.splits = list(splits)
+        # With accumulation a step is a window of batches on each board: a re-split starts with a window
+        # (the boards translate the step into its first batch).
+        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
+        self.watch_from = first_step + REBALANCE_WARMUP_STEPS
+        self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
+        self.records: list[dict[str, Any]] = []
+
+    def _rebalancer(self, sizes: list[int]) -> Rebalancer:
+        return Rebalancer(dict(zip(self.spec.boards, sizes)), threshold=self.spec.rebalance_threshold)
+
+    def latest(self) -> list[int]:
+        """The newest split's sizes (possibly not in force yet), by board index."""
+        return list(self.splits[-1].batch_sizes) if self.splits else list(self.spec.batch_sizes)
+
+    def at(self, step: int) -> list[int]:
+        """The batch sizes in force at ``step``, by board index."""
+        sizes = list(self.spec.batch_sizes)
+        for split in self.splits:
+            if split.from_step <= step:
+                sizes = list(split.batch_sizes)
+        return sizes
+
+    def after_step(self, r: StepResult, exchange: ExchangeServer) -> dict[str, Any] | None:
+        """Feed step ``r`` to the rebalancer; announce a new split if it (or the test hook) asks. The record, if so."""
+        forced = self.spec.force_split
+        if forced is not None and exchange.next_split_step == forced.from_step:
+            sizes = list(forced.batch_sizes)
+            record = self._announce(r.step, sizes, exchange, drift={}, message="forced re-split (test hook)")
+            if self.enabled:
+                self.rebalancer = self._rebalancer(sizes)  # a fresh reference at the new sizes
+            return record
+        if self.rebalancer is None or r.step < self.watch_from or set(r.contributors) != set(self.spec.boards):
+            return None  # steps some board missed say little about the fleet's balance
+        accumulate = self.spec.accumulate_grad_batches  # a board's n is its batch size times the window's batches
+        decision = self.rebalancer.observe(r.compute_s, step=r.step,
+                                           batch_sizes={b: n // accumulate for b, n in r.batch_sizes.items()},
+                                           steps_left=self.spec.total_steps - exchange.next_split_step)
+        if decision is None:
+            return None
+        sizes = [decision.new_batch_sizes[b] for b in self.spec.boards]
+        return self._announce(r.step, sizes, exchange, drift={b: round(d, 4) for b, d in decision.drift.items()},
+                              message=decision.message, current_step_s=round(decision.current_step_s, 6),
+                              predicted_step_s=round(decision.predicted_step_s, 6))
+
+    def _announce(self, step: int, sizes: list[int], exchange: ExchangeServer, **why: Any) -> dict[str, Any]:
+        old = self.latest()
+        from_step = exchange.announce_split(sizes)
+        self.splits = [s for s in self.splits if s.from_step != from_step] + [BatchSplit(from_step, tuple(sizes))]
+        record = {"step": step, "from_step": from_step, "old_batch_sizes": dict(zip(self.spec.boards, old)),
+                  "new_batch_sizes": dict(zip(self.spec.boards, sizes)), **why}
+        self.records.append(record)
+        return record
+
+
+class TrainingRun:
+    """One run, fresh or resumed."""
+
+    def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
+                 on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
+        from edgefleet.workloads.registry import build_model
+        from edgefleet.workloads.training_data import load_training_data
+
+        if not spec.resolved:
+            raise ValueError("a run needs a resolved job (train_job.resolve_job fixes its boards, batch sizes and length)")
+        if not resume:  # before anything is loaded or any board is asked: a run directory is never mixed up
+            check_new_run_dir(run_dir)
+        self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        self.on_step, self.on_note = on_step, on_note
+        self.data = load_training_data(dataset=spec.dataset, dataset_options=spec.dataset_options,
+                                       datamodule=spec.datamodule, datamodule_options=spec.datamodule_options)
+        options = dict(spec.model_options) | ({"lr": spec.lr} if spec.lr is not None else {})
+        torch.manual_seed(spec.seed)  # the replica's initial weights; boards receive them, never re-draw them
+        model = build_model(spec.model, options, data=self.data.train)
+        if spec.target_accuracy is not None and self.data.val_loader is None:
+            raise ConfigError("--target-accuracy needs validation data, and this dataset or DataModule has no validation "
+                              "split: give one with a validation split (e.g. digits) or leave the flag out")
+        self.batches_per_epoch = spec.batches_per_epoch or batches_per_epoch(spec, len(self.data.train), spec.batch_sizes)
+        self.replica = Replica(model, options=spec.trainer_options, batches_per_epoch=self.batches_per_epoch,
+                               total_steps=spec.total_steps, val_loader=self.data.val_loader,
+                               logger=make_logger(spec.logger, model, run_dir), log_every_n_steps=spec.log_every_n_steps,
+                               sync=spec.sync_schedule, overlap=spec.overlap,
+                               validation_threads=None if spec.threads else FreeCpuThreads().threads,
+                               max_epochs=spec.max_epochs, datamodule=self.data.datamodule, seed=spec.seed,
+                               replay_data=self._replay_data())
+        self.history: list[dict[str, Any]] = []
+        self.val_accuracy: float | None = None
+        self.val_loss: float | None = None
+        self.val_metrics: dict[str, float] = {}
+        self.train_metrics: dict[str, float] = {}  # each name's last value logged in training_step
+        self._announced_lrs: list[float] = []
+        self._fallback_accuracy = True
+        self.elapsed_before_s = 0.0
+        self.join_s: float | None = None  # from the commands sent until every board joined the exchange
+        self.target_reached: dict[str, Any] | None = None  # the epoch end that reached spec.target_accuracy
+        self._steady = SteadyRate(skip_steps=STEADY_SKIP_STEPS)
+        self.checkpointed_step: int | None = None  # the step the newest checkpoint on disk continues from
+        splits: list[BatchSplit] = []
+        if resume:
+            _refuse_a_finished_run(run_dir)
+            remove_stale_temps(run_dir)
+            state = load_checkpoint(run_dir)
+            self.replica.load_state_dict(state["replica"])
+            torch.set_rng_state(state["torch_rng"])
+            self.val_accuracy, self.val_loss = state.get("val_accuracy"), state.get("val_loss")
+            self.val_metrics = dict(state.get("val_metrics", {}))
+            self.train_metrics = dict(state.get("train_metrics", {}))
+            self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
+            splits = _checkpointed_splits(state.get("splits", []), run_dir)
+            self.checkpointed_step = self.replica.step
+        try:
+            if resume:
+                MetricsLog.truncate_after(run_dir / "metrics.jsonl", self.replica.step)
+            else:
+                make_run_dir(run_dir)
+                atomic_write_json(run_dir / "config.json", spec.to_json())
+            self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        except RunDirError as exc:
+            raise exc.with_advice(self._next_move()) from None
+        self.adapt = _Adaptation(spec, splits, self.replica.step)
+        self._stop = asyncio.Event()
+        self.flags: dict[str, list[str]] = {}
+        self.streamed_steps: dict[str, int] = {}  # --overlap: each board's gradients sent during backward
+        self._board_commands: dict[str, dict[str, Any]] = {}  # each board's train command, to ask it back after it left
+        self._invited: dict[str, tuple[int, float]] = {}       # board -> (times asked back, when last)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _replay_data(self) -> ReplayData | None:
+        """The global batches, for a replica that replays training_step (global data mode: the coordinator holds them)."""
+        if self.spec.data_mode != "global":
+            return None
+        plan = GlobalBatchPlan(len(self.data.train), self.spec.batch_sizes, self.spec.seed)
+        return ReplayData(dataset=self.data.train, collate_fn=self.data.collate_fn, global_indices=plan.global_indices)
+
+    def _check_target(self, step: int, elapsed_s: float) -> None:
+        """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
+        validation gives no accuracy the target cannot be judged: the run stops at this step boundary
+        with its checkpoint, as Ctrl-C would, saying why."""
+        target = self.spec.target_accuracy
+        if target is None or self.target_reached is not None:
+            return
+        if self.val_accuracy is None:
+            self.on_note("--target-accuracy: this run's validation gives no accuracy (log val_acc or val_accuracy in "
+                         "validation_step); stopping here. Set target_accuracy to null in the run's config.json and "
+                         "resume it to train its full length")
+            self._stop.set()
+            return
+        if self.val_accuracy >= target:
+            self.target_reached = {"step": step, "epoch": (step + 1) // self.spec.steps_per_epoch,
+                                   "val_accuracy": self.val_accuracy, "elapsed_s": round(elapsed_s, 3)}
+
+    def _evaluate(self) -> None:
+        """The epoch's validation figures: the module's own (its validation_step ran in the replica), else accuracy."""
+        if self.replica.validates:
+            metrics = self.replica.val_metrics
+            self.val_metrics = dict(metrics)
+            self.val_loss = metrics.get("val_loss")
+            self.val_accuracy = next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+        elif self.data.val_loader is not None and self._fallback_accuracy:
+            figures = self.replica.evaluate(self.data.val_loader())
+            if figures is None:
+                self._fallback_accuracy = False  # not a classifier of (input, label) batches: nothing to measure
+                self.on_note("no validation: the module has no validation_step and its data is not (input, class "
+                             "label) pairs; add a validation_step to see validation metrics")
+                return
+            self.val_loss, self.val_accuracy = figures
+            self.val_metrics = {"val_loss": self.val_loss, "val_acc": self.val_accuracy}
+
+    def _follow_plateau(self, exchange: ExchangeServer) -> None:
+        """A ReduceLROnPlateau stepped in the replica (where its metric is): send its learning rates to the boards."""
+        if not self.replica.plateau:
+            return
+        lrs = self.replica.learning_rates()
+        if lrs != self._announced_lrs:
+            exchange.announce_lrs(lrs)
+            self._announced_lrs = lrs
+
+    def _log_fleet_loss(self, step: int, loss: float | None) -> None:
+        """The step's loss (the boards' training_step losses, weighted by their samples) in the run's logger."""
+        logger = self.replica.logger
+        if logger and loss is not None:
+            logger.log_metrics({"fleet_loss": loss}, step=step)  # the replica's thread waits meanwhile
+
+    def _checkpoint(self, elapsed_s: float) -> None:
+        self.metrics.sync()  # every step the checkpoint covers is in metrics.jsonl on disk first
+        replica = self.replica.state_dict()  # between averages: the last average's (its step is the one resumed)
+        save_checkpoint(self.run_dir, {"replica": replica, "torch_rng": torch.get_rng_state(),
+                                       "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
+                                       "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
+                                       "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]})
+        self.checkpointed_step = int(replica["step"])
+
+    def _next_move(self) -> str:
+        """What the user does after the run directory could not be written: resume, or start again."""
+        if self.checkpointed_step is not None and (self.run_dir / CHECKPOINT).exists():
+            return (f"the checkpoint of step {self.checkpointed_step} is intact: then continue with "
+                    f"edge-coordinator train --resume {self.run_dir}")
+        return f"nothing was checkpointed yet: then remove {self.run_dir} and start the run again"
+
+    def _disk_error(self, exc: BaseException) -> RunDirError | None:
+        """``exc`` as a run-directory error with the way on, if it is one (a full disk from Lightning's logger too)."""
+        if isinstance(exc, RunDirError):
+            return exc.with_advice(self._next_move())
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            target = Path(exc.filename) if isinstance(exc.filename, str) else self.run_dir / "logs"
+            return write_error(target, exc, None).with_advice(self._next_move())
+        return None
+
+    def _welcome_state(self) -> tuple[int, Any, Any]:
+        step, model_state, optimizer_state = self.replica.wire_state()
+        return step, encode_value(model_state), encode_value(optimizer_state)
+
+    def _welcome_extra(self) -> dict[str, Any]:
+        schedulers = self.replica.scheduler_wire_state()
+        extra: dict[str, Any] = {"schedulers": encode_value(schedulers)} if schedulers else {}
+        module_state = self.replica.module_wire_state()  # a board joining mid-run loads what on_save_checkpoint kept
+        if module_state is not None:
+            extra["module_state"] = module_state
+        return extra
+
+    def _exchange_security(self) -> tuple[HelloChecker, ssl.SSLContext | None]:
+        """Each board's credential for the exchange, and the TLS server context of a certificate made for this run."""
+        keys = CoordinatorKeys.from_bytes(self.fleet_key)
+        cert = make_job_certificate(self.spec.run_id) if self.spec.exchange_tls else None
+        checker = HelloChecker(board_keys=keys.board_keys, hmac_key=keys.secret if keys.algorithm == HMAC_ALGORITHM else None,
+                               tls_sha256=cert.sha256 if cert is not None else "")
+        for board in self.spec.boards:
+            checker.token_for(board)  # decided now, so that the note below names every board given a token
+        if checker.token_boards:
+            self.on_note(f"board(s) {', '.join(checker.token_boards)} join the exchange with a token in their signed command, "
+                         "which whoever reads the broker can read: give each board a key of its own (security.board_key_file) "
+                         "and the coordinator the public keys (--board-keys; docs/security.md)")
+        if cert is None:
+            self.on_note("the exchange runs without TLS (--no-exchange-tls): gradients cross the network in clear")
+        return checker, (cert.server_context() if cert is not None else None)
+
+    def _commands(self, host: str, port: int, checker: HelloChecker) -> dict[str, dict[str, Any]]:
+        s = self.spec
+        return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port,
+                                    token=checker.token_for(board), exchange_tls_sha256=checker.tls_sha256,
+                                    model=s.model, model_options=s.model_options, dataset=s.dataset,
+                                    dataset_options=s.dataset_options, datamodule=s.datamodule,
+                                    datamodule_options=s.datamodule_options, board_index=i, batch_sizes=list(s.batch_sizes),
+                                    seed=s.seed, total_steps=s.total_steps, data_mode=s.data_mode, lr=s.lr,
+                                    wire_dtype=s.wire_dtype, threads=s.threads, batches_per_epoch=self.batches_per_epoch,
+                                    max_epochs=s.max_epochs,
+                                    accumulate_grad_batches=s.accumulate_grad_batches,
+                                    gradient_clip_val=s.gradient_clip_val,
+                                    gradient_clip_algorithm=s.gradient_clip_algorithm,
+                                    deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
+                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap,
+                                    schema_version=train_schema_for(s.sync_every, s.overlap)).to_dict()
+                for i, board in enumerate(s.boards)}
+
+    async def run(self) -> TrainOutcome:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+        channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
+        checker, tls = self._exchange_security()
+        exchange = ExchangeServer(job_id=self.spec.run_id, token="", tls=tls, checker=checker,
+                                  boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
+                                  param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
+                                  welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
+                                  buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
+                                  int_buffer_elements=self.replica.buffers.int_elements,
+                                  splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap)
+        self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
+        self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
+        await channel.open()
+        try:
+            await check_boards_ready(channel, self.spec.boards)
+            host = self.spec.exchange_host or exchange_host_for(self.broker)
+            port = await exchange.start(host, self.spec.exchange_port)
+            advertised = "127.0.0.1" if host == "0.0.0.0" else host
+            self._board_commands = self._commands(advertised, port, checker)
+            for board, command in self._board_commands.items():
+                channel.send(board, command)
+            self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
+            if self.spec.rebalance and self.spec.data_mode != "global" and len(self.spec.boards) > 1:
+                self.on_note("re-balancing is off: in local data mode each board's batch size is tied to its own data")
+            if self.spec.sync_every > 1:
+                self.on_note(f"periodic averaging: {self.spec.sync_schedule.describe()} (opt-in; this changes the "
+                             "mathematics: the model differs from the exact mode's)")
+            if self.adapt.splits and self.replica.step > 0:
+                self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
+            joining = time.monotonic()
+            await self._join(channel, exchange)
+            self.join_s = time.monotonic() - joining
+            try:
+                return await self._steps(channel, exchange)
+            except (RunDirError, OSError) as exc:
+                disk = self._disk_error(exc)
+                if disk is None:
+                    raise
+                log.debug("writing the run directory failed", exc_info=True)
+                raise disk from None
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await exchange.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
+            for board in self.spec.boards:
+                channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
+            channel.close()
+            self.metrics.close()
+            self.replica.close()
+
+    async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
+        need = set(self.spec.boards)
+        waiter = asyncio.ensure_future(exchange.wait_for_boards(JOIN_TIMEOUT_S, need=need))
+        # A refusal fails its board only if the board does not take the command after all: someone
+        # who can write the command topic could send a forged command for this job, whose refusal
+        # must not fail a board that accepts the real one.
+        accepted: set[str] = set()
+        refused: dict[str, tuple[float, str]] = {}
+        while not waiter.done():
+            event = await channel.next_event(0.2)
+            if event is not None and event.job_id == self.spec.run_id:
+                if event.phase == "failed":
+                    exchange.fail(event.board_id, event.message or event.phase)
+                elif event.phase == "rejected" and event.board_id not in accepted:
+                    refused.setdefault(event.board_id, (time.monotonic(), event.message or event.phase))
+                elif event.phase in ("accepted", "running"):
+                    accepted.add(event.board_id)
+                    refused.pop(event.board_id, None)
+            for board, (when, message) in list(refused.items()):
+                if time.monotonic() - when >= REJECT_GRACE_S:
+                    del refused[board]
+                    exchange.fail(board, message)
+            for board in sorted(need - set(exchange.connected)):  # its agent died or lost the broker: no use waiting
+                if board in channel.went_offline:
+                    exchange.fail(board, f"went offline while joining ({channel.went_offline[board]}): check that its "
+                                         "agent is running (journalctl -u edge-agent) or leave it out of --boards")
+            if self._stop.is_set():
+                waiter.cancel()
+                raise KeyboardInterrupt
+        waiter.result()
+
+    def _handle_events(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
+        for event in channel.drain_events():
+            if event.job_id != self.spec.run_id:
+                continue
+            if event.phase == "failed":
+                self.on_note(f"board {event.board_id} failed: {event.message}")
+                exchange.fail(event.board_id, event.message)
+        self._ask_back(channel, exchange)
+
+    def _ask_back(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
+        """Send the job's command again to a board that left and is online and idle again (its agent restarted,
+        or its worker ended): it rejoins at a step boundary with the replica's state. At most
+        :data:`MAX_REJOINS` times per board, :data:`REJOIN_EVERY_S` apart."""
+        now = time.monotonic()
+        connected = set(exchange.connected)
+        for board, command in self._board_commands.items():
+            status = channel.status.get(board)
+            if board in connected or status is None or status.state != "online":
+                continue
+            asked, last = self._invited.get(board, (0, -math.inf))
+            if asked >= MAX_REJOINS or now - last < REJOIN_EVERY_S:
+                continue
+            self._invited[board] = (asked + 1, now)
+            channel.send(board, command)
+            self.on_note(f"board {board} is online again: asked it to rejoin the job (from step {self.replica.step}; "
+                         f"{asked + 1} of at most {MAX_REJOINS} times)")
+
+    async def _steps(self, channel: BoardChannel, exchange: ExchangeServer) -> TrainOutcome:
+        spec, started = self.spec, time.monotonic()
+        samples = 0
+        first_step = self.replica.step
+        while self.replica.step < spec.total_steps and not self._stop.is_set():
+            self._handle_events(channel, exchange)
+            step = self.replica.step
+            result = await exchange.run_step(step, apply=self.replica.apply, minimum_deadline_s=spec.step_timeout_s)
+            samples += result.n_total
+            elapsed = time.monotonic() - started
+            epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
+            self._log_fleet_loss(step, result.loss)
+            self._follow_plateau(exchange)
+            val_s = None
+            if epoch_end:
+                evaluating = time.monotonic()
+                self._evaluate()  # the replica's validation_step ran inside this step's apply: its time is added
+                val_s = time.monotonic() - evaluating + self.replica.take_validation_s()
+                self._check_target(step, self.elapsed_before_s + time.monotonic() - started)
+            self._steady.add(step - first_step, result.n_total, time.monotonic(), val_s or 0.0)
+            rebalance = self.adapt.after_step(result, exchange)
+            if rebalance is not None:
+                self.on_note(_rebalance_note(rebalance))
+            self._record(result, elapsed, rebalance, val_s)
+            self.on_step(StepView(step=step, total_steps=spec.total_steps, loss=result.loss, val_accuracy=self.val_accuracy,
+                                  samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
+                                  board_compute_s=result.compute_s, late=result.late, refused=result.refused,
+                                  batch_sizes=result.batch_sizes,
+                                  shown={name: value for name, value in result.logs.items()
+                                         if result.log_flags[name][2]}))
+            if (step + 1) % spec.checkpoint_every == 0:
+                self._checkpoint(self.elapsed_before_s + elapsed)
+            if self.target_reached is not None:
+                self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
+                             f"{spec.target_accuracy:g}; the run is complete")
+                break
+        elapsed = time.monotonic() - started
+        exchange.finished = True
+        self.flags = exchange.flags()
+        self.streamed_steps = exchange.streamed_steps()
+        self._checkpoint(self.elapsed_before_s + elapsed)
+        interrupted = self.replica.step < spec.total_steps and self.target_reached is None
+        if interrupted and self.checkpointed_step is not None and self.checkpointed_step < self.replica.step:
+            self.on_note(f"stopped between averages: the checkpoint holds the last average, and --resume continues "
+                         f"from step {self.checkpointed_step} (the boards' local steps since then are trained again)")
+        if not interrupted:
+            atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
+        summary = self._result(elapsed, samples, exchange, interrupted)
+        atomic_write_json(self.run_dir / "result.json", summary)
+        return TrainOutcome(self.run_dir, summary, interrupted)
+
+    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None) -> None:
+        # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
+        # one line per applied step and a resume's truncation drops it with its step.
+        record: dict[str, Any] = {
+            "step": r.step, "n": r.n_total, "loss": r.loss, "boards": r.contributors, "late": r.late,
+            "refused": r.refused, "compute_s": r.compute_s, "batch_sizes": r.batch_sizes,
+            "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
+        if rebalance is not None:
+            record["rebalance"] = rebalance
+        if r.logs:  # what training_step logged, sample-weighted over the boards
+            record["logs"] = r.logs
+            self.train_metrics.update(r.logs)
+        if (r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps:
+            self.train_metrics.update(self.replica.epoch_train_metrics())  # on_epoch=True: the epoch's mean, as Lightning
+        if self.val_metrics and ((r.step + 1) % self.spec.steps_per_epoch == 0 or r.step + 1 == self.spec.total_steps):
+            record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
+            record["val_metrics"] = dict(self.val_metrics)
+        if val_s is not None:
+            record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
+        if self.spec.sync_every > 1:
+            record["kind"] = r.kind  # exact, local or sync (periodic averaging)
+        self.metrics.write(record)
+        self.history.append(record)
+
+    def _result(self, elapsed: float, samples: int, exchange: ExchangeServer, interrupted: bool) -> dict[str, Any]:
+        per_board: dict[str, Any] = {}
+        final = self.adapt.at(max(self.replica.step - 1, 0))  # the sizes the last applied step ran with
+        for i, board in enumerate(self.spec.boards):
+            times = [h["compute_s"][board] for h in self.history if board in h["compute_s"]]
+            per_board[board] = {"batch_size": final[i], "initial_batch_size": self.spec.batch_sizes[i],
+                                "steps_contributed": len(times),
+                                "median_compute_s": statistics.median(times) if times else None,
+                                "flags": self.flags.get(board, [])[:50]}
+            if self.spec.overlap:
+                per_board[board]["streamed_steps"] = self.streamed_steps.get(board, 0)
+        return {"run_id": self.spec.run_id, "steps": self.replica.step, "total_steps": self.spec.total_steps,
+                "interrupted": interrupted, "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
+                "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
+                "elapsed_s": round(self.elapsed_before_s + elapsed, 3),
+                "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else None,
+                "steady_samples_per_s": self._steady.samples_per_s(),
+                "target_accuracy": self.spec.target_accuracy, "target_reached": self.target_reached,
+                "join_s": None if self.join_s is None else round(self.join_s, 3),
+                "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
+                "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
+                "boards": per_board, "wire_dtype": self.spec.wire_dtype,
+                "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
+                "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,
+                "mode": self.spec.sync_schedule.describe(),
+                "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
+                               for r in self.adapt.records]}
+
+
+def _rebalance_note(record: dict[str, Any]) -> str:
+    """The user's line for a re-balance, e.g. ``step 41: re-balancing from step 44: pi4-1 slowed 38% ...``."""
+    line = f"step {record['step']}: re-balancing from step {record['from_step']}: {record['message']}"
+    if "predicted_step_s" in record:
+        line += f" (compute per step {record['current_step_s']:.3f} s -> {record['predicted_step_s']:.3f} s predicted)"
+    return line
+
+
+__all__ = ["ExchangeError", "StepView", "TrainOutcome", "TrainingRun", "exchange_host_for"]
