@@ -49,7 +49,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from _table import print_table  # bench/ is the script's folder, first on sys.path
+from _harness import BenchError  # bench/ is the script's folder, first on sys.path
+from _table import print_table
 
 from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.protocol.errors import BrokerError, DecodeError
@@ -68,10 +69,6 @@ TORCH_MAPPING = re.compile(r"(^|/)(torch|functorch)/|/libtorch[^/]*\.so|/libc10[
 BASELINE_CODE = ("import sys, time, paho.mqtt.client, psutil, msgpack; "
                  "print('ready', flush=True); time.sleep(float(sys.argv[1]))")
 TORCH_CONTROL_CODE = "import sys, time, torch; print('ready', flush=True); time.sleep(float(sys.argv[1]))"
-
-
-class BenchError(Exception):
-    """The run could not be made (a process did not start, no telemetry arrived in time)."""
 
 
 # ----------------------------------------------------------------------------- processes

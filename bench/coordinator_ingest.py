@@ -66,7 +66,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _table import print_table  # bench/ is the script's folder, first on sys.path
+from _harness import BenchError  # bench/ is the script's folder, first on sys.path
+from _table import print_table
 
 from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.coordinator.control.fleet import FleetView
@@ -82,10 +83,6 @@ PROBE_BOARD = "bench-probe"
 BROKER_QUEUE_LIMIT = 100_000   # max_queued_messages in brokers.local_broker
 _SEQ_MARK = 987654321
 _TS_MARK = 1234567890.125
-
-
-class BenchError(Exception):
-    """The run could not be made (a process did not start or did not finish in time)."""
 
 
 # ----------------------------------------------------------------------------- payloads

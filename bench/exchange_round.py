@@ -72,13 +72,23 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+from _harness import (  # bench/ is the script's folder, first on sys.path
+    BATCH,
+    BenchError,
+    Board,
+    base_vector,
+    check_average,
+    die_with_parent,
+    no_apply,
+    serve_board,
+    spans,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,82 +97,12 @@ from edgefleet.coordinator.exchange.server import ExchangeServer
 SIZES: dict[str, int] = {"0.25 MB": 61_706, "4.6 MB": 1_150_000, "45 MB": 11_250_000}  # float32 elements
 ROUNDS_FACTOR: dict[str, int] = {"0.25 MB": 10, "4.6 MB": 3, "45 MB": 1}  # short rounds get more repeats
 ALTERNATIONS: dict[str, int] = {"0.25 MB": 5, "4.6 MB": 2, "45 MB": 1}  # turns of ours and raw per pass and cell
-BATCH = 32
 TARGET_RATIO = 1.3
 _NUMPY = {"float32": np.float32, "float16": np.float16}
 now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on the machine
 
 
-class BenchError(Exception):
-    """The run could not be made (a process failed, or a phase ran out of time)."""
-
-
-# ----------------------------------------------------------------------------- shared helpers
-
-def base_vector(elements: int) -> np.ndarray:
-    """The shared direction v: every board's gradient is (i + 1) * v."""
-    return np.random.default_rng(20240601).standard_normal(elements, dtype=np.float32) * np.float32(1e-2)
-
-
-def expected_average(v: np.ndarray, n: int) -> np.ndarray:
-    weights = [BATCH] * n
-    return v * np.float32(sum(b * (i + 1) for i, b in enumerate(weights)) / sum(weights))
-
-
-def check_average(got: np.ndarray, v: np.ndarray, n: int, dtype: str) -> None:
-    want = expected_average(v, n)
-    got32 = np.asarray(got, dtype=np.float32)
-    tol = 1e-6 + (2e-3 if dtype == "float16" else 1e-5) * np.abs(want)
-    bad = int(np.count_nonzero(np.abs(got32 - want) > tol))
-    if bad:
-        raise AssertionError(f"{bad} of {want.size} elements of the average are wrong")
-
-
-def die_with_parent() -> None:
-    """SIGTERM this process if the bench dies (kill -9 included): no orphaned boards."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def spans(starts: list[list[float]], ends: list[list[float]], warmup: int) -> tuple[list[float], float]:
-    """Per timed round: last board done - first board started; and the steady-state period."""
-    rounds = len(starts[0])
-    out = [max(e[k] for e in ends) - min(s[k] for s in starts) for k in range(warmup, rounds)]
-    period = (max(e[-1] for e in ends) - max(e[warmup - 1] for e in ends)) / (rounds - warmup)
-    return out, period
-
-
 # ----------------------------------------------------------------------------- board processes
-
-def serve_board(index: int, conn: Any, run: Callable[[Any, int, dict[str, Any], np.ndarray], Any]) -> None:
-    """A board process: waits for commands on ``conn``, answers each with ``run(ExchangeClient, index, cmd, v)``
-    (``v`` the command's base vector, made once per size), until ``None`` comes or the parent dies."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    import torch
-
-    torch.set_num_threads(1)
-    from edgefleet.agent.worker_exchange import ExchangeClient
-
-    vectors: dict[int, np.ndarray] = {}
-    conn.send(("ready", os.getpid()))
-    while conn.poll(3600):
-        cmd = conn.recv()
-        if cmd is None:
-            return
-        try:
-            v = vectors.get(cmd["elements"])
-            if v is None:
-                vectors.clear()
-                v = vectors[cmd["elements"]] = base_vector(cmd["elements"])
-            conn.send(("ok", run(ExchangeClient, index, cmd, v)))
-        except BaseException as exc:  # reported to the parent, which fails the run with it
-            conn.send(("error", f"board {index}: {type(exc).__name__}: {exc}"))
-
 
 def _ours_or_raw(client_class: Any, index: int, cmd: dict[str, Any], v: np.ndarray) -> dict[str, Any]:
     grad = (v * np.float32(index + 1)).astype(_NUMPY[cmd["dtype"]])
@@ -231,54 +171,7 @@ def board_raw(client_class: Any, index: int, cmd: dict[str, Any], grad: np.ndarr
     return {"starts": starts, "ends": ends, "cpu": cpu}
 
 
-class Board:
-    """Handle on one board process."""
-
-    def __init__(self, ctx: Any, index: int) -> None:
-        self.index = index
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=board_main, args=(index, child), name=f"efb-board-{index}", daemon=True)
-        self.proc.start()
-        child.close()
-
-    def send(self, cmd: dict[str, Any]) -> None:
-        self.conn.send(cmd)
-
-    def reply(self, timeout: float) -> Any:
-        if not self.conn.poll(timeout):
-            raise BenchError(f"board {self.index} did not answer within {timeout:.0f} s")
-        status, payload = self.conn.recv()
-        if status == "error":
-            raise BenchError(payload)
-        return payload
-
-    def failed(self) -> str:
-        """A pending error reply, if the board already gave up."""
-        if self.conn.poll(0):
-            status, payload = self.conn.recv()
-            return payload if status == "error" else f"board {self.index} answered early: {payload!r:.80}"
-        return ""
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        self.proc.join(3)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(3)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(3)
-        self.conn.close()
-
-
 # ----------------------------------------------------------------------------- ours
-
-def _noop(avg: np.ndarray, result: Any) -> None:
-    pass
-
 
 async def ours_cell(boards: list[Board], n: int, elements: int, dtype: str, total: int, warmup: int, timeout: float,
                     profiler: cProfile.Profile | None = None) -> tuple[list[dict[str, Any]], float]:
@@ -309,7 +202,7 @@ async def ours_cell(boards: list[Board], n: int, elements: int, dtype: str, tota
                     cpu0 = time.process_time()
                 # Boards close their connection once they have the last average: that is not a failure.
                 server.finished = step == total - 1
-                r = await server.run_step(step, apply=_noop, minimum_deadline_s=timeout)
+                r = await server.run_step(step, apply=no_apply, minimum_deadline_s=timeout)
                 if len(r.contributors) != n:
                     raise BenchError(f"step {step}: only {r.contributors} contributed (late {r.late}, refused {r.refused})")
             cpu = (time.process_time() - cpu0) / (total - warmup)
@@ -596,7 +489,7 @@ def measure(args: argparse.Namespace, cells: dict[tuple[int, str, str], Cell]) -
     boards: list[Board] = []
     profile_text = ""
     try:
-        boards = [Board(ctx, i) for i in range(max(args.boards))]
+        boards = [Board(ctx, i, board_main, name=f"efb-board-{i}") for i in range(max(args.boards))]
         for b in boards:
             b.reply(args.timeout)  # ready: imported torch and the client
         meter = CpuMeter([os.getpid(), *(b.proc.pid for b in boards)])

@@ -72,8 +72,8 @@ from typing import Any
 
 import numpy as np
 import psutil
-from _table import print_table  # bench/ is the script's folder, first on sys.path
-from exchange_round import BATCH, BenchError, check_average, serve_board, spans
+from _harness import BATCH, BenchError, Board, check_average, no_apply, serve_board, spans  # bench/: first on sys.path
+from _table import print_table
 
 from edgefleet.coordinator.exchange.server import ExchangeServer
 from edgefleet.lab.links import LinkError, call_in_netns, delete_netns, shape, tbf_parameters
@@ -231,52 +231,7 @@ def board_rounds(client_class: Any, index: int, cmd: dict[str, Any], grad: np.nd
     return {"starts": starts, "ends": ends, "cpu": cpu}
 
 
-class Board:
-    """Handle on one board process (started in the root namespace; it joins a namespace per command)."""
-
-    def __init__(self, ctx: Any, index: int) -> None:
-        self.index = index
-        self.seed = generate_ed25519_seed()
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=board_main, args=(index, child), name=f"eft-board-{index}", daemon=True)
-        self.proc.start()
-        child.close()
-
-    def send(self, cmd: dict[str, Any]) -> None:
-        self.conn.send({**cmd, "seed": self.seed})
-
-    def reply(self, timeout: float) -> Any:
-        if not self.conn.poll(timeout):
-            raise BenchError(f"board {self.index} did not answer within {timeout:.0f} s")
-        status, payload = self.conn.recv()
-        if status == "error":
-            raise BenchError(payload)
-        return payload
-
-    def failed(self) -> str:
-        """A pending error reply, if the board already gave up."""
-        if self.conn.poll(0):
-            status, payload = self.conn.recv()
-            return payload if status == "error" else f"board {self.index} answered early: {payload!r:.80}"
-        return ""
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        for end in (None, self.proc.terminate, self.proc.kill):
-            if end is not None and self.proc.is_alive():
-                end()
-            self.proc.join(3)
-        self.conn.close()
-
-
 # ----------------------------------------------------------------------------- the coordinator's side
-
-def _noop(avg: np.ndarray, result: Any) -> None:
-    pass
-
 
 @dataclass(frozen=True)
 class Setup:
@@ -317,7 +272,7 @@ async def server_cell(boards: list[Board], n: int, elements: int, total: int, wa
                 if step == warmup:
                     cpu0 = time.process_time()
                 server.finished = step == total - 1  # boards close their connection after the last average
-                r = await server.run_step(step, apply=_noop, minimum_deadline_s=timeout)
+                r = await server.run_step(step, apply=no_apply, minimum_deadline_s=timeout)
                 if len(r.contributors) != n:
                     raise BenchError(f"step {step}: only {r.contributors} contributed (late {r.late}, refused {r.refused})")
             cpu = (time.process_time() - cpu0) / (total - warmup)
@@ -427,7 +382,7 @@ class Trust:
     def __init__(self, links: Links, boards: list[Board]) -> None:
         self.links = links
         self.cert = make_job_certificate(JOB)
-        self.keys = {f"board-{b.index}": (ed25519_public_key(b.seed),) for b in boards}
+        self.keys = {f"board-{b.index}": (ed25519_public_key(b.extra["seed"]),) for b in boards}
 
     def setup(self, impl: str, shaped: bool) -> Setup:
         sha = self.cert.sha256 if impl == "tls" else ""
@@ -453,7 +408,8 @@ def start_boards(count: int, timeout: float) -> list[Board]:
     boards: list[Board] = []
     try:
         for i in range(count):
-            boards.append(Board(ctx, i))
+            # Started in the root namespace; each command names the namespace a board runs its rounds in.
+            boards.append(Board(ctx, i, board_main, name=f"eft-board-{i}", extra={"seed": generate_ed25519_seed()}))
         for b in boards:
             b.reply(timeout)
     except BaseException:

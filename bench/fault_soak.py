@@ -62,11 +62,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 
+from _harness import (  # bench/ is the script's folder, first on sys.path
+    KEEP_WORKER,
+    MetricsTail,
+    log_tail,
+    sigterm_as_ctrl_c,
+    stop_job,
+    train_command,
+    wait_ready,
+    write_fleet_key,
+)
 from _table import print_table
 from fault_soak_checks import (
     compare_losses,
@@ -89,7 +99,6 @@ from fault_soak_faults import (
     restart_agent,
     restart_broker,
 )
-from scaling import KEEP_WORKER, MetricsTail, _stop, _tail, _wait_ready
 from scaling_figures import split_batch
 
 if TYPE_CHECKING:
@@ -139,14 +148,10 @@ class Run:
 
 
 def _train_command(job: Job, run_dir: Path, steps: int) -> list[str]:
-    from edgefleet.launch import module_command
-
-    return module_command("edgefleet.coordinator.cli", "--broker", job.lab.broker_address, "train",
-                          "--fleet-key", str(job.key_file), "--board-keys", str(job.lab.board_keys_dir),
-                          "--boards", ",".join(job.boards), "--batch", ",".join(map(str, job.batch_sizes)),
-                          "--model", "lenet5", "--dataset", "digits", "--steps", str(steps), "--seed", "0",
-                          "--no-rebalance", "--checkpoint-every", str(CHECKPOINT_EVERY),
-                          "--step-timeout", str(STEP_TIMEOUT_S), "--run-dir", str(run_dir))
+    return train_command(job.lab, job.key_file, job.boards, job.batch_sizes,
+                         "--model", "lenet5", "--dataset", "digits", "--steps", str(steps), "--seed", "0",
+                         "--no-rebalance", "--checkpoint-every", str(CHECKPOINT_EVERY),
+                         "--step-timeout", str(STEP_TIMEOUT_S), "--run-dir", str(run_dir), board_keys=True)
 
 
 def _median_period(records: Sequence[Mapping[str, Any]], skip: int = 3) -> float | None:
@@ -224,7 +229,7 @@ def run_job(job: Job, name: str, steps: int, *, schedule: Schedule | None = None
                 schedule.due(run, tail, proc.pid)
             now = time.monotonic()
             if now - started > time_limit_s:
-                _stop(proc)
+                stop_job(proc)
                 raise RuntimeError(f"{name}: stopped after {time_limit_s:.0f} s, at step "
                                    f"{tail.records[-1]['step'] if tail.records else 'none'} of {steps}")
             if now - last_progress >= 30:
@@ -233,7 +238,7 @@ def run_job(job: Job, name: str, steps: int, *, schedule: Schedule | None = None
                 print(f"    {name}: {where}, {now - started:.0f} s", file=sys.stderr, flush=True)
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop_job(proc)
         sampler.stop()
         keeper.stop()
     tail.read()
@@ -249,7 +254,7 @@ def _calibrate(job: Job, minutes: float) -> tuple[int, float]:
     run = run_job(job, "calibration", CALIBRATION_STEPS, time_limit_s=600)
     period = _median_period(run.records) if run.returncode == 0 else None
     if period is None:
-        raise RuntimeError(f"the calibration job exited with {run.returncode}:\n{_tail(job.runs_dir / 'calibration.log')}")
+        raise RuntimeError(f"the calibration job exited with {run.returncode}:\n{log_tail(job.runs_dir / 'calibration.log')}")
     pause_s = max(STEP_TIMEOUT_S, 5 * period) + PAUSE_MARGIN_S
     steps = max(60, int((minutes * 60 - pause_s - RESTART_AFTER_S) / period))
     return steps, period
@@ -394,10 +399,6 @@ def print_verdicts(rows: list[Verdict], quiet: Run, faulted: Run, job: Job, wall
 
 # ----------------------------------------------------------------------------- main
 
-def _interrupted(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: the job stops and the lab comes down
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -430,7 +431,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _soak(args: argparse.Namespace, tmp: Path) -> int:
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import Lab
-    from edgefleet.transport.fleet_key import private_key_text, write_new_key
 
     started = time.monotonic()
     fleet = load_fleet(FLEET)
@@ -439,8 +439,7 @@ def _soak(args: argparse.Namespace, tmp: Path) -> int:
     if unknown:
         print(f"fault_soak: {', '.join(unknown)} not in {FLEET.name} (its boards: {', '.join(quotas)})", file=sys.stderr)
         return 2
-    key_file = tmp / "fleet.key"
-    write_new_key(key_file, private_key_text())
+    key_file = write_fleet_key(tmp / "fleet.key", ed25519=True)
     batches = split_batch([quotas[b] for b in args.boards], args.global_batch)
     print(f"fault_soak: {args.minutes:g}-minute runs on {'+'.join(args.boards)} (batches {','.join(map(str, batches))}); "
           f"kill {args.kill}, junk on {args.junk_board} from {args.hostile}", file=sys.stderr, flush=True)
@@ -450,10 +449,10 @@ def _soak(args: argparse.Namespace, tmp: Path) -> int:
         steps, period = _calibrate(job, args.minutes)
         print(f"  calibration: {period * 1000:.0f} ms a step: {steps} steps", file=sys.stderr, flush=True)
         limit = 3 * args.minutes * 60 + 300
-        _wait_ready(lab, args.boards)
+        wait_ready(lab, args.boards)
         print("  quiet run", file=sys.stderr, flush=True)
         quiet = run_job(job, "quiet", steps, time_limit_s=limit)
-        _wait_ready(lab, args.boards)
+        wait_ready(lab, args.boards)
         stats = tmp / "junk-stats.json"
         hostile = lab.start_in_board(args.hostile, "hostile-junk", [
             sys.executable, str(BENCH / "fault_soak_junk.py"), "--broker", lab.broker_address, "--board", args.junk_board,
@@ -484,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from edgefleet.lab.lab import LabBusy, LabUnavailable
 
-    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGTERM, sigterm_as_ctrl_c)
     if args.keep_runs:
         args.keep_runs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="efl-soak-") as scratch:

@@ -1,4 +1,4 @@
-"""Do the inexact exchange modes keep the exact mode's accuracy? Top-k with error feedback and local SGD, in one process.
+"""Do the inexact exchange modes keep the exact mode's accuracy? Local SGD, in one process.
 
 Issue 22, part 3: compressed and periodic modes must reach within 1 point of the exact mode's
 final validation accuracy on both models. This simulates a fleet in one process with plain torch
@@ -28,13 +28,6 @@ loops (no Lightning, no sockets: the mathematics only, fast enough for several s
     (its step counters are equal on all boards: checked), SGD's momentum buffers. Bytes: the
     parameters, and with ``opt`` the states (Adam: 2 more vectors, SGD momentum: 1), up and down at
     each average.
-  - ``topk:RATIO[:WIRE][:W][:both]``: after W exact steps (default 0), each board's gradient through its
-    own ``workloads.topk_feedback`` compressor (k = ceil(RATIO x parameters)), the coordinator's
-    ``coordinator.exchange.sparse_reduce`` average, one optimizer step on it; WIRE ``float16`` or
-    ``bfloat16`` rounds the values up and down (default float32). Bytes up: indices (4 bytes) and
-    values; down: the average over the union of the boards' indices, or the dense vector when that
-    is smaller; with ``both``, the coordinator puts the average through a top-k compressor of its
-    own (error feedback at the coordinator too) and k entries go down.
 
 * Figures per model, mode and seed: validation accuracy after every epoch (on the parameters every
   board holds then), the first epoch (1-based) reaching the target (LeNet-5 95%, resnet_small 40%:
@@ -43,10 +36,10 @@ loops (no Lightning, no sockets: the mathematics only, fast enough for several s
 * The table (last) gives, per mode, the mean and range over ``--seeds`` seeds (0, 1, ...), the
   change of the final accuracy (and of the last three epochs' mean: resnet_small swings by several
   points from one epoch to the next) against the exact mode on the same seeds, and on how many
-  seeds the target was reached no later than the exact mode reached it. Logged first: the top-k
-  compressor's time per call on LeNet-5's 61,706 values (median of 200 calls).
+  seeds the target was reached no later than the exact mode reached it.
 
-Measured on 2026-11-26 (default run, 3 seeds; its table goes to docs/benchmarks.md): LeNet-5's exact mode
+Measured on 2026-11-26 (default run, 3 seeds, then with two top-k modes, removed by issue 33 as nothing but
+this benchmark called them; its table goes to docs/benchmarks.md): LeNet-5's exact mode
 ends at 96.8%; local-sgd:2 and :4 (-0.56 points) and topk:0.1 (-0.74) stay within 1 point, local-sgd:8
 (-1.11) and topk:0.01 (-7.1) do not, and every inexact mode reaches 95% one or two epochs after exact.
 resnet_small (exact 38.9%, its seeds 7 points apart) stays within 1 point in no mode: local SGD loses
@@ -76,7 +69,7 @@ Reference, averaging the optimizer state (2026-11-26; 16 epochs, 3 seeds; modes 
   (7 min of CPU, 26-30 s a run), 2.5 and 3 min for the LeNet-5 runs (0.9 and 1.4 min of CPU).
 
 Run from the repository root, niced: ``nice -n 19 python bench/inexact_accuracy.py`` (both models,
-six modes, 10 epochs, 3 seeds: 8.4 min of CPU, LeNet-5 1 min of it; 35 min of wall time on this
+four modes, 10 epochs, 3 seeds: 8.4 min of CPU, LeNet-5 1 min of it; 35 min of wall time on this
 2-core machine at nice 19 while a lab benchmark and three other sessions kept its load at 5-10),
 ``--quick`` (one seed, 6 epochs: a fifth of the CPU), ``--json PATH`` for every figure and
 ``--table-from PATH`` to print a saved run's table again. torch uses one thread (``--threads``).
@@ -98,15 +91,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from edgefleet.coordinator.exchange.sparse_reduce import SparseReducer
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.protocol.sparse_vector import VALUE_DTYPES, to_dense
 from edgefleet.workloads.registry import build_dataset, build_model, parse_options
 from edgefleet.workloads.sharding import GlobalBatchPlan
-from edgefleet.workloads.topk_feedback import TopKFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _table import print_table
@@ -124,7 +113,7 @@ class Workload:
 
 
 WORKLOADS = {"lenet5": Workload(128, 0.95), "resnet_small": Workload(64, 0.40)}
-DEFAULT_MODES = ("exact", "local-sgd:2", "local-sgd:4", "local-sgd:8", "topk:0.1", "topk:0.01")
+DEFAULT_MODES = ("exact", "local-sgd:2", "local-sgd:4", "local-sgd:8")
 QUICK_EPOCHS = 6
 POINT = 0.01  # one point of accuracy
 
@@ -134,12 +123,9 @@ class Mode:
     """A parsed ``--modes`` entry."""
 
     name: str
-    kind: str                    # exact, local-sgd, topk
+    kind: str                    # exact, local-sgd
     period: int = 1              # local-sgd: steps between averages
-    warmup_steps: int | None = None  # exact steps first; None = one epoch (local-sgd's default; topk's is 0)
-    ratio: float = 1.0           # topk
-    wire: str = "float32"        # topk: the values' wire dtype
-    down_feedback: bool = False  # topk: the average goes down through the coordinator's own top-k compressor too
+    warmup_steps: int | None = None  # exact steps first; None = one epoch
     average_optimizer: bool = False  # local-sgd: the optimizers' states are averaged with the parameters
 
 
@@ -156,19 +142,10 @@ def parse_mode(text: str) -> Mode:
             warmup = None if not rest or (average_optimizer and rest[0] == "") else int(rest[0])
             if len(rest) <= 1 and period >= 1 and (warmup is None or warmup >= 0):
                 return Mode(text, "local-sgd", period=period, warmup_steps=warmup, average_optimizer=average_optimizer)
-        if parts[0] == "topk" and 2 <= len(parts) <= 5:
-            ratio, options = float(parts[1]), parts[2:]
-            flags = [p for p in options if p == "both"]
-            wires = [p for p in options if p in VALUE_DTYPES]
-            warmups = [int(p) for p in options if p not in VALUE_DTYPES and p not in flags]
-            if 0 < ratio <= 1 and len(wires) <= 1 and len(warmups) <= 1 and all(w >= 0 for w in warmups) and len(set(flags)) == len(flags):
-                return Mode(text, "topk", ratio=ratio, wire=(wires or ["float32"])[0], warmup_steps=(warmups or [0])[0],
-                            down_feedback="both" in flags)
     except ValueError:
         pass
     raise ValueError(f"mode {text!r} is not one of: exact, local-sgd:H[:W][:opt] (H >= 1 steps, W >= 0 warm-up steps, "
-                     f"opt: average the optimizers' states too), "
-                     f"topk:RATIO[:{'|'.join(VALUE_DTYPES)}][:W][:both] (0 < RATIO <= 1)")
+                     f"opt: average the optimizers' states too)")
 
 
 @dataclass
@@ -198,27 +175,6 @@ class RunResult:
         return statistics.fmean(self.accuracies[-3:])
 
 
-class FlatGradients:
-    """A model's parameter gradients as one float32 vector (the exchange's layout), both ways."""
-
-    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
-        self.params = list(params)
-        self.length = sum(p.numel() for p in self.params)
-        self.buffer = np.zeros(self.length, dtype=np.float32)
-
-    def read(self) -> np.ndarray:
-        """The current gradients, copied into the buffer (overwritten by the next read)."""
-        torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None], out=torch.from_numpy(self.buffer))
-        return self.buffer
-
-    def write(self, flat: np.ndarray) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = torch.from_numpy(flat[offset:offset + n].copy()).view_as(p)
-            offset += n
-
-
 class Simulation:
     """One model, mode and seed: the fleet's boards, their batches and the run's counters."""
 
@@ -230,14 +186,10 @@ class Simulation:
         self.optimizer = self.model.configure_optimizers()
         self.plan = GlobalBatchPlan(len(train), batch_sizes, seed)
         self.batch_sizes = batch_sizes
-        self.grads = FlatGradients(list(self.model.parameters()))
+        self.length = sum(p.numel() for p in self.model.parameters())  # the exchange's float32 vector
         self.up_bytes = self.down_bytes = 0.0  # summed over steps, relative to one dense float32 vector
         self.boards: list[tuple[Any, Any]] = []  # local-sgd: each board's (model, optimizer)
         self.since_average = 0
-        if mode.kind == "topk":
-            self.compressors = [TopKFeedback(self.grads.length, mode.ratio, wire_dtype=mode.wire) for _ in batch_sizes]
-            self.reducer = SparseReducer(self.grads.length)
-            self.down_compressor = TopKFeedback(self.grads.length, mode.ratio, wire_dtype=mode.wire)
 
     def board_batch(self, step: int, board: int) -> tuple[torch.Tensor, torch.Tensor]:
         indices = torch.tensor(self.plan.indices(step, board))
@@ -246,8 +198,6 @@ class Simulation:
     def step(self, step: int, warmup_steps: int) -> None:
         if step < warmup_steps or self.mode.kind == "exact":
             self._exact_step(step)
-        elif self.mode.kind == "topk":
-            self._topk_step(step)
         else:
             self._local_step(step)
 
@@ -262,27 +212,6 @@ class Simulation:
         self.optimizer.step()
         self.up_bytes += len(self.batch_sizes)
         self.down_bytes += 1
-
-    def _topk_step(self, step: int) -> None:
-        sent = []
-        for board, count in enumerate(self.batch_sizes):
-            self.optimizer.zero_grad()
-            self.model.training_step(self.board_batch(step, board), step).backward()
-            sent.append((self.compressors[board].compress(self.grads.read()), count))
-        average = self.reducer.reduce(sent)
-        itemsize = np.dtype(np.float16 if self.mode.wire != "float32" else np.float32).itemsize
-        dense_bytes = 4 * self.grads.length
-        self.up_bytes += sum(vector.wire_bytes() for vector, _ in sent) / dense_bytes
-        if self.mode.down_feedback:  # the coordinator keeps a residual of the average too: k entries go down
-            down = self.down_compressor.compress(average.dense)
-            self.down_bytes += down.wire_bytes() / dense_bytes
-            self.grads.write(to_dense(down))
-        else:
-            dense_down = average.down_is_dense(self.mode.wire)
-            self.down_bytes += (self.grads.length * itemsize if dense_down else average.down_bytes(self.mode.wire)) / dense_bytes
-            # every replica applies the average as it travelled
-            self.grads.write(average.dense if self.mode.wire == "float32" else to_dense(average.down(self.mode.wire)))
-        self.optimizer.step()
 
     def _local_step(self, step: int) -> None:
         if not self.boards:  # the warm-up is over: every board starts from the same model and optimizer state
@@ -342,7 +271,7 @@ class Simulation:
                     for state in states:
                         state[key].copy_(average)
                     averaged += value.numel()
-        return averaged / self.grads.length
+        return averaged / self.length
 
     def accuracy(self) -> float:
         with torch.no_grad():
@@ -371,19 +300,6 @@ def run_one(model_name: str, mode: Mode, seed: int, epochs: int, batch_sizes: li
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu_started
     return result
-
-
-def time_topk(length: int, ratio: float, calls: int = 200) -> float:
-    """Median seconds per ``TopKFeedback.compress`` call on Gaussian gradients of ``length`` values."""
-    rng = np.random.default_rng(0)
-    gradients = [rng.standard_normal(length).astype(np.float32) for _ in range(8)]
-    compressor = TopKFeedback(length, ratio)
-    times = []
-    for i in range(calls):
-        started = time.perf_counter()
-        compressor.compress(gradients[i % len(gradients)])
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def _spread(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -463,7 +379,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(WORKLOADS), help="comma-separated: lenet5, resnet_small")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                        help="comma-separated: exact, local-sgd:H[:W][:opt], topk:RATIO[:float16|bfloat16][:W][:both] "
+                        help="comma-separated: exact, local-sgd:H[:W][:opt] "
                              "(exact is always added)")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (single runs are noisy)")
@@ -518,10 +434,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{Path(sys.argv[0]).name}: error: {model_name}'s global batch of {sum(sizes)} ({','.join(map(str, sizes))}) "
                   f"is larger than the {len(data[0])} training images", file=sys.stderr)
             return 2
-    lenet_length = sum(p.numel() for p in build_model("lenet5", {}, data=data[0]).parameters())
-    topk_us = {ratio: time_topk(lenet_length, ratio) * 1e6 for ratio in (0.1, 0.01)}
-    log.info("top-k compressor on LeNet-5's %d values: %s", lenet_length,
-             ", ".join(f"ratio {r}: {us:.0f} us per call" for r, us in topk_us.items()))
     results: list[RunResult] = []
     started = time.perf_counter()
     for model_name, sizes in splits.items():
@@ -533,10 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          " ".join(f"{a:.3f}" for a in result.accuracies), result.target_epoch,
                          result.up_bytes_rel, result.down_bytes_rel, result.wall_s, result.cpu_s)
     if args.json:
-        args.json.write_text(json.dumps({"topk_us_per_call_lenet5": topk_us, "epochs": args.epochs,
+        args.json.write_text(json.dumps({"epochs": args.epochs,
                                          "runs": [asdict(r) for r in results]}, indent=1))
-    log.info("total %.0f s; top-k per call on %d values: %s", time.perf_counter() - started, lenet_length,
-             ", ".join(f"{us:.0f} us at {r}" for r, us in topk_us.items()))
+    log.info("total %.0f s", time.perf_counter() - started)
     print_summary(results, args.modes, boards=args.boards, epochs=args.epochs, seeds=args.seeds,
                   note=f", options {args.model_options}" if args.model_options else "")
     return 0

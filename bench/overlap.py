@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 from _board_queue import next_message  # bench/ is the script's folder, first on sys.path
+from _harness import BenchError, die_with_parent, host_note
 from _table import print_table
 
 from edgefleet.agent.grad_stream import GradientStream, bucket_bytes_for
@@ -82,10 +83,6 @@ from edgefleet.protocol.exchange_frames import Grad
 from edgefleet.workloads.params import FlatGradients, gradient_order, trainable_params
 
 DEFAULT_LINKS = "20/30,60/90,100/100"  # the lab's board links, up/down Mbit/s
-
-
-class BenchError(Exception):
-    """The run could not be made (the board process failed or ran out of time, a signal stopped it)."""
 
 
 @dataclass(frozen=True)
@@ -171,18 +168,9 @@ def measure(name: str, dataset: Any, model: torch.nn.Module, board: socket.socke
     return got
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def board_main(name: str, config: RunConfig, board: socket.socket, results: Any, go: Any) -> None:
     """The board: imports and builds its model, says ready (the parent then puts it in its cgroup), waits, measures."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     try:
         from edgefleet.workloads.registry import build_dataset, build_model
@@ -303,15 +291,6 @@ def summarize(raw: dict[str, Any], cpu: float, links: list[Link]) -> dict[str, A
 
 def cpu_text(cpu: float) -> str:
     return f"{cpu:g} core" if cpu > 0 else "unconstrained"
-
-
-def host_note(t0: Any, t1: Any, own_s: float) -> str:
-    """Other processes' share of the host while it ran (``psutil.cpu_times`` before and after; ours and our children's out)."""
-    delta = {k: getattr(t1, k) - getattr(t0, k) for k in t1._fields}
-    everything = sum(delta.values()) or 1.0
-    busy = everything - delta.get("idle", 0.0) - delta.get("iowait", 0.0) - delta.get("steal", 0.0)
-    return (f"While it ran, other processes used {100 * max(0.0, busy - own_s) / everything:.0f}% of the "
-            f"{os.cpu_count()} CPUs and the hypervisor stole {100 * delta.get('steal', 0.0) / everything:.0f}%.")
 
 
 def report(rows: list[dict[str, Any]], links: list[Link], config: RunConfig, note: str) -> None:

@@ -8,6 +8,8 @@ profile's measured round over its link: the vector up and the average down). A c
 step period is at least the time the slowest of its boards needs when the global batch is split
 so that all finish together (water-filling: a board whose fixed cost alone exceeds the period gets
 no samples). This ignores the coordinator, waiting and noise: a run can only come in under it.
+The arithmetic is ``_harness.board_costs`` and ``_harness.best_by_size`` (``bench/scaling.py`` prints
+the same ceiling under its table).
 
 Columns, each as a speed-up over the best single board at the same global batch, the single board
 paying its exchange round in the modes that have one (a single board trains through the exchange
@@ -28,63 +30,12 @@ Exit code 0; 2 if the profile cannot be read.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-from _table import print_table  # bench/ is the script's folder, first on sys.path
-
-
-@dataclass(frozen=True, slots=True)
-class BoardCost:
-    """One board's step: ``fixed_s + per_sample_s * n``, and its exchange round."""
-
-    board_id: str
-    fixed_s: float
-    per_sample_s: float
-    round_s: float
-
-
-def board_costs(profile: dict[str, Any], variant: str = "default") -> list[BoardCost]:
-    """Fit ``a + b*n`` per board over the profile's points (at least two batch sizes)."""
-    boards = profile["variants"][variant]["boards"]
-    costs = []
-    for board in boards:
-        points = board["points"]
-        sizes = np.array([p["batch_size"] for p in points], dtype=float)
-        times = np.array([p["step_time_s"] for p in points], dtype=float)
-        per_sample, fixed = np.polyfit(sizes, times, 1)
-        size = board["link_round_bytes"]
-        round_s = size / board["link_bytes_per_s"] + size / board.get("link_down_bytes_per_s", board["link_bytes_per_s"])
-        costs.append(BoardCost(board["board_id"], max(float(fixed), 0.0), float(per_sample), round_s))
-    return costs
-
-
-def period(boards: list[BoardCost], extra_s: dict[str, float], global_batch: int) -> float:
-    """The shortest step period ``boards`` can share ``global_batch`` in, each paying ``extra_s`` on top."""
-    active = list(boards)
-    while True:
-        fixed = {b.board_id: b.fixed_s + extra_s[b.board_id] for b in active}
-        t = (global_batch + sum(fixed[b.board_id] / b.per_sample_s for b in active)) / sum(1 / b.per_sample_s for b in active)
-        slow = [b for b in active if fixed[b.board_id] >= t]
-        if not slow or len(slow) == len(active):
-            return t
-        active = [b for b in active if b not in slow]
-
-
-def best_by_size(costs: list[BoardCost], extra_s: dict[str, float], global_batch: int) -> dict[int, tuple[float, tuple[str, ...]]]:
-    """For each board count, the subset with the shortest period."""
-    best: dict[int, tuple[float, tuple[str, ...]]] = {}
-    for size in range(1, len(costs) + 1):
-        for subset in itertools.combinations(costs, size):
-            t = period(list(subset), extra_s, global_batch)
-            if size not in best or t < best[size][0]:
-                best[size] = (t, tuple(b.board_id for b in subset))
-    return best
+from _harness import best_by_size, board_costs  # bench/ is the script's folder, first on sys.path
+from _table import print_table
 
 
 def main() -> int:

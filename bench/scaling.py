@@ -70,7 +70,7 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
   coordinator and this script); the caption counts the runs where that exceeded the lab's reserve
   (``CROWDED_SHARE``). A run during which steal exceeded ``--steal-limit`` (10%) is taken again,
   at most ``--steal-retakes`` (2) more times, the least stolen attempt kept
-  (``selection_accuracy.Retakes``: no retake while none of the recent measurements came under the
+  (``_harness.Retakes``: no retake while none of the recent measurements came under the
   limit). Boards that take no
   part in a run spin at their quotas meanwhile (``--ballast``, default on, the selection
   benchmark's): the boards share this machine's two cores, and a board alone on an idle host
@@ -111,10 +111,26 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from _harness import (  # bench/ is the script's folder, first on sys.path
+    KEEP_WORKER,
+    STOP_GRACE_S,
+    MetricsTail,
+    Retakes,
+    ballast,
+    best_by_size,
+    board_costs,
+    in_coordinator_netns,
+    log_tail,
+    sigterm_as_ctrl_c,
+    stop_job,
+    train_command,
+    wait_ready,
+    write_fleet_key,
+)
 from _table import print_table
 from scaling_figures import (
     BoardQuota,
@@ -137,7 +153,6 @@ from scaling_figures import (
     time_per_epoch,
     time_to_target,
 )
-from selection_accuracy import Retakes, _ballast
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning import FleetProfile
@@ -159,14 +174,11 @@ ONE_BOARD = "whole"  # the split of a one-board configuration: the whole global 
 WARMUP_STEPS = 3       # steps left out of samples/s and the exchange's share (allocations, Lightning's first batch)
 POLL_S = 0.5           # how often a run's metrics.jsonl is read (for progress and the target; no figure depends on it)
 PROGRESS_S = 15.0      # seconds between progress lines of a run
-STOP_GRACE_S = 60.0    # a run asked to stop (target reached, or out of time) has this long to end
 JOIN_GRACE_S = 240.0   # a run's start (boards joining) beyond the measured budget
-READY_TIMEOUT_S = 120.0  # boards back to online after the previous job
 PROFILE_TIMEOUT_S = 600.0  # one model's profile of the planned split (about 1 min for resnet_small on fleet8)
 # Other processes above this share of the host's CPU took more than the lab's reserve (the fleet files'
 # reserved_cpus, 0.5 of 2 cores, for the broker, the coordinator and the host): the boards may have lacked quota.
 CROWDED_SHARE = 0.25
-KEEP_WORKER = "[training]\nkeep_worker = true\n"
 
 
 @dataclass(frozen=True)
@@ -299,52 +311,19 @@ class HostLoad:
 
 # ----------------------------------------------------------------------------- one run
 
-class MetricsTail:
-    """The records a running job has appended to its metrics.jsonl so far (whole lines only)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.partial = path, 0, b""
-        self.records: list[Record] = []
-
-    def read(self) -> list[Record]:
-        """The records appended since the last call."""
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        new = [json.loads(line) for line in lines if line.strip()]
-        self.records += new
-        return new
-
-
 def _train_command(lab: Lab, key_file: Path, cfg: Config, workload: Workload, run_dir: Path, *,
                    epochs: int | None = None, steps: int | None = None, rebalance: bool = False) -> list[str]:
-    from edgefleet.launch import module_command
-
     length = (["--steps", str(steps)] if steps is not None
               else ["--epochs", str(epochs or workload.max_epochs), "--target-accuracy", str(workload.target)])
-    cmd = module_command("edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key_file),
-                         "--boards", ",".join(cfg.boards), "--batch", ",".join(map(str, cfg.batch_sizes)),
-                         "--model", workload.model, *_model_options(workload), "--dataset", workload.dataset, *length,
-                         "--seed", "0", *([] if rebalance else ["--no-rebalance"]), "--run-dir", str(run_dir),
-                         *MODE_FLAGS[cfg.mode])
-    return _in_lab(lab, cmd)
+    cmd = train_command(lab, key_file, cfg.boards, cfg.batch_sizes,
+                        "--model", workload.model, *_model_options(workload), "--dataset", workload.dataset, *length,
+                        "--seed", "0", *([] if rebalance else ["--no-rebalance"]), "--run-dir", str(run_dir),
+                        *MODE_FLAGS[cfg.mode])
+    return in_coordinator_netns(lab, cmd)
 
 
 def _model_options(workload: Workload) -> list[str]:
     return ["--model-options", workload.model_options] if workload.model_options else []
-
-
-def _in_lab(lab: Lab, cmd: list[str]) -> list[str]:
-    """``cmd`` where the fleet file puts the coordinator (its [server] namespace, if any)."""
-    if lab.coordinator_netns is not None:
-        return ["nsenter", f"--net=/run/netns/{lab.coordinator_netns}", "--", *cmd]
-    return cmd
 
 
 def _process_cpu_s(pid: int) -> float | None:
@@ -416,24 +395,6 @@ class StepCpu:
         return {board: (b.boards_s[board] - a.boards_s[board]) / ((b.at - a.at) * quotas[board]) for board in a.boards_s}
 
 
-def _stop(proc: subprocess.Popen[bytes], *, grace_s: float = STOP_GRACE_S) -> int:
-    """Ask a train job to stop at a step boundary (its Ctrl-C), then kill it if it does not in time."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            return proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, label: str, deadline: float,
            cpu: StepCpu | None = None) -> tuple[int, bool]:
     """Run one train job to its end, or until an epoch reaches the target (then stop it).
@@ -464,10 +425,10 @@ def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, la
                 try:
                     return proc.wait(STOP_GRACE_S), stopped_at_target
                 except subprocess.TimeoutExpired:
-                    return _stop(proc), stopped_at_target
+                    return stop_job(proc), stopped_at_target
             now = time.monotonic()
             if now > deadline:
-                _stop(proc)
+                stop_job(proc)
                 raise OutOfTime(f"{label}: stopped, out of time (--max-minutes, or the warm-up's {JOIN_GRACE_S:.0f} s)")
             if now - last_progress >= PROGRESS_S:
                 last_progress = now
@@ -475,7 +436,7 @@ def _drive(cmd: list[str], run_dir: Path, log_path: Path, workload: Workload, la
                       file=sys.stderr, flush=True)
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop_job(proc)
 
 
 def _progress(records: Sequence[Record], steps_per_epoch: int | None, workload: Workload) -> str:
@@ -527,34 +488,21 @@ class FleetContext:
     rebalance: bool = False          # train's default re-balancing on (--rebalance); off keeps the planned split
 
 
-def _wait_ready(lab: Lab, boards: Sequence[str], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Until every board reports itself online and not busy (a job just stopped ends on a slow board a moment later)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = lab.status_json()  # edge-coordinator status --json, which waits for the retained statuses
-        waiting = [b for b in boards if status.get(b, {}).get("state") != "online"]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"boards not ready after {timeout_s:.0f} s: "
-                               + ", ".join(f"{b} {status.get(b, {}).get('state', 'unknown')}" for b in waiting))
-
-
 def _attempt(ctx: FleetContext, cfg: Config, attempt: int) -> RunFigures:
     workload = WORKLOADS[cfg.model]
-    _wait_ready(ctx.lab, cfg.boards)
+    wait_ready(ctx.lab, cfg.boards)
     run_dir = ctx.runs_dir / f"{cfg.fleet}-{cfg.model}-{cfg.mode}-{len(cfg.boards)}-{cfg.split}-try{attempt}"
     cmd = _train_command(ctx.lab, ctx.key_file, cfg, workload, run_dir, rebalance=ctx.rebalance)
     idle = [b for b in ctx.ballast_info if b not in cfg.boards] if ctx.ballast else []
     cpu = StepCpu({b: ctx.board_cpuacct[b] for b in cfg.boards})
-    with _ballast(ctx.ballast_info, idle):
+    with ballast(ctx.ballast_info, idle):
         load = HostLoad(ctx.cpuacct_files)
         started = time.monotonic()
         status, stopped = _drive(cmd, run_dir, run_dir.with_suffix(".log"), workload, cfg.label, ctx.deadline, cpu)
         wall = time.monotonic() - started
         host = load.finish()  # before the ballast's processes are reaped (they count in the boards' cgroups)
     if not (status == 0 or (stopped and status == 130)) or not (run_dir / "metrics.jsonl").exists():
-        raise RuntimeError(f"{cfg.label}: train exited with {status}:\n{_tail(run_dir.with_suffix('.log'))}")
+        raise RuntimeError(f"{cfg.label}: train exited with {status}:\n{log_tail(run_dir.with_suffix('.log'))}")
     return _figures(cfg, workload, run_dir, wall, stopped, host, cpu)
 
 
@@ -584,7 +532,7 @@ def _warm(ctx: FleetContext, boards: Sequence[str]) -> None:
     status, _ = _drive(cmd, run_dir, run_dir.with_suffix(".log"), WORKLOADS["lenet5"], "warm-up",
                        min(ctx.deadline, time.monotonic() + JOIN_GRACE_S))
     if status != 0:
-        raise RuntimeError(f"the warm-up job exited with {status}:\n{_tail(run_dir.with_suffix('.log'))}")
+        raise RuntimeError(f"the warm-up job exited with {status}:\n{log_tail(run_dir.with_suffix('.log'))}")
     print(f"  workers warm in {time.monotonic() - started:.0f} s (not counted)", file=sys.stderr, flush=True)
 
 
@@ -739,22 +687,22 @@ def _profile(ctx: FleetContext, model: str, boards: Sequence[str]) -> tuple[Flee
     workload = WORKLOADS[model]
     out = ctx.runs_dir / f"profile-{model}.json"
     log_path = out.with_suffix(".log")
-    cmd = _in_lab(ctx.lab, module_command(
+    cmd = in_coordinator_netns(ctx.lab, module_command(
         "edgefleet.coordinator.cli", "--broker", ctx.lab.broker_address, "profile", "--fleet-key", str(ctx.key_file),
         "--boards", ",".join(boards), "--model", model, *_model_options(workload), "--dataset", workload.dataset,
         "--batch", ",".join(map(str, workload.profile_batches)), "--profile", str(out)))
     idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
-    _wait_ready(ctx.lab, boards)
+    wait_ready(ctx.lab, boards)
     timeout = max(1.0, min(PROFILE_TIMEOUT_S, ctx.deadline - time.monotonic()))
-    with _ballast(ctx.ballast_info, idle), log_path.open("wb") as log_file:
+    with ballast(ctx.ballast_info, idle), log_path.open("wb") as log_file:
         steal, started = HostSteal(), time.monotonic()
         try:
             done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ctx.runs_dir, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"profile of {model}: not done in {timeout:.0f} s:\n{_tail(log_path)}") from None
+            raise RuntimeError(f"profile of {model}: not done in {timeout:.0f} s:\n{log_tail(log_path)}") from None
         wall, stolen = time.monotonic() - started, steal.share
     if done.returncode != 0:
-        raise RuntimeError(f"profile of {model} exited with {done.returncode}:\n{_tail(log_path)}")
+        raise RuntimeError(f"profile of {model} exited with {done.returncode}:\n{log_tail(log_path)}")
     try:
         variants = load_profiles(out)
     except PlanError as exc:
@@ -770,8 +718,6 @@ def _profile(ctx: FleetContext, model: str, boards: Sequence[str]) -> tuple[Flee
 def _exact_ceilings(profile_path: Path, global_batch: int) -> dict[int, float]:
     """Per board count, the best speed-up over the best single board this profile's step costs and links allow
     in the exact mode (``bench/profile_bound.py``): what a run of this session could reach at best."""
-    from profile_bound import best_by_size, board_costs  # bench/ is the script's folder, first on sys.path
-
     costs = board_costs(json.loads(profile_path.read_text()))
     rounds = {b.board_id: b.round_s for b in costs}
     single = min(b.fixed_s + b.round_s + global_batch * b.per_sample_s for b in costs)
@@ -967,10 +913,6 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def _interrupted(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: the running job is stopped and the lab comes down
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1022,9 +964,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import LabBusy, LabUnavailable
-    from edgefleet.transport.fleet_key import generate_key_hex
 
-    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGTERM, sigterm_as_ctrl_c)
     started = time.monotonic()
     args.deadline = started + args.max_minutes * 60
     args.retakes = Retakes(args.steal_limit, args.steal_retakes, time.time() + args.max_minutes * 60)
@@ -1035,9 +976,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(args.modes)}; splits {', '.join(args.split)}; at most {args.max_minutes:g} min", file=sys.stderr, flush=True)
     interrupted = False
     with tempfile.TemporaryDirectory(prefix="efl-scaling-") as tmp:
-        key_file = Path(tmp) / "fleet.key"
-        key_file.write_text(generate_key_hex() + "\n")
-        key_file.chmod(0o600)
+        key_file = write_fleet_key(Path(tmp) / "fleet.key")
         try:
             for name in args.fleets:
                 _measure_fleet(name, plans[name], args, key_file, Path(tmp), session)

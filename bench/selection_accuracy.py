@@ -83,21 +83,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import math
 import os
 import random
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -105,12 +102,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from _harness import HIT_TOLERANCE, KEEP_WORKER, Retakes, ballast, in_coordinator_netns, write_fleet_key
 from _table import print_table
 
 from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY, OBJECTIVES
 
 ANCHOR_HIT_RATE = 0.7667
-HIT_TOLERANCE = 0.03
 TARGET_HITS, TARGET_OVERHEAD, TARGET_ERROR = 0.90, 0.05, 0.15
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "lenet5": ("lenet5", {}),
@@ -121,9 +118,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 FLEETS = {"mixed4": ROOT / "lab/fleets/mixed4.toml", "fleet8": ROOT / "lab/fleets/fleet8.toml"}
 NEXT_BY_ESTIMATE, RANDOM_DRAWS = 10, 20
 RECHECK_ROUNDS = 4  # rounds of re-measuring front runners, each after the previous round's medians
-RECENT_MEASUREMENTS = 6  # retakes pause while none of this many latest measurements was under the steal limit
 MEASURED_KEYS = ("step_time_s", "epoch_time_s", "power_w", "energy_per_epoch_j", "edp_j_s")  # a run's medians
-BALLAST_S = 86_400  # how long a ballast would spin if nothing stopped it; it is killed after its run
 log = logging.getLogger("bench.selection_accuracy")
 
 
@@ -138,56 +133,12 @@ class RunFigures:
     samples: list[dict[str, float]] = field(default_factory=list)  # every measurement, the first included
 
 
-@contextlib.contextmanager
-def _ballast(info: dict[str, dict[str, Any]], idle: list[str]) -> Iterator[None]:
-    """Every board in ``idle`` spins at its quota while the block runs (``--ballast``): the lab's
-    busy loop in the board's cpu group (its memory limit stays the training worker's), one process
-    per core of quota, killed as a process group."""
-    from edgefleet.lab.measurements import BUSY_LOOP
-    from edgefleet.lab.supervisor import in_cgroups
-
-    procs = [subprocess.Popen(in_cgroups(info[b]["procs_files"], [
-        sys.executable, str(BUSY_LOOP), "--seconds", str(BALLAST_S), "--workers", str(max(1, math.ceil(info[b]["cpus"])))],
-        name=f"ballast@{b}"), stdout=subprocess.DEVNULL, start_new_session=True) for b in idle]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for proc in procs:
-            proc.wait()
-
-
 def _dataset_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"n": args.dataset_n, "n_val": 256}
 
 
 def _cpu_ns(path: str) -> int:
     return int(Path(path).read_text())
-
-
-@dataclass
-class Retakes:
-    """When a measurement the hypervisor stole from is taken again.
-
-    A retake pays only if the host has quiet spells: when none of the last ``RECENT_MEASUREMENTS``
-    measurements (first attempts and retakes alike) came under the limit, the host is stolen
-    throughout, a retake would cost its time for nothing, and none is made until one does."""
-
-    limit: float      # the share of the CPU above which a measurement is stolen
-    most: int         # retakes per measurement
-    deadline: float   # time.time() after which none is made
-    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT_MEASUREMENTS))  # under the limit?
-
-    def note(self, stolen: float) -> bool:
-        """Record one measurement's steal; True when it is under the limit."""
-        self.recent.append(stolen <= self.limit)
-        return self.recent[-1]
-
-    def again(self, attempts: int) -> bool:
-        """Whether a stolen measurement taken ``attempts`` times so far is taken once more."""
-        quiet_lately = any(self.recent) or len(self.recent) < RECENT_MEASUREMENTS
-        return attempts <= self.most and time.time() < self.deadline and quiet_lately
 
 
 async def _least_stolen(measure: Callable[[], Awaitable[dict[str, Any]]], retakes: Retakes) -> dict[str, Any]:
@@ -244,7 +195,7 @@ async def _run_config(broker: Any, key: bytes, boards: list[str], batches: list[
     with tempfile.TemporaryDirectory(prefix="efl-sel-") as tmp:
         run = TrainingRun(spec, run_dir=Path(tmp) / spec.run_id, broker=broker, fleet_key=key, on_step=on_step,
                           on_note=lambda note: log.debug("%s", note))
-        with _ballast(info, [b for b in info if b not in boards] if args.ballast else []):
+        with ballast(info, [b for b in info if b not in boards] if args.ballast else []):
             outcome = await run.run()
     if outcome.interrupted or len(marks) < 2:
         raise RuntimeError(f"run on {boards} did not complete ({outcome.result})")
@@ -481,7 +432,7 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import Lab
 
-    lab = Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings="[training]\nkeep_worker = true\n")
+    lab = Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings=KEEP_WORKER)
     with lab:
         lab.wait_online(timeout_s=120)
         info = {}
@@ -509,9 +460,7 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
                    "--recheck-most", str(args.recheck_most), "--steal-limit", str(args.steal_limit),
                    "--steal-retakes", str(args.steal_retakes), "--retake-deadline", str(args.retake_deadline),
                    "--ballast" if args.ballast else "--no-ballast"]
-            if lab.coordinator_netns is not None:
-                cmd = ["nsenter", f"--net=/run/netns/{lab.coordinator_netns}", "--", *cmd]
-            done = subprocess.run(cmd, cwd=ROOT, timeout=args.max_seconds, check=False)
+            done = subprocess.run(in_coordinator_netns(lab, cmd), cwd=ROOT, timeout=args.max_seconds, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"the driver for {name} exited with {done.returncode}")
             return json.loads(out_json.read_text())
@@ -599,11 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     args.retake_deadline = time.time() + args.retake_minutes * 60
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="efl-sel-key-") as tmp:
-        from edgefleet.transport.fleet_key import generate_key_hex
-
-        key_file = Path(tmp) / "fleet.key"
-        key_file.write_text(generate_key_hex() + "\n")
-        key_file.chmod(0o600)
+        key_file = write_fleet_key(Path(tmp) / "fleet.key")
         try:
             for name in args.fleets:
                 print(f"fleet {name}: up", file=sys.stderr, flush=True)

@@ -52,12 +52,12 @@ import signal
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from _board_queue import next_message  # bench/ is the script's folder, first on sys.path
+from _harness import BenchError, die_with_parent, host_note, quiet_lightning
 from _table import print_table
 
 DATASET = "digits"
@@ -83,10 +83,6 @@ SEGMENTS: dict[str, str] = {
     "opt_out": "optimizer update",
     "batch_end": "Lightning: optimizer step -> on_train_batch_end",
 }
-
-
-class BenchError(Exception):
-    """The run could not be made (a process failed, no cgroup, or a phase ran out of time)."""
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -194,17 +190,6 @@ def install_marks(marks: Marks) -> None:
     fleet_trainer.make_trainer = marked_trainer  # run_job imports it when it runs
 
 
-def quiet_lightning() -> None:
-    import pytorch_lightning  # noqa: F401 - it sets its loggers to INFO on import: import first, then quieten
-
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=r".*(GPU|TPU|HPU|IPU).*")
-    warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-    for name in [*logging.root.manager.loggerDict]:
-        if name.split(".")[0] in ("pytorch_lightning", "lightning", "lightning_fabric"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def board_main(jobs: Any, results: Any, verbose: bool, code_root: str) -> None:
     """The board: imports first, says ready (the parent then puts it in its cgroup), then runs each job it is sent."""
     if code_root:  # the baseline's edgefleet, ahead of the installed one
@@ -213,12 +198,7 @@ def board_main(jobs: Any, results: Any, verbose: bool, code_root: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the bench
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     try:
         import torch
@@ -484,14 +464,6 @@ def report(fits: list[dict[str, Any]], breakdowns: list[dict[str, Any]], args: a
         print_table(f"Where a step's CPU goes: {row['model']}, {quota_text(row['quota'])}, {row['code']} (thread CPU ms, "
                     f"medians of {args.steps} steps; a + b*n per segment)",
                     ["segment", *(f"n={n}" for n in row["batches"]), "a, ms", "b, ms / sample"], lines)
-
-
-def host_note(t0: Any, t1: Any, own_s: float) -> str:
-    delta = {k: getattr(t1, k) - getattr(t0, k) for k in t1._fields}
-    everything = sum(delta.values()) or 1.0
-    busy = everything - delta.get("idle", 0.0) - delta.get("iowait", 0.0) - delta.get("steal", 0.0)
-    return (f"While it ran, other processes used {100 * max(0.0, busy - own_s) / everything:.0f}% of the "
-            f"{os.cpu_count()} CPUs and the hypervisor stole {100 * delta.get('steal', 0.0) / everything:.0f}%.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

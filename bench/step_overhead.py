@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import multiprocessing as mp
 import os
 import secrets
@@ -44,37 +43,14 @@ import signal
 import statistics
 import sys
 import time
-import warnings
 from typing import Any
+
+from _harness import BenchError, die_with_parent, quiet_lightning  # bench/ is the script's folder, first on sys.path
 
 MODEL, DATASET, INPUT_SHAPE, CLASSES = "lenet5", "digits", (1, 32, 32), 10
 BATCH = 32
 BOARDS = 2
 SEED = 7
-
-
-class BenchError(Exception):
-    """The run could not be made (a process failed, or a phase ran out of time)."""
-
-
-def quiet_lightning() -> None:
-    import pytorch_lightning  # noqa: F401 - it sets its loggers to INFO on import: import first, then quieten
-
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=r".*(GPU|TPU|HPU|IPU).*")
-    warnings.filterwarnings("ignore", message=r".*defined a `validation_step` but have no `val_dataloader`.*")
-    warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def trainer_kwargs(steps: int) -> dict[str, Any]:

@@ -1,19 +1,34 @@
-"""Fixtures: a real Mosquitto broker per session, and real agent processes."""
+"""Fixtures: a real Mosquitto broker per session, real agent processes, and a fleet of them with a fleet key.
+
+A module whose tests share one fleet marks itself and asks for ``fleet``::
+
+    pytestmark = pytest.mark.fleet(boards=("t1", "t2"), keep_worker=True)
+
+    def test_something(fleet: Fleet, tmp_path: Path) -> None:
+        done = fleet.train(boards="t1,t2", steps=5, run_dir=tmp_path / "run")
+
+A test that needs a fleet of its own (it stops boards, or must start from fresh ones) calls ``make_fleet(boards=…)``.
+The options of both are ``start_fleet``'s.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgefleet.brokers.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
+from tests.helpers import agent_config, train_command, wait_boards_online, wait_until, write_fleet_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,3 +96,122 @@ def agents(tmp_path: Path) -> Iterator[AgentFactory]:
         yield factory
     finally:
         factory.stop_all()
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How ``start_fleet`` configures and starts each agent of a fleet."""
+
+    secure: bool = True                    # the agents trust the fleet key ([security] fleet_key_file)
+    power: str | None = "estimated"        # [power] source (None: the agent's default)
+    idle_w: float | None = None            # the estimated power model's watts at 0% and 100% CPU
+    max_w: float | None = None
+    keep_worker: bool | None = None        # [training] keep_worker (None: the agent's default)
+    agent_args: tuple[str, ...] = ()       # flags of each edge-agent, e.g. ("--interval", "0.2")
+    config_extra: str = ""                 # TOML appended to each agent's config
+    env: dict[str, str] | None = None      # added to the agents' environment
+    wait: str | None = "connected"         # "connected" (each agent's log says so), "online" (status shows all), None
+
+    def config(self, board_id: str, key: Path) -> str:
+        return agent_config(board_id, key=key if self.secure else None, power=self.power, idle_w=self.idle_w,
+                            max_w=self.max_w, keep_worker=self.keep_worker, extra=self.config_extra)
+
+
+@dataclass
+class Fleet:
+    """A broker, a fleet key and real agents that trust it; ``boards`` are the ones it started with."""
+
+    broker: LocalBroker
+    key: Path
+    agents: AgentFactory
+    boards: tuple[str, ...]
+    options: FleetOptions
+
+    def start(self, board_id: str, **overrides: Any) -> AgentProcess:
+        """One more board (or a stopped one again), configured as the fleet's boards are but for ``overrides``."""
+        options = replace(self.options, **overrides) if overrides else self.options
+        agent = self._launch(board_id, options)
+        if options.wait == "connected":
+            _wait_connected([agent])
+        return agent
+
+    def _launch(self, board_id: str, options: FleetOptions) -> AgentProcess:
+        return self.agents.start(board_id, self.broker.address, config=options.config(board_id, self.key),
+                                 args=tuple(options.agent_args), env=options.env)
+
+    def agent(self, board_id: str) -> AgentProcess:
+        """The last agent process started as ``board_id``."""
+        return [a for a in self.agents.procs if a.board_id == board_id][-1]
+
+    def train_command(self, *extra: str, **options: Any) -> list[str]:
+        """``edge-coordinator --broker B train --fleet-key K …`` (``tests.helpers.train_args``' keywords)."""
+        return train_command(*extra, broker=self.broker, fleet_key=self.key, **options)
+
+    def train(self, *extra: str, timeout_s: float = 240, **options: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``train_command(*extra, **options)`` to its end."""
+        return subprocess.run(self.train_command(*extra, **options), capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+
+
+@contextmanager
+def start_fleet(tmp: Path, broker: LocalBroker, boards: Sequence[str] | Mapping[str, Mapping[str, Any]] = ("b1", "b2"),
+                **options: Any) -> Iterator[Fleet]:
+    """A fleet key in ``tmp`` and one real ``edge-agent`` per board on ``broker`` (``options``: ``FleetOptions``'
+    fields); every agent is stopped after. ``boards`` may map each board to options of its own
+    (``{"a": {}, "b": {"keep_worker": True}}``)."""
+    settings = FleetOptions(**{**options, "agent_args": tuple(options.get("agent_args", ()))})
+    assert settings.wait in ("connected", "online", None), settings.wait
+    tmp.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(broker, write_fleet_key(tmp / "fleet.key"), AgentFactory(tmp), tuple(boards), settings)
+    try:
+        started = [fleet._launch(board, replace(settings, **boards[board]) if isinstance(boards, Mapping) else settings)
+                   for board in boards]  # all at once, then wait for them together
+        if settings.wait == "connected":
+            _wait_connected(started)
+        elif settings.wait == "online":
+            wait_boards_online(broker.address, list(boards))
+        yield fleet
+    finally:
+        fleet.agents.stop_all()
+
+
+def _wait_connected(agents: list[AgentProcess]) -> None:
+    """Until every agent's log says it is connected to the broker; fails at once with the log of one that exited."""
+    def connected() -> bool:
+        for agent in agents:
+            assert agent.proc.poll() is None, f"agent {agent.board_id} exited:\n{agent.log()}"
+        return all("connected to broker" in agent.log() for agent in agents)
+
+    wait_until(connected, timeout_s=60, what=f"{', '.join(a.board_id for a in agents)} connected to the broker")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fleet(boards=..., **options): the module's shared fleet (tests/conftest.py start_fleet)")
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest, mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The module's fleet on the session's broker, as its ``pytestmark = pytest.mark.fleet(boards=…, …)`` describes."""
+    marker = request.node.get_closest_marker("fleet")
+    assert marker is not None, f"{request.node.name}: the fleet fixture needs pytestmark = pytest.mark.fleet(boards=...)"
+    with start_fleet(tmp_path_factory.mktemp(f"fleet-{request.module.__name__.rpartition('.')[2]}"), mosquitto,
+                     *marker.args, **marker.kwargs) as shared:
+        yield shared
+
+
+@pytest.fixture
+def make_fleet(mosquitto: LocalBroker, tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
+    """``make_fleet(boards=…, **start_fleet options)``: a fleet of this test's own, stopped at its end."""
+    with ExitStack() as stack:
+        numbers = itertools.count()
+
+        def make(boards: Sequence[str] = ("b1", "b2"), **options: Any) -> Fleet:
+            return stack.enter_context(start_fleet(tmp_path / f"fleet-{next(numbers)}", mosquitto, boards, **options))
+
+        yield make
+
+
+@pytest.fixture
+def fleet_key(tmp_path: Path) -> Path:
+    """A new fleet key in the test's folder (``tests.helpers.write_fleet_key``)."""
+    return write_fleet_key(tmp_path / "fleet.key")

@@ -15,11 +15,12 @@ from edgefleet.agent.caps import read_caps
 from edgefleet.agent.config import AgentConfig, nonce_file_path
 from edgefleet.agent.home_assistant import HomeAssistantDiscovery
 from edgefleet.agent.job_runner import JobRunner, ProgressLimiter, event_json
+from edgefleet.agent.nonce_file import NonceFile
 from edgefleet.agent.sdnotify import sd_notify
 from edgefleet.agent.sensors import Sampler
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardStatus
-from edgefleet.protocol.signing import CommandVerifier, NonceFile
+from edgefleet.protocol.signing import CommandVerifier
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_json_topic, events_topic, status_topic, telemetry_topic
 from edgefleet.transport.fleet_key import load_board_key, load_command_keys
 from edgefleet.transport.mqtt_link import MqttLink, Will

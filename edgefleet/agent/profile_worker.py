@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from edgefleet import __version__
 from edgefleet.agent.board_resources import (
@@ -39,6 +40,12 @@ from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
 from edgefleet.protocol.profile_report import LinkReport, MeasuredPoint, ProfileReport, RoundsReport
+from edgefleet.workloads.fleet_trainer import board_accelerator
+from edgefleet.workloads.lightning_api import callback_class, package_of
+from edgefleet.workloads.module_setup import RunFigures, prepare_module
+from edgefleet.workloads.params import param_count, trainable_params
+from edgefleet.workloads.preflight import optimizer_setup
+from edgefleet.workloads.registry import build_dataset_cached, build_model
 
 if TYPE_CHECKING:
     from edgefleet.agent.job_runner import WorkerContext
@@ -89,12 +96,6 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
 
 
 def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
-    from torch.utils.data import DataLoader
-
-    from edgefleet.workloads.fleet_trainer import board_accelerator
-    from edgefleet.workloads.lightning_api import callback_class, package_of
-    from edgefleet.workloads.registry import build_model
-
     torch.manual_seed(job.seed)
     model = build_model(job.model, job.model_options, data=dataset)
     package = package_of(model)
@@ -132,11 +133,6 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     Raises:
         EdgeTrainError: unknown model or dataset, out of memory, the probe endpoint unreachable.
     """
-    from edgefleet.workloads.module_setup import RunFigures, prepare_module
-    from edgefleet.workloads.params import param_count, trainable_params
-    from edgefleet.workloads.preflight import optimizer_setup
-    from edgefleet.workloads.registry import build_dataset_cached, build_model
-
     torch.set_num_threads(job.threads or board_threads())  # the threads a training job here would use
     if not reset_peak_rss():
         log.warning("cannot reset the peak RSS (/proc/self/clear_refs); memory figures include earlier jobs")

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.protocol.codec import WIRE_DTYPES
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.framing import FRAME_HEADER, MAX_FRAME_BYTES
 from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.protocol.wire_dtype import numpy_dtype
 from edgefleet.transport.frame_io import ConnectionClosed, FrameReceiver, send_segments
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class StepChannel:
         self._buffer = bytearray(self._frame_bytes)
         self._view = memoryview(self._buffer)
         offset = FRAME_HEADER.size + avg_layout.prefix_bytes  # the layout aligns it to FRAME_ALIGN in the payload
-        self.array: np.ndarray = np.frombuffer(self._view[offset:].toreadonly(), dtype=WIRE_DTYPES[avg_layout.dtype])
+        self.array: np.ndarray = np.frombuffer(self._view[offset:].toreadonly(), dtype=numpy_dtype(avg_layout.dtype))
 
     def send(self, step: int, n: int, loss: float | None, compute_s: float) -> bool:
         """Send the gradient for ``step``; False (nothing sent) if these numbers do not fit the layout.

@@ -10,36 +10,40 @@ could not run here (unknown model or dataset, refused by the exchange), 1 anythi
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import json
 import os
 import signal
 import sys
-import time
 import traceback
-from typing import IO, TYPE_CHECKING, Any
+from typing import Any
 
+from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.exchange_credential import hello_credential
 from edgefleet.agent.heap import release_free_heap
+from edgefleet.agent.job_runner import WorkerContext
+from edgefleet.agent.step_logs import StepLogs
 from edgefleet.agent.worker_events import EventWriter
+from edgefleet.protocol.codec import decode_value
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.sync_schedule import SyncSchedule
+from edgefleet.workloads.device_errors import explain_device_error
+from edgefleet.workloads.lightning_api import callback_class, package_of
+from edgefleet.workloads.module_checkpoint import extra_from_wire, restore_extra
+from edgefleet.workloads.seeding import BatchSeeder, StepSeeding
 
-if TYPE_CHECKING:
-    from edgefleet.agent.job_runner import WorkerContext
 
 def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | None = None) -> int:
-    import torch
-
-    from edgefleet.agent.cpu_threads import board_threads
+    import torch  # torch and the training stack: loaded by the job's process, not at the worker's start
 
     torch.set_num_threads(job.threads or board_threads())  # threads beyond the board's quota only spin
 
-    from edgefleet.agent.step_logs import StepLogs
-    from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining, welcome_splits
-    from edgefleet.protocol.codec import decode_value
-    from edgefleet.protocol.sync_schedule import SyncSchedule
+    # the training stack (torch, Lightning), after torch's threads are set
+    from edgefleet.agent.worker_exchange import ExchangeClient, GradientExchange, StopTraining
     from edgefleet.workloads.fleet_trainer import (
         EpochBatchSampler,
         LoopPositioner,
@@ -49,14 +53,11 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         position_of,
         steps_per_epoch,
     )
-    from edgefleet.workloads.lightning_api import callback_class, package_of
-    from edgefleet.workloads.module_checkpoint import extra_from_wire, restore_extra
     from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
     from edgefleet.workloads.params import exchange_size, to_torch_tree
     from edgefleet.workloads.preflight import optimizer_setup
     from edgefleet.workloads.registry import build_model
-    from edgefleet.workloads.seeding import BatchSeeder, StepSeeding
-    from edgefleet.workloads.sharding import GlobalBatchPlan, LocalBatchPlan, SplitSchedule
+    from edgefleet.workloads.sharding import GlobalBatchPlan, LocalBatchPlan
     from edgefleet.workloads.training_data import load_training_data
 
     options = dict(job.model_options)
@@ -96,12 +97,12 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             # force or announced, and each step's result may announce another (the schedule follows them).
             # The schedule counts batches, the coordinator optimizer steps: with --accumulate-grad-batches a
             # re-split from step s starts at the first batch of s's window.
-            schedule = SplitSchedule(plan)
+            schedule = SplitSchedule(plan.batch_sizes)
             first_batch = functools.partial(_first_batch, batches_per_epoch=batches_per_epoch,
                                             accumulate=trainer_options.accumulate_grad_batches)
-            for from_step, sizes in welcome_splits(welcome):
-                schedule.add(first_batch(from_step), sizes)
-            indices_of: Any = functools.partial(schedule.indices, board_index=job.board_index)
+            for split in welcome.splits:
+                schedule.add(first_batch(split.from_step), split.batch_sizes)
+            indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=job.board_index)
             batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[job.board_index]  # noqa: E731
             on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
         else:
@@ -138,7 +139,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
 
 def _first_batch(step: int, *, batches_per_epoch: int, accumulate: int) -> int:
     """The first batch (counted from the start of training) of optimizer step ``step``'s window."""
-    from edgefleet.workloads.fleet_trainer import position_of
+    from edgefleet.workloads.fleet_trainer import position_of  # torch: loaded with the job, not with the worker
 
     return position_of(step, batches_per_epoch, accumulate).first_batch
 
@@ -159,8 +160,6 @@ def _batches_per_epoch(job: TrainCommand, here: int, source: str) -> int:
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM this worker if the agent dies (kill -9 included): no orphaned jobs."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the agent's own stop() still ends the worker
@@ -175,8 +174,6 @@ def _read_job(line: str) -> tuple[Any, Any]:
     Raises:
         DecodeError: not JSON, not a job, or invalid fields.
     """
-    from edgefleet.agent.job_runner import WorkerContext
-
     try:
         data = json.loads(line)
     except ValueError as exc:
@@ -211,7 +208,7 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
         job, context = _read_job(line)
         defaults.restore()
         if isinstance(job, ProfileCommand):
-            from edgefleet.agent.profile_worker import run_profile
+            from edgefleet.agent.profile_worker import run_profile  # torch and Lightning: only for a profile job
 
             return run_profile(job, events, context)
         return run_job(job, events, context)
@@ -220,8 +217,6 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
         return 3
     except Exception as exc:
         traceback.print_exc()
-        from edgefleet.workloads.device_errors import explain_device_error
-
         events.emit("failed", explain_device_error(exc) or f"{type(exc).__name__}: {exc}")
         return 1
     finally:

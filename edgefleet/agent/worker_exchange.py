@@ -17,7 +17,7 @@ import torch
 from edgefleet.agent.grad_stream import GradientStream
 from edgefleet.agent.local_sgd import ParameterAnchor
 from edgefleet.agent.step_channel import StepChannel
-from edgefleet.protocol.codec import WIRE_DTYPES, encode_array
+from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.exchange_frames import (
     Avg,
@@ -29,11 +29,11 @@ from edgefleet.protocol.exchange_frames import (
     Welcome,
     decode_hello_reply,
     decode_step_reply,
-    splits_as_pairs,
 )
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
 from edgefleet.protocol.sync_schedule import EXACT, SYNC, SyncSchedule
+from edgefleet.protocol.wire_dtype import numpy_dtype, wire_dtype_of
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.params import (
@@ -48,11 +48,6 @@ from edgefleet.workloads.params import (
 log = logging.getLogger(__name__)
 
 RESULT_TIMEOUT_S = 900.0  # waiting for a step's result: slow boards and first steps take long
-
-
-def welcome_splits(welcome: Welcome) -> list[tuple[int, list[int]]]:
-    """The re-splits a welcome lists (the one in force at the board's first step, then later ones), as (from_step, sizes)."""
-    return splits_as_pairs(welcome.splits)
 
 
 class ExchangeRefused(EdgeTrainError):
@@ -206,7 +201,7 @@ class ExchangeClient:
 
         Returns and raises as :meth:`exchange` does; ``grad`` is the array sent at every step (its dtype is the wire's).
         """
-        dtype = "float32" if grad.dtype == np.float32 else "float16" if grad.dtype == np.float16 else "bfloat16"
+        dtype = wire_dtype_of(grad.dtype).name
         channel = self._channel
         if channel is None or channel.grad is not grad:
             hot = self._hot.get(dtype)
@@ -234,7 +229,7 @@ class ExchangeClient:
             self._receiver.expected_bytes = hot[1].prefix_bytes + self.param_count * hot[1].itemsize  # a full result
         tensor = self._empty.get(dtype)
         if tensor is None:
-            tensor = self._empty[dtype] = encode_array(np.zeros(0, dtype=WIRE_DTYPES[dtype]))
+            tensor = self._empty[dtype] = encode_array(np.zeros(0, dtype=numpy_dtype(dtype)))
         segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
         if segments is None:  # logs, or a loss of None: the general encoder
             self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor,
@@ -355,7 +350,7 @@ class GradientExchange:
         self._flat = np.zeros(self._grad_elements + self._buffers.elements, dtype=np.float32)
         self._grads = FlatGradients(self._params, self._flat[:self._grad_elements])
         if self.wire_dtype != "float32":
-            self._wire = np.zeros(self._flat.size, dtype=np.float16 if self.wire_dtype == "float16" else np.uint16)
+            self._wire = np.zeros(self._flat.size, dtype=numpy_dtype(self.wire_dtype))
             self._avg32 = np.zeros(self._flat.size, dtype=np.float32)
         if self.overlap:
             why_not = _why_not_streamed(trainer, pl_module, self._sync)
@@ -480,8 +475,8 @@ class GradientExchange:
         if self._on_split is None:
             raise DecodeError(f"the coordinator re-split the batches from step {from_step}, but this job's "
                               "batches cannot be re-split (each board samples its own data)")
-        if self._on_split(from_step, batch_sizes):
-            log.info("batch sizes %s from step %d", batch_sizes, from_step)
+        self._on_split(from_step, batch_sizes)
+        log.info("batch sizes %s from step %d", batch_sizes, from_step)
 
     @property
     def batch_size(self) -> int:

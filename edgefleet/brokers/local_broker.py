@@ -106,7 +106,7 @@ def start_local_broker() -> LocalBroker | EmbeddedBroker:
     if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
         return start_mosquitto()
     try:
-        from edgefleet.brokers.embedded_broker import start_embedded_broker
+        from edgefleet.brokers.embedded_broker import start_embedded_broker  # amqtt: optional (embedded-broker extra)
     except ImportError:
         raise BrokerError(f"no MQTT broker: mosquitto is not installed ({INSTALL_HINT}) and the in-process "
                           "fallback needs: pip install '.[embedded-broker]' in the edgefleet checkout") from None

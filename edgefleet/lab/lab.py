@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgefleet.agent.config import AgentConfig, SecuritySettings, TelemetrySettings
 from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.lab import leftovers, links
 from edgefleet.lab.cgroups import LAB_PARENT_SHARES, Cgroup, find_controller_mounts
@@ -49,6 +50,7 @@ from edgefleet.lab.naming import (
 from edgefleet.lab.supervisor import BoardProcess, Report, Supervisor
 from edgefleet.lab.units import format_rate
 from edgefleet.launch import module_command
+from edgefleet.transport.fleet_key import BOARD_KEY_SUFFIX, PRIVATE, private_key_text, public_key_text, read_key_file, write_new_key
 
 log = logging.getLogger(__name__)
 
@@ -83,22 +85,16 @@ class Board:
 
 def agent_supports_cpu_scope() -> bool:
     """True once the agent has ``telemetry.cpu_scope`` (then the lab asks for the board's own CPU)."""
-    from edgefleet.agent.config import TelemetrySettings
-
     return "cpu_scope" in {f.name for f in dataclasses.fields(TelemetrySettings)}
 
 
 def agent_supports_fleet_key() -> bool:
     """True once the agent has a ``[security]`` section (signed training commands)."""
-    from edgefleet.agent.config import AgentConfig
-
     return "security" in {f.name for f in dataclasses.fields(AgentConfig)}
 
 
 def agent_supports_board_key() -> bool:
     """True once the agent has ``security.board_key_file`` (then every board signs its job events)."""
-    from edgefleet.agent.config import SecuritySettings
-
     return "board_key_file" in {f.name for f in dataclasses.fields(SecuritySettings)}
 
 
@@ -332,8 +328,6 @@ class Lab:
         once to the work dir), else the coordinator's key file itself (public keys, or a legacy key)."""
         if self.fleet_key_file is None:
             return None
-        from edgefleet.transport.fleet_key import PRIVATE, public_key_text, read_key_file
-
         if read_key_file(self.fleet_key_file).kind != PRIVATE:
             return self.fleet_key_file
         public = self.workdir / "fleet.pub"
@@ -346,8 +340,6 @@ class Lab:
         """The board's own key (in its home, mode 600), made once, and its public key in :attr:`board_keys_dir`."""
         if not agent_supports_board_key():
             return
-        from edgefleet.transport.fleet_key import BOARD_KEY_SUFFIX, private_key_text, public_key_text, write_new_key
-
         key = board.home / BOARD_KEY_FILE
         if not key.exists():
             key.parent.mkdir(parents=True, exist_ok=True)

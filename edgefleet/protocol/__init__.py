@@ -1,6 +1,7 @@
 """The wire contract between ``edge-agent`` and ``edge-coordinator``.
 
-No I/O happens here and torch is never imported at module level.
+No I/O happens here and torch is never imported at module level. What carries a version, and
+the rule for changing one: docs/protocol.md.
 """
 
 from edgefleet.protocol.errors import (
@@ -12,10 +13,10 @@ from edgefleet.protocol.errors import (
     ProtocolError,
     RoundTimeout,
 )
-from edgefleet.protocol.messages import SCHEMA_VERSION, BoardCaps, BoardStatus, TelemetrySample
+from edgefleet.protocol.messages import MESSAGE_SCHEMA_VERSION, BoardCaps, BoardStatus, TelemetrySample
 
 __all__ = [
-    "SCHEMA_VERSION",
+    "MESSAGE_SCHEMA_VERSION",
     "BoardCaps",
     "BoardStatus",
     "BrokerError",

@@ -2,7 +2,8 @@
 
 A tensor is ``{"dtype": "float32", "shape": [3, 4], "data": <bin>}``: little-endian, C order,
 ``data`` exactly ``prod(shape) * itemsize`` bytes. The dtype names are a closed list
-(:data:`WIRE_DTYPES`); the decoder looks them up and never hands a peer's string to ``np.dtype``
+(:data:`TENSOR_DTYPES`: the gradient wire dtypes of ``protocol.wire_dtype``, and the other dtypes
+a model's state may hold); the decoder looks them up and never hands a peer's string to ``np.dtype``
 (``"O"`` would mean Python objects).
 
 numpy has no bfloat16, so a bfloat16 tensor travels as its raw 16-bit patterns tagged
@@ -30,16 +31,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 if TYPE_CHECKING:
     import numpy as np
 
-# Wire name -> numpy dtype string (little-endian). The only dtypes a peer can ask for.
-WIRE_DTYPES: dict[str, str] = {
-    "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "float64": "<f8",
-    "int64": "<i8", "int32": "<i4", "uint8": "|u1", "bool": "|b1",
+# Tensor dtype name -> numpy dtype string (little-endian). The only dtypes a peer can ask for.
+TENSOR_DTYPES: dict[str, str] = {
+    **{d.name: d.numpy for d in WIRE_DTYPES.values()},
+    "float64": "<f8", "int64": "<i8", "int32": "<i4", "uint8": "|u1", "bool": "|b1",
 }
-_WIRE_NAME = {v: k for k, v in WIRE_DTYPES.items()}
+_WIRE_NAME = {v: k for k, v in TENSOR_DTYPES.items()}
 MAX_NDIM = 32
 MAX_DEPTH = 32  # nesting of lists and dicts in a value
 ND_MARKER = "__nd__"
@@ -67,19 +69,19 @@ def encode_array(a: np.ndarray) -> dict[str, Any]:
     tagged ``"bfloat16"``: uint16 is not a wire dtype, and the bits come back unchanged.
 
     Args:
-        a: an array whose dtype is in :data:`WIRE_DTYPES`, or uint16; any byte order and layout
+        a: an array whose dtype is in :data:`TENSOR_DTYPES`, or uint16; any byte order and layout
             (a big-endian or non-C-contiguous array is copied once).
 
     Raises:
         TypeError: the dtype cannot go on the wire (the message lists those that can).
     """
-    import numpy as np
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     a = np.asarray(a)
     name = _WIRE_NAME.get(a.dtype.newbyteorder("<").str, "")
     if not name:
-        raise TypeError(f"dtype {a.dtype} cannot go on the wire; convert to one of {sorted(WIRE_DTYPES)}")
-    wire = np.dtype(WIRE_DTYPES[name])
+        raise TypeError(f"dtype {a.dtype} cannot go on the wire; convert to one of {sorted(TENSOR_DTYPES)}")
+    wire = np.dtype(TENSOR_DTYPES[name])
     if a.dtype != wire or not a.flags.c_contiguous:
         a = a.astype(wire, order="C")  # not ascontiguousarray: it turns 0-d into 1-d
     # A flat uint8 view is a zero-copy "B" memoryview for every shape, 0-d and empty included.
@@ -114,7 +116,7 @@ def decode_array(m: dict[str, Any], *, max_elements: int) -> np.ndarray:
         DecodeError: a missing key, an unknown dtype, a bad shape, too many elements, a byte
             count that does not match the shape, or a bool tensor holding bytes other than 0/1.
     """
-    import numpy as np
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     if not isinstance(m, dict):
         raise DecodeError(f"a tensor is a map, not {type(m).__name__}")
@@ -122,12 +124,12 @@ def decode_array(m: dict[str, Any], *, max_elements: int) -> np.ndarray:
     if missing:
         raise DecodeError(f"tensor map lacks {missing}")
     name, data = m["dtype"], m["data"]
-    if not isinstance(name, str) or name not in WIRE_DTYPES:
-        raise DecodeError(f"tensor dtype {name!r} is not one of {sorted(WIRE_DTYPES)}")
+    if not isinstance(name, str) or name not in TENSOR_DTYPES:
+        raise DecodeError(f"tensor dtype {name!r} is not one of {sorted(TENSOR_DTYPES)}")
     count = _element_count(m["shape"], max_elements)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"tensor data must be bin, not {type(data).__name__}")
-    dtype = np.dtype(WIRE_DTYPES[name])
+    dtype = np.dtype(TENSOR_DTYPES[name])
     nbytes = memoryview(data).nbytes
     if nbytes != count * dtype.itemsize:
         raise DecodeError(f"{name} tensor of shape {m['shape']} needs {count * dtype.itemsize} bytes, "
@@ -148,7 +150,7 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
         TypeError: ``a`` is not float32 (convert with ``.astype(np.float32)`` first; rounding
             float64 twice could differ from one rounding).
     """
-    import numpy as np
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     a = np.asarray(a)
     if a.dtype != np.float32:
@@ -162,7 +164,7 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     """Widen bfloat16 bit patterns (uint16) to float32; exact."""
-    import numpy as np
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
@@ -182,7 +184,7 @@ def encode_value(obj: Any) -> Any:
 
 
 def _encode(obj: Any, depth: int) -> Any:
-    import numpy as np
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     if obj is None or isinstance(obj, (bool, bytes)):
         return obj
@@ -267,7 +269,7 @@ __all__ = [
     "MAX_DEPTH",
     "ND_MARKER",
     "PAIRS_MARKER",
-    "WIRE_DTYPES",
+    "TENSOR_DTYPES",
     "DecodeLimits",
     "decode_array",
     "decode_value",

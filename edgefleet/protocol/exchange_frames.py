@@ -35,13 +35,18 @@ import dataclasses
 import hmac
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
-from edgefleet.protocol.codec import WIRE_DTYPES, decode_array, encode_array
+import msgpack
+
+from edgefleet.protocol._msgpack_view import ALIGN_KEY
+from edgefleet.protocol.codec import decode_array, encode_array
 from edgefleet.protocol.errors import DecodeError, ProtocolError
 from edgefleet.protocol.frame_fields import expect_kind, frame_kind, is_int
+from edgefleet.protocol.framing import FRAME_ALIGN, FRAME_HEADER, MAX_FRAME_BYTES
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES, numpy_dtype
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,7 +59,6 @@ MAX_LOGGED = 64          # names a board may log in one step
 MAX_LOG_NAME = 128       # characters of one logged name
 MAX_ID = 256             # characters of a job id, board id or token
 MAX_PROOF_BYTES = 64     # a hello's proof: an Ed25519 signature or an HMAC-SHA256
-_WIRE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _U16, _U32, _F64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">d")
 _COMPUTE_S_KEY = b"\xa9compute_s\xcb"  # msgpack: the key, then a float 64's type byte
 STREAM_TAIL_BYTES = len(_COMPUTE_S_KEY) + 8  # what follows a streamed grad frame's tensor (Grad.stream_tail)
@@ -165,11 +169,9 @@ def _numpy(dtype: str) -> tuple[Any, type[np.ndarray]]:
     """The numpy dtype of wire dtype ``dtype``, and numpy's array type."""
     known = _NUMPY.get(dtype)
     if known is None:
-        import numpy
+        import numpy  # numpy: off the idle agent and the CLI start
 
-        if dtype not in WIRE_DTYPES:
-            raise ValueError(f"{dtype!r} is not a wire dtype")
-        known = _NUMPY[dtype] = (numpy.dtype(WIRE_DTYPES[dtype]), numpy.ndarray)
+        known = _NUMPY[dtype] = (numpy_dtype(dtype), numpy.ndarray)  # ValueError: not a wire dtype
     return known
 
 
@@ -457,14 +459,9 @@ class Grad:
         Raises:
             ValueError: a dtype that is not a wire dtype, or a frame too large for the wire.
         """
-        import msgpack
-
-        from edgefleet.protocol._msgpack_view import ALIGN_KEY
-        from edgefleet.protocol.framing import FRAME_ALIGN, FRAME_HEADER, MAX_FRAME_BYTES
-
         if dtype not in WIRE_DTYPES:
             raise ValueError(f"{dtype!r} is not a wire dtype")
-        nbytes = elements * _WIRE_ITEMSIZE[dtype]
+        nbytes = elements * WIRE_DTYPES[dtype].itemsize
         fields: dict[str, Any] = {"type": GRAD, "step": step, "n": n, "loss": loss}
         if logs:
             fields["logs"] = logs
@@ -606,11 +603,6 @@ def decode_step_reply(d: Any, *, elements: int, dtype: str) -> Avg | Stop:
     raise DecodeError(f"expected a step's result, got a {kind!r:.40} frame")
 
 
-def splits_as_pairs(splits: Sequence[BatchSplit]) -> list[tuple[int, list[int]]]:
-    """``splits`` as (from_step, batch sizes) pairs, the form ``workloads.sharding.SplitSchedule.add`` takes."""
-    return [(split.from_step, list(split.batch_sizes)) for split in splits]
-
-
 __all__ = [
     "EXCHANGE_VERSION",
     "MAX_LOGGED",
@@ -629,5 +621,4 @@ __all__ = [
     "decode_step_reply",
     "flat_array",
     "same_secret",
-    "splits_as_pairs",
 ]

@@ -32,7 +32,6 @@ from typing import Any
 from edgefleet.protocol._msgpack_view import ALIGN_KEY, BytesLike, pack_segments, unpack_view
 from edgefleet.protocol.errors import DecodeError
 
-PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB; both ends may pass a smaller max_bytes
 FRAME_ALIGN = 16           # the first large tensor's data starts at a multiple of this in the payload
 
@@ -87,7 +86,6 @@ __all__ = [
     "FRAME_ALIGN",
     "FRAME_HEADER",
     "MAX_FRAME_BYTES",
-    "PROTOCOL_VERSION",
     "check_frame_length",
     "decode_frame",
     "encode_frame",

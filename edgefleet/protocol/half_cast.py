@@ -15,6 +15,8 @@ import functools
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.protocol.codec import from_bf16_bits, to_bf16_bits
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 def _load_torch() -> Any:
     """The torch module, imported on first use; False where it is not installed."""
     try:
-        import torch
+        import torch  # torch: off the idle agent; optional here
     except ImportError:  # a coordinator without the train extra: numpy does it
         return False
     return torch
@@ -34,9 +36,7 @@ def cast_into(dst: np.ndarray, src: np.ndarray) -> None:
     float16 goes through torch when both arrays are C-contiguous; a uint16 array holds bfloat16
     bits (``protocol.codec``'s convention); anything else goes through ``numpy.copyto``.
     """
-    import numpy as np
-
-    from edgefleet.protocol.codec import from_bf16_bits, to_bf16_bits
+    import numpy as np  # numpy: off the idle agent (it imports protocol)
 
     if src.dtype == np.uint16 and dst.dtype == np.float32:
         np.copyto(dst, from_bf16_bits(src))

@@ -31,8 +31,8 @@ from typing import Any
 import msgpack
 
 from edgefleet.protocol._msgpack_view import ALIGN_KEY
-from edgefleet.protocol.codec import WIRE_DTYPES
 from edgefleet.protocol.framing import FRAME_ALIGN, FRAME_HEADER, decode_frame
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 _U32_MAX = (1 << 32) - 1
 # (key, kind) in frame order; kind: "u32" or "f64" (a number), or a str constant (the frame's type)
@@ -40,7 +40,6 @@ _FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "grad": (("type", "=grad"), ("step", "u32"), ("n", "u32"), ("loss", "f64"), ("compute_s", "f64")),
     "avg": (("type", "=avg"), ("step", "u32"), ("n", "u32"), ("boards", "u32")),
 }
-_WIRE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _WIDTH, _CODE = {"u32": 4, "f64": 8}, {"u32": "I", "f64": "d"}
 _ELEMENTS, _BYTES = "#elements", "#bytes"  # the tensor's length and its bin's size: numbers of every layout
 
@@ -54,12 +53,12 @@ class HotFrame:
     """
 
     def __init__(self, kind: str, dtype: str) -> None:
-        if kind not in _FIELDS or dtype not in _WIRE_ITEMSIZE:
+        if kind not in _FIELDS or dtype not in WIRE_DTYPES:
             raise ValueError(f"no fixed layout for a {kind!r} frame of {dtype!r}")
-        self.kind, self.dtype, self.itemsize = kind, dtype, _WIRE_ITEMSIZE[dtype]
+        self.kind, self.dtype, self.itemsize = kind, dtype, WIRE_DTYPES[dtype].itemsize
         import numpy  # here, not at import: the agent imports protocol while idle, numpy only to train
 
-        self._np, self._np_dtype = numpy, numpy.dtype(WIRE_DTYPES[dtype])
+        self._np, self._np_dtype = numpy, numpy.dtype(WIRE_DTYPES[dtype].numpy)
         parts: list[tuple[str, Any]] = []  # ("c", bytes) a constant, or ("u32" | "f64", key) a number
         for key, how in _FIELDS[kind]:
             parts.append(("c", msgpack.packb(key)))

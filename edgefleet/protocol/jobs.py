@@ -21,6 +21,7 @@ import msgpack
 
 from edgefleet.protocol._validate import message_from_dict
 from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 JOB_SCHEMA_VERSION = 1
 # Version 2 of the train command asks for what a version-1 agent would silently leave out (a
@@ -29,23 +30,20 @@ JOB_SCHEMA_VERSION = 1
 # Version 3 joins the exchange over TLS pinned to ``exchange_tls_sha256`` with a proof of the board's key
 # instead of a token: a version-2 agent would ignore the pin and show an empty token.
 # Version 4 may ask for periodic averaging (``sync_every`` > 1): a version-3 agent would ignore it and
-# train exact steps while the others train local ones. Only such a command is sent as version 4
-# (:func:`train_schema_for`); an exact one stays version 3, which every agent since then carries out.
+# train exact steps while the others train local ones (:data:`PERIODIC_TRAIN_SCHEMA_VERSION`).
 # Version 5 may ask for overlap (``overlap``): the gradient vector in reversed parameter order, streamed
 # during backward; a version-4 agent would send today's order and its gradient would be averaged
-# with the wrong elements. Only such a command is sent as version 5.
+# with the wrong elements (:data:`OVERLAP_TRAIN_SCHEMA_VERSION`).
 # Version 6, every train command: the board seeds its random generators before every batch from the
 # run's seed, its place in the split and the batch, takes the DataModule's batch-transfer hooks,
 # runs the module's setup and configure_model before joining, shows the module the run's figures
 # (``max_epochs`` among them) and exchanges integer buffers with the float ones. A version-5 agent
 # would train any job differently without a word (or with another vector size), so every command
 # is version 6 and such an agent refuses it as too new: upgrade every board together.
-TRAIN_SCHEMA_VERSION = 6
-CONFORMANCE_TRAIN_SCHEMA_VERSION = 6  # the first version every train command needs
-OVERLAP_TRAIN_SCHEMA_VERSION = 5  # the first version that carries ``overlap``
-PERIODIC_TRAIN_SCHEMA_VERSION = 4  # the first version that carries ``sync_every`` > 1
-EXACT_TRAIN_SCHEMA_VERSION = 3  # the version of a train command without periodic averaging
-WIRE_DTYPES = ("float32", "float16", "bfloat16")
+# The versioning rule of every message and file: docs/protocol.md.
+TRAIN_SCHEMA_VERSION = 6  # what every train command is sent as
+OVERLAP_TRAIN_SCHEMA_VERSION = 5  # a command of an older version cannot ask for ``overlap`` (refused)
+PERIODIC_TRAIN_SCHEMA_VERSION = 4  # a command of an older version cannot ask for ``sync_every`` > 1 (refused)
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
 MAX_EVENT_BYTES = 64 * 1024
@@ -58,18 +56,6 @@ _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
 
 def _is_sha256_hex(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
-
-
-def train_schema_for(sync_every: int, overlap: bool = False) -> int:
-    """The lowest train-command version that carries a job averaging every ``sync_every`` steps (with
-    ``overlap`` or not): an agent that would train it differently refuses it as too new; every other agent takes it.
-
-    Since version 6 that is every job (see :data:`TRAIN_SCHEMA_VERSION`); the older thresholds
-    (:data:`PERIODIC_TRAIN_SCHEMA_VERSION`, :data:`OVERLAP_TRAIN_SCHEMA_VERSION`) stay as the commands' checks.
-    """
-    needed = OVERLAP_TRAIN_SCHEMA_VERSION if overlap else PERIODIC_TRAIN_SCHEMA_VERSION if sync_every > 1 else \
-        EXACT_TRAIN_SCHEMA_VERSION
-    return max(needed, CONFORMANCE_TRAIN_SCHEMA_VERSION)
 
 
 def probe_rounds_ok(rounds: int) -> bool:
@@ -122,7 +108,7 @@ class TrainCommand:
         if any(b < 0 for b in self.batch_sizes) or sum(self.batch_sizes) <= 0:
             raise ValueError(f"batch_sizes {self.batch_sizes} must be >= 0 with a positive sum")
         if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype {self.wire_dtype!r} is not one of {WIRE_DTYPES}")
+            raise ValueError(f"wire_dtype {self.wire_dtype!r} is not one of {tuple(WIRE_DTYPES)}")
         if self.data_mode not in DATA_MODES:
             raise ValueError(f"data_mode {self.data_mode!r} is not one of {DATA_MODES}")
         if not 0 < self.exchange_port < 65536 or self.total_steps < 0:
@@ -242,7 +228,8 @@ class ProfileCommand:
 
 
 Command = TrainCommand | ProfileCommand | StopCommand
-COMMAND_KINDS = {"train": TrainCommand, "profile": ProfileCommand, "stop": StopCommand}
+COMMAND_KINDS: dict[str, type[TrainCommand] | type[ProfileCommand] | type[StopCommand]] = {
+    "train": TrainCommand, "profile": ProfileCommand, "stop": StopCommand}
 
 
 def command_from_dict(data: Any) -> TrainCommand | ProfileCommand | StopCommand:
@@ -256,7 +243,7 @@ def command_from_dict(data: Any) -> TrainCommand | ProfileCommand | StopCommand:
     if message_class is None:
         raise DecodeError(f"unknown command kind {kind!r}; this agent understands "
                           f"{', '.join(repr(k) for k in COMMAND_KINDS)} (upgrade the agent?)")
-    return message_class.from_dict(data)  # type: ignore[no-any-return, attr-defined]
+    return message_class.from_dict(data)
 
 
 def _plain_data(value: Any, depth: int = 0) -> bool:
@@ -332,7 +319,6 @@ class JobEvent:
 __all__ = [
     "COMMAND_KINDS",
     "DATA_MODES",
-    "EXACT_TRAIN_SCHEMA_VERSION",
     "JOB_SCHEMA_VERSION",
     "MAX_EVENT_BYTES",
     "MAX_PROBE_BYTES",
@@ -340,12 +326,10 @@ __all__ = [
     "OVERLAP_TRAIN_SCHEMA_VERSION",
     "PERIODIC_TRAIN_SCHEMA_VERSION",
     "TRAIN_SCHEMA_VERSION",
-    "WIRE_DTYPES",
     "Command",
     "JobEvent",
     "ProfileCommand",
     "StopCommand",
     "TrainCommand",
     "command_from_dict",
-    "train_schema_for",
 ]

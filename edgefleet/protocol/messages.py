@@ -14,7 +14,7 @@ from edgefleet.protocol._validate import message_from_json, message_to_json, set
 from edgefleet.protocol.bounds import Bound, bounds_for
 from edgefleet.protocol.errors import DecodeError
 
-SCHEMA_VERSION = 1
+MESSAGE_SCHEMA_VERSION = 1
 STATES = ("online", "offline", "busy")
 
 # Where a power reading came from. "hwmon:<chip>" names the chip, e.g. "hwmon:ina219".
@@ -36,7 +36,7 @@ class BoardStatus:
     agent_version: str = ""
     interval_s: float | None = None  # telemetry period, so viewers know when a sample is stale
     keepalive_s: float | None = None  # MQTT keepalive: an unplugged board is offline after 1.5x this
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -47,7 +47,7 @@ class BoardStatus:
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> BoardStatus:
-        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+        return message_from_json(cls, payload, schema_version=MESSAGE_SCHEMA_VERSION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,14 +67,14 @@ class BoardCaps:
     training_available: bool = False  # torch and Lightning importable on the board
     cpu_cores: float = 0.0          # CPU the agent may use: its cgroup's quota, else its CPUs (0: not reported)
     train_threads: int = 0          # torch threads a job uses unless told otherwise (0: not reported)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         return message_to_json(self)
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> BoardCaps:
-        return message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+        return message_from_json(cls, payload, schema_version=MESSAGE_SCHEMA_VERSION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +122,7 @@ class TelemetrySample:
     disk_data_total_bytes: int | None = None
     disk_run_used_bytes: int | None = None    # the file system of the agent's working directory (where jobs run)
     disk_run_total_bytes: int | None = None
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -133,7 +133,7 @@ class TelemetrySample:
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> TelemetrySample:
-        sample = message_from_json(cls, payload, schema_version=SCHEMA_VERSION)
+        sample = message_from_json(cls, payload, schema_version=MESSAGE_SCHEMA_VERSION)
         for part, total in (("mem_used_bytes", "mem_total_bytes"), ("mem_available_bytes", "mem_total_bytes"),
                             ("swap_used_bytes", "swap_total_bytes"), ("gpu_mem_used_bytes", "gpu_mem_total_bytes"),
                             ("disk_data_used_bytes", "disk_data_total_bytes"), ("disk_run_used_bytes", "disk_run_total_bytes")):
@@ -197,9 +197,9 @@ __all__ = [
     "MAX_DISK_BYTES",
     "MAX_MEMORY_BYTES",
     "MAX_POWER_W",
+    "MESSAGE_SCHEMA_VERSION",
     "OMITTED_WHEN_NONE",
     "POWER_SOURCES",
-    "SCHEMA_VERSION",
     "STATES",
     "BoardCaps",
     "BoardStatus",

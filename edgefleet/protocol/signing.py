@@ -20,11 +20,12 @@ the signature over the bytes as received, so canonical packing matters only for 
 An agent refuses the other kind of envelope than its key file is for, naming which side to change.
 
 **Nonces.** A verifier remembers each accepted nonce until its command would be stale anyway. With
-a :class:`NonceFile` it also keeps them on disk, written (atomically, fsync'd) before the command is
-acted on and read back at start, so a captured command cannot be replayed to a restarted agent.
-The file also holds a *horizon*: the verifier's record is complete for commands issued at or after
-it. A record that cannot be read moves the horizon to the agent's start, so commands issued before
-the start are refused for one max-age window (they might be replays) instead of trusted.
+a :class:`NonceStore` (the agent's ``agent.nonce_file.NonceFile``) it also keeps them on disk,
+written (atomically, fsync'd) before the command is acted on and read back at start, so a captured
+command cannot be replayed to a restarted agent. The record also holds a *horizon*: the verifier's
+record is complete for commands issued at or after it. A record that cannot be read moves the
+horizon to the agent's start, so commands issued before the start are refused for one max-age
+window (they might be replays) instead of trusted.
 
 **Events.** A board with its own Ed25519 key (``security.board_key_file``) signs every job event::
 
@@ -47,15 +48,12 @@ carry it. Key files are read and made by ``edgefleet.transport.fleet_key``.
 from __future__ import annotations
 
 import bisect
-import errno
 import functools
 import hashlib
 import heapq
 import hmac
-import json
 import logging
 import math
-import os
 import re
 import secrets
 import threading
@@ -63,7 +61,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 import msgpack
 
@@ -74,7 +72,6 @@ log = logging.getLogger(__name__)
 HMAC_VERSION, HMAC_ALGORITHM = 1, "hmac-sha256"
 ED25519_VERSION, ED25519_ALGORITHM = 2, "ed25519"
 ENVELOPES = {HMAC_VERSION: HMAC_ALGORITHM, ED25519_VERSION: ED25519_ALGORITHM}  # the versions this side reads
-ENVELOPE_VERSION, ALGORITHM = HMAC_VERSION, HMAC_ALGORITHM  # the legacy envelope's (their names before version 2)
 MIN_KEY_BYTES = 32
 ED25519_KEY_BYTES = 32
 ED25519_SIG_BYTES = 64
@@ -112,6 +109,7 @@ class SignatureError(ProtocolError):
 
 @functools.lru_cache(maxsize=16)
 def _private_key(seed: bytes) -> Any:
+    # cryptography: on first use, off the idle agent
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return Ed25519PrivateKey.from_private_bytes(seed)
@@ -119,6 +117,7 @@ def _private_key(seed: bytes) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _public_key(public: bytes) -> Any:
+    # cryptography: on first use, off the idle agent
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     return Ed25519PublicKey.from_public_bytes(public)
@@ -137,6 +136,7 @@ def generate_ed25519_seed() -> bytes:
 
 def ed25519_public_key(seed: bytes) -> bytes:
     """The 32-byte public key of the private key ``seed``."""
+    # cryptography: on first use, off the idle agent
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     _check_ed25519_key(seed, "private")
@@ -151,7 +151,7 @@ def _ed25519_sign(seed: bytes, message: bytes) -> bytes:
 
 def _ed25519_verify(public_keys: Sequence[bytes], signature: bytes, message: bytes) -> bool:
     """True if any of ``public_keys`` made ``signature`` over ``message``."""
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature  # cryptography: on first use, off the idle agent
 
     if len(signature) != ED25519_SIG_BYTES:
         return False
@@ -266,7 +266,7 @@ def _canonical(obj: Any) -> Any:
     return obj
 
 
-def _is_finite_number(value: Any) -> TypeGuard[float]:
+def is_finite_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -397,23 +397,16 @@ class CommandKeys:
         return self.hmac_key is not None
 
 
-# --- the nonce record on disk --------------------------------------------------------------------
+# --- where a verifier keeps its nonces ----------------------------------------------------------
 
 
-NONCE_FILE_VERSION = 1
-MAX_NONCE_FILE_BYTES = 4 * 1024 * 1024
+class NonceStore(Protocol):
+    """Where a :class:`CommandVerifier` keeps the nonces it accepted across restarts (the agent's
+    ``agent.nonce_file.NonceFile``: this package does no I/O)."""
 
-
-class NonceFile:
-    """Where a verifier keeps the nonces it accepted, so that a restart does not forget them.
-
-    JSON: ``{"version": 1, "horizon": <unix s> | null, "nonces": [[<ts>, "<32 hex>"], …]}``.
-    Written whole to ``<path>.tmp``, fsync'd, renamed over ``path`` and the directory fsync'd, so a
-    crash leaves the old record or the new one, never half of one.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    @property
+    def path(self) -> Path:
+        """Where the record is, for the messages."""
 
     def load(self) -> tuple[float | None, list[tuple[float, str]]]:
         """``(horizon, [(ts, nonce), …])``.
@@ -423,60 +416,14 @@ class NonceFile:
             OSError: it cannot be read.
             ValueError: it is not a record (the message says what is wrong).
         """
-        with self.path.open("rb") as f:
-            data = f.read(MAX_NONCE_FILE_BYTES + 1)
-        if len(data) > MAX_NONCE_FILE_BYTES:
-            raise ValueError(f"over {MAX_NONCE_FILE_BYTES} bytes")
-        try:
-            record = json.loads(data)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise ValueError(f"not JSON ({str(exc)[:80]})") from None
-        if not isinstance(record, dict) or record.get("version") != NONCE_FILE_VERSION:
-            raise ValueError(f"not a version-{NONCE_FILE_VERSION} nonce record")
-        horizon, nonces = record.get("horizon"), record.get("nonces")
-        if horizon is not None and not _is_finite_number(horizon):
-            raise ValueError(f"horizon {horizon!r} is not a finite number")
-        if not isinstance(nonces, list):
-            raise ValueError("'nonces' is not a list")
-        entries = []
-        for item in nonces:
-            if (not isinstance(item, list) or len(item) != 2 or not _is_finite_number(item[0])
-                    or not isinstance(item[1], str) or not _NONCE.fullmatch(item[1])):
-                raise ValueError(f"entry {str(item)[:80]} is not [ts, 32-hex-digit nonce]")
-            entries.append((float(item[0]), item[1]))
-        return (None if horizon is None else float(horizon)), entries
 
     def save(self, horizon: float | None, entries: Sequence[tuple[float, str]]) -> None:
         """Replace the record, durably. Raises OSError (a full disk, a read-only directory)."""
-        data = json.dumps({"version": NONCE_FILE_VERSION, "horizon": horizon,
-                           "nonces": [[ts, nonce] for ts, nonce in entries]}, separators=(",", ":")).encode()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a file where the directory should be
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.path.parent)) from None
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        os.replace(tmp, self.path)
-        try:
-            dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:  # some file systems cannot fsync a directory; the rename itself is done
-            pass
-        finally:
-            os.close(dir_fd)
+
+
+def is_nonce(value: Any) -> TypeGuard[str]:
+    """A command's nonce: 32 lowercase hex digits."""
+    return isinstance(value, str) and _NONCE.fullmatch(value) is not None
 
 
 # --- the verifier --------------------------------------------------------------------------------
@@ -500,7 +447,7 @@ class CommandVerifier:
     """
 
     def __init__(self, key: bytes | CommandKeys, *, max_age_s: float = 30.0, clock: Callable[[], float] = time.time,
-                 nonce_capacity: int = 10000, nonce_file: NonceFile | None = None) -> None:
+                 nonce_capacity: int = 10000, nonce_file: NonceStore | None = None) -> None:
         self._keys = key if isinstance(key, CommandKeys) else CommandKeys(hmac_key=key)
         self._max_age_s = max_age_s
         self._clock = clock
@@ -515,7 +462,7 @@ class CommandVerifier:
         if nonce_file is not None:
             self._load(nonce_file)
 
-    def _load(self, nonce_file: NonceFile) -> None:
+    def _load(self, nonce_file: NonceStore) -> None:
         started = self._clock()
         try:
             horizon, entries = nonce_file.load()
@@ -560,7 +507,7 @@ class CommandVerifier:
         if not isinstance(command, dict):
             raise SignatureError(f"signed body is a {type(command).__name__}, not a map")
         raw_ts, nonce = command.get("ts"), command.get("nonce")
-        if not _is_finite_number(raw_ts) or not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+        if not is_finite_number(raw_ts) or not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
             raise SignatureError("signed body lacks a finite numeric ts and a 32-hex-char nonce")
         ts = float(raw_ts)
         with self._lock:
@@ -588,7 +535,7 @@ class CommandVerifier:
                 self._persist(self._file)
         return command
 
-    def _persist(self, nonce_file: NonceFile) -> None:
+    def _persist(self, nonce_file: NonceStore) -> None:
         """Write the record before the command is acted on; a command that cannot be recorded is refused."""
         try:
             nonce_file.save(self._horizon, sorted(self._by_age))
@@ -691,8 +638,7 @@ def check_event_signature(fields: Any, public_keys: Sequence[bytes]) -> None:
         raise SignatureError("bad event signature: not made with the board's key, or altered in transit")
 
 
-__all__ = ["ALGORITHM", "ED25519_ALGORITHM", "ED25519_VERSION", "ENVELOPES", "ENVELOPE_VERSION", "EVENT_SIGNATURE_FIELD",
+__all__ = ["ED25519_ALGORITHM", "ED25519_VERSION", "ENVELOPES", "EVENT_SIGNATURE_FIELD",
            "GENERATE_HINT", "HMAC_ALGORITHM", "HMAC_VERSION", "MIN_KEY_BYTES", "PUBLIC_HINT", "CommandKeys", "CommandVerifier",
-           "CoordinatorKeys", "EventSigner", "NonceFile", "SignatureError", "check_event_signature", "ed25519_public_key", "ed25519_sign",
-           "ed25519_verify",
-           "generate_ed25519_seed", "key_id", "sign_command", "unverified_address"]
+           "CoordinatorKeys", "EventSigner", "NonceStore", "SignatureError", "check_event_signature", "ed25519_public_key", "ed25519_sign",
+           "ed25519_verify", "generate_ed25519_seed", "is_finite_number", "is_nonce", "key_id", "sign_command", "unverified_address"]

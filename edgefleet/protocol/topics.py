@@ -24,12 +24,12 @@ DEFAULT_PREFIX = "edgefleet/v1"
 KINDS = ("status", "caps", "telemetry", "cmd", "events")
 
 # A board id is one topic level: no wildcards, no slashes, nothing a shell or ACL would trip on.
-_BOARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_BOARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole string (fullmatch): "$" would take "pi-1\n"
 
 
 def valid_board_id(board_id: str) -> bool:
     """True if ``board_id`` can stand as one MQTT topic level and a file name."""
-    return bool(_BOARD_ID.match(board_id))
+    return bool(_BOARD_ID.fullmatch(board_id))
 
 
 def valid_prefix(prefix: str) -> bool:
@@ -72,13 +72,13 @@ def events_json_topic(prefix: str, board_id: str) -> str:
 
 
 # Home Assistant accepts only these characters in a discovery topic's node_id and object_id.
-_DISCOVERY_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+_DISCOVERY_ID = re.compile(r"[A-Za-z0-9_-]+")
 DISCOVERY_COMPONENTS = ("sensor", "binary_sensor")
 
 
 def valid_discovery_id(text: str) -> bool:
     """True if ``text`` can be a Home Assistant discovery node_id or object_id ([a-zA-Z0-9_-]+)."""
-    return bool(_DISCOVERY_ID.match(text))
+    return bool(_DISCOVERY_ID.fullmatch(text))
 
 
 def discovery_topic(discovery_prefix: str, component: str, node_id: str, object_id: str) -> str:

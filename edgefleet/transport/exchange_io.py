@@ -206,25 +206,6 @@ def _after(views: list[memoryview], sent: int) -> list[memoryview]:
     return rest
 
 
-async def send_to_all(loop: asyncio.AbstractEventLoop, socks: list[Link],
-                      segments: list[bytes | memoryview]) -> list[int | BaseException]:
-    """Send one frame to every socket: bytes sent per socket, or the exception that socket raised.
-
-    Each socket first takes what it can at once; only sockets with bytes left are awaited, so
-    a round whose frames fit the send buffers costs no task and no wake-up.
-    """
-    total = sum(memoryview(segment).nbytes for segment in segments)
-    left = send_now_to_all(socks, segments)
-    outcomes: list[int | BaseException] = [rest if isinstance(rest, OSError) else total for rest in left]
-    waits = [i for i, rest in enumerate(left) if rest and not isinstance(rest, OSError)]
-    if waits:
-        failures = await send_rest(loop, [(socks[i], left[i]) for i in waits])  # type: ignore[misc]
-        for i, failure in zip(waits, failures):
-            if failure is not None:
-                outcomes[i] = failure
-    return outcomes
-
-
 async def async_send_frame(loop: asyncio.AbstractEventLoop, sock: Link, message: dict[str, Any], *,
                            stall_s: float | None = None) -> int:
     """Send one frame; returns the bytes sent. Do not modify the tensors until it returns.
@@ -448,4 +429,4 @@ class FrameReader:
 
 
 __all__ = ["ConnectionClosed", "FrameReader", "FrameTooLarge", "Link", "async_recv_frame", "async_send_frame", "async_send_segments",
-           "frame_segments", "send_now", "send_now_to_all", "send_rest", "send_to_all"]
+           "frame_segments", "send_now", "send_now_to_all", "send_rest"]

@@ -87,6 +87,7 @@ class JobCertificate:
 
 def make_job_certificate(job_id: str, *, days: int = 30) -> JobCertificate:
     """A new P-256 key and a self-signed certificate for one job's exchange."""
+    # cryptography: only when a job certificate is made
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

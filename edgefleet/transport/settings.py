@@ -11,7 +11,7 @@ import logging
 import ssl
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.topics import DEFAULT_PREFIX, valid_prefix
@@ -21,9 +21,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 boards
     import tomli as tomllib
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # typeshed's protocol of a dataclass: no runtime module
+
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # a settings section is a dataclass
 
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                "tuple[str, ...]": "a list of strings"}
@@ -69,7 +72,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file.
 
     Raises:
-        ConfigError: the file is missing, unreadable or not valid TOML.
+        ConfigError: the file is missing, unreadable, not UTF-8, not valid TOML or nested beyond reason.
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -78,11 +81,15 @@ def read_toml(path: Path) -> dict[str, Any]:
                           "reference) or drop --config") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     try:
         data: dict[str, Any] = tomllib.loads(text)
         return data
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nesting level
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a configuration") from None
 
 
 def _type_ok(value: Any, annotation: str) -> tuple[bool, Any]:
@@ -126,7 +133,7 @@ def build_section(cls: type[T], data: Any, *, section: str, source: str, overrid
     where = f"[{section}]" if section else "the top level"
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {section} should be a table ([{section}]), got {_describe(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{section}.{key}" if section else key
@@ -151,7 +158,7 @@ def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings
     """Read ``password_file`` (when set) into ``password``.
 
     Raises:
-        ConfigError: the password file is missing or unreadable.
+        ConfigError: the password file is missing, unreadable or not UTF-8.
     """
     if not settings.password_file:
         return settings
@@ -161,6 +168,9 @@ def resolve_password(settings: BrokerSettings, *, source: str) -> BrokerSettings
     except OSError as exc:
         raise ConfigError(f"{source}: broker.password_file = {str(path)!r} cannot be read ({exc.strerror}); "
                           "create it or remove the key") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: broker.password_file = {str(path)!r} is not UTF-8 text: write the password "
+                          "as plain UTF-8 (one line)") from None
     return dataclasses.replace(settings, password=password)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch.utils.data import Sampler
 
 from edgefleet.protocol.errors import ConfigError
@@ -211,8 +212,6 @@ class LoopPositioner:
 
 def board_accelerator() -> str:
     """Where a board trains: its GPU when its torch has CUDA (a Jetson), else its CPU."""
-    import torch
-
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 

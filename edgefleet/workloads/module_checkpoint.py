@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from edgefleet.protocol.codec import decode_value, encode_value
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.lightning_api import overrides
 
@@ -58,8 +59,7 @@ def extra_for_wire(extra: dict[str, Any], model_name: str) -> Any:
     Raises:
         ConfigError: the hook added something that cannot travel (a Python object): naming the key.
     """
-    from edgefleet.protocol.codec import encode_value
-    from edgefleet.workloads.params import to_numpy_tree
+    from edgefleet.workloads.params import to_numpy_tree  # torch: off the worker start
 
     try:
         return encode_value(to_numpy_tree(extra))
@@ -71,8 +71,7 @@ def extra_for_wire(extra: dict[str, Any], model_name: str) -> Any:
 
 def extra_from_wire(value: Any) -> dict[str, Any]:
     """The inverse of :func:`extra_for_wire` (arrays become tensors again)."""
-    from edgefleet.protocol.codec import decode_value
-    from edgefleet.workloads.params import to_torch_tree
+    from edgefleet.workloads.params import to_torch_tree  # torch: off the worker start
 
     extra = to_torch_tree(decode_value(value))
     return extra if isinstance(extra, dict) else {}

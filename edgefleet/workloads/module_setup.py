@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, TrainerOptions, make_trainer, position_of
-from edgefleet.workloads.lightning_api import package_of
+from edgefleet.workloads.lightning_api import overrides, package_of
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,6 @@ def prepare_module(model: Any, figures: RunFigures, datamodule: Any = None) -> A
     Raises:
         Whatever the module's hooks raise (the caller reports it as the module's error).
     """
-    from edgefleet.workloads.lightning_api import overrides
-
     trainer = figures_trainer(model, figures, datamodule)
     with attached(model, trainer):
         if overrides(model, "setup"):

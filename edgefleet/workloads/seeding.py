@@ -45,7 +45,7 @@ def seed_for(run_seed: int, rank: int, batch: int, purpose: str) -> int:
 @functools.cache
 def _has_cuda() -> bool:
     """Whether torch has CUDA here (asked once: the question costs more than seeding)."""
-    import torch
+    import torch  # torch: off the worker start
 
     return bool(torch.cuda.is_available())
 
@@ -57,8 +57,9 @@ def seed_generators(seed: int) -> None:
     0.3 ms on this host, twice a batch; the CPU generator alone costs microseconds (CUDA's only
     where there is CUDA).
     """
+    # numpy, torch: off the worker start
     import numpy as np
-    import torch
+    import torch  # torch: off the worker start
 
     torch.default_generator.manual_seed(seed)
     if _has_cuda():

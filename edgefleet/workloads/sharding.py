@@ -15,11 +15,12 @@ Steps are numbered globally from 0, so a plan needs no state: resuming at step `
 checkpoint's data cursor) or re-splitting at a step boundary gives the same samples as never stopping.
 
 Re-splitting during a run (the coordinator re-balancing batch sizes when a board slows down) goes
-through a :class:`SplitSchedule`: the split of each step, the plan's own until the first
-:class:`Split` and each split from its ``from_step`` on. A :class:`BoardBatchSampler` asks the
-schedule for a step's indices only when the DataLoader draws that step, so a split announced
-before that moment takes effect exactly at its step; one announced later is refused
-(:class:`SplitError`), because the board would already hold the wrong samples.
+through the ends' one ``protocol.split_schedule.SplitSchedule``: the split of each step, the plan's
+own until the first ``BatchSplit`` and each split from its ``from_step`` on.
+:meth:`GlobalBatchPlan.indices_under` divides a step's global batch as the schedule says then; a
+:class:`BoardBatchSampler` asks for a step's indices only when the DataLoader draws that step, so a
+split announced before that moment takes effect exactly at its step; one announced later is
+refused (``SplitRefused``), because the board would already hold the wrong samples.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import functools
 import hashlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Sampler
 
-from edgefleet.protocol.errors import ConfigError, ProtocolError
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.split_schedule import SplitSchedule
 
 
 def _epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:
@@ -95,6 +97,7 @@ class GlobalBatchPlan:
         # offsets[i] is where board i's slice starts inside the global batch; offsets[-1] == B.
         self.offsets: tuple[int, ...] = tuple(itertools.accumulate(sizes, initial=0))
         self._permutations = _PermutationCache(self.dataset_len)
+        self._splits: dict[tuple[int, ...], GlobalBatchPlan] = {}  # indices_under's re-divided plans
 
     @property
     def num_boards(self) -> int:
@@ -126,6 +129,20 @@ class GlobalBatchPlan:
             raise IndexError(f"board_index {board_index} is outside 0..{self.num_boards - 1}")
         return self.global_indices(step)[self.offsets[board_index]:self.offsets[board_index + 1]]
 
+    def indices_under(self, schedule: SplitSchedule, step: int, board_index: int) -> list[int]:
+        """Board ``board_index``'s indices at ``step``, the global batch divided as ``schedule`` says then.
+
+        From now on ``step`` can no longer be re-split (``schedule.mark_drawn``).
+        """
+        schedule.mark_drawn(step)
+        sizes = tuple(schedule.batch_sizes_at(step))
+        if sizes == self.batch_sizes:
+            return self.indices(step, board_index)
+        plan = self._splits.get(sizes)
+        if plan is None:
+            plan = self._splits[sizes] = self.with_split(sizes)
+        return plan.indices(step, board_index)
+
     def with_split(self, batch_sizes: Sequence[int]) -> GlobalBatchPlan:
         """A plan with the same global batches, divided among boards as ``batch_sizes``.
 
@@ -142,86 +159,6 @@ class GlobalBatchPlan:
     def __repr__(self) -> str:
         return (f"GlobalBatchPlan(dataset_len={self.dataset_len}, batch_sizes={list(self.batch_sizes)}, "
                 f"seed={self.seed}, drop_last={self.drop_last})")
-
-
-class SplitError(ProtocolError):
-    """A re-split this board cannot follow: it came too late (the board already drew that step's
-    samples), out of order, or with a different global batch or number of boards."""
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """A re-division of every global batch among the boards, in force from ``from_step`` on."""
-
-    from_step: int                # the first global step that uses these sizes
-    batch_sizes: tuple[int, ...]  # by board index; the same sum as the plan's global batch
-
-
-class SplitSchedule:
-    """The split of every step: the plan's own, then each :class:`Split` from its ``from_step``.
-
-    Splits are added in increasing ``from_step`` order; adding a known split again is a no-op (a
-    board may learn of one both from its welcome and from the next step's result). The schedule
-    remembers the highest step whose indices it has handed out (``drawn_through``) and refuses a
-    split for that step or an earlier one.
-
-    Args:
-        plan: The initial plan (the job's batch sizes).
-    """
-
-    def __init__(self, plan: GlobalBatchPlan) -> None:
-        self.initial = plan
-        self._plans: list[tuple[Split, GlobalBatchPlan]] = []
-        self.drawn_through = -1
-
-    @property
-    def splits(self) -> list[Split]:
-        """The re-splits added so far, in order."""
-        return [split for split, _ in self._plans]
-
-    def add(self, from_step: int, batch_sizes: Sequence[int]) -> bool:
-        """Re-divide the global batch from ``from_step`` on; returns False if the split was known.
-
-        Raises:
-            SplitError: ``from_step`` was already drawn, comes before a later split, or the sizes
-                change the global batch or the number of boards.
-        """
-        split = Split(int(from_step), tuple(int(b) for b in batch_sizes))
-        if any(known == split for known, _ in self._plans):
-            return False
-        if split.from_step <= self.drawn_through:
-            raise SplitError(f"a re-split from step {split.from_step} arrived after this board drew the samples of "
-                             f"step {self.drawn_through}; the coordinator must announce it earlier")
-        if self._plans and split.from_step < self._plans[-1][0].from_step:
-            raise SplitError(f"a re-split from step {split.from_step} arrived after one from step "
-                             f"{self._plans[-1][0].from_step}: splits must come in step order")
-        if len(split.batch_sizes) != self.initial.num_boards or min(split.batch_sizes, default=0) < 1:
-            raise SplitError(f"re-split {list(split.batch_sizes)} must give each of the {self.initial.num_boards} "
-                             "boards at least one sample")
-        try:
-            plan = self.initial.with_split(split.batch_sizes)
-        except ConfigError as exc:
-            raise SplitError(str(exc)) from None
-        if self._plans and self._plans[-1][0].from_step == split.from_step:
-            self._plans.pop()  # a correction before the step was drawn
-        self._plans.append((split, plan))
-        return True
-
-    def plan_at(self, step: int) -> GlobalBatchPlan:
-        """The plan (the split) in force at ``step``."""
-        for split, plan in reversed(self._plans):
-            if split.from_step <= step:
-                return plan
-        return self.initial
-
-    def batch_sizes_at(self, step: int) -> tuple[int, ...]:
-        """Every board's batch size at ``step``."""
-        return self.plan_at(step).batch_sizes
-
-    def indices(self, step: int, board_index: int) -> list[int]:
-        """Board ``board_index``'s indices at ``step``; from now on ``step`` can no longer be re-split."""
-        self.drawn_through = max(self.drawn_through, step)
-        return self.plan_at(step).indices(step, board_index)
 
 
 class LocalBatchPlan:
@@ -317,8 +254,9 @@ class StepBatchSampler(Sampler[list[int]]):
 class BoardBatchSampler(StepBatchSampler):
     """Board ``board_index``'s batches of a :class:`GlobalBatchPlan`, for ``DataLoader(batch_sampler=...)``.
 
-    Each step's indices come from the sampler's :class:`SplitSchedule` when the DataLoader draws
-    that step (lazily), so :meth:`resplit` changes this board's slice from a given step on.
+    Each step's indices come from the plan divided as the sampler's ``SplitSchedule`` says when the
+    DataLoader draws that step (lazily), so :meth:`resplit` changes this board's slice from a given
+    step on.
     Lightning's fetcher may draw one batch ahead of the step it trains (it does for loaders without
     ``len()``): a split must be known before the board finishes the step two before it, which is
     how early the exchange announces it.
@@ -337,13 +275,13 @@ class BoardBatchSampler(StepBatchSampler):
             raise IndexError(f"board_index {board_index} is outside 0..{plan.num_boards - 1}")
         if num_steps is None:
             num_steps = plan.steps_per_epoch - start_step % plan.steps_per_epoch
-        self.schedule = schedule if schedule is not None else SplitSchedule(plan)
-        super().__init__(functools.partial(self.schedule.indices, board_index=board_index), start_step, num_steps)
+        self.schedule = schedule if schedule is not None else SplitSchedule(plan.batch_sizes)
+        super().__init__(functools.partial(plan.indices_under, self.schedule, board_index=board_index), start_step, num_steps)
         self.plan = plan
         self.board_index = board_index
 
-    def resplit(self, from_step: int, batch_sizes: Sequence[int]) -> bool:
-        """Follow a re-split from ``from_step`` on (see :meth:`SplitSchedule.add`)."""
+    def resplit(self, from_step: int, batch_sizes: Sequence[int]) -> BatchSplit:
+        """Follow a re-split from ``from_step`` on (see ``SplitSchedule.add``)."""
         return self.schedule.add(from_step, batch_sizes)
 
     def batch_size_at(self, step: int) -> int:
@@ -367,5 +305,4 @@ class LocalBatchSampler(StepBatchSampler):
         self.plan = plan
 
 
-__all__ = ["BoardBatchSampler", "GlobalBatchPlan", "LocalBatchPlan", "LocalBatchSampler", "Split", "SplitError",
-           "SplitSchedule", "StepBatchSampler"]
+__all__ = ["BoardBatchSampler", "GlobalBatchPlan", "LocalBatchPlan", "LocalBatchSampler", "StepBatchSampler"]

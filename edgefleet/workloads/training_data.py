@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.lightning_api import package_of
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def load_training_data(*, dataset: str = "", dataset_options: Mapping[str, Any] 
         ConfigError: both or neither named, an unknown spec, a DataModule without
             ``train_dataloader()``, or an iterable-style dataset.
     """
+    # Lightning and the built-in datasets: only when data is loaded
     from edgefleet.workloads.registry import build_datamodule, build_dataset, build_dataset_cached
 
     if bool(dataset) == bool(datamodule):
@@ -104,8 +106,6 @@ def _from_datamodule(module: Any, spec: str, with_val: bool) -> TrainingData:
 
 
 def _has_val_dataloader(module: Any) -> bool:
-    from edgefleet.workloads.lightning_api import package_of
-
     base = package_of(module).LightningDataModule
     return getattr(type(module), "val_dataloader", None) is not getattr(base, "val_dataloader", None)
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,19 @@ def test_check_config_into_a_closed_pipe_ends_quietly() -> None:
         os.close(write_end)
     assert done.returncode == 141, done.stderr
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize("name, write, says", [
+    ("board id with a newline", lambda d: (d / "agent.toml").write_text('[agent]\nboard_id = "pi-1\\n"\n'), "board_id"),
+    ("config not UTF-8", lambda d: (d / "agent.toml").write_bytes(b'[agent]\nboard_id = "pi-\xff"\n'), "not UTF-8"),
+    ("nested beyond reason", lambda d: (d / "agent.toml").write_text("x = " + "[" * 5000 + "]" * 5000 + "\n"), "nests"),
+    ("password file not UTF-8", lambda d: ((d / "pw").write_bytes(b"\xff\xfe"),
+                                           (d / "agent.toml").write_text(f'[broker]\npassword_file = "{d / "pw"}"\n')), "not UTF-8"),
+])
+def test_a_hostile_config_file_exits_78_with_its_reason(tmp_path: Path, name: str, write: Any, says: str) -> None:
+    """A bad config is a configuration error (78: systemd does not restart the agent), named, never a traceback."""
+    write(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "edgefleet.agent", "--config", str(tmp_path / "agent.toml"), "--check-config"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "EDGEFLEET_BROKER": ""})
+    assert done.returncode == 78, (name, done.returncode, done.stderr[-2000:])
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import torch
 
-from edgefleet.brokers.local_broker import LocalBroker
 from tests.conformance.cases import CASES, REFUSED, SEEDED
 from tests.conformance.conftest import BOARDS
 from tests.conformance.fleet_cli import BATCHES, GLOBAL_BATCH, SEED, STEPS, TOLERANCE, cli_command
@@ -38,6 +37,7 @@ from tests.conformance.reference import (
     lightning_run,
     relative_l2,
 )
+from tests.conftest import Fleet
 
 # Features the fleet cannot train exactly yet: refused before start, naming them.
 NOT_YET: dict[str, tuple[str, ...]] = {}
@@ -52,7 +52,7 @@ LOGGED: dict[str, dict[str, float]] = {
     "module_transfer_hooks": {"val_loss": 1e-5},
     "val_torchmetric": {"val_loss": 1e-5, "val_acc": 1e-6},
 }
-def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, seed: int = SEED, **spec: Any) -> Path:
+def _train_here(fleet: Fleet, case: Case, run_dir: Path, *, seed: int = SEED, **spec: Any) -> Path:
     """Train ``case`` with the coordinator's ``train`` in this process, as ``_train`` does with the CLI; its run directory.
 
     ``spec``: more of the job's fields (``JobSpec``'s names: ``sync_buffers="average"``, ``overlap=True``, ...).
@@ -64,7 +64,6 @@ def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, s
     from edgefleet.transport.fleet_key import load_fleet_key
     from edgefleet.transport.settings import BrokerSettings
 
-    broker, key = fleet
     job = JobSpec(model=case.model, model_options=case.model_options, dataset=case.dataset or "",
                    dataset_options=case.dataset_options if case.dataset else {}, datamodule=case.datamodule or "",
                    datamodule_options=case.datamodule_options, boards=BOARDS,
@@ -72,8 +71,8 @@ def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, s
                    rebalance=False, **case.trainer, **spec)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
-        outcome = train(job, broker=BrokerSettings(host=broker.host, port=broker.port), fleet_key=load_fleet_key(key),
-                        run_dir=run_dir)
+        outcome = train(job, broker=BrokerSettings(host=fleet.broker.host, port=fleet.broker.port),
+                        fleet_key=load_fleet_key(fleet.key), run_dir=run_dir)
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
@@ -81,9 +80,8 @@ def _train_here(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *, s
     return run_dir
 
 
-def _train(fleet: tuple[LocalBroker, Path], case: Case, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = cli_command(fleet, case, run_dir)
-    return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300)
+def _train(fleet: Fleet, case: Case, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_command(fleet, case, run_dir, *extra), capture_output=True, text=True, timeout=300)
 
 
 TRAINED = [case for case in CASES if case.name not in NOT_YET]

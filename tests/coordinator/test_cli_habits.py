@@ -17,9 +17,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefleet.coordinator.cli.main import build_parser, main
-from edgefleet.coordinator.cli.config import default_config_path, load_coordinator_config
 from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
+from edgefleet.coordinator.cli.config import default_config_path, load_coordinator_config
+from edgefleet.coordinator.cli.main import build_parser, main
 from edgefleet.protocol.address import HostPort, parse_broker
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.messages import BoardStatus

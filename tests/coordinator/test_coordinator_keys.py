@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.coordinator.cli.shared import coordinator_keys
 from edgefleet.coordinator.cli.config import load_coordinator_config
+from edgefleet.coordinator.cli.shared import coordinator_keys
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.transport.fleet_key import add_board_keys, load_fleet_key, private_key_text, public_key_text, write_new_key
 

@@ -267,20 +267,18 @@ class SplitBoard(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from edgefleet.agent.worker_exchange import welcome_splits
-
-        sizes_from = [(0, [n for _, n in BOARDS])]
+        sizes_from = [BatchSplit(0, tuple(n for _, n in BOARDS))]
         try:
             client = ExchangeClient("127.0.0.1", self.port)
             self.welcome = client.hello(job_id="job", board_id=self.board_id, token="secret", param_count=P)
-            sizes_from += welcome_splits(self.welcome)
+            sizes_from += self.welcome.splits
             start = self.welcome.step
             for step in range(start, start + self.steps):
-                n = [sizes for first, sizes in sizes_from if first <= step][-1][self.index]
+                n = [s.batch_sizes for s in sizes_from if s.from_step <= step][-1][self.index]
                 client.exchange(step=step, grad=_grads(step)[self.board_id], n=n, loss=1.0, compute_s=0.01)
                 if client.split is not None:
                     self.announced[step] = (client.split.from_step, list(client.split.batch_sizes))
-                    sizes_from.append(self.announced[step])
+                    sizes_from.append(client.split)
             client.close()
         except (EdgeTrainError, OSError) as exc:  # reported to the test through self.error
             self.error = exc
@@ -333,14 +331,14 @@ def test_a_resplit_travels_in_the_next_result_and_in_later_welcomes() -> None:
 def test_a_resumed_exchange_welcomes_boards_with_the_split_in_force() -> None:
     server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
                             welcome_state=lambda: (0, encode_value({}), encode_value({})),
-                            splits=[(4, [16, 16, 16]), (9, [4, 20, 24])])
+                            splits=[BatchSplit(4, (16, 16, 16)), BatchSplit(9, (4, 20, 24))])
     assert server.splits_from(3) == server.splits == [BatchSplit(4, (16, 16, 16)), BatchSplit(9, (4, 20, 24))]
     assert server.splits_from(9) == [BatchSplit(9, (4, 20, 24))]
     assert server.splits_from(5) == server.splits_from(4) == server.splits
     assert [server.batch_sizes_at(s) for s in (3, 4, 9)] == [[8, 16, 24], [16, 16, 16], [4, 20, 24]]
     with pytest.raises(ExchangeError, match="would come before"):
         ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype="float32",
-                       welcome_state=lambda: (0, None, None), splits=[(9, [16, 16, 16]), (4, [16, 16, 16])])
+                       welcome_state=lambda: (0, None, None), splits=[BatchSplit(9, (16, 16, 16)), BatchSplit(4, (16, 16, 16))])
 
 
 def test_a_board_whose_coordinator_stops_answering_gets_a_timeout_naming_the_wait() -> None:

@@ -30,15 +30,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from edgefleet.brokers.local_broker import LocalBroker, free_port
 from edgefleet.coordinator.cli.train import served_metrics
 from edgefleet.coordinator.cli.train_progress import TrainProgress
+from edgefleet.coordinator.control.fleet import FleetView
 from edgefleet.coordinator.exporter.fleet_collector import FleetCollector
 from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics, serve_metrics
 from edgefleet.coordinator.exporter.telemetry_metrics import NAMED_FIELDS, sample_values
 from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
-from edgefleet.coordinator.control.fleet import FleetView
 from edgefleet.coordinator.run.job_spec import JobSpec
-from edgefleet.brokers.local_broker import LocalBroker, free_port
 from edgefleet.coordinator.run.training import StepView
 from edgefleet.protocol.address import HostPort
 from edgefleet.protocol.errors import ConfigError

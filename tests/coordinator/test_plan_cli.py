@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
+
 from edgefleet import __version__
-from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.planning import save_profiles
 from edgefleet.coordinator.planning.profiles import ProfileMeta
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
+from tests.conftest import Fleet
 from tests.helpers import coordinator, status_json, wait_until
-from tests.planning import MB, board, fleet
+from tests.planning import MB, board
+from tests.planning import fleet as fleet_profile
 
 LENET = "lenet5{}[1,32,32]"
 DIGITS_TRAIN = 1438  # samples in the digits training split
@@ -30,7 +32,7 @@ def _profile(tmp_path: Path, ids: tuple[str, ...] = ("a", "b", "c"), *, version:
     shapes = [{"a": 0.02, "c": 0.002, "active_w": 6.4, "idle_w": 2.7}, {"a": 0.03, "c": 0.001, "active_w": 10.0, "idle_w": 3.0},
               {"a": 0.02, "c": 0.004, "active_w": 5.0, "idle_w": 2.5, "memory": 300 * MB}]
     boards = [board(i, key=key, version=version, **shape) for i, shape in zip(ids, shapes)]
-    profile = fleet(*boards, key=key, dataset_len=DIGITS_TRAIN, grad_bytes=250_000, variant=variant or {})
+    profile = fleet_profile(*boards, key=key, dataset_len=DIGITS_TRAIN, grad_bytes=250_000, variant=variant or {})
     path = tmp_path / "edgefleet-profile.json"
     save_profiles(path, {"default": profile}, meta=ProfileMeta(model=model, dataset="digits", batch_sizes=[8, 32]))
     return path
@@ -42,10 +44,18 @@ def _plan(profile: Path, *args: str, broker: str | None = None, timeout_s: float
     return coordinator(*head, "plan", "--profile", str(profile), *tail, *args, timeout_s=timeout_s)
 
 
-def _agent_config(board_id: str, key: Path | None = None) -> str:
-    """Estimated power between 2 and 6 W; with a key, the worker stays between jobs (short jobs follow)."""
-    security = f'[security]\nfleet_key_file = "{key}"\n[training]\nkeep_worker = true\n' if key else ""
-    return f'board_id = "{board_id}"\n{security}[power]\nsource = "estimated"\nidle_w = 2.0\nmax_w = 6.0\n'
+# Estimated power between 2 and 6 W, telemetry every 0.2 s; the worker stays between jobs (short jobs follow).
+PLANNED_BOARDS = {"idle_w": 2.0, "max_w": 6.0, "keep_worker": True, "agent_args": ("--interval", "0.2")}
+
+# Two boards, trusting the fleet key, for the tests that leave them running (they plan over their own profiles).
+pytestmark = pytest.mark.fleet(boards=("pl-a", "pl-b"), **PLANNED_BOARDS)
+
+
+def _planned_boards(make_fleet: Callable[..., Fleet], ids: Sequence[str], **options: object) -> Fleet:
+    """A fleet of this test's own as ``PLANNED_BOARDS``, every board online with samples."""
+    fleet = make_fleet(ids, **{**PLANNED_BOARDS, **options})
+    _online(fleet.broker.address, tuple(ids))
+    return fleet
 
 
 def _online(broker: str, ids: tuple[str, ...]) -> None:
@@ -80,8 +90,8 @@ def test_plan_marks_the_chosen_row_and_draws_the_pareto_front(tmp_path: Path) ->
 def test_a_near_tie_goes_to_fewer_boards_and_says_so(tmp_path: Path) -> None:
     # c at 3 samples makes the step 0.4% shorter by estimate: not worth a third board by default.
     boards = [board(i, key=LENET, a=0.01, c=0.001, link=100 * MB) for i in ("a", "b")]
-    profile = fleet(*boards, board("c", key=LENET, a=0.005, c=0.01, link=100 * MB), key=LENET,
-                    dataset_len=DIGITS_TRAIN, grad_bytes=100_000)
+    profile = fleet_profile(*boards, board("c", key=LENET, a=0.005, c=0.01, link=100 * MB), key=LENET,
+                            dataset_len=DIGITS_TRAIN, grad_bytes=100_000)
     path = tmp_path / "edgefleet-profile.json"
     save_profiles(path, {"default": profile}, meta=ProfileMeta(model="lenet5", dataset="digits", batch_sizes=[8, 32]))
 
@@ -134,34 +144,28 @@ def test_a_profile_of_another_model_or_dataset_or_without_a_variant_is_refused(t
     assert profiled_variant.returncode == 0, profiled_variant.stderr
 
 
-def test_a_profile_from_another_agent_version_is_refused(tmp_path: Path, mosquitto: LocalBroker,
-                                                         agents: AgentFactory) -> None:
-    ids = ("ver-a", "ver-b")
-    for i in ids:
-        agents.start(i, mosquitto.address, config=_agent_config(i), args=("--interval", "0.2"))
-    _online(mosquitto.address, ids)
-    profile = _profile(tmp_path, ("ver-a", "ver-b", "ver-c"), version="0.0.9")
+def test_a_profile_from_another_agent_version_is_refused(tmp_path: Path, fleet: Fleet) -> None:
+    _online(fleet.broker.address, fleet.boards)
+    profile = _profile(tmp_path, ("pl-a", "pl-b", "pl-c"), version="0.0.9")
 
-    result = _plan(profile, broker=mosquitto.address)
+    result = _plan(profile, broker=fleet.broker.address)
 
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert f"board ver-a was profiled by agent 0.0.9, it now runs {__version__}" in result.stderr
+    assert f"board pl-a was profiled by agent 0.0.9, it now runs {__version__}" in result.stderr
     assert "edge-coordinator profile" in result.stderr
 
 
-def test_a_board_offline_at_plan_time_is_left_out_with_a_line(tmp_path: Path, mosquitto: LocalBroker,
-                                                             agents: AgentFactory) -> None:
+def test_a_board_offline_at_plan_time_is_left_out_with_a_line(tmp_path: Path, make_fleet: Callable[..., Fleet]) -> None:
     ids = ("off-a", "off-b", "off-c")
-    procs = {i: agents.start(i, mosquitto.address, config=_agent_config(i), args=("--interval", "0.2")) for i in ids}
-    _online(mosquitto.address, ids)
+    fleet = _planned_boards(make_fleet, ids, secure=False, keep_worker=None)  # its own: one of them stops
+    broker = fleet.broker.address
     profile = _profile(tmp_path, ids)
-    procs["off-b"].proc.send_signal(signal.SIGTERM)  # b, the fastest, stops after it was profiled
-    assert procs["off-b"].proc.wait(timeout=10) == 0
-    wait_until(lambda: status_json(mosquitto.address).get("off-b", {}).get("state") == "offline",
-               timeout_s=10, what="off-b offline")
+    fleet.agent("off-b").proc.send_signal(signal.SIGTERM)  # b, the fastest, stops after it was profiled
+    assert fleet.agent("off-b").proc.wait(timeout=10) == 0
+    wait_until(lambda: status_json(broker).get("off-b", {}).get("state") == "offline", timeout_s=10, what="off-b offline")
 
-    shown = _plan(profile, "--objective", "time", broker=mosquitto.address)
-    as_json = _plan(profile, "--objective", "time", "--json", broker=mosquitto.address)
+    shown = _plan(profile, "--objective", "time", broker=broker)
+    as_json = _plan(profile, "--objective", "time", "--json", broker=broker)
 
     assert shown.returncode == 0, shown.stderr
     assert "board off-b is left out of the plan: it is offline (stopped)" in shown.stdout
@@ -172,19 +176,13 @@ def test_a_board_offline_at_plan_time_is_left_out_with_a_line(tmp_path: Path, mo
     assert "board off-b is left out of the plan: it is offline (stopped)" in as_json.stderr
 
 
-def test_verify_pretrains_the_best_candidates_and_chooses_on_measurement(tmp_path: Path, mosquitto: LocalBroker,
-                                                                        agents: AgentFactory) -> None:
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    ids = ("vf-a", "vf-b")
-    for i in ids:
-        agents.start(i, mosquitto.address, config=_agent_config(i, key), args=("--interval", "0.2"))
-    _online(mosquitto.address, ids)
-    profile = _profile(tmp_path, ("vf-a", "vf-b", "vf-c"))  # vf-c has no agent: left out
+def test_verify_pretrains_the_best_candidates_and_chooses_on_measurement(tmp_path: Path, fleet: Fleet) -> None:
+    ids = fleet.boards
+    _online(fleet.broker.address, ids)
+    profile = _profile(tmp_path, ("pl-a", "pl-b", "pl-c"))  # pl-c has no agent: left out
 
     result = _plan(profile, "--objective", "time", "--batch", "32", "--verify", "2", "--verify-steps", "6",
-                   "--fleet-key", str(key), "--json", broker=mosquitto.address, timeout_s=240)
+                   "--fleet-key", str(fleet.key), "--json", broker=fleet.broker.address, timeout_s=240)
 
     assert result.returncode == 0, result.stderr + result.stdout
     doc = json.loads(result.stdout)
@@ -200,5 +198,5 @@ def test_verify_pretrains_the_best_candidates_and_chooses_on_measurement(tmp_pat
     assert trials[doc["verify"]["chosen"]] is best or trials[doc["verify"]["chosen"]] == best
     assert "pre-training candidate 1/2" in result.stderr
     # The boards are back to idle afterwards.
-    rows = status_json(mosquitto.address)
+    rows = status_json(fleet.broker.address)
     assert all(rows[i]["state"] == "online" for i in ids)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,14 +16,12 @@ import pytest
 import torch
 
 from edgefleet.coordinator.run.job_spec import JobSpec
-from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.run.train_job import TrainObserver, load_job, resolve_job, train
 from edgefleet.coordinator.run.training import StepView
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.transport.fleet_key import generate_key_hex, load_fleet_key
+from edgefleet.transport.fleet_key import load_fleet_key
 from edgefleet.transport.settings import BrokerSettings
-from tests.conftest import AgentFactory
-from tests.helpers import status_json, wait_until
+from tests.conftest import Fleet
 
 DIGITS_TRAIN = 1438  # samples in the digits training split
 
@@ -48,17 +47,11 @@ class _Recorder(TrainObserver):
         self.events.append("stopped")
 
 
-def test_train_runs_a_job_spec_on_real_agents_without_the_command_line(tmp_path: Path, mosquitto: LocalBroker,
-                                                                       agents: AgentFactory) -> None:
-    key_file = tmp_path / "fleet.key"
-    key_file.write_text(generate_key_hex() + "\n")
-    key_file.chmod(0o600)
+def test_train_runs_a_job_spec_on_real_agents_without_the_command_line(tmp_path: Path,
+                                                                       make_fleet: Callable[..., Fleet]) -> None:
     ids = ("svc-a", "svc-b")
-    for board in ids:
-        agents.start(board, mosquitto.address, args=("--interval", "0.2"),
-                     config=f'board_id = "{board}"\n[security]\nfleet_key_file = "{key_file}"\n[power]\nsource = "estimated"\n')
-    wait_until(lambda: all(status_json(mosquitto.address).get(b, {}).get("state") == "online" for b in ids),
-               timeout_s=30, what="both agents online")
+    fleet = make_fleet(ids, agent_args=("--interval", "0.2"), wait="online")
+    mosquitto, key_file = fleet.broker, fleet.key
     spec = JobSpec(model="lenet5", model_options={"optimizer": "sgd", "lr": 0.05}, dataset="digits", boards=ids,
                    batch_sizes=(8, 16), steps=6, seed=3, threads=1, rebalance=False)
     recorder = _Recorder()

@@ -7,15 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.coordinator.cli import main
-from edgefleet.transport.fleet_key import generate_key_hex
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    path = tmp_path / "fleet.key"
-    path.write_text(generate_key_hex() + "\n")
-    path.chmod(0o600)
-    return path
+from tests.helpers import train_args
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [
@@ -28,12 +20,12 @@ def key(tmp_path: Path) -> Path:
     (("--datamodule", "tests.conformance.data:make_tokens"), "not a LightningDataModule subclass"),
     (("--auto", "--accumulate-grad-batches", "2"), "--accumulate-grad-batches not with --auto yet"),
 ])
-def test_bad_lightning_flags_stop_before_any_board(key: Path, flags: tuple[str, ...], fragment: str,
+def test_bad_lightning_flags_stop_before_any_board(fleet_key: Path, flags: tuple[str, ...], fragment: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     # --boards names a board nobody runs and the broker is unreachable: a flag must be refused before either matters.
     # The CLI's own main, in this process (one subprocess per case would import torch each time; the
     # subprocess path of the same refusals is test_bad_requests_fail_before_training_with_the_reason's).
-    code = main(["--broker", "127.0.0.1:9", "train", "--fleet-key", str(key), "--boards", "nobody", "--steps", "5", *flags])
+    code = main(train_args(*flags, broker="127.0.0.1:9", fleet_key=fleet_key, boards="nobody", steps=5))
     out, err = capsys.readouterr()
     assert code == 1, out + err
     assert fragment in err and "Traceback" not in err

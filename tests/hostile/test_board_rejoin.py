@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from edgefleet.brokers.local_broker import LocalBroker
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
-from tests.helpers import wait_boards_online, wait_until
+from tests.conftest import Fleet
+from tests.helpers import wait_until
 
 STEPS = 100_000  # more than the test waits for: it stops the run (Ctrl-C) once the board has rejoined
 
@@ -30,22 +28,13 @@ def _steps(run_dir: Path) -> list[dict[str, object]]:
     return [record for line in lines if line.strip() and "step" in (record := json.loads(line))]
 
 
-def test_a_restarted_board_rejoins_the_running_job(tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-
-    def config(board: str) -> str:
-        return f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
-
-    agents.start("steady-1", mosquitto.address, config=config("steady-1"))
-    restarted = agents.start("restarted-1", mosquitto.address, config=config("restarted-1"))
-    wait_boards_online(mosquitto.address, ["steady-1", "restarted-1"])
+def test_a_restarted_board_rejoins_the_running_job(tmp_path: Path, make_fleet: Callable[..., Fleet]) -> None:
+    fleet = make_fleet(["steady-1", "restarted-1"], wait="online")  # its own: one of them is killed
+    restarted = fleet.agent("restarted-1")
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", mosquitto.address, "train",
-                             "--fleet-key", str(key), "--boards", "steady-1,restarted-1", "--model", "lenet5",
-                             "--dataset", "digits", "--batch", "8", "--steps", str(STEPS), "--threads", "1",
-                             "--checkpoint-every", "1000", "--no-rebalance", "--run-dir", str(run_dir)],
+    proc = subprocess.Popen(fleet.train_command(boards="steady-1,restarted-1", model="lenet5", dataset="digits", batch=8,
+                                                steps=STEPS, threads=1, checkpoint_every=1000, no_rebalance=True,
+                                                run_dir=run_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(lambda: len(_steps(run_dir)) >= 20 or proc.poll() is not None, timeout_s=120, what="20 steps")
@@ -53,7 +42,7 @@ def test_a_restarted_board_rejoins_the_running_job(tmp_path: Path, mosquitto: Lo
         for process in [*family.children(recursive=True), family]:
             process.kill()
         killed_at = len(_steps(run_dir))
-        agents.start("restarted-1", mosquitto.address, config=config("restarted-1"))
+        fleet.start("restarted-1", wait=None)  # the same board again (its config and key)
 
         def rejoined() -> list[int]:
             return [int(str(s["step"])) for s in _steps(run_dir)

@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.coordinator.run.checkpoints import (
     CHECKPOINT,
     KEEP_PREVIOUS,
@@ -29,14 +27,15 @@ from edgefleet.coordinator.run.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
+from tests.conftest import Fleet
 
 KIB = 1024
 BOARDS = ("cf-1", "cf-2")
 STEPS = 20
 EVERY = 5
 MODEL_OPTIONS = {"optimizer": "sgd", "lr": 0.05}
+
+pytestmark = pytest.mark.fleet(boards=BOARDS)  # two real agents for the real training job (its one test that asks)
 
 
 def _mount_tmpfs(where: Path, size: str) -> None:
@@ -184,24 +183,6 @@ def test_a_resume_drops_a_torn_last_line_of_metrics(tmp_path: Path) -> None:
 # --- a real training job whose run directory fills up ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path]]:
-    """A real Mosquitto, a fleet key and two real agents."""
-    tmp = tmp_path_factory.mktemp("checkpoint-faults")
-    key = tmp / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    factory = AgentFactory(tmp)
-    with start_mosquitto() as broker:
-        for board in BOARDS:
-            factory.start(board, broker.address, config=f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n'
-                                                        '[power]\nsource = "estimated"\n')
-        try:
-            yield broker, key
-        finally:
-            factory.stop_all()
-
-
 @pytest.fixture
 def run_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs for a run directory (a LeNet-5 checkpoint is about 0.5 MiB)."""
@@ -211,11 +192,6 @@ def run_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         _unmount(disk)
-
-
-def _coordinator(broker: LocalBroker, key: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-            *args]
 
 
 def _checkpoint_estimate() -> int:
@@ -232,17 +208,13 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_run_resumes(fleet, run_disk: Path) -> None:
-    broker, key = fleet
+def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_run_resumes(fleet: Fleet, run_disk: Path) -> None:
     run_dir = run_disk / "run"
     # Room for the first checkpoint, not for the second beside it: the checkpoint of step 10 hits ENOSPC.
     filler = fill(run_disk, leave=_checkpoint_estimate() * 3 // 2)
-    options = ",".join(f"{k}={v}" for k, v in MODEL_OPTIONS.items())
-    done = subprocess.run(_coordinator(broker, key, "--boards", ",".join(BOARDS), "--batch", "8,8", "--steps", str(STEPS),
-                                       "--checkpoint-every", str(EVERY), "--model", "lenet5", "--model-options", options,
-                                       "--dataset", "digits", "--seed", "3", "--threads", "1", "--no-rebalance",
-                                       "--run-dir", str(run_dir)),
-                          capture_output=True, text=True, timeout=180)
+    done = fleet.train(boards=BOARDS, batch="8,8", steps=STEPS, checkpoint_every=EVERY, model="lenet5",
+                       model_options=MODEL_OPTIONS, dataset="digits", seed=3, threads=1, no_rebalance=True, run_dir=run_dir,
+                       timeout_s=180)
 
     assert done.returncode == 1, done.stderr + done.stdout
     assert "Traceback" not in done.stderr, done.stderr
@@ -260,8 +232,7 @@ def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_run_resumes
 
     # Space again: --resume continues from the checkpoint and ends the run, every step once.
     filler.unlink()
-    resumed = subprocess.run(_coordinator(broker, key, "--resume", str(run_dir)), capture_output=True, text=True,
-                             timeout=180)
+    resumed = fleet.train(resume=run_dir, timeout_s=180)
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert _steps(run_dir) == list(range(STEPS))
     assert json.loads((run_dir / "result.json").read_text())["steps"] == STEPS

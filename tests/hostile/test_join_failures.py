@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -17,27 +17,15 @@ from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.signing import sign_command
 from edgefleet.transport.fleet_key import generate_key_hex
 from tests.board_watch import BoardWatch
-from tests.conftest import AgentFactory
-from tests.helpers import wait_boards_online, wait_until
+from tests.conftest import Fleet
+from tests.helpers import train_command, wait_boards_online, wait_until, write_fleet_key
 
 FAST_S = 45.0  # far below the 180 s join timeout; a board's worker import alone takes a few seconds here
 
 
-def _key(path: Path) -> Path:
-    path.write_text(generate_key_hex() + "\n")
-    path.chmod(0o600)
-    return path
-
-
-def _config(board: str, key: Path | None) -> str:
-    security = f'[security]\nfleet_key_file = "{key}"\n' if key is not None else ""
-    return f'board_id = "{board}"\n{security}[power]\nsource = "estimated"\n'
-
-
 def _train(broker: LocalBroker, key: Path, run_dir: Path, boards: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--boards", boards, "--model", "lenet5", "--dataset", "digits", "--steps", "20", "--threads", "1",
-           "--run-dir", str(run_dir)]
+    cmd = train_command(broker=broker, fleet_key=key, boards=boards, model="lenet5", dataset="digits", steps=20, threads=1,
+                        run_dir=run_dir)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -52,11 +40,10 @@ def _finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[int, str]:
 
 
 def test_a_board_with_another_fleet_key_or_none_fails_the_job_at_once_naming_it(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    coordinator_key = _key(tmp_path / "coordinator.key")
-    other_key = _key(tmp_path / "other.key")
-    agents.start("keyed-1", mosquitto.address, config=_config("keyed-1", other_key))
-    agents.start("keyless-1", mosquitto.address, config=_config("keyless-1", None))
+        tmp_path: Path, mosquitto: LocalBroker, make_fleet: Callable[..., Fleet]) -> None:
+    coordinator_key = write_fleet_key(tmp_path / "coordinator.key")
+    make_fleet(["keyed-1"], wait=None)                  # a fleet of its own: it trusts another key than the coordinator's
+    make_fleet(["keyless-1"], secure=False, wait=None)  # no fleet key at all (both are waited for together below)
     wait_boards_online(mosquitto.address, ["keyed-1", "keyless-1"])
 
     for board, expected in (("keyed-1", "its fleet key differs from the coordinator's"),
@@ -70,11 +57,10 @@ def test_a_board_with_another_fleet_key_or_none_fails_the_job_at_once_naming_it(
 
 
 def test_a_board_whose_agent_dies_while_joining_is_dropped_as_soon_as_the_broker_says_so(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    key = _key(tmp_path / "fleet.key")
-    agent = agents.start("dying-1", mosquitto.address, config=_config("dying-1", key))
-    wait_boards_online(mosquitto.address, ["dying-1"])
-    proc = _train(mosquitto, key, tmp_path / "run", "dying-1")
+        tmp_path: Path, mosquitto: LocalBroker, make_fleet: Callable[..., Fleet]) -> None:
+    fleet = make_fleet(["dying-1"], wait="online")
+    agent = fleet.agent("dying-1")
+    proc = _train(mosquitto, fleet.key, tmp_path / "run", "dying-1")
     try:
         # The agent took the command and starts its worker (which imports torch for seconds): kill both,
         # as a power cut or an OOM kill of the unit would.
@@ -93,15 +79,14 @@ def test_a_board_whose_agent_dies_while_joining_is_dropped_as_soon_as_the_broker
 
 
 def test_a_forged_command_for_the_job_while_boards_join_does_not_fail_the_job(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+        tmp_path: Path, mosquitto: LocalBroker, make_fleet: Callable[..., Fleet]) -> None:
     # Someone who can write the command topic (the coordinator's MQTT credentials, or a broker without
     # the ACL) sends a command for the running job signed with another key: the board refuses it with a
     # `rejected` event for the job, but it has accepted the real command, so the job goes on.
-    key = _key(tmp_path / "fleet.key")
-    agent = agents.start("joining-1", mosquitto.address, config=_config("joining-1", key))
-    wait_boards_online(mosquitto.address, ["joining-1"])
+    fleet = make_fleet(["joining-1"], wait="online")
+    agent = fleet.agent("joining-1")
     watch = BoardWatch(mosquitto, "joining-1")
-    proc = _train(mosquitto, key, tmp_path / "run", "joining-1")
+    proc = _train(mosquitto, fleet.key, tmp_path / "run", "joining-1")
     try:
         wait_until(lambda: "starting a worker" in agent.log() or proc.poll() is not None, timeout_s=60,
                    what="the agent to accept the job")

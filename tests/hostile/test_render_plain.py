@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -66,3 +67,23 @@ def test_profile_and_plan_tables_show_board_ids_and_sources_as_text() -> None:
     request = PlanRequest(objective="time", max_power_w=None, deadline_s=None, global_batches=(32,), count_idle=False,
                           max_memory_fraction=0.9, top=5)
     assert MARKUP in _text(plan_table(request.run({"v": profile}), request))
+
+
+def test_names_a_board_logged_show_in_the_progress_line_as_the_characters_they_are() -> None:
+    """A module's log names travel from the boards: ``[/]`` must not kill the progress thread, ``[link=…]``
+    and styles must not render, and an ESC sequence must not reach the operator's terminal."""
+    from edgefleet.coordinator.cli.train_progress import TrainProgress
+    from edgefleet.coordinator.run.job_spec import JobSpec
+    from edgefleet.coordinator.run.training import StepView
+
+    out = io.StringIO()
+    display = TrainProgress(Console(file=out, width=400, color_system=None, force_terminal=False))
+    spec = JobSpec(model="mlp", dataset="synthetic", boards=("pi-1",), batch_sizes=(8,), total_steps=2, steps=2)
+    display.started(spec, Path("run"), 0)
+    names = {CLOSING_TAG: 1.0, "[link=https://example.invalid]click[/link]": 2.0, "\x1b[31mred": 3.0, MARKUP: 4.0}
+    display.step(StepView(step=0, total_steps=2, loss=0.5, val_accuracy=None, samples_per_s=10.0,
+                          board_compute_s={"pi-1": 0.01}, late=[], refused={}, shown=names))
+    display.stopped()
+    text = out.getvalue()
+    assert CLOSING_TAG in text and "[link=https://example.invalid]click[/link]" in text and MARKUP in text, text
+    assert "\x1b" not in text and "?[31mred" in text, repr(text)

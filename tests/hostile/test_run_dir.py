@@ -18,9 +18,8 @@ from edgefleet.coordinator.run.checkpoints import check_new_run_dir
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.coordinator.run.train_job import train
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.transport.fleet_key import generate_key_hex
 from edgefleet.transport.settings import BrokerSettings
-from tests.helpers import coordinator
+from tests.helpers import coordinator, train_args, write_fleet_key
 
 
 def _old_run(run_dir: Path) -> dict[str, str]:
@@ -39,10 +38,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 @pytest.fixture
 def key_file(tmp_path: Path) -> Path:
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    return key
+    return write_fleet_key(tmp_path / "fleet.key")
 
 
 @pytest.mark.parametrize("extra", [(), ("--auto",)], ids=["train", "train --auto"])
@@ -52,8 +48,7 @@ def test_the_command_refuses_an_existing_run_directory_without_resume(tmp_path: 
     before = _old_run(run_dir)
     nowhere = f"127.0.0.1:{free_port()}"  # nothing listens: reaching the broker would be another error
 
-    done = coordinator("--broker", nowhere, "train", "--fleet-key", str(key_file), "--boards", "a,b", "--steps", "5",
-                       "--run-dir", str(run_dir), *extra)
+    done = coordinator(*train_args(*extra, broker=nowhere, fleet_key=key_file, boards="a,b", steps=5, run_dir=run_dir))
 
     assert done.returncode == 1, done.stderr + done.stdout
     assert "Traceback" not in done.stderr
@@ -92,8 +87,8 @@ def test_a_run_directory_that_cannot_be_created_is_one_clear_line(tmp_path: Path
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a folder should be")
 
-    done = coordinator("--broker", f"127.0.0.1:{free_port()}", "train", "--fleet-key", str(key_file), "--boards", "a",
-                       "--steps", "1", "--run-dir", str(blocker / "run"))
+    done = coordinator(*train_args(broker=f"127.0.0.1:{free_port()}", fleet_key=key_file, boards="a", steps=1,
+                                   run_dir=blocker / "run"))
 
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     # The broker is never reached: the job is refused at the run directory, before any board.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from edgefleet.protocol.signing import CoordinatorKeys, EventSigner, generate_ed
 from edgefleet.protocol.topics import events_topic
 from edgefleet.transport.fleet_key import private_key_text, public_key_text, write_new_key
 from tests.conftest import AgentFactory
-from tests.helpers import wait_boards_online, wait_until
+from tests.helpers import train_command, wait_boards_online, wait_until
 
 PREFIX = "edgefleet/v1"
 FAST_S = 45.0
@@ -51,9 +50,8 @@ def _config(board: str, fleet_pub: Path, own: Path | None) -> str:
 
 
 def _train(broker: LocalBroker, key: Path, board_keys: Path, run_dir: Path, boards: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--board-keys", str(board_keys), "--boards", boards, "--model", "lenet5", "--dataset", "digits",
-           "--steps", "12", "--batch", "8", "--threads", "1", "--run-dir", str(run_dir)]
+    cmd = train_command("--board-keys", str(board_keys), broker=broker, fleet_key=key, boards=boards, model="lenet5",
+                        dataset="digits", steps=12, batch=8, threads=1, run_dir=run_dir)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

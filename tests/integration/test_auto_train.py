@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,8 @@ from edgefleet.coordinator.cli.train import add_train_parser
 from edgefleet.coordinator.planning import load_profiles
 from edgefleet.coordinator.planning.profiles import load_profile_meta
 from edgefleet.coordinator.run.auto_train import recheck_before_training
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
-from tests.coordinator.test_plan_cli import _agent_config, _online, _profile
+from tests.conftest import Fleet
+from tests.coordinator.test_plan_cli import _planned_boards, _profile
 from tests.helpers import coordinator, status_json, wait_until
 
 
@@ -41,24 +41,14 @@ def _args(broker: LocalBroker, *argv: str) -> argparse.Namespace:
     return parser.parse_args(["--broker", broker.address, "train", "--auto", *argv])
 
 
-@pytest.fixture
-def fleet_key(tmp_path: Path) -> Path:
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    return key
-
-
 def test_auto_reuses_a_fitting_profile_leaves_out_an_offline_board_and_reports_predicted_vs_measured(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory, fleet_key: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, make_fleet: Callable[..., Fleet], capsys: pytest.CaptureFixture[str]) -> None:
     ids = ("au-a", "au-b", "au-c")
-    procs = {i: agents.start(i, mosquitto.address, config=_agent_config(i, fleet_key), args=("--interval", "0.2"))
-             for i in ids}
-    _online(mosquitto.address, ids)
+    fleet = _planned_boards(make_fleet, ids)   # its own: one of them stops
+    mosquitto, fleet_key = fleet.broker, fleet.key
     profile = _profile(tmp_path, ids)          # lenet5 on digits, measured by this agent version
-    procs["au-b"].proc.send_signal(signal.SIGTERM)   # the fastest board stops after profiling
-    assert procs["au-b"].proc.wait(timeout=10) == 0
+    fleet.agent("au-b").proc.send_signal(signal.SIGTERM)   # the fastest board stops after profiling
+    assert fleet.agent("au-b").proc.wait(timeout=10) == 0
     wait_until(lambda: status_json(mosquitto.address).get("au-b", {}).get("state") == "offline",
                timeout_s=10, what="au-b offline")
     run_dir = tmp_path / "run"
@@ -85,12 +75,10 @@ def test_auto_reuses_a_fitting_profile_leaves_out_an_offline_board_and_reports_p
 
 
 def test_auto_profiles_when_the_saved_profile_is_for_another_model_then_trains(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory, fleet_key: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, make_fleet: Callable[..., Fleet], capsys: pytest.CaptureFixture[str]) -> None:
     ids = ("ap-a", "ap-b")
-    for i in ids:
-        agents.start(i, mosquitto.address, config=_agent_config(i, fleet_key), args=("--interval", "0.2"))
-    _online(mosquitto.address, ids)
+    fleet = _planned_boards(make_fleet, ids)
+    mosquitto, fleet_key = fleet.broker, fleet.key
     profile = _profile(tmp_path, ids, key='mlp{"layers":2}[1,32,32]', model="mlp", variant={"layers": 2})
     run_dir = tmp_path / "run"
 
@@ -116,22 +104,22 @@ def test_auto_profiles_when_the_saved_profile_is_for_another_model_then_trains(
 
 
 def test_a_board_gone_between_planning_and_training_is_left_out_and_the_plan_recomputed(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+        tmp_path: Path, make_fleet: Callable[..., Fleet]) -> None:
     from edgefleet.coordinator.planning.plan_fleet import FleetCheck, load_profile_file
     from edgefleet.coordinator.planning.plan_job import PlanRequest
     from edgefleet.transport.settings import BrokerSettings
 
     ids = ("rc-a", "rc-b", "rc-c")
-    procs = {i: agents.start(i, mosquitto.address, config=_agent_config(i), args=("--interval", "0.2")) for i in ids}
-    _online(mosquitto.address, ids)
+    fleet = _planned_boards(make_fleet, ids, secure=False, keep_worker=None)  # its own: one of them stops
+    mosquitto = fleet.broker
     profiles, _ = load_profile_file(_profile(tmp_path, ids))
     request = PlanRequest(objective="time", max_power_w=None, deadline_s=None, global_batches=(64,), count_idle=False,
                           max_memory_fraction=0.9, top=5)
     planned = FleetCheck(boards=ids)
     chosen = request.run(profiles).chosen           # the fastest uses every board, rc-b among them
     assert "rc-b" in chosen.candidate.boards
-    procs["rc-b"].proc.send_signal(signal.SIGTERM)  # then rc-b stops
-    assert procs["rc-b"].proc.wait(timeout=10) == 0
+    fleet.agent("rc-b").proc.send_signal(signal.SIGTERM)  # then rc-b stops
+    assert fleet.agent("rc-b").proc.wait(timeout=10) == 0
     wait_until(lambda: status_json(mosquitto.address).get("rc-b", {}).get("state") == "offline",
                timeout_s=10, what="rc-b offline")
     lines: list[str] = []

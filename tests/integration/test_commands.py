@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import msgpack
 
 from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import TrainCommand
 from edgefleet.protocol.signing import sign_command
-from edgefleet.transport.fleet_key import generate_key_hex
 from tests.board_watch import BoardWatch
-from tests.conftest import AgentFactory
+from tests.conftest import AgentFactory, Fleet
 from tests.helpers import wait_until
 
 
@@ -23,13 +22,11 @@ def _command(board: str, **over: object) -> dict:
     return TrainCommand(**fields).to_dict()  # type: ignore[arg-type]
 
 
-def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(tmp_path: Path, mosquitto: LocalBroker,
-                                                                              agents: AgentFactory) -> None:
-    key_file = tmp_path / "fleet.key"
-    key_file.write_text(generate_key_hex())
-    key_file.chmod(0o600)
-    key = bytes.fromhex(key_file.read_text())
-    agent = agents.start("sec-1", mosquitto.address, config=f'board_id = "sec-1"\n[security]\nfleet_key_file = "{key_file}"\n')
+def test_unsigned_forged_stale_and_replayed_commands_are_refused_with_reasons(mosquitto: LocalBroker,
+                                                                              make_fleet: Callable[..., Fleet]) -> None:
+    fleet = make_fleet(["sec-1"], power=None)  # the agent's own power source: this test runs no job
+    key = bytes.fromhex(fleet.key.read_text())
+    agent = fleet.agent("sec-1")
     client = BoardWatch(mosquitto, "sec-1")
     try:
         client.wait_state("online")

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 
-from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.cli.main import build_parser
 from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.exchange.server import ExchangeServer
@@ -30,17 +29,20 @@ from edgefleet.protocol.codec import encode_array, encode_value
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import Grad, Hello, decode_hello_reply, decode_step_reply
 from edgefleet.protocol.sync_schedule import SyncSchedule
-from edgefleet.transport.fleet_key import generate_key_hex, load_fleet_key
+from edgefleet.transport.fleet_key import load_fleet_key
 from edgefleet.transport.frame_io import recv_frame, send_frame
 from edgefleet.transport.settings import BrokerSettings
-from tests.conftest import AgentFactory
-from tests.helpers import status_json, wait_until
+from tests.conftest import Fleet
+from tests.helpers import train_args
 
 SEED = 7
 BATCHES = (8, 16)
 STEPS, EVERY, WARMUP = 8, 3, 2  # exact 0-1, local 2-3, sync 4, local 5-6, sync 7 (the run's last step)
 KINDS = ["exact", "exact", "local", "local", "sync", "local", "local", "sync"]
 LENET = {"optimizer": "sgd", "lr": 0.05}
+FLEET = pytest.mark.fleet(boards=("l1", "l2"), agent_args=("--interval", "0.2"), wait="online")  # here and in test_overlap
+
+pytestmark = FLEET
 
 
 class _Notes(TrainObserver):
@@ -51,19 +53,6 @@ class _Notes(TrainObserver):
 
     def note(self, text: str) -> None:
         self.notes.append(text)
-
-
-def _fleet(tmp_path: Path, broker: LocalBroker, agents: AgentFactory) -> Path:
-    """Two boards (l1, l2) on the session's broker; the fleet key they trust."""
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    for board in ("l1", "l2"):
-        agents.start(board, broker.address, args=("--interval", "0.2"),
-                     config=f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n')
-    wait_until(lambda: all(status_json(broker.address).get(b, {}).get("state") == "online" for b in ("l1", "l2")),
-               timeout_s=30, what="both agents online")
-    return key
 
 
 def _local_sgd_reference(steps: int, *, every: int, warmup: int) -> dict[str, torch.Tensor]:
@@ -123,21 +112,17 @@ def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 
 def lenet_job(*flags: str, steps: int) -> JobSpec:
     """LeNet-5 (SGD) on boards l1 and l2 at BATCHES for ``steps`` steps, with ``flags``, as ``train`` reads its command line."""
-    args = build_parser().parse_args(["train", "--boards", "l1,l2", "--batch", ",".join(map(str, BATCHES)), "--model",
-                                      "lenet5", "--model-options", "optimizer=sgd,lr=0.05", "--dataset", "digits",
-                                      "--seed", str(SEED), "--threads", "1", "--no-rebalance", "--steps", str(steps),
-                                      *flags])
+    args = build_parser().parse_args(train_args(*flags, boards="l1,l2", batch=BATCHES, model="lenet5", model_options=LENET,
+                                                dataset="digits", seed=SEED, threads=1, no_rebalance=True, steps=steps))
     return job_from_args(args)
 
 
-def test_periodic_averaging_trains_what_the_local_sgd_mathematics_gives(tmp_path: Path, mosquitto: LocalBroker,
-                                                                        agents: AgentFactory) -> None:
-    key = _fleet(tmp_path, mosquitto, agents)
+def test_periodic_averaging_trains_what_the_local_sgd_mathematics_gives(tmp_path: Path, fleet: Fleet) -> None:
     spec = lenet_job("--sync-every", str(EVERY), "--sync-warmup", str(WARMUP), steps=STEPS)
     assert (spec.sync_every, spec.sync_warmup) == (EVERY, WARMUP)
     observer = _Notes()
-    outcome = train(spec, broker=BrokerSettings(host=mosquitto.host, port=mosquitto.port), fleet_key=load_fleet_key(key),
-                    run_dir=tmp_path / "run", observer=observer)
+    outcome = train(spec, broker=BrokerSettings(host=fleet.broker.host, port=fleet.broker.port),
+                    fleet_key=load_fleet_key(fleet.key), run_dir=tmp_path / "run", observer=observer)
     assert not outcome.interrupted
     assert any("changes the mathematics" in note for note in observer.notes)
 
@@ -176,13 +161,10 @@ def test_requests_periodic_averaging_cannot_honour_are_refused_with_the_way_out(
         Replica(PlateauNet(), sync=SyncSchedule(every=3, warmup=2, steps_per_epoch=10, total_steps=20))
 
 
-def test_the_cli_refuses_sync_every_0_before_touching_the_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_refuses_sync_every_0_before_touching_the_fleet(fleet_key: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from edgefleet.coordinator.cli.main import main
 
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    code = main(["--broker", "127.0.0.1:1", "train", "--fleet-key", str(key), "--boards", "x", "--sync-every", "0"])
+    code = main(train_args("--sync-every", "0", broker="127.0.0.1:1", fleet_key=fleet_key, boards="x"))
     assert code != 0
     assert "--sync-every 0: give a whole number of steps >= 1" in capsys.readouterr().err
 

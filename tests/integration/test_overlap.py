@@ -17,33 +17,32 @@ import pytest
 import torch
 
 from edgefleet.agent.grad_stream import GradientStream
-from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.coordinator.run.train_job import train
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import Grad, Hello, Welcome
 from edgefleet.protocol.framing import FRAME_HEADER, decode_frame
 from edgefleet.protocol.hot_frames import HotFrame
-from edgefleet.protocol.jobs import TRAIN_SCHEMA_VERSION, TrainCommand, train_schema_for
+from edgefleet.protocol.jobs import TRAIN_SCHEMA_VERSION, TrainCommand
 from edgefleet.transport.fleet_key import load_fleet_key
 from edgefleet.transport.frame_io import recv_frame, send_frame
 from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.params import flatten_grads, gradient_order, trainable_params
-from tests.conftest import AgentFactory
+from tests.conftest import Fleet
 from tests.helpers import wait_until
 from tests.hostile.test_exchange_faults import ServerProcess, join_boards, servers, start_boards  # noqa: F401
-from tests.integration.test_local_sgd import BATCHES, LENET, SEED, _fleet, _local_sgd_reference, _relative_error, lenet_job
+from tests.integration.test_local_sgd import BATCHES, FLEET, LENET, SEED, _local_sgd_reference, _relative_error, lenet_job
 
 STEPS = 4
 
+pytestmark = FLEET  # the boards l1 and l2 of test_local_sgd, a fleet of this module's own
 
-def test_an_overlapped_run_trains_the_exact_model_and_records_the_mode(tmp_path: Path, mosquitto: LocalBroker,
-                                                                       agents: AgentFactory) -> None:
-    key = _fleet(tmp_path, mosquitto, agents)
+
+def test_an_overlapped_run_trains_the_exact_model_and_records_the_mode(tmp_path: Path, fleet: Fleet) -> None:
     spec = lenet_job("--overlap", steps=STEPS)
     assert spec.overlap
-    outcome = train(spec, broker=BrokerSettings(host=mosquitto.host, port=mosquitto.port), fleet_key=load_fleet_key(key),
-                    run_dir=tmp_path / "run")
+    outcome = train(spec, broker=BrokerSettings(host=fleet.broker.host, port=fleet.broker.port),
+                    fleet_key=load_fleet_key(fleet.key), run_dir=tmp_path / "run")
     assert not outcome.interrupted
 
     trained = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
@@ -142,10 +141,10 @@ def test_a_board_whose_streamed_frame_is_cut_short_is_dropped_and_the_run_goes_o
 
 
 def test_overlap_is_carried_in_a_command_old_boards_refuse_and_not_with_periodic_averaging() -> None:
-    assert train_schema_for(1, overlap=True) == TRAIN_SCHEMA_VERSION == train_schema_for(4) == train_schema_for(1)
     base: dict[str, Any] = {"job_id": "j", "board_id": "b", "exchange_host": "h", "exchange_port": 1, "token": "t",
                             "model": "lenet5", "dataset": "digits", "board_index": 0, "batch_sizes": [8], "seed": 0,
                             "total_steps": 1}
+    assert TrainCommand(**base, overlap=True).schema_version == TRAIN_SCHEMA_VERSION
     with pytest.raises(ValueError, match="overlap needs schema_version 5"):
         TrainCommand(**base, overlap=True, schema_version=4)
     with pytest.raises(ConfigError, match="--overlap with --sync-every 4"):

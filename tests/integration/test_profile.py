@@ -8,50 +8,25 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.coordinator.planning.profiles import load_profile_meta, load_profiles
 from edgefleet.protocol.jobs import ProfileCommand
 from edgefleet.protocol.signing import sign_command
-from edgefleet.transport.fleet_key import generate_key_hex
 from tests.board_watch import BoardWatch
-from tests.conftest import AgentFactory
-from tests.helpers import wait_until
+from tests.conftest import Fleet
+from tests.helpers import COORDINATOR, wait_until
 
 ONE_SHOT, KEPT = "prof-once", "prof-kept"
 
-
-def _agent_config(board: str, key: Path, keep_worker: bool) -> str:
-    return (f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
-            f"[training]\nkeep_worker = {'true' if keep_worker else 'false'}\n")
+pytestmark = pytest.mark.fleet(boards={ONE_SHOT: {"keep_worker": False}, KEPT: {"keep_worker": True}})
 
 
-@pytest.fixture(scope="module")
-def fleet(mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, AgentFactory]]:
-    tmp = tmp_path_factory.mktemp("profile")
-    key = tmp / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    factory = AgentFactory(tmp)
-    try:
-        for board, keep in ((ONE_SHOT, False), (KEPT, True)):
-            agent = factory.start(board, mosquitto.address, config=_agent_config(board, key, keep))
-            wait_until(lambda agent=agent: "connected to broker" in agent.log(), timeout_s=30, what=f"{board} connected")
-        yield key, factory
-    finally:
-        factory.stop_all()
-
-
-def _profile(broker: LocalBroker, key: Path, *args: str, timeout_s: float = 240,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "profile", "--fleet-key", str(key),
-           "--threads", "1", *args]
+def _profile(fleet: Fleet, *args: str, timeout_s: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [*COORDINATOR, "--broker", fleet.broker.address, "profile", "--fleet-key", str(fleet.key), "--threads", "1", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
                           env={**os.environ, **(env or {})})
 
@@ -60,11 +35,10 @@ def _workers(agent_pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(agent_pid).children()]
 
 
-def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
-    key, factory = fleet
-    once, kept = factory.procs
+def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(fleet: Fleet, tmp_path: Path) -> None:
+    once, kept = fleet.agent(ONE_SHOT), fleet.agent(KEPT)
     path = tmp_path / "profile.json"
-    done = _profile(mosquitto, key, "--boards", f"{ONE_SHOT},{KEPT}", "--model", "lenet5", "--dataset", "digits",
+    done = _profile(fleet, "--boards", f"{ONE_SHOT},{KEPT}", "--model", "lenet5", "--dataset", "digits",
                     "--batch", "8,16", "--warmup", "2", "--steps", "5", "--probe-bytes", "1000000", "--profile", str(path))
     assert done.returncode == 0, done.stderr + done.stdout
     assert f"saved to {path}" in done.stdout and "batch 16" in done.stdout and "Traceback" not in done.stderr
@@ -91,12 +65,12 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto
     # The one-shot board's worker exits after its job; the kept one waits for the next job.
     wait_until(lambda: not _workers(once.proc.pid), timeout_s=30, what="the one-shot worker to exit")
     (worker_pid,) = _workers(kept.proc.pid)
-    client = BoardWatch(mosquitto, KEPT)
+    client = BoardWatch(fleet.broker, KEPT)
     try:
         command = ProfileCommand(job_id="again-0", board_id=KEPT, model="lenet5", dataset="digits", batch_sizes=[4, 8],
                                  warmup_steps=1, timed_steps=2, threads=1, probe_host="127.0.0.1", probe_port=9,
                                  probe_token="t", probe_bytes=0)
-        client.publish(sign_command(command.to_dict(), key=bytes.fromhex(key.read_text())))
+        client.publish(sign_command(command.to_dict(), key=bytes.fromhex(fleet.key.read_text())))
         ended = wait_until(lambda: [e for e in client.events if e.job_id == "again-0" and e.phase in ("finished", "failed")],
                            timeout_s=30, what="the second job on the kept worker")
     finally:
@@ -108,17 +82,15 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(mosquitto
     assert f"sending it to the running worker (pid {worker_pid})" in kept.log()
 
 
-def test_an_unknown_model_fails_before_anything_starts(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
-    key, _ = fleet
-    done = _profile(mosquitto, key, "--boards", ONE_SHOT, "--model", "no-such-model", "--profile", str(tmp_path / "p.json"))
+def test_an_unknown_model_fails_before_anything_starts(fleet: Fleet, tmp_path: Path) -> None:
+    done = _profile(fleet, "--boards", ONE_SHOT, "--model", "no-such-model", "--profile", str(tmp_path / "p.json"))
     assert done.returncode == 1
     assert "no-such-model" in done.stderr and "lenet5" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "p.json").exists()
 
 
-def test_a_board_that_is_not_there_is_named_before_anything_starts(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
-    key, _ = fleet
-    done = _profile(mosquitto, key, "--boards", f"{ONE_SHOT},ghost", "--batch", "8,16", "--profile", str(tmp_path / "p.json"))
+def test_a_board_that_is_not_there_is_named_before_anything_starts(fleet: Fleet, tmp_path: Path) -> None:
+    done = _profile(fleet, "--boards", f"{ONE_SHOT},ghost", "--batch", "8,16", "--profile", str(tmp_path / "p.json"))
     assert done.returncode == 1
     assert "board ghost has never reported" in done.stderr and "Traceback" not in done.stderr
 
@@ -147,10 +119,9 @@ class Net(pl.LightningModule):
 """
 
 
-def test_a_board_that_fails_mid_profile_is_named_with_its_reason(mosquitto: LocalBroker, fleet, tmp_path: Path) -> None:
-    key, _ = fleet
+def test_a_board_that_fails_mid_profile_is_named_with_its_reason(fleet: Fleet, tmp_path: Path) -> None:
     (tmp_path / "coordinator_only_model.py").write_text(COORDINATOR_ONLY_MODEL)  # installed here, not on the board
-    done = _profile(mosquitto, key, "--boards", ONE_SHOT, "--model", "coordinator_only_model:Net", "--batch", "8,16",
+    done = _profile(fleet, "--boards", ONE_SHOT, "--model", "coordinator_only_model:Net", "--batch", "8,16",
                     "--profile", str(tmp_path / "p.json"), env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 1, done.stderr + done.stdout
     assert f"board {ONE_SHOT} failed to profile variant default" in done.stderr

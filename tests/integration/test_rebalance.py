@@ -10,52 +10,20 @@ re-balancer out, so that the schedule is known in advance.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
 from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
+from tests.conftest import Fleet
 from tests.helpers import interrupt_after
-from tests.integration.test_training import (
-    MODEL_OPTIONS,
-    SEED,
-    _max_relative_error,
-    _plain_training,
-)
+from tests.integration.test_training import LENET_JOB, _max_relative_error, _plain_training
 
 BOARDS = ("r1", "r2", "r3")
 
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path]]:
-    """A broker, a fleet key and three training boards."""
-    tmp = tmp_path_factory.mktemp("rebalance")
-    key = tmp / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    factory = AgentFactory(tmp)
-    with start_mosquitto() as broker:
-        for board in BOARDS:
-            config = f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
-            factory.start(board, broker.address, config=config)
-        try:
-            yield broker, key
-        finally:
-            factory.stop_all()
-
-
-def _train_cmd(broker: LocalBroker, key: Path, run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-            "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
-            "--threads", "1", "--run-dir", str(run_dir), *args]
+pytestmark = pytest.mark.fleet(boards=BOARDS)  # three training boards, shared by the tests
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -63,13 +31,11 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def test_a_forced_resplit_at_step_8_trains_the_same_model_as_one_process(fleet, tmp_path: Path) -> None:
-    broker, key = fleet
+def test_a_forced_resplit_at_step_8_trains_the_same_model_as_one_process(fleet: Fleet, tmp_path: Path) -> None:
     run_dir = tmp_path / "resplit"
 
-    done = subprocess.run(_train_cmd(broker, key, run_dir, "--boards", ",".join(BOARDS), "--batch", "8,16,24",
-                                     "--steps", "20", "--no-rebalance", "--force-split", "8:20,20,8"),
-                          capture_output=True, text=True, timeout=240, check=False)
+    done = fleet.train("--force-split", "8:20,20,8", boards=BOARDS, batch="8,16,24", steps=20, no_rebalance=True,
+                       run_dir=run_dir, **LENET_JOB)
 
     assert done.returncode == 0, done.stderr + done.stdout
     reference = _plain_training(20, 48)
@@ -92,19 +58,16 @@ def test_a_forced_resplit_at_step_8_trains_the_same_model_as_one_process(fleet, 
     assert [r["from_step"] for r in result["rebalances"]] == [8]
 
 
-def test_a_resumed_run_continues_with_the_split_in_force_at_its_checkpoint(fleet, tmp_path: Path) -> None:
-    broker, key = fleet
+def test_a_resumed_run_continues_with_the_split_in_force_at_its_checkpoint(fleet: Fleet, tmp_path: Path) -> None:
     run_dir = tmp_path / "interrupted"
-    args = ("--boards", "r1,r2", "--batch", "16,32", "--steps", "30", "--checkpoint-every", "5", "--no-rebalance",
-            "--force-split", "6:40,8")
-    code, out, err = interrupt_after(_train_cmd(broker, key, run_dir, *args), lambda: len(_lines(run_dir)), 10,
-                                     what="10 steps of the interrupted run")
+    cmd = fleet.train_command("--force-split", "6:40,8", boards="r1,r2", batch="16,32", steps=30, checkpoint_every=5,
+                              no_rebalance=True, run_dir=run_dir, **LENET_JOB)
+    code, out, err = interrupt_after(cmd, lambda: len(_lines(run_dir)), 10, what="10 steps of the interrupted run")
     assert code == 130, err + out
     stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
     assert 10 <= stopped_at < 30
 
-    resumed = subprocess.run(_train_cmd(broker, key, run_dir, "--resume", str(run_dir)), capture_output=True, text=True,
-                             timeout=240, check=False)
+    resumed = fleet.train(resume=run_dir, run_dir=run_dir, **LENET_JOB)
 
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert "continuing with batch sizes 40,8" in resumed.stdout

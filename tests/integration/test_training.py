@@ -10,51 +10,26 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.conftest import AgentFactory
+from tests.conftest import Fleet
 from tests.helpers import interrupt_after, status_json, wait_until
 
 SEED = 7
 # SGD with momentum: Adam divides by sqrt(v), which turns rounding-level differences in the summation
 # order (1e-9) into steps of lr/10 for parameters whose gradient is near zero; SGD keeps them at 1e-7.
 MODEL_OPTIONS = "optimizer=sgd,lr=0.05"
+LENET_JOB = {"model": "lenet5", "model_options": MODEL_OPTIONS, "dataset": "digits", "seed": SEED, "threads": 1}
+
+pytestmark = pytest.mark.fleet(boards=("t1", "t2", "t3", "solo"))  # four training boards, shared by the tests
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalBroker, Path, AgentFactory]]:
-    """A broker, a fleet key and four training boards (t1-t3 and solo)."""
-    tmp = tmp_path_factory.mktemp("training")
-    key = tmp / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
-    factory = AgentFactory(tmp)
-    with start_mosquitto() as broker:
-        for board in ("t1", "t2", "t3", "solo"):
-            factory.start(board, broker.address, config=_agent_config(board, key))
-        try:
-            yield broker, key, factory
-        finally:
-            factory.stop_all()
-
-
-def _agent_config(board: str, key: Path) -> str:
-    return f'board_id = "{board}"\n[security]\nfleet_key_file = "{key}"\n[power]\nsource = "estimated"\n'
-
-
-def _train(broker: LocalBroker, key: Path, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
-           "--threads", "1", "--run-dir", str(run_dir), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+def _train(fleet: Fleet, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    return fleet.train(*args, run_dir=run_dir, timeout_s=timeout_s, **LENET_JOB)
 
 
 def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
@@ -88,11 +63,10 @@ def _steps(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, tmp_path: Path) -> None:
-    broker, key, _ = fleet
-    split = _train(broker, key, tmp_path / "split", "--boards", "t1,t2,t3", "--batch", "8,16,24", "--steps", "20")
+def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet: Fleet, tmp_path: Path) -> None:
+    split = _train(fleet, tmp_path / "split", "--boards", "t1,t2,t3", "--batch", "8,16,24", "--steps", "20")
     assert split.returncode == 0, split.stderr + split.stdout
-    single = _train(broker, key, tmp_path / "single", "--boards", "solo", "--batch", "48", "--steps", "20")
+    single = _train(fleet, tmp_path / "single", "--boards", "solo", "--batch", "48", "--steps", "20")
     assert single.returncode == 0, single.stderr + single.stdout
 
     split_model = torch.load(tmp_path / "split" / "model.pt", weights_only=True)
@@ -115,9 +89,8 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, 
     assert all(s["val_s"] > 0.001 for s in steps if "val_accuracy" in s) and any("val_s" in s for s in steps)
 
     # The boards are back to idle: status online, no worker, torch never loaded by the agent itself.
-    _, _, factory = fleet
-    for agent in factory.procs[:3]:
-        wait_until(lambda agent=agent: status_json(broker.address).get(agent.board_id, {}).get("state") == "online",
+    for agent in map(fleet.agent, ("t1", "t2", "t3")):
+        wait_until(lambda agent=agent: status_json(fleet.broker.address).get(agent.board_id, {}).get("state") == "online",
                    timeout_s=30, what=f"{agent.board_id} back online")
         assert not psutil.Process(agent.proc.pid).children(), "the training worker outlived its job"
         maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
@@ -125,24 +98,21 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet, 
         assert psutil.Process(agent.proc.pid).memory_info().rss < 80 * 1024 * 1024
 
 
-def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_path: Path) -> None:
-    broker, key, _ = fleet
+def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet: Fleet, tmp_path: Path) -> None:
     # --no-rebalance: a re-split follows timing, and a different split sums in another fp32 order.
     args = ("--boards", "t1,t2", "--batch", "16,32", "--steps", "60", "--checkpoint-every", "5", "--no-rebalance")
-    whole = _train(broker, key, tmp_path / "whole", *args)
+    whole = _train(fleet, tmp_path / "whole", *args)
     assert whole.returncode == 0, whole.stderr + whole.stdout
 
     run_dir = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--model", "lenet5", "--model-options", MODEL_OPTIONS, "--dataset", "digits", "--seed", str(SEED),
-           "--threads", "1", "--run-dir", str(run_dir), *args]
+    cmd = fleet.train_command(*args, run_dir=run_dir, **LENET_JOB)
     code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 12, what="12 steps of the interrupted run")
     assert code == 130, err + out
     assert "--resume" in out
     stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
     assert 12 <= stopped_at < 60 and not (run_dir / "model.pt").exists()
 
-    resumed = _train(broker, key, run_dir, "--resume", str(run_dir))
+    resumed = _train(fleet, run_dir, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     a = torch.load(run_dir / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
@@ -150,15 +120,12 @@ def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet, tmp_
     assert [s["step"] for s in _steps(run_dir)] == list(range(60))  # no step lost, none applied twice
 
 
-def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path: Path) -> None:
-    broker, key, factory = fleet
-    victim = factory.start("victim", broker.address, config=_agent_config("victim", key))
-    wait_until(lambda: "connected to broker" in victim.log(), timeout_s=30, what="victim agent connected")
+def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet: Fleet, tmp_path: Path) -> None:
+    victim = fleet.start("victim")  # started and connected: a board of this test's own
     run_dir = tmp_path / "kill"
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--model", "lenet5", "--dataset", "digits", "--seed", str(SEED), "--threads", "1", "--run-dir", str(run_dir),
-           "--boards", "t1,victim", "--batch", "16,16", "--steps", "120",
-           "--no-rebalance"]  # a re-split on timing noise before the kill would change t1's share
+    cmd = fleet.train_command(model="lenet5", dataset="digits", seed=SEED, threads=1, run_dir=run_dir, boards="t1,victim",
+                              batch="16,16", steps=120,
+                              no_rebalance=True)  # a re-split on timing noise before the kill would change t1's share
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: len(_steps(run_dir)) >= 10, timeout_s=180, what="10 steps with both boards")
@@ -176,10 +143,9 @@ def test_a_board_killed_mid_job_is_dropped_and_the_job_finishes(fleet, tmp_path:
     assert any("left" in flag for flag in result["boards"]["victim"]["flags"])
 
 
-def test_a_run_with_a_target_accuracy_stops_complete_at_the_first_epoch_that_reaches_it(fleet, tmp_path: Path) -> None:
-    broker, key, _ = fleet
+def test_a_run_with_a_target_accuracy_stops_complete_at_the_first_epoch_that_reaches_it(fleet: Fleet, tmp_path: Path) -> None:
     run_dir = tmp_path / "target"
-    done = _train(broker, key, run_dir, "--boards", "t1,t2", "--batch", "32,32", "--epochs", "8",
+    done = _train(fleet, run_dir, "--boards", "t1,t2", "--batch", "32,32", "--epochs", "8",
                   "--target-accuracy", "0.6", timeout_s=240)
     assert done.returncode == 0, done.stderr + done.stdout
     assert "reached the target 0.6; the run is complete" in done.stdout
@@ -188,35 +154,27 @@ def test_a_run_with_a_target_accuracy_stops_complete_at_the_first_epoch_that_rea
     result = json.loads((run_dir / "result.json").read_text())
     assert not result["interrupted"] and result["steps"] < result["total_steps"]  # it stopped early, complete
     assert result["target_reached"]["step"] == epochs[-1]["step"] and (run_dir / "model.pt").exists()
-    again = _train(broker, key, tmp_path / "unused", "--resume", str(run_dir), timeout_s=120)
+    again = _train(fleet, tmp_path / "unused", "--resume", str(run_dir), timeout_s=120)
     assert again.returncode == 1 and "reached its target accuracy" in again.stderr and "Traceback" not in again.stderr
 
 
-def test_bad_requests_fail_before_training_with_the_reason(fleet, tmp_path: Path) -> None:
-    broker, key, _ = fleet
-    ghost = _train(broker, key, tmp_path / "ghost", "--boards", "t1,ghost", "--steps", "5", timeout_s=120)
+def test_bad_requests_fail_before_training_with_the_reason(fleet: Fleet, tmp_path: Path) -> None:
+    ghost = _train(fleet, tmp_path / "ghost", "--boards", "t1,ghost", "--steps", "5", timeout_s=120)
     assert ghost.returncode == 1 and "board ghost has never reported" in ghost.stderr
     assert "Traceback" not in ghost.stderr
-    unknown = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key",
-                              str(key), "--boards", "t1", "--model", "no-such-model", "--steps", "5"],
-                             capture_output=True, text=True, timeout=120)
+    unknown = fleet.train(boards="t1", model="no-such-model", steps=5, timeout_s=120)
     assert unknown.returncode == 1 and "no-such-model" in unknown.stderr and "lenet5" in unknown.stderr
     assert "Traceback" not in unknown.stderr
-    planner_only = subprocess.run([sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train",
-                                   "--fleet-key", str(key), "--boards", "t1", "--objective", "time", "--max-power", "20",
-                                   "--steps", "5"], capture_output=True, text=True, timeout=120)
+    planner_only = fleet.train("--objective", "time", "--max-power", "20", boards="t1", steps=5, timeout_s=120)
     assert planner_only.returncode == 1 and "--objective, --max-power" in planner_only.stderr
     assert "add --auto" in planner_only.stderr and "Traceback" not in planner_only.stderr
 
 
-def test_the_readme_example_model_and_dataset_train_unchanged(fleet, tmp_path: Path) -> None:
-    broker, key, _ = fleet
+def test_the_readme_example_model_and_dataset_train_unchanged(fleet: Fleet, tmp_path: Path) -> None:
     run_dir = tmp_path / "user"
-    cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", broker.address, "train", "--fleet-key", str(key),
-           "--boards", "t1,t2", "--model", "examples.my_fleet_job.model:LitClassifier", "--model-options", "hidden=32",
-           "--dataset", "examples.my_fleet_job.data:make_dataset", "--batch", "32,32", "--epochs", "3",
-           "--threads", "1", "--logger", "tensorboard", "--run-dir", str(run_dir)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    done = fleet.train("--logger", "tensorboard", boards="t1,t2", model="examples.my_fleet_job.model:LitClassifier",
+                       model_options="hidden=32", dataset="examples.my_fleet_job.data:make_dataset", batch="32,32", epochs=3,
+                       threads=1, run_dir=run_dir)
     assert done.returncode == 0, done.stderr + done.stdout
     result = json.loads((run_dir / "result.json").read_text())
     assert result["val_accuracy"] == result["val_metrics"]["val_acc"] >= 0.9  # x0 + x1 > 0 is easy to learn

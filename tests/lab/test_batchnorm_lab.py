@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from edgefleet.lab.fleet_file import FleetError, parse_fleet
 from edgefleet.lab.lab import Lab, agent_supports_fleet_key
-from edgefleet.transport.fleet_key import generate_key_hex
+from tests.helpers import train_command, write_fleet_key
 from tests.lab.quota_fleet import quota_fleet_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,18 +37,14 @@ def test_a_resnet_with_batchnorm_converges_on_the_lab(tmp_path: Path, no_lab: No
     except FleetError as exc:
         pytest.skip(f"the fleet does not fit this machine: {exc}")
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the boards' copy of the user's package
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
+    key = write_fleet_key(tmp_path / "fleet.key")
     run_dir = tmp_path / "run"
     with Lab(fleet, fleet_key_file=key, logs_dir=tmp_path / "logs") as lab:
         lab.wait_online(timeout_s=60)
         done = subprocess.run(
-            [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
-             "--boards", ",".join(QUOTAS), "--batch", ",".join(str(BATCHES[b]) for b in QUOTAS),
-             "--model", "examples.my_fleet_job.resnet:TinyResNet", "--model-options", f"lr={LR}",
-             "--dataset", "digits", "--epochs", str(EPOCHS),
-             "--threads", "1", "--seed", "1", "--no-rebalance", "--run-dir", str(run_dir)],
+            train_command(broker=lab.broker_address, fleet_key=key, boards=list(QUOTAS), batch=[BATCHES[b] for b in QUOTAS],
+                          model="examples.my_fleet_job.resnet:TinyResNet", model_options=f"lr={LR}", dataset="digits",
+                          epochs=EPOCHS, threads=1, seed=1, no_rebalance=True, run_dir=run_dir),
             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     result = json.loads((run_dir / "result.json").read_text())

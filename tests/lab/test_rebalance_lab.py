@@ -31,7 +31,6 @@ import json
 import signal
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,7 @@ from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
 from edgefleet.lab.fleet_file import FleetError, parse_fleet
 from edgefleet.lab.lab import Lab, agent_supports_fleet_key
 from edgefleet.lab.measurements import HostSteal, skip_if_stolen
-from edgefleet.transport.fleet_key import generate_key_hex
-from tests.helpers import wait_until
+from tests.helpers import train_command, wait_until, write_fleet_key
 from tests.lab.quota_fleet import quota_fleet_toml
 
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
@@ -97,20 +95,17 @@ def test_a_board_cut_to_a_third_of_its_cpu_is_rebalanced_and_the_step_time_recov
         fleet = parse_fleet(quota_fleet_toml("rebalance", QUOTAS), source="rebalance fleet")
     except FleetError as exc:
         pytest.skip(f"the fleet does not fit this machine: {exc}")
-    key = tmp_path / "fleet.key"
-    key.write_text(generate_key_hex() + "\n")
-    key.chmod(0o600)
+    key = write_fleet_key(tmp_path / "fleet.key")
     run_dir = tmp_path / "run"
 
     with Lab(fleet, fleet_key_file=key, logs_dir=tmp_path / "logs") as lab:
         lab.wait_online(timeout_s=60)
         for board in QUOTAS:
             lab.board(board).cgroup.set_cpu_quota(STARTUP_QUOTA, period_us=CFS_PERIOD_US)
-        cmd = [sys.executable, "-m", "edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key),
-               "--boards", ",".join(QUOTAS), "--batch", ",".join(str(BATCHES[b]) for b in QUOTAS),
-               "--model", "resnet_small", "--model-options", "width=48,optimizer=sgd,lr=0.05",
-               "--dataset", "synthetic", "--dataset-options", "n=4096,n_val=64", "--steps", "150", "--threads", "1",
-               "--rebalance-threshold", str(THRESHOLD), "--run-dir", str(run_dir)]
+        cmd = train_command("--rebalance-threshold", str(THRESHOLD), broker=lab.broker_address, fleet_key=key, boards=list(QUOTAS),
+                            batch=[BATCHES[b] for b in QUOTAS], model="resnet_small",
+                            model_options="width=48,optimizer=sgd,lr=0.05", dataset="synthetic",
+                            dataset_options="n=4096,n_val=64", steps=150, threads=1, run_dir=run_dir)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         steal = HostSteal()  # the drift and the recovery are timings: they need the host's CPU
         steal_before = 0.0

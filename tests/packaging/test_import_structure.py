@@ -87,7 +87,11 @@ def test_the_layers_import_in_one_direction() -> None:
                  "edgefleet.transport": ("edgefleet.agent", "edgefleet.coordinator", "edgefleet.workloads", "edgefleet.lab"),
                  "edgefleet.workloads": ("edgefleet.agent", "edgefleet.coordinator", "edgefleet.lab"),
                  "edgefleet.brokers": ("edgefleet.agent", "edgefleet.coordinator", "edgefleet.lab", "edgefleet.workloads"),
-                 "edgefleet.coordinator": ("edgefleet.lab",)}
+                 "edgefleet.coordinator": ("edgefleet.lab",),
+                 "edgefleet.coordinator.control": tuple(f"edgefleet.coordinator.{p}" for p in
+                                                        ("run", "exchange", "planning", "cli", "report", "exporter")),
+                 "edgefleet.coordinator.exchange": tuple(f"edgefleet.coordinator.{p}" for p in
+                                                         ("run", "control", "planning", "cli", "report", "exporter"))}
     wrong = sorted(f"{source} imports {target}" for source, targets in _graph().items() for target in targets
                    for layer, banned in forbidden.items() if source.startswith(layer + ".") or source == layer
                    if target.startswith(banned))

@@ -218,7 +218,7 @@ def test_median_period_and_cpu_per_sample() -> None:
 
 
 def _load_scaling() -> ModuleType:
-    # bench/scaling.py imports its neighbours (_table, scaling_figures, selection_accuracy) as a script does.
+    # bench/scaling.py imports its neighbours (_harness, _table, scaling_figures) as a script does.
     sys.path.insert(0, str(BENCH))
     try:
         spec = importlib.util.spec_from_file_location("bench_scaling", BENCH / "scaling.py")

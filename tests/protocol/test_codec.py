@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from edgefleet.protocol.codec import (
-    WIRE_DTYPES,
+    TENSOR_DTYPES,
     DecodeLimits,
     decode_array,
     decode_value,
@@ -118,7 +118,7 @@ def test_decode_array_rejects_bad_tensors_naming_the_problem(m: Any, fragment: s
 
 
 @given(st.fixed_dictionaries({
-    "dtype": st.sampled_from([*WIRE_DTYPES, "O", "<f4", "float128", ""]) | st.integers() | st.none(),
+    "dtype": st.sampled_from([*TENSOR_DTYPES, "O", "<f4", "float128", ""]) | st.integers() | st.none(),
     "shape": st.lists(st.integers(-2, 6) | st.booleans() | st.floats(), max_size=4) | st.integers(),
     "data": st.binary(max_size=80) | st.text(max_size=4),
 }))

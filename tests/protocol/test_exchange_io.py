@@ -17,7 +17,8 @@ from edgefleet.transport.exchange_io import (
     FrameReader,
     async_send_frame,
     frame_segments,
-    send_to_all,
+    send_now_to_all,
+    send_rest,
 )
 from edgefleet.transport.frame_io import ConnectionClosed, recv_frame
 
@@ -152,7 +153,21 @@ def test_an_exception_in_on_frame_ends_the_connection_not_the_loop() -> None:
     assert isinstance(reason, DecodeError) and "KeyError" in str(reason)
 
 
-def test_send_to_all_sends_a_frame_larger_than_the_socket_buffer_to_every_socket() -> None:
+async def _broadcast(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
+                       segments: list[bytes | memoryview]) -> list[int | BaseException]:
+    """The exchange's broadcast: :func:`send_now_to_all`, then :func:`send_rest` on the sockets with bytes left."""
+    total = sum(memoryview(segment).nbytes for segment in segments)
+    left = send_now_to_all(socks, segments)  # type: ignore[arg-type]
+    outcomes: list[int | BaseException] = [rest if isinstance(rest, OSError) else total for rest in left]
+    waits = [i for i, rest in enumerate(left) if rest and not isinstance(rest, OSError)]
+    failures = await send_rest(loop, [(socks[i], left[i]) for i in waits])  # type: ignore[misc]
+    for i, failure in zip(waits, failures):
+        if failure is not None:
+            outcomes[i] = failure
+    return outcomes
+
+
+def test_send_now_to_all_and_send_rest_send_a_frame_larger_than_the_socket_buffer_to_every_socket() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         pairs = [_pair() for _ in range(3)]
@@ -167,7 +182,7 @@ def test_send_to_all_sends_a_frame_larger_than_the_socket_buffer_to_every_socket
             return decode_array(recv_frame(sock)["g"], max_elements=grad.size)
 
         receivers = [loop.run_in_executor(None, receive, r) for _, r in pairs]
-        outcomes = await send_to_all(loop, [s for s, _ in pairs], segments)
+        outcomes = await _broadcast(loop, [s for s, _ in pairs], segments)
         results = await asyncio.wait_for(asyncio.gather(*receivers), TIMEOUT_S)
         assert outcomes == [sum(memoryview(s).nbytes for s in segments)] * 3
         assert all(np.array_equal(r, grad) for r in results)
@@ -178,12 +193,12 @@ def test_send_to_all_sends_a_frame_larger_than_the_socket_buffer_to_every_socket
     asyncio.run(main())
 
 
-def test_send_to_all_reports_a_closed_peer_without_failing_the_others() -> None:
+def test_send_now_to_all_reports_a_closed_peer_without_failing_the_others() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         (good, good_peer), (bad, bad_peer) = _pair(), _pair()
         bad_peer.close()
-        outcomes = await send_to_all(loop, [good, bad], frame_segments({"type": "stop", "reason": "done"}))
+        outcomes = await _broadcast(loop, [good, bad], frame_segments({"type": "stop", "reason": "done"}))
         assert isinstance(outcomes[0], int) and isinstance(outcomes[1], OSError)
         good_peer.setblocking(True)
         assert recv_frame(good_peer) == {"type": "stop", "reason": "done"}

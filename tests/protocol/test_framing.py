@@ -18,7 +18,7 @@ import edgefleet.protocol._msgpack_view as msgpack_view
 from edgefleet.protocol._msgpack_view import ZERO_COPY_MIN_BYTES
 from edgefleet.protocol.codec import decode_array, decode_value, encode_array, encode_value
 from edgefleet.protocol.errors import DecodeError
-from edgefleet.protocol.framing import FRAME_ALIGN, MAX_FRAME_BYTES, PROTOCOL_VERSION, decode_frame, encode_frame
+from edgefleet.protocol.framing import FRAME_ALIGN, MAX_FRAME_BYTES, decode_frame, encode_frame
 from edgefleet.transport.frame_io import ConnectionClosed, read_frame, recv_frame, send_frame, write_frame
 
 TIMEOUT_S = 10.0
@@ -247,7 +247,6 @@ def test_encode_frame_refuses_what_the_peer_would_reject(message: Any, fragment:
 
 
 def test_constants() -> None:
-    assert PROTOCOL_VERSION == 1
     assert MAX_FRAME_BYTES == 1 << 30
 
 
@@ -256,7 +255,7 @@ def test_constants() -> None:
 
 def test_frame_round_trip_over_a_socketpair(pair: tuple[socket.socket, socket.socket]) -> None:
     left, right = pair
-    message = {"type": "hello", "version": PROTOCOL_VERSION, "board": "pi-1", "token": b"\x01" * 16}
+    message = {"type": "hello", "version": 1, "board": "pi-1", "token": b"\x01" * 16}
     sent = send_frame(left, message)
     assert recv_frame(right) == message
     assert sent == 4 + len(msgpack.packb(message))

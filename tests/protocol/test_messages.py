@@ -74,4 +74,5 @@ def test_topics() -> None:
     assert parse_board_topic("edgefleet/v1", "edgefleet/v1/boards/pi-1/other") is None
     assert parse_board_topic("edgefleet/v1", "other/boards/pi-1/status") is None
     assert valid_board_id("pi-1") and not valid_board_id("pi/1") and not valid_board_id("+") and not valid_board_id("")
+    assert not valid_board_id("pi-1\n"), "a trailing newline is not part of an id (issue 36: the agent looped on protocol errors)"
     assert valid_prefix("a/b") and not valid_prefix("a/#") and not valid_prefix("/a") and not valid_prefix("a//b")

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgefleet.agent.nonce_file import NonceFile
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.signing import (
@@ -27,7 +28,6 @@ from edgefleet.protocol.signing import (
     CommandVerifier,
     CoordinatorKeys,
     EventSigner,
-    NonceFile,
     SignatureError,
     check_event_signature,
     ed25519_public_key,
@@ -152,7 +152,7 @@ def test_a_restarted_verifier_refuses_a_command_accepted_before_the_restart(tmp_
     # Written before verify() returned, i.e. before the command is acted on.
     saved = json.loads(record.read_text())
     assert saved["version"] == 1 and [n for _, n in saved["nonces"]] == [msgpack.unpackb(msgpack.unpackb(payload)["body"])["nonce"]]
-    assert stat.S_IMODE(record.stat().st_mode) == 0o600 and not (tmp_path / "nonces.json.tmp").exists()
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600 and not (tmp_path / ".nonces.json.tmp").exists()
     with pytest.raises(SignatureError, match="^replayed nonce"):
         _board(FakeClock(T0 + 5), nonce_file=NonceFile(record)).verify(payload)
 

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.split_schedule import SplitRefused, SplitSchedule
 from edgefleet.workloads.datasets import load_digits_dataset, make_synthetic_dataset
 from edgefleet.workloads.models import MLP, ClassifierModule, LeNet5, ResNetSmall
 from edgefleet.workloads.sharding import (
@@ -27,9 +29,6 @@ from edgefleet.workloads.sharding import (
     GlobalBatchPlan,
     LocalBatchPlan,
     LocalBatchSampler,
-    Split,
-    SplitError,
-    SplitSchedule,
 )
 
 SPLITS_OF_48 = [[48], [8, 16, 24], [16, 16, 16], [24, 8, 16], [1, 47]]
@@ -279,7 +278,7 @@ def test_every_step_s_slices_make_its_global_batch_before_and_after_a_resplit() 
     for step in range(20, 40):
         if step == 25:   # announced while step 25 is not yet drawn, from step 27; then again from step 33
             for sampler in samplers:
-                assert sampler.resplit(27, [20, 20, 8]) is True
+                assert sampler.resplit(27, [20, 20, 8]) == BatchSplit(27, (20, 20, 8))
         if step == 30:
             for sampler in samplers:
                 sampler.resplit(33, [1, 1, 46])
@@ -296,24 +295,17 @@ def test_every_step_s_slices_make_its_global_batch_before_and_after_a_resplit() 
     assert list(late) == [slices[2] for slices in batches[10:]]
 
 
-def test_a_split_for_a_drawn_step_or_out_of_order_or_changing_the_total_is_refused() -> None:
-    schedule = SplitSchedule(GlobalBatchPlan(1000, [8, 16, 24], seed=3))
+def test_drawing_a_step_under_a_schedule_closes_it_to_re_splits() -> None:
+    plan = GlobalBatchPlan(1000, [8, 16, 24], seed=3)
+    schedule = SplitSchedule(plan.batch_sizes)
     for step in range(5):
-        schedule.indices(step, 0)
-    with pytest.raises(SplitError, match="from step 4 arrived after this board drew the samples of step 4"):
+        assert plan.indices_under(schedule, step, 0) == plan.indices(step, 0)
+    assert schedule.drawn_through == 4
+    with pytest.raises(SplitRefused, match="from step 4 arrived after this board drew the samples of step 4"):
         schedule.add(4, [16, 16, 16])
-    assert schedule.add(7, [16, 16, 16]) is True
-    assert schedule.add(7, [16, 16, 16]) is False          # the same split twice (welcome + result): no-op
-    assert schedule.add(7, [10, 20, 18]) is True           # corrected before step 7 was drawn
-    assert schedule.splits == [Split(7, (10, 20, 18))]
-    with pytest.raises(SplitError, match="must come in step order"):
-        schedule.add(6, [16, 16, 16])
-    with pytest.raises(SplitError, match="sum to 40.*global batch is 48"):
-        schedule.add(9, [20, 10, 10])
-    with pytest.raises(SplitError, match="each of the 3 boards at least one sample"):
-        schedule.add(9, [0, 24, 24])
-    with pytest.raises(SplitError, match="each of the 3 boards"):
-        schedule.add(9, [24, 24])
+    schedule.add(7, [10, 20, 18])
+    assert plan.indices_under(schedule, 7, 1) == plan.with_split([10, 20, 18]).indices(7, 1)
+    assert len(plan.indices_under(schedule, 6, 1)) == 16
 
 
 class _Unsized(torch.utils.data.Sampler[list[int]]):
@@ -343,7 +335,8 @@ def _train_with_a_split_announced(clusters: Dataset, tmp_path: Path, *, lead: in
 
         def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
             self.sizes.append(len(batch[1]))
-            assert batch[1].tolist() == clusters.targets[sampler.schedule.plan_at(self.step).indices(self.step, 1)].tolist()
+            sizes = sampler.schedule.batch_sizes_at(self.step)
+            assert batch[1].tolist() == clusters.targets[plan.with_split(sizes).indices(self.step, 1)].tolist()
 
         def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
             self.ahead = max(self.ahead, sampler.schedule.drawn_through - self.step)
@@ -369,7 +362,7 @@ def test_the_exchange_announces_splits_early_enough_for_lightnings_fetcher(clust
 
     sizes, ahead = _train_with_a_split_announced(clusters, tmp_path, lead=SPLIT_LEAD_STEPS, sized=True)
     assert sizes == [6, 6, 6, 6, 2, 2, 2, 2] and ahead + 1 <= SPLIT_LEAD_STEPS
-    with pytest.raises(SplitError, match="from step 3 arrived after this board drew the samples of step 3"):
+    with pytest.raises(SplitRefused, match="from step 3 arrived after this board drew the samples of step 3"):
         _train_with_a_split_announced(clusters, tmp_path, lead=1, sized=False)
     sizes, ahead = _train_with_a_split_announced(clusters, tmp_path, lead=SPLIT_LEAD_STEPS, sized=False)
     assert ahead == 1 and SPLIT_LEAD_STEPS == ahead + 1

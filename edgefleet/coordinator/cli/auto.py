@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from edgefleet.coordinator.cli.plan import add_objective_args
+from edgefleet.coordinator.cli.plan import add_objective_args, request_from_args
+from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
+from edgefleet.coordinator.cli.train_args import job_from_args
+from edgefleet.coordinator.cli.variant_flags import parse_int_list, variants_from_args
 from edgefleet.coordinator.planning.plan_job import DEFAULT_FEWER_BOARDS_PCT, DEFAULT_GLOBAL_BATCHES, DEFAULT_VERIFY_STEPS
+from edgefleet.coordinator.run.auto_train import auto_train, check_auto_job
+from edgefleet.coordinator.run.job_spec import DEFAULT_BATCH, DEFAULT_EPOCHS
 from edgefleet.protocol.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -69,15 +74,10 @@ def add_auto_args(parser: argparse.ArgumentParser) -> None:
 
 def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None) -> int:
     """``train --auto``; returns the exit status (raises EdgeTrainError with a clear message)."""
-    from edgefleet.coordinator.run.auto_train import auto_train, check_auto_job
+    # rich: only when --auto runs, not when the parser is built
     from edgefleet.coordinator.cli.auto_progress import AutoProgress, print_report
-    from edgefleet.coordinator.cli.plan import request_from_args
     from edgefleet.coordinator.cli.render import make_console
-    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
-    from edgefleet.coordinator.cli.train_args import job_from_args
     from edgefleet.coordinator.cli.train_progress import INTERRUPTED, print_outcome
-    from edgefleet.coordinator.cli.variant_flags import parse_int_list, variants_from_args
-    from edgefleet.coordinator.run.job_spec import DEFAULT_BATCH, DEFAULT_EPOCHS
 
     if args.resume is not None:
         raise ConfigError("--auto starts a new run; continue an interrupted one with plain `train --resume RUN_DIR`")

@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from edgefleet.coordinator.run.auto_train import AutoTrainObserver, AutoTrainOutcome
 from edgefleet.coordinator.cli.plan_render import plan_table
 from edgefleet.coordinator.cli.train_progress import TrainProgress
 from edgefleet.coordinator.cli.verify_render import comparison_table, verify_report
-from edgefleet.coordinator.planning.plan_summary import candidate_text, plan_notes
 from edgefleet.coordinator.planning import PlanResult, format_duration
+from edgefleet.coordinator.planning.plan_summary import candidate_text, plan_notes
 from edgefleet.coordinator.planning.verify import VerifyResult, disagreement_line
+from edgefleet.coordinator.run.auto_train import AutoTrainObserver, AutoTrainOutcome
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning.plan_job import PlanRequest

@@ -18,6 +18,7 @@ from typing import Any
 
 from edgefleet.protocol.address import HostPort, broker_from_env
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.transport.fleet_key import load_fleet_key
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,6 @@ class CoordinatorConfig:
         Raises:
             ConfigError: no key file is configured (``missing`` is the message), or it cannot be read.
         """
-        from edgefleet.transport.fleet_key import load_fleet_key
-
         if not self.security.fleet_key_file:
             raise ConfigError(missing)
         return load_fleet_key(Path(self.security.fleet_key_file))

@@ -6,6 +6,10 @@ import argparse
 from typing import Any
 
 from edgefleet.coordinator.cli.shared import require_rich
+from edgefleet.coordinator.cli.status import watch
+from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.run.demo import DEMO_BATCH, demo_fleet, demo_job, wait_online
+from edgefleet.coordinator.run.train_job import default_run_dir
 
 
 def add_demo_parser(sub: Any) -> None:
@@ -24,11 +28,7 @@ def add_demo_parser(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``edge-coordinator demo``; returns the exit status."""
-    from edgefleet.coordinator.cli.status import watch
-    from edgefleet.coordinator.cli.train_progress import run_training_ui
-    from edgefleet.coordinator.run.demo import DEMO_BATCH, demo_fleet, demo_job, wait_online
-    from edgefleet.coordinator.control.monitor import monitor_fleet
-    from edgefleet.coordinator.run.train_job import default_run_dir
+    from edgefleet.coordinator.cli.train_progress import run_training_ui  # rich: only when the demo runs
 
     require_rich()
     with demo_fleet(args.boards) as fleet:

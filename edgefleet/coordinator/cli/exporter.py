@@ -10,7 +10,9 @@ import signal
 import threading
 from typing import Any
 
+from edgefleet.coordinator.cli.shared import load_config
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
+from edgefleet.coordinator.exporter.metrics_server import DEFAULT_LISTEN, LISTEN_HELP, parse_listen, serve_fleet_metrics
 from edgefleet.protocol.address import HostPort
 from edgefleet.protocol.errors import ConfigError
 
@@ -28,8 +30,6 @@ SIGTERM or Ctrl-C stops the exporter cleanly. Scrape configuration and metric li
 
 def listen_address(what: str) -> Any:
     """An argparse ``type=`` for ``HOST:PORT``: a bad address is a usage error naming ``what``."""
-    from edgefleet.coordinator.exporter.metrics_server import parse_listen
-
     def parse(text: str) -> HostPort:
         try:
             return parse_listen(text, what=what)
@@ -51,8 +51,6 @@ def _positive_int(text: str) -> int:
 
 def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``exporter`` command to the top-level subparsers ``sub``."""
-    from edgefleet.coordinator.exporter.metrics_server import DEFAULT_LISTEN, LISTEN_HELP
-
     p = sub.add_parser("exporter", help="serve every board's telemetry to Prometheus on /metrics (a long-running service)",
                        description="Follow the fleet on the broker and serve each board's state, CPU, memory, network, "
                                    "temperature and power (measured or estimated) as Prometheus metrics, labelled "
@@ -66,9 +64,6 @@ def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     """``edge-coordinator exporter``; serves until SIGTERM or SIGINT, then returns 0."""
-    from edgefleet.coordinator.cli.shared import load_config
-    from edgefleet.coordinator.exporter.metrics_server import parse_listen, serve_fleet_metrics
-
     listen = args.listen if isinstance(args.listen, HostPort) else parse_listen(args.listen)
     cfg = load_config(args)
     # A signal only sets the event, so the server and the broker connection are closed in order.

@@ -13,9 +13,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from edgefleet import __version__
 from edgefleet.closed_pipe import quiet_on_closed_pipe
+from edgefleet.coordinator.cli.completion import add_completion_parser, cmd_completion
+from edgefleet.coordinator.cli.config import CONFIG_ENV, default_config_path
+from edgefleet.coordinator.cli.demo import add_demo_parser, cmd_demo
+from edgefleet.coordinator.cli.exporter import add_exporter_parser, cmd_exporter
+from edgefleet.coordinator.cli.forget import add_forget_parser, cmd_forget
+from edgefleet.coordinator.cli.report import add_report_parser, cmd_report
+from edgefleet.coordinator.cli.status import add_status_parser, cmd_status
+from edgefleet.coordinator.cli.train import add_train_parser, cmd_train
 from edgefleet.protocol.address import BROKER_ENV
-from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +48,6 @@ shell completion: source <(edge-coordinator completion bash)   (zsh: completion 
 
 def _config_help() -> str:
     """The --config help, saying which default file this run would read."""
-    from edgefleet.coordinator.cli.config import CONFIG_ENV, default_config_path
-    from edgefleet.protocol.errors import ConfigError
-
     try:
         found = default_config_path()
         now = f"now {found[0]}" if found is not None else "none of them exists now"
@@ -54,16 +60,9 @@ def _config_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``edge-coordinator`` parser with every command."""
-    from edgefleet import __version__
-    from edgefleet.coordinator.cli.completion import add_completion_parser
-    from edgefleet.coordinator.cli.demo import add_demo_parser
-    from edgefleet.coordinator.cli.exporter import add_exporter_parser
-    from edgefleet.coordinator.cli.forget import add_forget_parser
+    # numpy (planning/): loaded when the parser is built, not by importing this module
     from edgefleet.coordinator.cli.plan import add_plan_parser
     from edgefleet.coordinator.cli.profile import add_profile_parser
-    from edgefleet.coordinator.cli.report import add_report_parser
-    from edgefleet.coordinator.cli.status import add_status_parser
-    from edgefleet.coordinator.cli.train import add_train_parser
 
     parser = argparse.ArgumentParser(prog="edge-coordinator", description="Show, profile and train a fleet of edge boards.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,14 +92,9 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
-    from edgefleet.coordinator.cli.demo import cmd_demo
-    from edgefleet.coordinator.cli.exporter import cmd_exporter
-    from edgefleet.coordinator.cli.forget import cmd_forget
+    # numpy (planning/): off the import of this module
     from edgefleet.coordinator.cli.plan import cmd_plan
     from edgefleet.coordinator.cli.profile import cmd_profile
-    from edgefleet.coordinator.cli.report import cmd_report
-    from edgefleet.coordinator.cli.status import cmd_status
-    from edgefleet.coordinator.cli.train import cmd_train
 
     return {"status": cmd_status, "train": cmd_train, "profile": cmd_profile, "plan": cmd_plan, "demo": cmd_demo,
             "report": cmd_report, "exporter": cmd_exporter, "forget": cmd_forget, "completion": _completion}
@@ -108,8 +102,8 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
 
 def _completion(args: argparse.Namespace) -> int:
     """``completion``: the scripts of this command's parser and edge-agent's."""
+    # the agent's modules (psutil, its sensors): only for the completion script
     from edgefleet.agent.__main__ import build_parser as agent_parser
-    from edgefleet.coordinator.cli.completion import cmd_completion
 
     return cmd_completion(args, [build_parser(), agent_parser()])
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
+from edgefleet.coordinator.planning import write_pareto_png
 from edgefleet.coordinator.planning.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from edgefleet.coordinator.planning.plan_job import (
     DEFAULT_FEWER_BOARDS_PCT,
@@ -25,15 +26,19 @@ from edgefleet.coordinator.planning.plan_job import (
     INEXACT_MARGIN_PCT,
     PlanRequest,
     deadline_text,
+    job_to_verify,
+    plan,
 )
+from edgefleet.coordinator.planning.plan_summary import estimate_json, plan_notes, summary_of
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE
+from edgefleet.coordinator.planning.verify import verify_candidates, verify_json
 from edgefleet.protocol.errors import BrokerError, ConfigError
 
 if TYPE_CHECKING:  # numpy, rich and matplotlib load only when a plan is made, not with the parser
     from rich.console import Console
 
-    from edgefleet.coordinator.planning.plan_job import PlanOutcome
     from edgefleet.coordinator.planning import PlanResult
+    from edgefleet.coordinator.planning.plan_job import PlanOutcome
     from edgefleet.coordinator.planning.verify import VerifyResult
 
 log = logging.getLogger(__name__)
@@ -152,9 +157,6 @@ def _parse_options(text: str) -> dict[str, Any] | None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``edge-coordinator plan``; returns the exit status."""
-    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
-    from edgefleet.coordinator.planning.plan_job import plan
-
     if args.verify < 0 or args.verify_steps < 1:
         raise ConfigError("--verify K needs K >= 1 (0 = no pre-training) and --verify-steps N >= 1")
     if args.verify and args.no_fleet_check:
@@ -183,8 +185,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:
-    from edgefleet.coordinator.planning import write_pareto_png
-
     try:
         return write_pareto_png(path, list(result.ranked) + list(result.front), result.chosen,
                                 title=f"Candidates by time and energy per epoch (objective: {result.objective})")
@@ -195,9 +195,7 @@ def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:
 
 def _verify(args: argparse.Namespace, outcome: PlanOutcome, fleet_key: bytes, broker: Any) -> VerifyResult:
     """Pre-train the best ``--verify`` candidates; print the comparison unless --json."""
-    from edgefleet.coordinator.cli.verify_render import verify_report
-    from edgefleet.coordinator.planning.plan_job import job_to_verify
-    from edgefleet.coordinator.planning.verify import verify_candidates
+    from edgefleet.coordinator.cli.verify_render import verify_report  # rich: only when candidates are verified
 
     job = job_to_verify(outcome.meta, model=args.model, model_options=_parse_options(args.model_options),
                         dataset=args.dataset, dataset_options=_parse_options(args.dataset_options))
@@ -213,14 +211,13 @@ def _verify(args: argparse.Namespace, outcome: PlanOutcome, fleet_key: bytes, br
 
 
 def _console() -> Console:
-    from edgefleet.coordinator.cli.render import make_console
+    from edgefleet.coordinator.cli.render import make_console  # rich: only to print, not with the parser
 
     return make_console()
 
 
 def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png: Path | None) -> None:
-    from edgefleet.coordinator.cli.plan_render import plan_table
-    from edgefleet.coordinator.planning.plan_summary import plan_notes, summary_of
+    from edgefleet.coordinator.cli.plan_render import plan_table  # rich: only to print the table
 
     console = _console()
     for note in notes:
@@ -234,8 +231,6 @@ def _print_plan(result: PlanResult, request: PlanRequest, notes: list[str], png:
 
 
 def _print_json(outcome: PlanOutcome, notes: list[str], png: Path | None, verified: VerifyResult | None) -> None:
-    from edgefleet.coordinator.planning.plan_summary import estimate_json
-
     result, check = outcome.result, outcome.check
     for note in notes:
         print(note, file=sys.stderr)
@@ -254,8 +249,6 @@ def _print_json(outcome: PlanOutcome, notes: list[str], png: Path | None, verifi
         "png": None if png is None else str(png),
     }
     if verified is not None:
-        from edgefleet.coordinator.planning.verify import verify_json
-
         doc["verify"] = verify_json(verified)
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -11,9 +11,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from edgefleet.coordinator.planning import PlanResult, format_duration
 from edgefleet.coordinator.planning.objectives import OBJECTIVE_TEXT
 from edgefleet.coordinator.planning.plan_summary import batches_text, fmt_power, fmt_si, fmt_step
-from edgefleet.coordinator.planning import PlanResult, format_duration
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning.plan_job import PlanRequest

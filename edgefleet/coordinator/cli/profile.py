@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
-from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE
-from edgefleet.protocol.jobs import WIRE_DTYPES
-
-if TYPE_CHECKING:
-    from edgefleet.coordinator.planning.profiling import ProfileRequest
+from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
+from edgefleet.coordinator.planning.profiling import ProfileRequest
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 PROFILE_EPILOG = """\
 examples:
@@ -49,7 +47,7 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--batch", default="16,32,64", metavar="B,B,…", help="batch sizes to measure, at least two (default 16,32,64)")
     p.add_argument("--warmup", type=int, default=3, metavar="STEPS", help="untimed steps per batch size (default 3)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per batch size; the median is kept (default 8)")
-    p.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+    p.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32",
                    help="gradient dtype the exchange will use, for the bytes per step (default float32)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per board (default: what the board's CPU quota or CPUs fit, as train uses)")
@@ -74,8 +72,7 @@ def add_profile_parser(sub: Any) -> None:
 
 def build_request(args: argparse.Namespace) -> ProfileRequest:
     """The ProfileRequest the flags describe. Raises ConfigError naming the flag."""
-    from edgefleet.coordinator.planning.profiling import ProfileRequest
-    from edgefleet.workloads.registry import parse_options
+    from edgefleet.workloads.registry import parse_options  # torch and Lightning: off the CLI start
 
     base = parse_options(args.model_options)
     return ProfileRequest(model=args.model, variants=variants_from_args(args, base), dataset=args.dataset,
@@ -88,10 +85,9 @@ def build_request(args: argparse.Namespace) -> ProfileRequest:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``edge-coordinator profile``; returns the exit status."""
+    # rich: only when profiling runs, not with the parser
     from edgefleet.coordinator.cli.profile_render import profile_table
     from edgefleet.coordinator.cli.render import make_console
-    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
-    from edgefleet.coordinator.planning.profile_job import profile
 
     cfg = load_config(args)
     fleet_key = coordinator_keys(args, cfg)

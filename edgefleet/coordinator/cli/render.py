@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -61,10 +61,11 @@ def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet", note: str = "
     """
     table = Table(title=Text(title, style="table.title"), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
-    for name, justify in (("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"),
-                          ("memory", "right"), ("net rx/tx", "right"), ("temp", "right"),
-                          ("power", "right"), ("source", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("board", "left"), ("state", "left"), ("age", "right"), ("CPU", "right"), ("memory", "right"),
+        ("net rx/tx", "right"), ("temp", "right"), ("power", "right"), ("source", "left"))
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)
     for row in rows:
         s = row.sample
         state = row.state if row.health in ("ok", "offline") else f"{row.state} ({row.health})"

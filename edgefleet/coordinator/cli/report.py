@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgefleet.coordinator.report import write_report
+
 REPORT_EPILOG = """\
 examples:
   edge-coordinator report runs/lenet5-digits-20261121-101500-ab12
@@ -28,8 +30,6 @@ def add_report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``edge-coordinator report``; returns the exit status (a bad RUN_DIR raises ConfigError, one line)."""
-    from edgefleet.coordinator.report import write_report
-
     print(f"report: {write_report(args.run_dir, args.output)}")
     return 0
 

@@ -8,8 +8,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefleet.coordinator.cli.config import config_locations, default_config_path, load_coordinator_config
 from edgefleet.protocol.address import parse_broker
 from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.transport.fleet_key import add_board_keys
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.cli.config import CoordinatorConfig
@@ -24,8 +26,6 @@ def config_file(args: argparse.Namespace) -> Path | None:
     Raises:
         ConfigError: ``$EDGEFLEET_CONFIG`` names a file that does not exist.
     """
-    from edgefleet.coordinator.cli.config import config_locations, default_config_path
-
     explicit: Path | None = getattr(args, "config", None)
     if explicit is not None:
         log.info("config file %s (--config)", explicit)
@@ -42,8 +42,6 @@ def config_file(args: argparse.Namespace) -> Path | None:
 def load_config(args: argparse.Namespace) -> CoordinatorConfig:
     """The configuration ``--config`` (else the default file), ``--broker`` (else ``$EDGEFLEET_BROKER``) and the command's
     ``--fleet-key`` say."""
-    from edgefleet.coordinator.cli.config import load_coordinator_config
-
     broker = parse_broker(args.broker, what="--broker") if args.broker else None
     return load_coordinator_config(config_file(args), broker=broker, fleet_key_file=getattr(args, "fleet_key", None))
 
@@ -76,14 +74,13 @@ def coordinator_keys(args: argparse.Namespace, cfg: CoordinatorConfig, **missing
         directory = Path(cfg.security.board_keys_dir)
     if directory is None:
         return key
-    from edgefleet.transport.fleet_key import add_board_keys
-
     return add_board_keys(key, directory)
 
 
 def require_rich() -> None:
     """Raises EdgeTrainError saying how to install rich when it is missing."""
     try:
+        # is the optional coordinator extra installed?
         import rich  # noqa: F401
     except ImportError:
         raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install '.[coordinator]' in the edgefleet checkout") from None

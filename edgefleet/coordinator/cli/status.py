@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.cli.shared import load_config, require_rich
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
+from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -48,12 +49,10 @@ def _positive_int(text: str) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``edge-coordinator status``; returns the exit status."""
-    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
-
     cfg = load_config(args)
     if not args.json:
         require_rich()
-    from edgefleet.coordinator.cli.render import limit_note
+    from edgefleet.coordinator.cli.render import limit_note  # rich: not for --json
 
     with monitor_fleet(cfg.broker, max_boards=args.max_boards) as view:
         if args.watch:
@@ -68,7 +67,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if note:
             print(f"edge-coordinator: {note}", file=sys.stderr)
     else:
-        from edgefleet.coordinator.cli.render import fleet_table, make_console
+        from edgefleet.coordinator.cli.render import fleet_table, make_console  # rich: not for --json
 
         make_console().print(fleet_table(rows, title=f"edgefleet @ {cfg.broker.address()}", note=note))
     return 0
@@ -76,6 +75,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
     """Show the fleet's table live for ``seconds`` (0: until Ctrl-C)."""
+    # rich: only for a live table, not with the parser
     from rich.live import Live
 
     from edgefleet.coordinator.cli.render import fleet_table, limit_note, make_console

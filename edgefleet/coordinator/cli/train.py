@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.cli.exporter import listen_address
-from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg
-from edgefleet.coordinator.cli.train_args import job_from_args, parse_batches, parse_force_split
-from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP
-from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, JobSpec
+from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
+from edgefleet.coordinator.cli.train_args import job_from_args
+from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP, serve_fleet_metrics
+from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS
 from edgefleet.coordinator.run.run_logger import LOGGERS
+from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resolve_job
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.protocol.exchange_frames import BatchSplit
-from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+from edgefleet.protocol.jobs import DATA_MODES
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
@@ -76,7 +77,7 @@ def add_train_parser(sub: Any) -> None:
                         "then counts as finished (model.pt, result.json's target_reached). --epochs/--steps stay the limit")
     p.add_argument("--seed", type=int, default=0, help="seed for the initial weights and the data order (default 0)")
     p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
-    p.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+    p.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32",
                    help="gradients on the wire (default float32: exact; float16 halves the bytes)")
     p.add_argument("--data-mode", choices=DATA_MODES, default="global",
                    help="global: every board holds the whole dataset and takes its slice of each global batch; "
@@ -143,18 +144,17 @@ def add_train_parser(sub: Any) -> None:
                    help="while the run lasts, serve Prometheus metrics on http://HOST:PORT/metrics: the boards (as "
                         "`edge-coordinator exporter`) and the run's step time, samples/s, loss and each board's compute "
                         f"time (edgefleet_train_*; docs/monitoring.md). {LISTEN_HELP}")
-    from edgefleet.coordinator.cli.auto import add_auto_args
+    from edgefleet.coordinator.cli.auto import add_auto_args  # numpy (planning/): when the parser is built, not by importing this module
 
     add_auto_args(p)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``edge-coordinator train``; returns the exit status."""
-    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+    # numpy, rich and torch: only when a run starts
     from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
-    from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
     from edgefleet.coordinator.cli.train_progress import run_training_ui
-    from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resolve_job
+    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
 
     if args.resume is None and args.run_dir is not None:
         check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
@@ -183,9 +183,7 @@ def served_metrics(args: argparse.Namespace) -> Iterator[TrainingMetrics | None]
     if listen is None:
         yield None
         return
-    from edgefleet.coordinator.cli.shared import load_config
-    from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics
-    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
+    from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics  # prometheus_client: optional, only with --metrics
 
     metrics = TrainingMetrics()
     with serve_fleet_metrics(load_config(args).broker, listen, collectors=[metrics]) as endpoint:

@@ -38,7 +38,7 @@ def parse_force_split(text: str) -> BatchSplit:
 
 def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | None = None) -> JobSpec:
     """The job the ``train`` flags describe (``batch_sizes``: instead of ``--batch``). Raises ConfigError naming the flag."""
-    from edgefleet.workloads.registry import parse_options
+    from edgefleet.workloads.registry import parse_options  # torch and Lightning: off the CLI start
 
     boards = tuple(b for b in (args.boards or "").split(",") if b)
     return JobSpec(model=args.model, model_options=parse_options(args.model_options),

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
     from edgefleet.transport.settings import BrokerSettings
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C
+
+
+def board_words(text: str) -> str:
+    """Text a board sent (a name its module logged), for a line that rich renders as markup: shown as
+    the characters it is, never as markup or a terminal control sequence (ESC and the like become ``?``)."""
+    return escape("".join(c if c.isprintable() else "?" for c in text))
 
 
 class TrainProgress(TrainObserver):
@@ -57,11 +64,11 @@ class TrainProgress(TrainObserver):
             self.metrics.step(view)
         if self._progress is None or self._task is None:
             return
-        boards = " ".join(f"{b}:{s * 1000:.0f}ms" for b, s in view.board_compute_s.items())
+        boards = escape(" ".join(f"{b}:{s * 1000:.0f}ms" for b, s in view.board_compute_s.items()))
         acc = "-" if view.val_accuracy is None else f"{view.val_accuracy:.1%}"
         loss = "-" if view.loss is None else f"{view.loss:.4f}"
-        dropped = f" [yellow]late: {','.join(view.late)}[/]" if view.late else ""
-        shown = "".join(f" · {name} {value:.4g}" for name, value in view.shown.items())
+        dropped = f" [yellow]late: {escape(','.join(view.late))}[/]" if view.late else ""
+        shown = "".join(f" · {board_words(name)} {value:.4g}" for name, value in view.shown.items())
         self._progress.update(self._task, completed=view.step + 1,
                               description=f"loss {loss}{shown} · val acc {acc} · {view.samples_per_s:.0f} samples/s · "
                                           f"{boards}{dropped}")

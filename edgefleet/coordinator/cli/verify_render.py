@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgefleet.coordinator.planning.plan_summary import candidate_text, fmt_power, fmt_step
 from edgefleet.coordinator.planning import Estimate, format_duration
+from edgefleet.coordinator.planning.plan_summary import candidate_text, fmt_power, fmt_step
 from edgefleet.coordinator.planning.verify import DISAGREEMENT, FIGURES, Measurement, VerifyResult, differences, disagreement_line
 
 

@@ -1,27 +1,59 @@
-"""Which boards a job runs on: by default every online board that can train, and the check that
-the named boards can take a job now. Shared by the commands that send jobs (``profile``, ``train``).
+"""The fleet as it is now, and which boards a job runs on: :func:`fleet_snapshot` (one look at the
+fleet, shared by ``plan``, ``profile``, ``train`` and ``train --auto``), by default every online
+board that can train (:meth:`FleetSnapshot.trainers`), and the check that the named boards can take
+a job now (:func:`check_boards_ready`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from edgefleet.coordinator.control.board_channel import BoardChannel
+from edgefleet.coordinator.control.fleet import BoardRow
+from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
+SNAPSHOT_WAIT_S = 1.0  # how long a snapshot waits for online boards' first samples
 
-def online_trainers(broker: BrokerSettings, *, wait_s: float = 1.0) -> list[str]:
-    """Every board that is online now and has torch and Lightning (or has not said otherwise yet)."""
-    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """The fleet at one moment: retained status and caps, and a sample of each online board."""
+
+    rows: tuple[BoardRow, ...]
+
+    def trainers(self) -> list[str]:
+        """Every board that is online and has torch and Lightning (or has not said otherwise yet)."""
+        return [r.board_id for r in self.rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
+
+
+def fleet_snapshot(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S, settle: Sequence[str] = (),
+                   settle_s: float = 0.0) -> FleetSnapshot:
+    """Look at the fleet once.
+
+    Args:
+        broker: Where the boards report.
+        wait_s: How long to wait for the online boards' first samples.
+        settle: Boards that may be busy ending a job (one just profiled or pre-trained): the
+            snapshot waits, at most ``settle_s``, while any of them is busy.
+        settle_s: See ``settle``.
+
+    Raises:
+        BrokerError: the broker cannot be reached.
+    """
     with monitor_fleet(broker) as view:
         wait_for_snapshot(view, timeout_s=wait_s)
-        rows = view.rows()
-    return [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
+        deadline = time.monotonic() + settle_s
+        while settle and time.monotonic() < deadline and any(
+                r.state == "busy" for r in view.rows() if r.board_id in settle):
+            time.sleep(0.1)
+        return FleetSnapshot(tuple(view.rows()))
 
 
 async def check_boards_ready(channel: BoardChannel, boards: Sequence[str]) -> None:
@@ -47,4 +79,4 @@ async def check_boards_ready(channel: BoardChannel, boards: Sequence[str]) -> No
         raise EdgeTrainError("cannot start: " + "; ".join(problems))
 
 
-__all__ = ["check_boards_ready", "online_trainers"]
+__all__ = ["SNAPSHOT_WAIT_S", "FleetSnapshot", "check_boards_ready", "fleet_snapshot"]

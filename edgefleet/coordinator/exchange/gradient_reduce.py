@@ -51,12 +51,12 @@ from typing import NamedTuple
 import numpy as np
 
 from edgefleet.protocol.half_cast import cast_into
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES, numpy_dtype
 
 log = logging.getLogger(__name__)
 
 REDUCE_BLOCK = 1 << 16  # float32 elements: a block of the sum and of the scratch stay in the CPU cache
 FOLD_MAX_ELEMENTS = 1 << 19  # vectors up to this size (2 MB of float32) may be summed as they arrive
-WIRE_NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 BUFFER_SYNCS = ("broadcast", "average")
 OUTLIER_RATIO = 10_000.0  # a gradient norm above this many times the median of the other boards' is refused
 OUTLIER_MIN_OTHERS = 2    # ... judged only with at least this many other boards' norms
@@ -169,8 +169,8 @@ class GradientReducer:
         if not 0 <= int_buffer_elements <= buffer_elements <= param_count or buffer_sync not in BUFFER_SYNCS:
             raise ValueError(f"buffer_elements {buffer_elements} (integer bytes {int_buffer_elements}) / "
                              f"buffer_sync {buffer_sync!r} out of range")
-        if wire_dtype not in WIRE_NUMPY:
-            raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(WIRE_NUMPY)}")
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire dtype {wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
         if not outlier_ratio >= 1:
             raise ValueError(f"outlier_ratio {outlier_ratio!r} must be at least 1")
         self.param_count, self.wire_dtype, self.max_grad_norm = param_count, wire_dtype, max_grad_norm
@@ -182,7 +182,7 @@ class GradientReducer:
         self.sum = np.zeros(param_count, dtype=np.float32)
         self._scratch = np.zeros(param_count, dtype=np.float32)
         self._sum_summed, self._scratch_summed = self.sum[:self._summed], self._scratch[:self._summed]
-        self.wire_out = np.zeros(param_count, dtype=WIRE_NUMPY[wire_dtype])  # the result in the wire dtype
+        self.wire_out = np.zeros(param_count, dtype=numpy_dtype(wire_dtype))  # the result in the wire dtype
         self._applied: np.ndarray | None = None  # fp16/bf16: the result widened back, as every replica applies it
 
     def weighted_sum(self, grads: Sequence[tuple[np.ndarray, int]], total: int) -> list[float]:
@@ -314,7 +314,6 @@ __all__ = [
     "OUTLIER_MIN_OTHERS",
     "OUTLIER_RATIO",
     "REDUCE_BLOCK",
-    "WIRE_NUMPY",
     "GradientReducer",
     "Reduced",
     "outlier_reason",

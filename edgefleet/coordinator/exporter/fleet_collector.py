@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from edgefleet.coordinator.exporter.telemetry_metrics import PREFIX, sample_values
 from edgefleet.coordinator.control.fleet import BoardRow, FleetView
+from edgefleet.coordinator.exporter.telemetry_metrics import PREFIX, sample_values
 from edgefleet.protocol.messages import is_measured
 
 log = logging.getLogger(__name__)

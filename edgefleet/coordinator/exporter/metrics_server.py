@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
+from edgefleet.coordinator.control.monitor import monitor_fleet
 from edgefleet.protocol.address import HostPort, parse_host_port
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 
@@ -61,6 +62,7 @@ def is_loopback(host: str) -> bool:
 
 def _require_prometheus_client() -> None:
     try:
+        # optional (coordinator extra): is it installed?
         import prometheus_client  # noqa: F401
     except ImportError:
         raise EdgeTrainError("serving metrics needs the 'prometheus-client' package: pip install 'edgefleet[coordinator]'") from None
@@ -73,7 +75,7 @@ def serve_metrics(registry: CollectorRegistry, listen: HostPort) -> Iterator[Met
     Raises:
         ConfigError: the address cannot be listened on (in use, not this machine's), naming it and the fix.
     """
-    from prometheus_client import start_http_server
+    from prometheus_client import start_http_server  # optional (coordinator extra), checked first
 
     try:
         server, thread = start_http_server(listen.port, addr=listen.host, registry=registry)
@@ -102,11 +104,11 @@ def serve_fleet_metrics(settings: BrokerSettings, listen: HostPort, *, collector
         EdgeTrainError: prometheus-client is not installed (with the pip command).
     """
     _require_prometheus_client()
+    # prometheus_client: optional (coordinator extra), checked just above
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
     from edgefleet.coordinator.exporter.fleet_collector import FleetCollector
-    from edgefleet.coordinator.control.monitor import monitor_fleet
 
     with monitor_fleet(settings, connect_timeout_s=connect_timeout_s, max_boards=max_boards) as view:
         registry = CollectorRegistry()

@@ -16,6 +16,10 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # typeshed's protocol of a dataclass instance: no runtime module
 
 PREFIX = "edgefleet_board_"
 
@@ -127,13 +131,13 @@ def _number(value: object) -> float | None:
     return None
 
 
-def sample_values(sample: object) -> Iterator[FieldValue]:
+def sample_values(sample: DataclassInstance) -> Iterator[FieldValue]:
     """Every exported value of a telemetry sample (any dataclass instance), in field order.
 
     Scalars (int, float, bool) give one value; a ``dict[str, number]`` gives one per key; None,
     text and lists are skipped, so an optional field a board does not report costs nothing.
     """
-    for f in dataclasses.fields(sample):  # type: ignore[arg-type]
+    for f in dataclasses.fields(sample):
         if f.name in SKIPPED_FIELDS:
             continue
         raw = getattr(sample, f.name)

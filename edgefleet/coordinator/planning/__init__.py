@@ -8,7 +8,6 @@ against a short measured run. Re-balancing during a run is the run's (``coordina
 
 from __future__ import annotations
 
-from edgefleet.coordinator.planning.objectives import OBJECTIVES
 from edgefleet.coordinator.planning.cost_model import (
     Candidate,
     Estimate,
@@ -24,6 +23,7 @@ from edgefleet.coordinator.planning.modes import (
     candidate_modes,
     local_sgd,
 )
+from edgefleet.coordinator.planning.objectives import OBJECTIVES
 from edgefleet.coordinator.planning.pareto import pareto_front, write_pareto_png
 from edgefleet.coordinator.planning.profiles import (
     PROFILE_SCHEMA_VERSION,

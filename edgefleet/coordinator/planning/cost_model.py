@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY
 from edgefleet.coordinator.planning.modes import EXACT, TrainingMode
+from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY
 from edgefleet.coordinator.planning.profiles import BoardProfile, FleetProfile, variant_label
 from edgefleet.protocol.errors import PlanError
 

@@ -52,6 +52,7 @@ def write_pareto_png(path: Path, estimates: Sequence[Estimate], chosen: Estimate
         ValueError: there is nothing to draw.
     """
     try:
+        # matplotlib: optional and slow to import, only to draw
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:

@@ -28,12 +28,8 @@ from edgefleet.coordinator.planning import (
 from edgefleet.coordinator.planning.profiles import ProfileMeta, load_profile_meta
 from edgefleet.coordinator.planning.variants import VARIANT_FLAGS
 from edgefleet.protocol.errors import PlanError
-from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_WAIT_S = 1.0  # how long a snapshot waits for online boards' first samples
-
 
 def load_profile_file(path: Path) -> tuple[dict[str, FleetProfile], ProfileMeta | None]:
     """The profile file's variants and its metadata (None when the file carries none).
@@ -137,15 +133,6 @@ class FleetCheck:
         return cls(boards=tuple(sorted({b for fp in profiles.values() for b in fp.boards})))
 
 
-def fleet_rows(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S) -> list[BoardRow]:
-    """A snapshot of the fleet: retained status and caps, and a sample of each online board."""
-    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
-
-    with monitor_fleet(broker) as view:
-        wait_for_snapshot(view, timeout_s=wait_s)
-        return view.rows()
-
-
 def _why_not(row: BoardRow | None) -> str:
     if row is None:
         return "it has not reported on this broker since (is its agent running?)"
@@ -164,7 +151,7 @@ def check_fleet(profiles: Mapping[str, FleetProfile], rows: Sequence[BoardRow], 
 
     Args:
         profiles: The variants to plan over.
-        rows: The fleet now (:func:`fleet_rows`).
+        rows: The fleet now (``control.fleet_select.fleet_snapshot``'s rows).
         wanted: Only these boards may take part (``train --boards``); None = any.
 
     Raises:
@@ -219,5 +206,4 @@ def restrict_to(profiles: Mapping[str, FleetProfile], check: FleetCheck) -> dict
     return out
 
 
-__all__ = ["FleetCheck", "check_fleet", "fleet_rows", "load_profile_file", "restrict_to",
-           "select_variants"]
+__all__ = ["FleetCheck", "check_fleet", "load_profile_file", "restrict_to", "select_variants"]

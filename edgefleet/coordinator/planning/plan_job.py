@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.coordinator.control.fleet_select import fleet_snapshot
+from edgefleet.coordinator.planning import candidate_modes, format_duration
+from edgefleet.coordinator.planning import plan as search_plan  # this module's plan() is the service around it
+from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, load_profile_file, restrict_to, select_variants
+from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # numpy loads only when a plan is made, not with the command line's parser
-    from edgefleet.coordinator.run.job_spec import JobSpec
-    from edgefleet.coordinator.planning.plan_fleet import FleetCheck
     from edgefleet.coordinator.planning import FleetProfile, PlanResult
     from edgefleet.coordinator.planning.profiles import ProfileMeta
     from edgefleet.transport.settings import BrokerSettings
@@ -67,15 +70,13 @@ class PlanRequest:
 
     def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "") -> PlanResult:
         """``planning.plan`` over ``profiles``; ``deadline_text`` (default: the request's) explains a refusal's deadline."""
-        from edgefleet.coordinator.planning import candidate_modes, plan
-
         deadline_text = deadline_text or self.deadline_text
         try:
-            return plan(dict(profiles), objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
-                        global_batches=self.global_batches, count_idle=self.count_idle,
-                        max_memory_fraction=self.max_memory_fraction, top=self.top,
-                        fewer_boards_within=self.fewer_boards_within,
-                        modes=candidate_modes(allow_inexact=self.allow_inexact))
+            return search_plan(dict(profiles), objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
+                               global_batches=self.global_batches, count_idle=self.count_idle,
+                               max_memory_fraction=self.max_memory_fraction, top=self.top,
+                               fewer_boards_within=self.fewer_boards_within,
+                               modes=candidate_modes(allow_inexact=self.allow_inexact))
         except PlanError as exc:
             if deadline_text and "--deadline" in str(exc):
                 raise PlanError(f"{exc} ({deadline_text})") from None
@@ -86,8 +87,6 @@ def deadline_text(deadline_min: float | None, epochs: float) -> str:
     """``"--deadline 30 min over 5 epochs = 6.0 min per epoch"``, or "" without a deadline."""
     if deadline_min is None:
         return ""
-    from edgefleet.coordinator.planning import format_duration
-
     return (f"--deadline {deadline_min:g} min over {epochs:g} epoch{'s' if epochs != 1 else ''} = "
             f"{format_duration(deadline_min * 60 / epochs)} per epoch")
 
@@ -126,8 +125,6 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
             request (the message names the constraint and by how much).
         BrokerError: the broker cannot be reached.
     """
-    from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, fleet_rows, load_profile_file, restrict_to, select_variants
-
     profiles, meta = load_profile_file(profile_path)
     selected = select_variants(profiles, meta=meta, model=model, variants=variants, dataset=dataset,
                                dataset_options=dataset_options)
@@ -136,7 +133,7 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
         check = FleetCheck.unchecked(selected)
         notes.append("not checked against the fleet (--no-fleet-check): boards and agent versions are the profile's")
     else:
-        check = check_fleet(selected, fleet_rows(broker))
+        check = check_fleet(selected, fleet_snapshot(broker).rows)
     notes += check.notes
     result = request.run(restrict_to(selected, check))
     return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
@@ -149,8 +146,6 @@ def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options:
     Raises:
         PlanError: neither the arguments nor the profile say which model and dataset.
     """
-    from edgefleet.coordinator.run.job_spec import JobSpec
-
     model = model or (meta.model if meta is not None else None)
     dataset = dataset or (meta.dataset if meta is not None else None)
     if model is None or dataset is None:
@@ -170,8 +165,6 @@ def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: the JobSpec has no such field (this edgefleet's ``train`` cannot run the mode).
     """
-    from edgefleet.coordinator.run.job_spec import JobSpec
-
     known = {f.name for f in dataclasses.fields(JobSpec)}
     missing = sorted(set(options) - known)
     if missing:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgefleet.coordinator.planning.objectives import OBJECTIVE_TEXT
 from edgefleet.coordinator.planning import LOCAL_SGD_EVERY, Estimate, PlanResult, format_duration
+from edgefleet.coordinator.planning.objectives import OBJECTIVE_TEXT
 
 # Below this share of the chosen step spent outside compute, an inexact mode cannot gain the margin
 # it must (search module doc): no hint about --allow-inexact.

@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefleet.coordinator.control.fleet_select import fleet_snapshot
+from edgefleet.coordinator.planning.profiles import ProfileMeta, save_profiles
+from edgefleet.coordinator.planning.profiling import profile_fleet
 from edgefleet.protocol.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,13 +53,9 @@ def profile(request: ProfileRequest, *, broker: BrokerSettings, fleet_key: bytes
         ConfigError: the file's folder does not exist, or no board is online.
         EdgeTrainError: a board refused or failed the job.
     """
-    from edgefleet.coordinator.control.fleet_select import online_trainers
-    from edgefleet.coordinator.planning.profiles import ProfileMeta, save_profiles
-    from edgefleet.coordinator.planning.profiling import profile_fleet
-
     if not path.parent.is_dir():
         raise ConfigError(f"--profile {path}: the folder {path.parent} does not exist")
-    chosen = list(boards) or online_trainers(broker)
+    chosen = list(boards) or fleet_snapshot(broker).trainers()
     if not chosen:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     profiles = asyncio.run(profile_fleet(broker, fleet_key, chosen, request, on_note=on_note))

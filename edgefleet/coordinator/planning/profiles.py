@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgefleet.protocol.errors import PlanError
+from edgefleet.transport.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -352,14 +352,16 @@ class ProfileMeta:
 
 
 def save_profiles(path: Path, profiles_by_variant: Mapping[str, FleetProfile], meta: ProfileMeta | None = None) -> None:
-    """Write the profile file atomically (a temporary file renamed over the old one), with ``meta`` if given."""
+    """Write the profile file atomically (``transport.atomic_file``), with ``meta`` if given.
+
+    Raises:
+        AtomicWriteError: an OSError; the old file is unchanged.
+    """
     doc: dict[str, Any] = {"schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
                            "variants": {label: fleet.to_json() for label, fleet in profiles_by_variant.items()}}
     if meta is not None:
         doc["meta"] = meta.to_json()
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
     log.debug("wrote %d profile variant(s) to %s", len(profiles_by_variant), path)
 
 

@@ -36,19 +36,18 @@ from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
     MAX_PROBE_ROUNDS,
-    WIRE_DTYPES,
     JobEvent,
     ProfileCommand,
     StopCommand,
     probe_rounds_ok,
 )
 from edgefleet.protocol.profile_report import LinkReport, ProfileReport, ProfileReportVersionError
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20 s on a Pi) plus every batch size
-WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +103,7 @@ class _Variant:
 
 def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     """Build the dataset and every variant here: (variants, dataset length). Raises ConfigError."""
+    # torch, Lightning: only where the coordinator builds the variants itself
     import torch
 
     from edgefleet.workloads.module_setup import RunFigures, prepare_module
@@ -231,12 +231,12 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         EdgeTrainError: a board is offline, busy or cannot train (before anything starts), or a
             board failed while profiling (naming it and its message).
     """
-    from edgefleet.coordinator.run.training import exchange_host_for
+    from edgefleet.coordinator.run.training import exchange_host_for  # torch: off the planner
 
     if not boards or len(set(boards)) != len(boards):
         raise ConfigError(f"--boards {','.join(boards)}: name each board once (and at least one)")
     variants, dataset_len = _prepare(request)
-    grad_bytes = {v.label: v.param_count * WIRE_BYTES[request.wire_dtype] for v in variants}
+    grad_bytes = {v.label: v.param_count * WIRE_DTYPES[request.wire_dtype].itemsize for v in variants}
     run_id = f"profile-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     token = secrets.token_hex(16)  # shown only to the boards, inside signed commands
     channel = BoardChannel(broker, fleet_key, boards)
@@ -277,9 +277,9 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
         tasks = [asyncio.ensure_future(one_board(board)) for board in boards]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [t.exception() for t in tasks if t.done() and t.exception() is not None]
+            failed = [exc for t in tasks if t.done() and (exc := t.exception()) is not None]
             if failed:
-                raise failed[0]  # type: ignore[misc]
+                raise failed[0]
             per_board = {board: task.result() for board, task in zip(boards, tasks)}
         finally:
             for task in tasks:

@@ -34,10 +34,10 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
-from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY, OBJECTIVES
 from edgefleet.coordinator.planning.cost_model import (
     CONSTRAINT_NAMES,
     DEADLINE,
@@ -62,8 +62,12 @@ from edgefleet.coordinator.planning.cost_model import (
     row_figures,
 )
 from edgefleet.coordinator.planning.modes import EXACT, INEXACT_MARGIN, TrainingMode
+from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY, OBJECTIVES
 from edgefleet.coordinator.planning.profiles import FleetProfile
 from edgefleet.protocol.errors import PlanError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 log = logging.getLogger(__name__)
 
@@ -195,18 +199,31 @@ def _check_modes(modes: Sequence[TrainingMode], inexact_margin: float) -> tuple[
     return modes
 
 
-def heuristic_gap(fleet_profiles_by_variant: Mapping[str, FleetProfile], **plan_kwargs: object) -> GapReport:
+class PlanOptions(TypedDict, total=False):
+    """The arguments of :func:`plan` that :func:`heuristic_gap` passes on to both searches."""
+
+    max_power_w: float | None
+    deadline_s: float | None
+    global_batches: Sequence[int]
+    count_idle: bool
+    max_memory_fraction: float
+    top: int
+    modes: Sequence[TrainingMode]
+    inexact_margin: float
+
+
+def heuristic_gap(fleet_profiles_by_variant: Mapping[str, FleetProfile], *, objective: str,
+                  **plan_kwargs: Unpack[PlanOptions]) -> GapReport:
     """Run the heuristic and exhaustive search on the same instance and compare their choices.
 
     Args:
         fleet_profiles_by_variant: As for :func:`plan` (at most 18 boards).
+        objective: As for :func:`plan`.
         **plan_kwargs: Any other :func:`plan` argument except ``method`` and ``fewer_boards_within``
-            (both searches choose the best estimate: the gap measures the search alone); ``objective``
-            is required.
+            (both searches choose the best estimate: the gap measures the search alone).
     """
-    kwargs = {**plan_kwargs, "fewer_boards_within": 0.0}
-    exact = plan(fleet_profiles_by_variant, method="exhaustive", **kwargs)  # type: ignore[arg-type]
-    rough = plan(fleet_profiles_by_variant, method="heuristic", **kwargs)  # type: ignore[arg-type]
+    exact = plan(fleet_profiles_by_variant, objective=objective, method="exhaustive", fewer_boards_within=0.0, **plan_kwargs)
+    rough = plan(fleet_profiles_by_variant, objective=objective, method="heuristic", fewer_boards_within=0.0, **plan_kwargs)
     objective = exact.objective
     best, found = exact.chosen.objective_value(objective), rough.chosen.objective_value(objective)
     return GapReport(objective=objective, exhaustive=exact.chosen, heuristic=rough.chosen, gap=found / best - 1.0)

@@ -29,12 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.control.power_meter import PowerMeter, PowerReading
+from edgefleet.coordinator.planning import INEXACT_MARGIN, Estimate, format_duration
 from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY
 from edgefleet.coordinator.planning.plan_job import mode_job_options
 from edgefleet.coordinator.planning.plan_summary import batches_text, estimate_json, fmt_si, fmt_step
-from edgefleet.coordinator.planning import INEXACT_MARGIN, Estimate, format_duration
-from edgefleet.coordinator.control.power_meter import PowerMeter, PowerReading
+from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.settings import BrokerSettings
 
@@ -114,7 +115,8 @@ def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, bo
     epoch = dataset_len / samples_per_s
     counted = [r for b, r in readings.items() if b in boards or count_idle]
     known = [r for r in counted if r.mean_power_w is not None]
-    power = sum(r.mean_power_w for r in known) if known and len(known) == len(counted) else None  # type: ignore[misc]
+    watts = [r.mean_power_w for r in known if r.mean_power_w is not None]  # the same readings, typed as floats
+    power = sum(watts) if known and len(known) == len(counted) else None
     energy = None if power is None else power * epoch
     return Measurement(step_time_s=step, samples_per_s=samples_per_s, epoch_time_s=epoch, power_w=power,
                        energy_per_epoch_j=energy, edp_j_s=None if energy is None else energy * epoch,
@@ -158,7 +160,7 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
     ``job``'s model options are the base every variant's options go on top of. In a mode that
     exchanges every H steps, ``steps`` is rounded up to whole periods of H.
     """
-    from edgefleet.coordinator.run.training import StepView, TrainingRun
+    from edgefleet.coordinator.run.training import StepView, TrainingRun  # torch: only to pre-train
 
     c = estimate.candidate
     period = c.mode.sync_every
@@ -201,8 +203,6 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     Raises:
         EdgeTrainError: every pre-training failed (the message lists why).
     """
-    from edgefleet.coordinator.control.monitor import monitor_fleet
-
     started = time.monotonic()
     trials: list[Trial] = []
     with monitor_fleet(broker) as view, PowerMeter(view, fleet_boards) as meter:

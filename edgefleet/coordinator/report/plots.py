@@ -167,9 +167,8 @@ def step_time_plot(run: RunData) -> Plot:
         xs, ys = _series(run.steps, _compute(board), by_time=False)
         if xs:
             ax.plot(xs, [y * 1000 for y in ys], color=colour[board], linewidth=1.1, label=label(board))
-    steps = [s for s in run.steps if s.elapsed_s is not None]
-    gaps = [(b.step, (b.elapsed_s - a.elapsed_s) * 1000) for a, b in itertools.pairwise(steps)  # type: ignore[operator]
-            if b.step == a.step + 1]
+    timed = [(s.step, s.elapsed_s) for s in run.steps if s.elapsed_s is not None]
+    gaps = [(b_step, (b_s - a_s) * 1000) for (a_step, a_s), (b_step, b_s) in itertools.pairwise(timed) if b_step == a_step + 1]
     if gaps:
         ax.plot([g[0] for g in gaps], [g[1] for g in gaps], color="0.55", linewidth=0.9, label="fleet step interval")
     missed = [s.step for s in run.steps if s.late or s.refused]

@@ -18,6 +18,7 @@ the mode's exact warm-up and times whole periods of H steps, as the steady-state
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,19 +26,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.control.fleet_select import fleet_snapshot
+from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
+from edgefleet.coordinator.control.power_meter import PowerMeter
+from edgefleet.coordinator.planning.plan_fleet import check_fleet, load_profile_file, restrict_to, select_variants
 from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options
-from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE
-from edgefleet.coordinator.run.train_job import TrainObserver
+from edgefleet.coordinator.planning.plan_summary import estimate_json, fewer_boards_line, summary_of
+from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
+from edgefleet.coordinator.planning.profiling import ProfileRequest
+from edgefleet.coordinator.planning.verify import WARMUP_STEPS, measure, step_intervals, verify_candidates
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.train_job import TrainObserver, resolve_job, train
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError, PlanError
 
 if TYPE_CHECKING:
-    from edgefleet.coordinator.control.fleet import BoardRow
-    from edgefleet.coordinator.planning.plan_fleet import FleetCheck
+    from edgefleet.coordinator.control.fleet_select import FleetSnapshot
     from edgefleet.coordinator.planning import Estimate, FleetProfile, PlanResult
-    from edgefleet.coordinator.control.power_meter import PowerMeter
-    from edgefleet.coordinator.run.training import TrainOutcome
+    from edgefleet.coordinator.planning.plan_fleet import FleetCheck
     from edgefleet.coordinator.planning.verify import Measurement, VerifyResult
+    from edgefleet.coordinator.run.training import TrainOutcome
     from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -95,19 +102,6 @@ def check_auto_job(spec: JobSpec, request: PlanRequest) -> None:
                           "batches in fp32; run `plan`, then `train` with the plan's --boards and --batch and these flags")
 
 
-def _snapshot(broker: BrokerSettings, boards: Sequence[str] = ()) -> list[BoardRow]:
-    """The fleet now; first waits (at most READY_WAIT_S) while any of ``boards`` is busy ending a job."""
-    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
-
-    with monitor_fleet(broker) as view:
-        wait_for_snapshot(view, timeout_s=1.0)
-        deadline = time.monotonic() + READY_WAIT_S
-        while boards and time.monotonic() < deadline and any(
-                r.state == "busy" for r in view.rows() if r.board_id in boards):
-            time.sleep(0.1)
-        return view.rows()
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Fleet:
     """Where the job runs: the broker, the key and the boards it may use."""
@@ -117,11 +111,9 @@ class _Fleet:
     wanted: list[str] | None          # the job's boards, or None: any
 
 
-def _profiles(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, rows: list[BoardRow], path: Path,
+def _profiles(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, snapshot: FleetSnapshot, path: Path,
               reprofile: bool, note: Callable[[str], None]) -> tuple[dict[str, FleetProfile], float]:
     """The profiles to plan with: the saved ones if they fit this job and fleet, else fresh ones; and the time profiling took."""
-    from edgefleet.coordinator.planning.plan_fleet import check_fleet, load_profile_file, select_variants
-
     reason = "asked to (--reprofile)" if reprofile else ""
     if not reason:
         try:
@@ -130,22 +122,18 @@ def _profiles(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, rows
                                        dataset_options=spec.dataset_options)
             if meta is not None and meta.wire_dtype != spec.wire_dtype:
                 raise PlanError(f"it was measured with --wire-dtype {meta.wire_dtype}, this run uses {spec.wire_dtype}")
-            check_fleet(selected, rows, wanted=fleet.wanted)
+            check_fleet(selected, snapshot.rows, wanted=fleet.wanted)
             note(f"reusing the profile {path} (it fits this model, dataset and the agents' versions)")
             return selected, 0.0
         except PlanError as exc:
             reason = str(exc)
-    return _profile_now(spec, variants, fleet, rows, path, reason, note)
+    return _profile_now(spec, variants, fleet, snapshot, path, reason, note)
 
 
-def _profile_now(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, rows: list[BoardRow], path: Path,
+def _profile_now(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, snapshot: FleetSnapshot, path: Path,
                  reason: str, note: Callable[[str], None]) -> tuple[dict[str, FleetProfile], float]:
-    from edgefleet.coordinator.planning.profile_job import profile
-    from edgefleet.coordinator.planning.profiling import ProfileRequest
-
     wanted = fleet.wanted
-    boards = [r.board_id for r in rows if r.state == "online" and (r.caps is None or r.caps.training_available)
-              and (wanted is None or r.board_id in wanted)]
+    boards = [b for b in snapshot.trainers() if wanted is None or b in wanted]
     if not boards:
         raise ConfigError("no board to profile: none is online and able to train on this broker"
                           + (f" among --boards {','.join(wanted)}" if wanted else "") + "; start edge-agent on the boards")
@@ -179,10 +167,7 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
         The configuration to train and the fleet check it was made on (unchanged when every
         chosen board is still there).
     """
-    from edgefleet.coordinator.planning.plan_fleet import check_fleet, restrict_to
-    from edgefleet.coordinator.planning.plan_summary import fewer_boards_line, summary_of
-
-    now = check_fleet(selected, _snapshot(broker, list(check.boards)), wanted=wanted)
+    now = check_fleet(selected, fleet_snapshot(broker, settle=check.boards, settle_s=READY_WAIT_S).rows, wanted=wanted)
     gone = [b for b in chosen.candidate.boards if b not in now.boards]
     if not gone:
         return chosen, check
@@ -200,8 +185,6 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
 def job_for(spec: JobSpec, chosen: Estimate, dataset_len: int) -> JobSpec:
     """The resolved job that trains ``chosen``: its boards, batch sizes, variant and training mode,
     for the spec's epochs or steps."""
-    from edgefleet.coordinator.run.train_job import resolve_job
-
     c = chosen.candidate
     planned = replace(spec, boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
                       model_options=dict(spec.model_options) | dict(c.variant), **mode_job_options(c.mode.job_options))
@@ -235,12 +218,7 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
         EdgeTrainError: profiling, pre-training or training failed.
         KeyboardInterrupt: Ctrl-C before the run's first step.
     """
-    from edgefleet.coordinator.run.checkpoints import atomic_write_json
-    from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
-    from edgefleet.coordinator.planning.plan_fleet import check_fleet, restrict_to
-    from edgefleet.coordinator.planning.plan_summary import estimate_json, summary_of
-    from edgefleet.coordinator.control.power_meter import PowerMeter
-    from edgefleet.coordinator.run.train_job import train
+    from edgefleet.coordinator.run.checkpoints import atomic_write_json  # torch: only when the run starts
 
     check_auto_job(spec, request)
     if verify < 0 or verify_steps < 1:
@@ -249,11 +227,11 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     fleet = _Fleet(broker=broker, fleet_key=fleet_key, wanted=list(spec.boards) or None)
     wanted_variants = [dict(v) for v in variants] if variants else [dict(spec.model_options)]
 
-    rows = _snapshot(broker)
-    selected, profile_s = _profiles(spec, wanted_variants, fleet, rows, profile_path, reprofile, observer.note)
+    snapshot = fleet_snapshot(broker)
+    selected, profile_s = _profiles(spec, wanted_variants, fleet, snapshot, profile_path, reprofile, observer.note)
     if profile_s:  # profiling took a while: look again (a board may have gone, or still be ending its job)
-        rows = _snapshot(broker, sorted({b for fp in selected.values() for b in fp.boards}))
-    check = check_fleet(selected, rows, wanted=fleet.wanted)
+        snapshot = fleet_snapshot(broker, settle=sorted({b for fp in selected.values() for b in fp.boards}), settle_s=READY_WAIT_S)
+    check = check_fleet(selected, snapshot.rows, wanted=fleet.wanted)
     for line in check.notes:
         observer.note(line)
     result = request.run(restrict_to(selected, check))
@@ -287,8 +265,6 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
 
 def _verify(spec: JobSpec, result: PlanResult, selected: dict[str, FleetProfile], check: FleetCheck, fleet: _Fleet, *,
             count: int, steps: int, count_idle: bool, observer: AutoTrainObserver) -> VerifyResult:
-    from edgefleet.coordinator.planning.verify import verify_candidates
-
     verified = verify_candidates(list(result.ranked[:count]), spec, broker=fleet.broker, fleet_key=fleet.fleet_key,
                                  objective=result.objective, steps=steps,
                                  dataset_len=next(iter(selected.values())).dataset_len, fleet_boards=list(check.boards),
@@ -314,10 +290,6 @@ def _measure_run(training: TrainOutcome, ended: float, meter: PowerMeter, chosen
     usual warm-up: the prediction is the mode's steady state. An inexact mode's steps are timed in
     whole periods of its ``sync_every`` steps.
     """
-    import json
-
-    from edgefleet.coordinator.planning.verify import WARMUP_STEPS, measure, step_intervals
-
     lines = (training.run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line]
     elapsed = [float(r["elapsed_s"]) for r in records]

@@ -1,10 +1,9 @@
 """Checkpoints and the run directory: nothing is lost on a crash, nothing is half-written.
 
-Every file is written to a temporary name in the same folder (``.NAME.tmp``), flushed to disk
-(``fsync``) and only then renamed over the old one, and the folder is flushed after the rename: a
-crash or a full disk leaves either the old or the new file, never a torn one. The temporary file
-is removed on every failure path. A new checkpoint is renamed into place only once it is on disk;
-the one it replaces is kept beside it as ``checkpoint.prev.pt``.
+Every file is written by ``transport.atomic_file.write_atomically`` (a temporary name in the same
+folder, ``fsync``, rename, the folder flushed): a crash or a full disk leaves either the old or the
+new file, never a torn one, and no temporary file. A new checkpoint is renamed into place only
+once it is on disk; the one it replaces is kept beside it as ``checkpoint.prev.pt``.
 
 ``metrics.jsonl`` is appended line by line; a line the disk had no room for is cut off again, so
 the file never ends in half a line.
@@ -17,7 +16,6 @@ the write needed, the space free, and what to do. Any other failure to write rai
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import logging
@@ -29,6 +27,7 @@ from typing import Any
 import torch
 
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.transport.atomic_file import NO_SPACE, AtomicWriteError, remove_quietly, temp_path, write_all, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +35,6 @@ CHECKPOINT = "checkpoint.pt"
 KEEP_PREVIOUS = "checkpoint.prev.pt"
 # What a run writes into its directory: a directory holding any of these holds a run.
 RUN_FILES = ("config.json", "metrics.jsonl", CHECKPOINT, KEEP_PREVIOUS, "result.json", "model.pt", "plan.json", "logs")
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_CHUNK = 1 << 20  # bytes per write(2)
 
 
 class RunDirError(EdgeTrainError):
@@ -106,7 +103,7 @@ def format_size(n: int) -> str:
 
 def write_error(path: Path, exc: OSError, needed: int | None) -> RunDirError:
     """The run-directory error for ``exc``, raised while writing ``needed`` bytes to ``path``."""
-    if exc.errno in _NO_SPACE:
+    if exc.errno in NO_SPACE:
         try:
             free: int | None = shutil.disk_usage(path.parent).free
         except OSError:
@@ -115,79 +112,16 @@ def write_error(path: Path, exc: OSError, needed: int | None) -> RunDirError:
     return RunDirError(path, exc.strerror or str(exc))
 
 
-def temp_path(path: Path) -> Path:
-    """Where ``path`` is written before it is renamed into place."""
-    return path.with_name(f".{path.name}.tmp")
-
-
-def _remove_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        try:
-            path.unlink()
-        except OSError as exc:  # nothing more can be done; the next write of that name replaces it
-            log.warning("could not remove the temporary file %s: %s", path, exc)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view[:_CHUNK])
-        view = view[written:]
-
-
-def _durable_temp(path: Path, data: bytes | memoryview) -> Path:
-    """Write ``data`` to ``path``'s temporary name and fsync it; the temporary file is removed if that fails.
-
-    Raises:
-        RunDirError: the write failed (DiskFullError: no space).
-    """
-    tmp = temp_path(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException as exc:  # KeyboardInterrupt too: never leave the temporary file behind
-        _remove_quietly(tmp)
-        if isinstance(exc, OSError):
-            raise write_error(path, exc, len(data)) from None
-        raise
-    return tmp
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the folder's renames durable. Raises RunDirError when the disk fails."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        if exc.errno in (errno.EINVAL, errno.ENOTSUP):  # a file system without directory fsync
-            log.debug("%s: directory fsync not supported (%s)", folder, exc)
-            return
-        raise write_error(folder, exc, None) from None
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    try:
-        os.replace(tmp, path)
-    except OSError as exc:
-        _remove_quietly(tmp)
-        raise write_error(path, exc, None) from None
-    _fsync_dir(path.parent)
-
-
 def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     """Replace ``path`` with ``data``: the old file until the new one is on disk, never a torn one.
 
     Raises:
         RunDirError: the write failed; ``path`` is unchanged (DiskFullError: no space).
     """
-    _commit(_durable_temp(path, data), path)
+    try:
+        write_atomically(path, data)
+    except AtomicWriteError as exc:
+        raise write_error(exc.path, exc, exc.needed) from None
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
@@ -218,14 +152,18 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
             is untouched and no temporary file is left.
     """
     path = run_dir / CHECKPOINT
-    tmp = _durable_temp(path, torch_bytes(state))
-    if path.exists():
-        try:
-            os.replace(path, run_dir / KEEP_PREVIOUS)
-        except OSError as exc:
-            _remove_quietly(tmp)
-            raise write_error(run_dir / KEEP_PREVIOUS, exc, None) from None
-    _commit(tmp, path)
+
+    def keep_previous() -> None:
+        if path.exists():
+            try:
+                os.replace(path, run_dir / KEEP_PREVIOUS)
+            except OSError as exc:
+                raise write_error(run_dir / KEEP_PREVIOUS, exc, None) from None
+
+    try:
+        write_atomically(path, torch_bytes(state), before_rename=keep_previous)
+    except AtomicWriteError as exc:
+        raise write_error(exc.path, exc, exc.needed) from None
     log.debug("checkpoint at step %s written to %s", state.get("replica", {}).get("step"), path)
     return path
 
@@ -241,7 +179,8 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
         if not path.exists():
             continue
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)  # torch types it as Any
+            return state
         except Exception as exc:  # a damaged file: fall back to the previous checkpoint
             log.warning("checkpoint %s cannot be read (%s); trying the previous one", path, exc)
     raise ConfigError(f"{run_dir} has no readable checkpoint ({CHECKPOINT}); it cannot be resumed. Start a new run instead.")
@@ -253,7 +192,7 @@ def remove_stale_temps(run_dir: Path) -> None:
         tmp = temp_path(run_dir / name)
         if tmp.exists():
             log.info("removing %s, left by an interrupted write", tmp)
-            _remove_quietly(tmp)
+            remove_quietly(tmp)
 
 
 def check_new_run_dir(run_dir: Path) -> None:
@@ -302,7 +241,7 @@ class MetricsLog:
             raise ValueError(f"{self.path} is closed")
         data = (json.dumps(record, sort_keys=True) + "\n").encode()
         try:
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         except OSError as exc:
             with contextlib.suppress(OSError):  # shrinking needs no space
                 os.ftruncate(self._fd, self._size)

@@ -21,9 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.brokers.local_broker import start_local_broker
 from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.train_job import resolve_job
 from edgefleet.launch import module_command
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.fleet_key import (
@@ -136,8 +137,6 @@ def wait_online(fleet: DemoFleet, timeout_s: float = 60.0) -> None:
 
 def demo_job(boards: list[str]) -> JobSpec:
     """LeNet-5 on digits for :data:`DEMO_EPOCHS` epochs, :data:`DEMO_BATCH` samples per board per step."""
-    from edgefleet.coordinator.run.train_job import resolve_job
-
     # On a small machine the local boards share the cores: one torch thread each keeps them from fighting.
     threads = 1 if (os.cpu_count() or 1) <= len(boards) else 0
     spec = JobSpec(run_id=f"demo-lenet5-digits-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}",

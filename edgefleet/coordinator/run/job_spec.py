@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_frames import BatchSplit
-from edgefleet.protocol.jobs import DATA_MODES, WIRE_DTYPES
+from edgefleet.protocol.jobs import DATA_MODES
 from edgefleet.protocol.sync_schedule import SyncSchedule
+from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 if TYPE_CHECKING:  # torch: only when a job is checked or run, not with the command line's parser
     from edgefleet.workloads.fleet_trainer import TrainerOptions
@@ -54,7 +55,7 @@ class JobSpec:
             reaches this (0-1]; None runs every epoch or step given.
         seed: Seeds the initial weights and the data order.
         lr: Overrides the model's learning rate.
-        wire_dtype: Gradients on the wire (:data:`~edgefleet.protocol.jobs.WIRE_DTYPES`).
+        wire_dtype: Gradients on the wire (:data:`~edgefleet.protocol.wire_dtype.WIRE_DTYPES`).
         data_mode: ``global`` (each board takes its slice of every global batch) or ``local``.
         threads: Torch threads per board; 0 = what the board's CPU quota (else its CPUs) fits.
         accumulate_grad_batches, gradient_clip_val, gradient_clip_algorithm, deterministic,
@@ -200,7 +201,7 @@ class JobSpec:
     @property
     def trainer_options(self) -> TrainerOptions:
         """Lightning's Trainer flags of the job. Raises ConfigError for a value Lightning cannot honour here."""
-        from edgefleet.workloads.fleet_trainer import TrainerOptions
+        from edgefleet.workloads.fleet_trainer import TrainerOptions  # torch: off the CLI start-up path
 
         return TrainerOptions(accumulate_grad_batches=self.accumulate_grad_batches,
                               gradient_clip_val=self.gradient_clip_val,

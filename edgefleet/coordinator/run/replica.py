@@ -44,7 +44,7 @@ from edgefleet.coordinator.run.replica_replay import PlaceholderBatches, Replay,
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
-from edgefleet.workloads.lightning_api import callback_class, package_of
+from edgefleet.workloads.lightning_api import callback_class, overrides, package_of
 from edgefleet.workloads.module_checkpoint import extra_for_wire, module_extra, restore_extra, saves_extra
 from edgefleet.workloads.module_setup import DataModuleHooks, Placeholders, RunFigures, prepare_module
 from edgefleet.workloads.params import (
@@ -503,8 +503,6 @@ class Replica:
 
 
 def _overrides_validation(model: Any) -> bool:
-    from edgefleet.workloads.lightning_api import overrides
-
     return overrides(model, "validation_step")
 
 

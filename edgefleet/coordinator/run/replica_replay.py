@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from edgefleet.workloads.lightning_api import overrides
+
 log = logging.getLogger(__name__)
 
 BATCH_HOOKS = {"on_train_batch_start": ("batch",), "on_train_batch_end": ("outputs", "batch")}
@@ -57,8 +59,6 @@ class ReplayData:
 
 def _user_function(model: Any, name: str) -> Any:
     """The module's own ``name`` (a plain function), or None when Lightning's default is in force."""
-    from edgefleet.workloads.lightning_api import overrides
-
     if not overrides(model, name):
         return None
     function = getattr(type(model), name, None)

@@ -19,9 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefleet.coordinator.control.fleet_select import fleet_snapshot
+from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
 from edgefleet.coordinator.run.job_spec import DEFAULT_EPOCHS, JobSpec, batches_per_epoch
-from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.errors import BrokerError, ConfigError
 from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.split_schedule import SPLIT_LEAD_STEPS
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.control.fleet import FleetView
@@ -74,8 +78,6 @@ def per_board_batches(batch_sizes: tuple[int, ...], boards: tuple[str, ...]) -> 
 
 def check_force_split(force_split: BatchSplit, batch_sizes: tuple[int, ...]) -> None:
     """The test hook's re-split must keep the global batch and give every board a sample, after the lead steps."""
-    from edgefleet.coordinator.run.split_schedule import SPLIT_LEAD_STEPS
-
     from_step, sizes = force_split.from_step, list(force_split.batch_sizes)
     text = f"{from_step}:{','.join(map(str, sizes))}"
     if len(sizes) != len(batch_sizes) or min(sizes, default=0) < 1 or sum(sizes) != sum(batch_sizes):
@@ -87,7 +89,7 @@ def check_force_split(force_split: BatchSplit, batch_sizes: tuple[int, ...]) -> 
 
 def training_set_size(spec: JobSpec) -> int:
     """Samples in the job's training set (loads the dataset or the DataModule; raises ConfigError for a bad one)."""
-    from edgefleet.workloads.training_data import load_training_data
+    from edgefleet.workloads.training_data import load_training_data  # torch: only to size a dataset
 
     data = load_training_data(dataset=spec.dataset, dataset_options=spec.dataset_options, datamodule=spec.datamodule,
                               datamodule_options=spec.datamodule_options, with_val=False)
@@ -108,13 +110,11 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
     """
     if spec.resolved:
         return spec
-    from edgefleet.workloads.fleet_trainer import steps_per_epoch
+    from edgefleet.workloads.fleet_trainer import steps_per_epoch  # torch: only for a job to resolve
 
     boards = spec.boards
     if not boards and broker is not None:
-        from edgefleet.coordinator.control.fleet_select import online_trainers
-
-        boards = tuple(online_trainers(broker))
+        boards = tuple(fleet_snapshot(broker).trainers())
     if not boards:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     batch_sizes = per_board_batches(spec.batch_sizes, boards)
@@ -165,6 +165,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
             message says how to go on (``--resume`` from the last checkpoint, which is intact).
         KeyboardInterrupt: Ctrl-C before the first step began.
     """
+    # torch: only when a run starts, not with the CLI
     from edgefleet.coordinator.run.checkpoints import check_new_run_dir
     from edgefleet.coordinator.run.training import TrainingRun
 
@@ -189,10 +190,6 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
 def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSettings, view: FleetView | None,
                observer: TrainObserver) -> None:
     """Record the boards' power readings in the run directory while it trains (``report``'s power plot)."""
-    from edgefleet.coordinator.control.monitor import monitor_fleet
-    from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
-    from edgefleet.protocol.errors import BrokerError
-
     try:
         if view is None:
             view = stack.enter_context(monitor_fleet(broker))

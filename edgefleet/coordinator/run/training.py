@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import math
 import signal
@@ -37,6 +38,8 @@ from typing import Any
 import torch
 
 from edgefleet.coordinator.control.board_channel import BoardChannel
+from edgefleet.coordinator.control.fleet_select import check_boards_ready
+from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.run.checkpoints import (
     CHECKPOINT,
     MetricsLog,
@@ -50,8 +53,6 @@ from edgefleet.coordinator.run.checkpoints import (
     save_checkpoint,
     write_error,
 )
-from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
-from edgefleet.coordinator.control.fleet_select import check_boards_ready
 from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
 from edgefleet.coordinator.run.rebalance import Rebalancer
 from edgefleet.coordinator.run.replica import Replica
@@ -62,11 +63,13 @@ from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
 from edgefleet.protocol.exchange_frames import BatchSplit
-from edgefleet.protocol.jobs import StopCommand, TrainCommand, train_schema_for
+from edgefleet.protocol.jobs import StopCommand, TrainCommand
 from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
+from edgefleet.protocol.split_schedule import SplitSchedule
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.sharding import GlobalBatchPlan
+from edgefleet.workloads.training_data import load_training_data
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +131,6 @@ def _checkpointed_splits(saved: Any, run_dir: Path) -> list[BatchSplit]:
 
 def _refuse_a_finished_run(run_dir: Path) -> None:
     """A run that stopped at its target accuracy is complete: --resume has nothing to continue."""
-    import json
-
     try:
         result = json.loads((run_dir / "result.json").read_text())
     except (OSError, ValueError):
@@ -180,7 +181,7 @@ class _Adaptation:
 
     def __init__(self, spec: JobSpec, splits: list[BatchSplit], first_step: int) -> None:
         self.spec = spec
-        self.splits = list(splits)
+        self.schedule = SplitSchedule(spec.batch_sizes, splits)
         # With accumulation a step is a window of batches on each board: a re-split starts with a window
         # (the boards translate the step into its first batch).
         self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
@@ -191,17 +192,19 @@ class _Adaptation:
     def _rebalancer(self, sizes: list[int]) -> Rebalancer:
         return Rebalancer(dict(zip(self.spec.boards, sizes)), threshold=self.spec.rebalance_threshold)
 
+    @property
+    def splits(self) -> list[BatchSplit]:
+        """The splits announced (a resumed run's, then this run's), in step order."""
+        return self.schedule.splits
+
     def latest(self) -> list[int]:
         """The newest split's sizes (possibly not in force yet), by board index."""
-        return list(self.splits[-1].batch_sizes) if self.splits else list(self.spec.batch_sizes)
+        splits = self.schedule.splits
+        return list(splits[-1].batch_sizes) if splits else list(self.schedule.initial)
 
     def at(self, step: int) -> list[int]:
         """The batch sizes in force at ``step``, by board index."""
-        sizes = list(self.spec.batch_sizes)
-        for split in self.splits:
-            if split.from_step <= step:
-                sizes = list(split.batch_sizes)
-        return sizes
+        return self.schedule.batch_sizes_at(step)
 
     def after_step(self, r: StepResult, exchange: ExchangeServer) -> dict[str, Any] | None:
         """Feed step ``r`` to the rebalancer; announce a new split if it (or the test hook) asks. The record, if so."""
@@ -228,7 +231,7 @@ class _Adaptation:
     def _announce(self, step: int, sizes: list[int], exchange: ExchangeServer, **why: Any) -> dict[str, Any]:
         old = self.latest()
         from_step = exchange.announce_split(sizes)
-        self.splits = [s for s in self.splits if s.from_step != from_step] + [BatchSplit(from_step, tuple(sizes))]
+        self.schedule.add(from_step, sizes)
         record = {"step": step, "from_step": from_step, "old_batch_sizes": dict(zip(self.spec.boards, old)),
                   "new_batch_sizes": dict(zip(self.spec.boards, sizes)), **why}
         self.records.append(record)
@@ -240,8 +243,7 @@ class TrainingRun:
 
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
-        from edgefleet.workloads.registry import build_model
-        from edgefleet.workloads.training_data import load_training_data
+        from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
             raise ValueError("a run needs a resolved job (train_job.resolve_job fixes its boards, batch sizes and length)")
@@ -434,8 +436,7 @@ class TrainingRun:
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
                                     deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
-                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap,
-                                    schema_version=train_schema_for(s.sync_every, s.overlap)).to_dict()
+                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap).to_dict()  # TRAIN_SCHEMA_VERSION
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:

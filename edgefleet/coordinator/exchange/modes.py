@@ -1,0 +1,263 @@
+"""The exchange's modes: one interface that every variant of "what a step exchanges" implements.
+
+The server and the step round (``coordinator.exchange.step_round``) run every job the same way:
+open a step, read one vector per board, reduce, send one result. What differs between the variants
+is a handful of questions, and :class:`ExchangeMode` is where they are answered, once per variant
+(as a DDP communication hook is one signature for every way of reducing a bucket):
+
+* :meth:`~ExchangeMode.kind`: what step ``s`` averages: gradients (``exact``), nothing (``local``)
+  or parameters (``sync``), as ``protocol.sync_schedule`` names them; it goes into the step's record;
+* :meth:`~ExchangeMode.elements`: how many values a board's vector for a grad frame's step holds;
+* :meth:`~ExchangeMode.refused`: how a vector refused by the frame's decoder is described;
+* :meth:`~ExchangeMode.kept`: a kept gradient frame arrived (a mode's own per-board counters);
+* :meth:`~ExchangeMode.folds`: whether step ``s`` may be summed as its gradients arrive;
+* :meth:`~ExchangeMode.reduce`: how the step's vectors (board order) are reduced into the reducer's sum;
+* :meth:`~ExchangeMode.counts`: which sample count each board's contribution counts for;
+* :meth:`~ExchangeMode.vector`: what the step's result carries (:class:`StepVector`: as it travels,
+  described once, and widened for the replica);
+* :meth:`~ExchangeMode.welcome`: what the welcome says about the mode.
+
+The implementations:
+
+* :class:`DenseExact`: every step averages the boards' mean gradients, sample-weighted, in board
+  order (``coordinator.exchange.gradient_reduce``), into the full vector both ways. Folding is allowed.
+* :class:`OverlapStream` (``--overlap``): the same reduce; the boards stream their vector (in reversed
+  parameter order) while backward runs, so a frame's bytes arrive over a longer time. The welcome
+  says so (``overlap``), and a streamed frame (its ``compute_s`` after the tensor) is counted for
+  the run's record (:meth:`ExchangeMode.kept`).
+* :class:`PeriodicAveraging` (local SGD, ``protocol.sync_schedule`` with ``every`` > 1): an exact
+  step is :class:`DenseExact`'s; at a local step every vector is empty both ways and nothing is
+  reduced; at a sync step each vector is the board's parameter delta since the last average,
+  weighted by its samples since then (the frame's ``n``), judged by the outlier band on plain
+  norms; the step's record counts each board's batch at that step (the split's). A vector of the
+  wrong length for its step's kind is refused naming the board, the step and what it takes.
+
+Buffer sync (``broadcast``: the first kept vector's float buffers, DDP's rule; ``average``: their
+sample-weighted average) is not a mode: it is how any mode's reduce treats the vector's tail, and a
+job combines it with each of the modes above. It is fixed where the reducer is made
+(:class:`~edgefleet.coordinator.exchange.gradient_reduce.GradientReducer`'s ``buffer_sync``), and
+nothing else looks at it.
+
+Adding a mode (layer placement, pipeline stages): subclass :class:`ExchangeMode` here and answer
+the questions above for it (override the defaults that do not hold: e.g. a board holding only some
+layers answers :meth:`~ExchangeMode.elements` by the board, and a stage's reduce sums only the
+boards of that stage); then let :func:`select_mode` choose it from a new keyword of
+``ExchangeServer`` (the only place a mode is chosen). The server, the admission and the step round
+do not change: they ask, and never test which mode they run.
+
+Every method runs on the exchange's critical path (``elements`` and ``kept`` once per frame, the
+rest once per step): no allocation beyond what the answer is, no lookups that can be made once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError
+from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer, Reduced
+from edgefleet.protocol.codec import encode_array
+from edgefleet.protocol.exchange_frames import GradientRefused, Welcome
+from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, StepKind, SyncSchedule
+from edgefleet.protocol.wire_dtype import numpy_dtype
+
+
+class StepVector:
+    """What a step's result carries: the reducer's sum, as it travels (the wire dtype) and as the replica applies it.
+
+    ``tensor`` describes the wire array once (a fixed array: the same description every step).
+    """
+
+    __slots__ = ("_reducer", "tensor")
+
+    def __init__(self, reducer: GradientReducer) -> None:
+        self._reducer = reducer
+        self.tensor: dict[str, Any] = encode_array(reducer.to_wire(reducer.sum))  # the wire array is fixed: described once
+
+    def to_wire(self) -> np.ndarray:
+        """The step's sum in the wire dtype (the reducer's own arrays; cast once per step for fp16/bf16)."""
+        return self._reducer.to_wire(self._reducer.sum)
+
+    def to_float32(self, wire: np.ndarray) -> np.ndarray:
+        """The result as it travelled, widened to float32 for the replica."""
+        return self._reducer.wire_to_float32(wire)
+
+
+class EmptyVector(StepVector):
+    """A step that averages nothing (a local step): an empty vector both ways."""
+
+    __slots__ = ("_empty32", "_empty_wire")
+
+    def __init__(self, wire_dtype: str) -> None:  # no reducer: nothing of it travels
+        self._empty_wire = np.zeros(0, dtype=numpy_dtype(wire_dtype))  # as it travels ...
+        self._empty32 = np.zeros(0, dtype=np.float32)                 # ... and as the replica takes it
+        self.tensor = encode_array(self._empty_wire)
+
+    def to_wire(self) -> np.ndarray:
+        return self._empty_wire
+
+    def to_float32(self, wire: np.ndarray) -> np.ndarray:
+        return self._empty32
+
+
+class ExchangeMode(ABC):
+    """What one exchange variant decides (see the module's docstring); the defaults are :class:`DenseExact`'s.
+
+    Args:
+        reducer: the job's reducer (its vector length, wire dtype, checks and buffers' rule).
+    """
+
+    def __init__(self, reducer: GradientReducer) -> None:
+        self.reducer = reducer
+        self.param_count = reducer.param_count
+        self._full = StepVector(reducer)
+
+    @abstractmethod
+    def kind(self, step: int) -> StepKind:
+        """What ``step`` averages: gradients (exact), nothing (local) or parameters (sync)."""
+
+    def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
+        """How many values ``board``'s vector in grad ``frame`` (as received, not checked yet) must hold."""
+        return self.param_count
+
+    def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
+        """The refusal of ``board``'s grad ``frame`` for its step, as the board's flag and the log say it."""
+        return exc
+
+    def kept(self, board: BoardState, frame: dict[str, Any]) -> None:
+        """``board``'s grad ``frame`` answers the open step and is kept (a mode's per-board counters)."""
+        return None  # nothing to count by default
+
+    def folds(self, step: int) -> bool:
+        """Whether ``step``'s vectors may be summed as they arrive (``add_weighted``, board order)."""
+        return True
+
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+        """Reduce ``step``'s (vector, n) pairs, in board order, into the reducer's sum; which are kept, which refused.
+
+        ``squares``: their squared norms when the fold already summed every one (None: sum them here).
+        """
+        return self.reducer.reduce(grads, squares)
+
+    def counts(self, step: int) -> list[int] | None:
+        """Each board's sample count in ``step``'s record, by board index; None: the count its frame says
+        (which is then also the count its next step's fold assumes)."""
+        return None
+
+    def vector(self, step: int) -> StepVector:
+        """What ``step``'s result carries."""
+        return self._full
+
+    def welcome(self, welcome: Welcome) -> Welcome:
+        """The welcome a joining board gets, with what it must know about the mode."""
+        return welcome
+
+
+class DenseExact(ExchangeMode):
+    """Every step: the boards' mean gradients, sample-weighted, the full vector both ways (DDP's mathematics)."""
+
+    def kind(self, step: int) -> StepKind:
+        return EXACT
+
+
+class OverlapStream(DenseExact):
+    """``--overlap``: the vectors are streamed during backward (reversed parameter order); the reduce is exact."""
+
+    def kept(self, board: BoardState, frame: dict[str, Any]) -> None:
+        if next(reversed(frame)) == "compute_s":  # decoders keep the order: a streamed frame's is last
+            board.streamed += 1
+
+    def welcome(self, welcome: Welcome) -> Welcome:
+        return dataclasses.replace(welcome, overlap=True)
+
+
+class PeriodicAveraging(ExchangeMode):
+    """Local SGD (``protocol.sync_schedule``): exact steps, then local steps (empty vectors) and sync steps
+    (parameter deltas, weighted by the samples since the last average).
+
+    Args:
+        reducer: the job's reducer.
+        sync: the schedule (``every`` > 1).
+        schedule: the job's batch splits: a sync step's record counts each board's batch at that step.
+    """
+
+    def __init__(self, reducer: GradientReducer, sync: SyncSchedule, schedule: SplitSchedule) -> None:
+        super().__init__(reducer)
+        self._sync, self._schedule = sync, schedule
+        self._empty = EmptyVector(reducer.wire_dtype)
+        self._kind_of: tuple[int, StepKind] = (-1, EXACT)  # the last step asked about: a step asks several times
+
+    def kind(self, step: int) -> StepKind:
+        known, kind = self._kind_of
+        if step != known:
+            kind = self._sync.kind(step)
+            self._kind_of = (step, kind)
+        return kind
+
+    def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
+        step = frame.get("step") if type(frame) is dict else None  # a local step's vector is empty
+        return 0 if type(step) is int and self.kind(step) == LOCAL else self.param_count
+
+    def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
+        """A vector of the wrong length says which vector a step of periodic averaging takes, naming the board and the step."""
+        if _vector_length(frame) in (None, self.elements(board, frame)):
+            return exc
+        kind = self.kind(exc.step)
+        if kind == LOCAL:
+            expected = "an empty vector: it is a local step of periodic averaging (--sync-every)"
+        else:
+            expected = f"the full vector of {self.param_count} values: it is {'an' if kind == EXACT else 'a'} {kind} step"
+        return GradientRefused(f"board {board.board_id} sent a vector of the wrong size for step {exc.step}, which "
+                               f"takes {expected} ({exc})", step=exc.step)
+
+    def folds(self, step: int) -> bool:
+        return self.kind(step) == EXACT  # a sync step's weights are the samples since the last average
+
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+        kind = self.kind(step)
+        if kind == LOCAL:  # nothing to average: every board that answered took its own step
+            return Reduced(list(range(len(grads))), [])
+        # a sync step's vectors are parameter deltas, weighted by the samples since the last average
+        return self.reducer.reduce(grads, squares, scale_by_samples=kind == EXACT)
+
+    def counts(self, step: int) -> list[int] | None:
+        # the frame's n is the weight (samples since the last average); this step's batch is the split's
+        return self._schedule.batch_sizes_at(step) if self.kind(step) == SYNC else None
+
+    def vector(self, step: int) -> StepVector:
+        return self._empty if self.kind(step) == LOCAL else self._full
+
+
+def select_mode(reducer: GradientReducer, schedule: SplitSchedule, *, sync: SyncSchedule | None = None,
+                overlap: bool = False) -> ExchangeMode:
+    """The mode a job's settings ask for: periodic averaging (``sync`` with ``every`` > 1), overlap, or dense exact.
+
+    Raises:
+        ExchangeError: both periodic averaging and overlap (overlap streams every step's gradient;
+            a local step has none).
+    """
+    if sync is not None and sync.periodic:
+        if overlap:
+            raise ExchangeError("overlap streams every step's gradient, and periodic averaging's local steps send none: "
+                                "choose one of them")
+        return PeriodicAveraging(reducer, sync, schedule)
+    if overlap:
+        return OverlapStream(reducer)
+    return DenseExact(reducer)
+
+
+def _vector_length(frame: Any) -> int | None:
+    """How many values a grad frame's vector holds, if it says so plainly (a decoded array or a flat tensor map)."""
+    g = frame.get("g") if type(frame) is dict else None
+    if isinstance(g, np.ndarray):
+        return int(g.size)
+    shape = g.get("shape") if isinstance(g, dict) else None
+    return shape[0] if isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int else None
+
+
+__all__ = ["DenseExact", "EmptyVector", "ExchangeMode", "OverlapStream", "PeriodicAveraging", "StepVector", "select_mode"]
