@@ -20,6 +20,7 @@ from typing import Any
 from edgefleet.lab import links
 from edgefleet.lab.cgroups import leftover_groups, remove_leftover_groups
 from edgefleet.lab.naming import PREFIX, workdir
+from edgefleet.transport.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,7 @@ def write_state(state: dict[str, Any]) -> None:
     """Atomically replace the state file (a crash leaves the old or the new one, never half)."""
     path = state_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(state, indent=2).encode())
 
 
 def read_state() -> dict[str, Any] | None:

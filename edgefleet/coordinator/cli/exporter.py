@@ -10,7 +10,7 @@ import signal
 import threading
 from typing import Any
 
-from edgefleet.coordinator.cli.shared import load_config
+from edgefleet.coordinator.cli.shared import board_count, load_config
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
 from edgefleet.coordinator.exporter.metrics_server import DEFAULT_LISTEN, LISTEN_HELP, parse_listen, serve_fleet_metrics
 from edgefleet.protocol.address import HostPort
@@ -39,16 +39,6 @@ def listen_address(what: str) -> Any:
     return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of boards of at least 1")
-    return value
-
-
 def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``exporter`` command to the top-level subparsers ``sub``."""
     p = sub.add_parser("exporter", help="serve every board's telemetry to Prometheus on /metrics (a long-running service)",
@@ -58,7 +48,7 @@ def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                        epilog=EXPORTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--listen", type=listen_address("--listen"), default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"address of the HTTP endpoint (default {DEFAULT_LISTEN}: this machine only). {LISTEN_HELP}.")
-    p.add_argument("--max-boards", type=_positive_int, default=DEFAULT_MAX_BOARDS, metavar="N",
+    p.add_argument("--max-boards", type=board_count, default=DEFAULT_MAX_BOARDS, metavar="N",
                    help=f"follow at most N boards; edgefleet_fleet_ignored_boards counts the rest (default {DEFAULT_MAX_BOARDS})")
 
 

@@ -86,4 +86,15 @@ def require_rich() -> None:
         raise EdgeTrainError("edge-coordinator needs the 'rich' package: pip install '.[coordinator]' in the edgefleet checkout") from None
 
 
-__all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "config_file", "coordinator_keys", "load_config", "require_rich"]
+
+def board_count(text: str) -> int:
+    """``--max-boards N``: a whole number of boards of at least 1 (argparse names the flag with the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of boards of at least 1")
+    return value
+
+__all__ = ["FLEET_KEY_HELP", "add_board_keys_arg", "board_count", "config_file", "coordinator_keys", "load_config", "require_rich"]

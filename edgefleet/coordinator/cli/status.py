@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.coordinator.cli.shared import load_config, require_rich
+from edgefleet.coordinator.cli.shared import board_count, load_config, require_rich
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
 from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 
@@ -33,18 +33,8 @@ def add_status_parser(sub: Any) -> None:
     mode.add_argument("--json", action="store_true", help="print a JSON list of boards for scripts")
     status.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS",
                         help=f"how long a snapshot waits for online boards' first samples (default {DEFAULT_WAIT_S:g})")
-    status.add_argument("--max-boards", type=_positive_int, default=DEFAULT_MAX_BOARDS, metavar="N",
+    status.add_argument("--max-boards", type=board_count, default=DEFAULT_MAX_BOARDS, metavar="N",
                         help=f"show at most N boards; a note says how many more were left out (default {DEFAULT_MAX_BOARDS})")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of boards of at least 1")
-    return value
 
 
 def cmd_status(args: argparse.Namespace) -> int:

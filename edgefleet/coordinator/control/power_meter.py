@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from edgefleet.coordinator.control.fleet import FleetView
-from edgefleet.protocol.messages import is_measured
+from edgefleet.coordinator.control.sample_poller import SamplePoller
+from edgefleet.protocol.messages import TelemetrySample, is_measured
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,9 @@ class PowerMeter:
         self.view, self.boards, self.poll_s, self.clock = view, list(boards), poll_s, clock
         self._seen: dict[str, list[_Seen]] = {b: [] for b in self.boards}
         self._lock = threading.Lock()
-        self._closed = threading.Event()
         self._window_start: float | None = None
-        self._thread = threading.Thread(target=self._poll, name="power-meter", daemon=True)
-        self._thread.start()
+        self._poller = SamplePoller(view, self.boards, self._keep, poll_s=poll_s, name="power-meter", clock=clock)
+        self._poller.collect()  # what the view holds already, seen now
 
     def __enter__(self) -> PowerMeter:
         return self
@@ -79,24 +79,12 @@ class PowerMeter:
         self.close()
 
     def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=2.0)
+        self._poller.close()
 
-    def _poll(self) -> None:
-        while not self._closed.is_set():
-            self._collect()
-            self._closed.wait(self.poll_s)
-
-    def _collect(self) -> None:
-        now = self.clock()
-        for row in self.view.rows():
-            s = row.sample
-            if s is None or row.board_id not in self._seen:
-                continue
-            with self._lock:
-                seen = self._seen[row.board_id]
-                if not seen or seen[-1].seq != s.seq:
-                    seen.append(_Seen(now, s.seq, s.power_w, s.power_source, s.interval_s))
+    def _keep(self, now: float, samples: list[tuple[str, TelemetrySample]]) -> None:
+        with self._lock:
+            for board, s in samples:
+                self._seen[board].append(_Seen(now, s.seq, s.power_w, s.power_source, s.interval_s))
 
     def start(self) -> float:
         """Open a window now; returns its start (local monotonic seconds)."""
@@ -123,7 +111,7 @@ class PowerMeter:
         if wait_for_late and late:  # a real wait, whatever clock stamps the samples
             deadline = time.monotonic() + LATE_SAMPLE_WAIT * max(self._interval(b) or 0.0 for b in late)
             while late and time.monotonic() < deadline:
-                self._collect()
+                self._poller.collect()
                 for board in list(late):
                     reading = self._average(board, start, float("inf"), first_only=True)
                     if reading.samples:

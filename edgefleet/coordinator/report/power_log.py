@@ -2,8 +2,8 @@
 
 ``metrics.jsonl`` holds what the exchange sees (loss, compute times, batch sizes); power comes from
 the boards' telemetry over MQTT, which only a :class:`~edgefleet.coordinator.control.fleet.FleetView`
-sees. :class:`PowerLog` polls such a view on a small thread and appends one line per new sample
-(by ``seq``) of the boards it follows::
+sees. :class:`PowerLog` appends one line per new sample (by ``seq``, from a
+:class:`~edgefleet.coordinator.control.sample_poller.SamplePoller` on such a view) of the boards it follows::
 
     {"board_id": "pi-1", "seen_s": 12.48, "ts": 1763720112.3, "seq": 41, "power_w": 6.1,
      "power_source": "estimated"}
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from edgefleet.coordinator.control.fleet import FleetView
+from edgefleet.coordinator.control.sample_poller import SamplePoller
+from edgefleet.protocol.messages import TelemetrySample
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,9 @@ class PowerLog:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.view, self.boards, self.path, self.poll_s, self.clock = view, set(boards), path, poll_s, clock
         self._started = clock() - _logged_s(path)
-        self._last_seq: dict[str, int] = {}
-        self._closed = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")
-        self._thread = threading.Thread(target=self._poll, name="power-log", daemon=True)
-        self._thread.start()
+        self._poller = SamplePoller(view, self.boards, self._write, poll_s=poll_s, name="power-log", clock=clock)
 
     def __enter__(self) -> PowerLog:
         return self
@@ -78,38 +75,22 @@ class PowerLog:
 
     def close(self) -> None:
         """Stop polling, write what the view holds now, and close the file."""
-        self._closed.set()
-        self._thread.join(timeout=2.0)
+        self._poller.close()
         if not self._file.closed:
-            self._collect()
+            self._poller.collect()
             self._file.close()
 
-    def _poll(self) -> None:
-        while not self._closed.wait(self.poll_s):
-            self._collect()
-
-    def _collect(self) -> None:
-        lines = [json.dumps(record, sort_keys=True) + "\n" for record in self._new_records()]
-        if not lines or self._file.closed:
+    def _write(self, now: float, samples: list[tuple[str, TelemetrySample]]) -> None:
+        if self._file.closed:
             return
+        seen_s = round(now - self._started, 3)
+        lines = [json.dumps({"board_id": board, "seen_s": seen_s, "ts": s.ts, "seq": s.seq, "power_w": s.power_w,
+                             "power_source": s.power_source}, sort_keys=True) + "\n" for board, s in samples]
         try:
             self._file.write("".join(lines))
             self._file.flush()
         except OSError as exc:
             log.warning("%s: cannot write power readings (%s); the run's report will lack the rest", self.path, exc)
             self._file.close()
-
-    def _new_records(self) -> list[dict[str, Any]]:
-        seen_s = round(self.clock() - self._started, 3)
-        records = []
-        for row in self.view.rows():
-            s = row.sample
-            if s is None or row.board_id not in self.boards or self._last_seq.get(row.board_id) == s.seq:
-                continue
-            self._last_seq[row.board_id] = s.seq
-            records.append({"board_id": row.board_id, "seen_s": seen_s, "ts": s.ts, "seq": s.seq,
-                            "power_w": s.power_w, "power_source": s.power_source})
-        return records
-
 
 __all__ = ["POWER_FILE", "PowerLog"]
