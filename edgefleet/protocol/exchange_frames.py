@@ -59,6 +59,8 @@ MAX_LOGGED = 64          # names a board may log in one step
 MAX_LOG_NAME = 128       # characters of one logged name
 MAX_ID = 256             # characters of a job id, board id or token
 MAX_PROOF_BYTES = 64     # a hello's proof: an Ed25519 signature or an HMAC-SHA256
+MAX_COMPUTE_S = 86400.0  # a grad frame's compute_s (seconds of one step's forward and backward) is at most a day
+MAX_ABS_LOSS = 1e200     # a grad frame's loss is finite and at most this in size: sample-weighted sums stay finite
 _U16, _U32, _F64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">d")
 _COMPUTE_S_KEY = b"\xa9compute_s\xcb"  # msgpack: the key, then a float 64's type byte
 STREAM_TAIL_BYTES = len(_COMPUTE_S_KEY) + 8  # what follows a streamed grad frame's tensor (Grad.stream_tail)
@@ -488,15 +490,17 @@ class Grad:
 
         Raises:
             DecodeError: not a grad frame, or no step number: the stream is not a board's.
-            GradientRefused: a step number, but another field is wrong: refuse the gradient for that step.
+            GradientRefused: a step number, but another field is wrong: refuse the gradient for that step
+                (among them a loss that is not finite or above :data:`MAX_ABS_LOSS` in size, a ``compute_s`` not finite or outside
+                [0, :data:`MAX_COMPUTE_S`], a logged value that is not finite).
         """
         if type(d) is not dict or d.get("type") != GRAD:
             _expect(d, GRAD)
         step, n, loss, compute_s, g = d.get("step"), d.get("n"), d.get("loss"), d.get("compute_s"), d.get("g")
         expected, ndarray = _numpy(dtype)
         if (type(step) is int and step >= 0 and type(n) is int and n > 0 and type(loss) is float
-                and type(compute_s) is float and type(g) is ndarray and g.shape == (elements,) and g.dtype == expected
-                and d.get("logs") is None):
+                and -MAX_ABS_LOSS <= loss <= MAX_ABS_LOSS and type(compute_s) is float and 0.0 <= compute_s <= MAX_COMPUTE_S
+                and type(g) is ndarray and g.shape == (elements,) and g.dtype == expected and d.get("logs") is None):
             return cls(step=step, n=n, loss=loss, compute_s=compute_s, g=g)  # the fixed layout's frame
         if not is_int(step) or step < 0:
             raise DecodeError(f"grad frame: step {step!r:.40} is not a step number")
@@ -505,6 +509,10 @@ class Grad:
                 raise DecodeError(f"sample count {n!r:.40} is not a positive integer")
             array = flat_array(g, GRAD, elements=elements, dtype=dtype)
             loss, compute_s = _number_or_none(d, GRAD, "loss"), _number_or_none(d, GRAD, "compute_s")
+            if loss is not None and not -MAX_ABS_LOSS <= loss <= MAX_ABS_LOSS:  # None: training_step skipped every batch
+                raise DecodeError(f"loss {loss!r} is not a finite number of at most {MAX_ABS_LOSS:g} in size")
+            if compute_s is not None and not 0.0 <= compute_s <= MAX_COMPUTE_S:  # NaN fails the comparison too
+                raise DecodeError(f"compute_s {compute_s!r} is not a time between 0 and {MAX_COMPUTE_S:.0f} s")
             logs = _logs(d.get("logs"))
         except DecodeError as exc:
             raise GradientRefused(str(exc), step=step) from None
@@ -605,6 +613,8 @@ def decode_step_reply(d: Any, *, elements: int, dtype: str) -> Avg | Stop:
 
 __all__ = [
     "EXCHANGE_VERSION",
+    "MAX_ABS_LOSS",
+    "MAX_COMPUTE_S",
     "MAX_LOGGED",
     "MAX_SPLIT_BOARDS",
     "STREAM_TAIL_BYTES",

@@ -12,18 +12,24 @@ import numpy as np
 import pytest
 
 from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
+from edgefleet.coordinator.exchange.board_state import BoardState
+from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer
+from edgefleet.coordinator.exchange.modes import DenseExact, OverlapStream, PeriodicAveraging, select_mode
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.protocol.exchange_frames import BatchSplit, Grad, Hello, Refusal, Welcome, decode_hello_reply
+from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.sync_schedule import SyncSchedule
 
 P = 1000  # parameters
 BOARDS = [("b0", 8), ("b1", 16), ("b2", 24)]
 
 
-def _server(wire_dtype: str = "float32") -> ExchangeServer:
+def _server(wire_dtype: str = "float32", **kwargs: Any) -> ExchangeServer:
     return ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=P, wire_dtype=wire_dtype,
-                          welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})))
+                          welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})),
+                          **kwargs)
 
 
 def _grads(step: int) -> dict[str, np.ndarray]:
@@ -384,7 +390,8 @@ def _reference_sum(grads: dict[str, np.ndarray], counts: dict[str, int]) -> np.n
 def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """b2 starts sending first and b0 last; from step 1 on the server adds each gradient as it arrives (the
-    counts of step 0 give the weights), and at step 3 b1 sends another count: summed in full again."""
+    counts of step 0 give the weights), and at step 3 the counts change (a re-split for that step only: a board
+    may send no count but the split's): summed in full again, and at step 4, back to the first counts."""
     steps = 5
     sent = {board: [threading.Event() for _ in range(steps)] for board, _ in BOARDS}
     after = {"b2": None, "b1": "b2", "b0": "b1"}  # who waits for whom
@@ -400,17 +407,18 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
         return wait
 
     class CountingBoard(Board):
-        def run(self) -> None:  # b1 sends 20 samples instead of 16 at step 3
+        def run(self) -> None:  # b1 and b2 send 20 samples instead of 16 and 24 at step 3 (the re-split's)
             client = ExchangeClient("127.0.0.1", self.port)
             client.hello(job_id="job", board_id=self.board_id, token=self.token, param_count=P)
             for step in range(self.steps):
                 self.before_send(step)
-                n = 20 if (self.board_id, step) == ("b1", 3) else dict(BOARDS)[self.board_id]
+                n = 20 if step == 3 and self.board_id in ("b1", "b2") else dict(BOARDS)[self.board_id]
                 self.results.append(np.array(client.exchange(step=step, grad=self.make(step), n=n, loss=1.0,
                                                              compute_s=0.01)))
 
     async def main() -> tuple[list[np.ndarray], int]:
-        server = _server()
+        server = _server(splits=[BatchSplit(from_step=3, batch_sizes=(8, 20, 20)),
+                                 BatchSplit(from_step=4, batch_sizes=(8, 16, 24))])
         full_sums = 0
         original = server._reducer.weighted_sum
 
@@ -432,9 +440,9 @@ def test_summing_gradients_as_they_arrive_gives_the_same_bits_in_any_arrival_ord
 
     applied, full_sums = _run(main())
     for step in range(steps):
-        counts = dict(BOARDS) | ({"b1": 20} if step == 3 else {})
+        counts = dict(BOARDS) | ({"b1": 20, "b2": 20} if step == 3 else {})
         np.testing.assert_array_equal(applied[step], _reference_sum(_grads(step), counts))
-    assert full_sums == 3  # step 0 (no counts known yet), step 3 (b1's count changed), step 4 (after it)
+    assert full_sums == 3  # step 0 (no counts known yet), step 3 (the counts changed), step 4 (after it)
 
 
 def test_buffers_travel_from_the_first_board_and_do_not_count_in_the_norm_check() -> None:
@@ -496,3 +504,47 @@ def test_logged_values_are_weighted_by_samples_and_bad_ones_refuse_the_gradient(
     assert set(first.refused) == {"b2"} and "logged value 'x'" in first.refused["b2"]
     assert first.logs == {"acc": pytest.approx((8 * 8 + 16 * 16) / 24)} and first.log_flags["acc"] == (True, True, False)
     assert second.logs == {"acc": pytest.approx((8 * 8 + 16 * 16 + 24 * 24) / 48)} and not second.refused
+
+
+def _mode_boards(sizes: list[int]) -> list[BoardState]:
+    return [BoardState(f"b{i}", i, b) for i, b in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_dense_and_overlap_expect_the_splits_batch_times_the_accumulation(overlap: bool) -> None:
+    """Issue 36 item 1: the count a board must send at an exact step follows the schedule, re-splits included."""
+    schedule = SplitSchedule([8, 16, 24], [BatchSplit(from_step=5, batch_sizes=(16, 16, 16))])
+    mode = select_mode(GradientReducer(10, wire_dtype="float32"), schedule, overlap=overlap, accumulate=3)
+    assert isinstance(mode, OverlapStream if overlap else DenseExact)
+    boards = _mode_boards([8, 16, 24])
+    assert [mode.expected_n(b, 0) for b in boards] == [24, 48, 72]
+    assert [mode.expected_n(b, 4) for b in boards] == [24, 48, 72]
+    assert [mode.expected_n(b, 5) for b in boards] == [48, 48, 48]  # the re-split's sizes from its step on
+    schedule.add(9, [8, 8, 32])  # announced later: the mode sees it
+    assert [mode.expected_n(b, 9) for b in boards] == [24, 24, 96]
+    assert [mode.expected_n(b, 1) for b in _mode_boards([8, 16, 24])] == [24, 48, 72]
+    assert select_mode(GradientReducer(10, wire_dtype="float32"), SplitSchedule([8])).expected_n(boards[0], 0) == 8
+    with pytest.raises(ExchangeError, match="accumulate_grad_batches 0"):
+        select_mode(GradientReducer(10, wire_dtype="float32"), schedule, accumulate=0)
+
+
+def test_periodic_averaging_expects_the_batch_at_a_local_step_and_the_samples_since_the_average_at_a_sync_step() -> None:
+    """Issue 36 item 1: exact steps (the warm-up) count batch x accumulation; a local step its batch; a sync step
+    the board's batches summed since the last average (``ParameterAnchor.samples``), or since it joined if later."""
+    sync = SyncSchedule(every=3, warmup=2, total_steps=100)  # 0, 1 exact; 2, 3 local, 4 sync; 5, 6 local, 7 sync; ...
+    schedule = SplitSchedule([8, 24], [BatchSplit(from_step=6, batch_sizes=(16, 16))])
+    mode = select_mode(GradientReducer(10, wire_dtype="float32"), schedule, sync=sync)
+    assert isinstance(mode, PeriodicAveraging)
+    assert [sync.kind(s) for s in range(8)] == ["exact", "exact", "local", "local", "sync", "local", "local", "sync"]
+    b0, b1 = _mode_boards([8, 24])
+    assert (mode.expected_n(b0, 0), mode.expected_n(b1, 1)) == (8, 24)
+    assert (mode.expected_n(b0, 2), mode.expected_n(b1, 3)) == (8, 24)
+    assert (mode.expected_n(b0, 4), mode.expected_n(b1, 4)) == (3 * 8, 3 * 24)  # steps 2, 3, 4
+    assert (mode.expected_n(b0, 6), mode.expected_n(b1, 6)) == (16, 16)          # a local step after the re-split
+    assert (mode.expected_n(b0, 7), mode.expected_n(b1, 7)) == (8 + 16 + 16, 24 + 16 + 16)  # steps 5, 6 (re-split), 7
+    b1.joined_step = 6  # joined mid-period: its anchor is taken at its first local step
+    assert mode.expected_n(b1, 7) == 16 + 16
+    b1.joined_step = 7  # joined at the sync step itself
+    assert mode.expected_n(b1, 7) == 16
+    b1.joined_step = 0
+    assert mode.expected_n(b1, 7) == 24 + 16 + 16

@@ -2,7 +2,9 @@
 
 It serves one job on 127.0.0.1 and reports on stdout, one JSON object a line:
 ``{"port": p}`` once listening, ``{"gathering": s, "deadline_s": d}`` once step s waits for gradients (its
-deadline of d seconds running), ``{"step": s, "contributors": [...], "late": [...], "refused": {...}}`` after each step, and
+deadline of d seconds running), ``{"split_from": s}`` when ``--split`` was announced (from step s),
+``{"step": s, "contributors": [...], "late": [...], "refused": {...}, "loss": l, "n_total": n, "batch_sizes": {...}}``
+after each step, and
 last ``{"done": true, "flags": {...}, "peak_rss_kb": k}`` or ``{"error": "..."}`` (exit code 1). Its log
 goes to stderr.
 """
@@ -33,7 +35,9 @@ def _say(**fields: Any) -> None:
 async def _serve(args: argparse.Namespace) -> None:
     boards = [(item.split(":")[0], int(item.split(":")[1])) for item in args.boards.split(",")]
     model = {"w": np.zeros(args.welcome_bytes // 4, np.float32)}
-    extra = {"hello_timeout_s": args.hello_timeout} if args.hello_timeout is not None else {}
+    extra: dict[str, Any] = {"hello_timeout_s": args.hello_timeout} if args.hello_timeout is not None else {}
+    if args.accumulate != 1:
+        extra["accumulate_grad_batches"] = args.accumulate
     server = ExchangeServer(job_id=JOB, token=TOKEN, boards=boards, param_count=args.param_count, wire_dtype="float32",
                             welcome_state=lambda: (0, encode_value(model), encode_value({})), **extra)
     port = await server.start("127.0.0.1", 0)
@@ -47,13 +51,16 @@ async def _serve(args: argparse.Namespace) -> None:
                 server._recent_s.clear()
                 server._recent_s.extend([0.001] * 3)
                 minimum_s = args.short_deadline
+            if step == args.split_at:  # travels with this step's result
+                _say(split_from=server.announce_split([int(b) for b in args.split.split(",")]))
             deadline_s = server.deadline_for_next_step(minimum_s)  # what run_step gives this step
             task = asyncio.ensure_future(server.run_step(step, apply=lambda g, r: None, minimum_deadline_s=minimum_s))
             await asyncio.sleep(0)  # the step's first turn: it takes the boundary, opens and starts its deadline
             if not task.done():
                 _say(gathering=step, deadline_s=deadline_s)
             result = await task
-            _say(step=step, contributors=result.contributors, late=result.late, refused=result.refused)
+            _say(step=step, contributors=result.contributors, late=result.late, refused=result.refused,
+                 loss=result.loss, n_total=result.n_total, batch_sizes=result.batch_sizes)
         flags = server.flags()
     finally:
         await server.close()
@@ -79,6 +86,9 @@ def main() -> int:
     parser.add_argument("--hello-timeout", type=float, default=None)
     parser.add_argument("--join-timeout", type=float, default=30.0)
     parser.add_argument("--welcome-bytes", type=int, default=16)
+    parser.add_argument("--accumulate", type=int, default=1, help="the job's accumulate_grad_batches")
+    parser.add_argument("--split-at", type=int, default=-1, help="announce --split before this step")
+    parser.add_argument("--split", default="", help="the re-split's batch sizes, by board index")
     parser.add_argument("--nofile", type=int, default=0, help="lower the soft RLIMIT_NOFILE to this")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")

@@ -218,7 +218,8 @@ class _RawBoard(threading.Thread):
                 decode_hello_reply(recv_frame(sock))
                 for step, size in enumerate(self.plan):
                     vector = np.full(size, 0.5 if self.board == "b1" else 1.0, np.float32)
-                    send_frame(sock, Grad(step=step, n=8, loss=1.0, compute_s=0.01, g=encode_array(vector)).to_wire())
+                    n = 16 if step == 2 else 8  # step 2 syncs steps 1 and 2 (8 samples each); step 3 only itself
+                    send_frame(sock, Grad(step=step, n=n, loss=1.0, compute_s=0.01, g=encode_array(vector)).to_wire())
                     reply = recv_frame(sock)
                     elements = len(reply["g"]["data"]) // 4 if isinstance(reply.get("g"), dict) else 0
                     self.results.append(decode_step_reply(reply, elements=elements, dtype="float32").array.copy())

@@ -123,11 +123,29 @@ def test_what_does_not_fit_a_fixed_layout_takes_the_general_encoder() -> None:
     ({"logs": {"x": ["high", True, True, True]}}, "logged value 'x' is not [finite number, on_step, on_epoch, prog_bar]"),
     ({"logs": {"x": [float("nan"), True, True, True]}}, "logged value 'x'"),
     ({"logs": {f"m{i}": [1.0, True, True, True] for i in range(65)}}, "logs must be a map of at most 64 names"),
+    # issue 36 item 10: signals that are not finite or out of range (the general and the fixed layout's frame)
+    ({"loss": float("nan")}, "loss nan is not a finite number"),
+    ({"loss": float("-inf")}, "loss -inf is not a finite number"),
+    ({"loss": 1e300, "g": np.zeros(P, np.float32)}, "loss 1e+300 is not a finite number"),
+    ({"loss": float("inf"), "g": np.zeros(P, np.float32)}, "loss inf is not a finite number"),
+    ({"compute_s": float("nan"), "g": np.zeros(P, np.float32)}, "compute_s nan is not a time between 0 and 86400 s"),
+    ({"compute_s": float("inf")}, "compute_s inf is not a time"),
+    ({"compute_s": -1e9}, "compute_s -1000000000.0 is not a time"),
+    ({"compute_s": 1e300, "g": np.zeros(P, np.float32)}, "compute_s 1e+300 is not a time"),
+    ({"compute_s": 86401}, "compute_s 86401.0 is not a time"),
 ])
 def test_a_gradient_with_a_bad_field_is_refused_for_its_step(over: dict[str, Any], message: str) -> None:
     with pytest.raises(GradientRefused) as refused:
         Grad.from_wire(_grad(**over), elements=P, dtype="float32")
     assert message in str(refused.value) and refused.value.step == 3
+
+
+def test_a_loss_of_none_and_signals_in_range_are_kept() -> None:
+    """None: training_step skipped every batch; 0 s and a day are times; a negative finite loss is a loss."""
+    for over in ({"loss": None}, {"compute_s": None}, {"compute_s": 0.0}, {"compute_s": 86400.0}, {"loss": -1e9},
+                 {"loss": -1e9, "compute_s": 0.0, "g": np.zeros(P, np.float32)}):
+        frame = Grad.from_wire(_grad(**over), elements=P, dtype="float32")
+        assert frame.step == 3
 
 
 @pytest.mark.parametrize("frame, message", [

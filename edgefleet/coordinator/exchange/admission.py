@@ -253,7 +253,7 @@ class Admission:
         if self._steps.step is None:
             self._steps.step = next_step
         board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
-        board.grad, board.peer, board.sent_step = None, where, -1
+        board.grad, board.peer, board.sent_step, board.joined_step = None, where, -1, next_step
         welcome = self._mode.welcome(Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
                                              splits=tuple(self._relay.schedule.splits_from(next_step))))
         if self._welcome_extra is not None:

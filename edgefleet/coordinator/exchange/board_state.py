@@ -52,6 +52,7 @@ class BoardState:
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
     sent_step: int = -1                     # the last step of any gradient on its connection (late ones too)
+    joined_step: int = 0                    # the step its welcome started it at (its samples since the last average count from there)
     intruders: int = 0                      # connections refused because they presented this board's id
     last_n: int = 0                         # its sample count the last time its gradient was in the average
     refusal: str = ""                       # why its gradient for that step was refused

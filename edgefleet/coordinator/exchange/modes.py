@@ -8,6 +8,9 @@ is a handful of questions, and :class:`ExchangeMode` is where they are answered,
 * :meth:`~ExchangeMode.kind`: what step ``s`` averages: gradients (``exact``), nothing (``local``)
   or parameters (``sync``), as ``protocol.sync_schedule`` names them; it goes into the step's record;
 * :meth:`~ExchangeMode.elements`: how many values a board's vector for a grad frame's step holds;
+* :meth:`~ExchangeMode.expected_n`: the sample count a board's grad frame for step ``s`` must carry,
+  from the job's split schedule (a frame with another ``n`` is refused for that step: a board with
+  valid keys cannot weigh its vector above its slice of the batch);
 * :meth:`~ExchangeMode.refused`: how a vector refused by the frame's decoder is described;
 * :meth:`~ExchangeMode.kept`: a kept gradient frame arrived (a mode's own per-board counters);
 * :meth:`~ExchangeMode.folds`: whether step ``s`` may be summed as its gradients arrive;
@@ -28,7 +31,8 @@ The implementations:
 * :class:`PeriodicAveraging` (local SGD, ``protocol.sync_schedule`` with ``every`` > 1): an exact
   step is :class:`DenseExact`'s; at a local step every vector is empty both ways and nothing is
   reduced; at a sync step each vector is the board's parameter delta since the last average,
-  weighted by its samples since then (the frame's ``n``), judged by the outlier band on plain
+  weighted by its samples since then (the frame's ``n``: its batch sizes summed over the steps since
+  the last average, or since it joined if that was later), judged by the outlier band on plain
   norms; the step's record counts each board's batch at that step (the split's). A vector of the
   wrong length for its step's kind is refused naming the board, the step and what it takes.
 
@@ -110,12 +114,17 @@ class ExchangeMode(ABC):
 
     Args:
         reducer: the job's reducer (its vector length, wire dtype, checks and buffers' rule).
+        schedule: the job's batch splits (each board's batch size at each step, re-splits included).
+        accumulate: the job's ``accumulate_grad_batches``: an exact step's frame counts that many batches.
     """
 
-    def __init__(self, reducer: GradientReducer) -> None:
+    def __init__(self, reducer: GradientReducer, schedule: SplitSchedule, *, accumulate: int = 1) -> None:
+        if accumulate < 1:
+            raise ExchangeError(f"accumulate_grad_batches {accumulate} is not a positive number of batches")
         self.reducer = reducer
         self.param_count = reducer.param_count
         self._full = StepVector(reducer)
+        self._schedule, self._accumulate = schedule, accumulate
 
     @abstractmethod
     def kind(self, step: int) -> StepKind:
@@ -124,6 +133,11 @@ class ExchangeMode(ABC):
     def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
         """How many values ``board``'s vector in grad ``frame`` (as received, not checked yet) must hold."""
         return self.param_count
+
+    def expected_n(self, board: BoardState, step: int) -> int:
+        """The sample count ``board``'s grad frame for ``step`` must carry: its batch at that step (the split's)
+        times the job's ``accumulate_grad_batches``, as the boards compute it (``agent.worker_exchange``)."""
+        return self._schedule.batch_sizes_at(step)[board.index] * self._accumulate
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """The refusal of ``board``'s grad ``frame`` for its step, as the board's flag and the log say it."""
@@ -184,11 +198,13 @@ class PeriodicAveraging(ExchangeMode):
         reducer: the job's reducer.
         sync: the schedule (``every`` > 1).
         schedule: the job's batch splits: a sync step's record counts each board's batch at that step.
+        accumulate: the job's ``accumulate_grad_batches`` (an exact step's count; local and sync steps count batches).
     """
 
-    def __init__(self, reducer: GradientReducer, sync: SyncSchedule, schedule: SplitSchedule) -> None:
-        super().__init__(reducer)
-        self._sync, self._schedule = sync, schedule
+    def __init__(self, reducer: GradientReducer, sync: SyncSchedule, schedule: SplitSchedule, *,
+                 accumulate: int = 1) -> None:
+        super().__init__(reducer, schedule, accumulate=accumulate)
+        self._sync = sync
         self._empty = EmptyVector(reducer.wire_dtype)
         self._kind_of: tuple[int, StepKind] = (-1, EXACT)  # the last step asked about: a step asks several times
 
@@ -202,6 +218,22 @@ class PeriodicAveraging(ExchangeMode):
     def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
         step = frame.get("step") if type(frame) is dict else None  # a local step's vector is empty
         return 0 if type(step) is int and self.kind(step) == LOCAL else self.param_count
+
+    def expected_n(self, board: BoardState, step: int) -> int:
+        """An exact step's count is :class:`DenseExact`'s; a local step's, the board's batch at that step; a sync
+        step's, the samples since the last average (``agent.local_sgd.ParameterAnchor``): its batches summed over
+        the steps after the last exact or sync step, up to and including ``step``, from the step it joined at if
+        that is later (its anchor is taken at its first local step)."""
+        kind = self.kind(step)
+        if kind == EXACT:
+            return super().expected_n(board, step)
+        if kind == LOCAL:
+            return self._schedule.batch_sizes_at(step)[board.index]
+        first = step
+        while first > board.joined_step and first > 0 and self._sync.kind(first - 1) == LOCAL:
+            first -= 1
+        schedule, i = self._schedule, board.index
+        return sum(schedule.batch_sizes_at(s)[i] for s in range(first, step + 1))
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """A vector of the wrong length says which vector a step of periodic averaging takes, naming the board and the step."""
@@ -234,21 +266,21 @@ class PeriodicAveraging(ExchangeMode):
 
 
 def select_mode(reducer: GradientReducer, schedule: SplitSchedule, *, sync: SyncSchedule | None = None,
-                overlap: bool = False) -> ExchangeMode:
+                overlap: bool = False, accumulate: int = 1) -> ExchangeMode:
     """The mode a job's settings ask for: periodic averaging (``sync`` with ``every`` > 1), overlap, or dense exact.
 
     Raises:
         ExchangeError: both periodic averaging and overlap (overlap streams every step's gradient;
-            a local step has none).
+            a local step has none), or ``accumulate`` below 1.
     """
     if sync is not None and sync.periodic:
         if overlap:
             raise ExchangeError("overlap streams every step's gradient, and periodic averaging's local steps send none: "
                                 "choose one of them")
-        return PeriodicAveraging(reducer, sync, schedule)
+        return PeriodicAveraging(reducer, sync, schedule, accumulate=accumulate)
     if overlap:
-        return OverlapStream(reducer)
-    return DenseExact(reducer)
+        return OverlapStream(reducer, schedule, accumulate=accumulate)
+    return DenseExact(reducer, schedule, accumulate=accumulate)
 
 
 def _vector_length(frame: Any) -> int | None:

@@ -5,7 +5,10 @@ computes g = sum(b_i g_i) / sum(b_i) in board order (so the result does not depe
 order), lets the coordinator's replica apply it, and returns it to every connected board. A board
 that misses the step's deadline is left out of that step and flagged; it receives the step's
 result like everyone else, so its replica stays identical, and it is back at the next step. A
-gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged.
+gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged, and so
+is one whose sample count ``n`` is not what the split assigned the board for that step (times the
+job's ``accumulate_grad_batches``; the mode says which count: ``ExchangeMode.expected_n``), or whose
+loss or ``compute_s`` is not a finite number in range (``protocol.exchange_frames.Grad.from_wire``).
 
 :class:`ExchangeServer` is the public face (what ``coordinator.run.training``, the tests and the
 benchmarks use) and composes the exchange's parts, each with one contract:
@@ -119,9 +122,13 @@ class ExchangeServer:
             as backward produces it (``--overlap``); the welcome says so. The reduce is the same: a
             streamed frame is an ordinary grad frame whose bytes arrive over a longer time.
             ``sync`` and ``overlap`` choose the mode (``coordinator.exchange.modes.select_mode``).
+        accumulate_grad_batches: the job's; a board's sample count at an exact step is its batch (the split's)
+            times this. A grad frame whose ``n`` is not the one the mode expects for that board and step
+            (``ExchangeMode.expected_n``) is refused for that step and flagged.
 
     Raises:
-        ExchangeError: ``splits`` out of order or not the global batch, or both periodic ``sync`` and ``overlap``.
+        ExchangeError: ``splits`` out of order or not the global batch, or both periodic ``sync`` and ``overlap``,
+            or ``accumulate_grad_batches`` below 1.
         ValueError: the buffers or the wire dtype out of range (``GradientReducer``).
     """
 
@@ -132,7 +139,7 @@ class ExchangeServer:
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
                  checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False,
-                 int_buffer_elements: int = 0) -> None:
+                 int_buffer_elements: int = 0, accumulate_grad_batches: int = 1) -> None:
         self.job_id, self.wire_dtype, self.param_count = job_id, wire_dtype, param_count
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
@@ -144,7 +151,8 @@ class ExchangeServer:
         self._roster = Roster(boards)
         self.boards: dict[str, BoardState] = self._roster.by_id
         self._relay = ResultRelay(schedule)
-        self.mode: ExchangeMode = select_mode(self._reducer, schedule, sync=sync, overlap=overlap)
+        self.mode: ExchangeMode = select_mode(self._reducer, schedule, sync=sync, overlap=overlap,
+                                                  accumulate=accumulate_grad_batches)
         self._steps = StepRound(self._roster, self.mode, self._relay, wire_dtype)
         self._admission = Admission(job_id=job_id, token=token, param_count=param_count, wire_dtype=wire_dtype,
                                     roster=self._roster, steps=self._steps, mode=self.mode, relay=self._relay,

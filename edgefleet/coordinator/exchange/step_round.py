@@ -9,8 +9,9 @@ what a vector must be is the mode's, ``coordinator.exchange.modes``):
 * reading: each welcomed board's frames are read in event-loop callbacks (``FrameReader``), no task
   woken per frame. A frame is checked for the open step (:meth:`StepRound.run_step`'s ``step``, or
   the next one: a fast board may send it while the others still receive), kept or refused for
-  that step and flagged, added to the fold, and the step finishes in the callback of the last
-  vector it waited for: no task wakes between the last gradient and the result going out;
+  that step and flagged (a malformed or non-finite field, or a sample count ``n`` other than the one
+  the split assigned the board for that step: the mode's ``expected_n``), added to the fold, and the
+  step finishes in the callback of the last vector it waited for: no task wakes between the last gradient and the result going out;
 * the deadline, :class:`StepDeadline`: five times the recent median step (generous at first),
   counting only time the coordinator ran (a check every :data:`DEADLINE_TICK_S`; a check more
   than :data:`DEADLINE_SLACK_S` late adds the interval since the previous one). When it passes,
@@ -185,6 +186,10 @@ class StepRound:
         """
         try:
             frame = Grad.from_wire(raw, elements=self._mode.elements(board, raw), dtype=self._wire_dtype)
+            expected = self._mode.expected_n(board, frame.step)
+            if frame.n != expected:  # a board may not weigh its vector above (or below) its slice of the batch
+                raise GradientRefused(f"board {board.board_id} sent n={frame.n} for step {frame.step}; the split "
+                                      f"assigned it n={expected}", step=frame.step)
         except GradientRefused as exc:
             exc = self._mode.refused(board, raw, exc)
             if self._answers_open_step(board, exc.step):

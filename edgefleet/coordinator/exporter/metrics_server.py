@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
 from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.exporter.http_server import start_server
 from edgefleet.protocol.address import HostPort, parse_host_port
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 
@@ -70,15 +71,16 @@ def _require_prometheus_client() -> None:
 
 @contextmanager
 def serve_metrics(registry: CollectorRegistry, listen: HostPort) -> Iterator[MetricsEndpoint]:
-    """Serve ``registry`` on ``http://listen/metrics`` from a background thread until the block ends.
+    """Serve ``registry`` on ``http://listen/metrics`` from a background thread until the block ends
+    (``exporter.http_server``: slow clients time out, the connections served at once are bounded).
 
     Raises:
         ConfigError: the address cannot be listened on (in use, not this machine's), naming it and the fix.
     """
-    from prometheus_client import start_http_server  # optional (coordinator extra), checked first
+    from prometheus_client import make_wsgi_app  # optional (coordinator extra), checked first
 
     try:
-        server, thread = start_http_server(listen.port, addr=listen.host, registry=registry)
+        server, thread = start_server(make_wsgi_app(registry), listen)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror or exc}; choose another address or port "
                           "(HOST:PORT; a host of this machine, 127.0.0.1 for this machine only)") from None

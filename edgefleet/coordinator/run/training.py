@@ -451,7 +451,8 @@ class TrainingRun:
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
                                   int_buffer_elements=self.replica.buffers.int_elements,
-                                  splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap)
+                                  splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
+                                  accumulate_grad_batches=self.spec.accumulate_grad_batches)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
