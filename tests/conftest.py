@@ -29,6 +29,7 @@ import pytest
 
 from edgefleet.brokers.local_broker import INSTALL_HINT, LocalBroker, start_mosquitto
 from tests.helpers import agent_config, train_command, wait_boards_online, wait_until, write_fleet_key
+from tests.hostile.exchange_server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,3 +216,18 @@ def make_fleet(mosquitto: LocalBroker, tmp_path: Path) -> Iterator[Callable[...,
 def fleet_key(tmp_path: Path) -> Path:
     """A new fleet key in the test's folder (``tests.helpers.write_fleet_key``)."""
     return write_fleet_key(tmp_path / "fleet.key")
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``tests/hostile/exchange_proc.py`` (a real ExchangeServer) in subprocesses; all are killed at the end."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        server = ServerProcess(tmp_path, *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import json
 import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,70 +27,9 @@ from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused
 from edgefleet.protocol.exchange_frames import Hello, Welcome
 from edgefleet.transport.frame_io import recv_frame, send_frame
 from tests.helpers import wait_until
+from tests.hostile.exchange_server import ServerProcess
 
-SCRIPT = Path(__file__).with_name("exchange_proc.py")
 BATCH = {"b0": 8, "b1": 16, "b2": 24}
-
-
-class ServerProcess:
-    """``exchange_proc.py`` in a subprocess; its stdout (JSON lines) and stderr (its log) in files."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.out_path, self.err_path = tmp_path / "server.out", tmp_path / "server.err"
-        with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
-            self.proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out, stderr=err)
-        self.port = int(self.wait_for("port", timeout_s=30)["port"])
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def lines(self) -> list[dict[str, Any]]:
-        text = self.out_path.read_text() if self.out_path.exists() else ""
-        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
-
-    def log(self) -> str:
-        return self.err_path.read_text(errors="replace") if self.err_path.exists() else ""
-
-    def wait_for(self, key: str, *, timeout_s: float, value: Any = None) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            for line in self.lines():
-                if "error" in line:
-                    raise AssertionError(f"the exchange failed: {line['error']}\n{self.log()[-3000:]}")
-                if key in line and (value is None or line[key] == value):
-                    return line
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the exchange exited ({self.proc.returncode}) before {key}={value}\n{self.log()[-3000:]}")
-            return None
-
-        return wait_until(found, timeout_s=timeout_s, what=f"{key}={value} from the exchange process")
-
-    def steps(self) -> dict[int, dict[str, Any]]:
-        return {line["step"]: line for line in self.lines() if "step" in line}
-
-    def finish(self, timeout_s: float = 60) -> dict[str, Any]:
-        done = self.wait_for("done", timeout_s=timeout_s)
-        self.proc.wait(timeout_s)
-        return done
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def start(*args: str) -> ServerProcess:
-        server = ServerProcess(tmp_path, *args)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def gradient(board: str, step: int, size: int) -> np.ndarray:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from edgefleet.agent.worker_exchange import ExchangeClient
-from tests.hostile.test_exchange_faults import ServerProcess
+from tests.hostile.exchange_server import ServerProcess
 
 BOARDS = "b0:16,b1:16,b2:32"   # b2 lies; b0 and b1 weigh the same, so their average is exact in float32
 BATCH = {"b0": 16, "b1": 16, "b2": 32}
@@ -28,20 +27,6 @@ SIZE = 64
 HONEST_AVERAGE = 2.0
 
 Sends = Callable[[int, int], dict[str, Any]]  # (step, the batch size the board knows for it) -> n, loss, compute_s
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def start(*args: str) -> ServerProcess:
-        server = ServerProcess(tmp_path, *args)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def honest(accumulate: int = 1) -> Sends:

@@ -30,7 +30,8 @@ from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.params import flatten_grads, gradient_order, trainable_params
 from tests.conftest import Fleet
 from tests.helpers import wait_until
-from tests.hostile.test_exchange_faults import ServerProcess, join_boards, servers, start_boards  # noqa: F401
+from tests.hostile.exchange_server import ServerProcess
+from tests.hostile.test_exchange_faults import join_boards, start_boards
 from tests.integration.test_local_sgd import BATCHES, FLEET, LENET, SEED, _local_sgd_reference, _relative_error, lenet_job
 
 STEPS = 4
@@ -121,7 +122,7 @@ def _read_all(sock: socket.socket, into: bytearray) -> None:
 
 
 @pytest.mark.parametrize("cut", ["mid-tensor", "no-trailing-numbers"])
-def test_a_board_whose_streamed_frame_is_cut_short_is_dropped_and_the_run_goes_on(servers: Any, cut: str) -> None:  # noqa: F811
+def test_a_board_whose_streamed_frame_is_cut_short_is_dropped_and_the_run_goes_on(servers: Any, cut: str) -> None:
     size = 1000
     server: ServerProcess = servers("--steps", "3")
     boards = start_boards(server.port, 3, size, ids=("b0", "b1"))
