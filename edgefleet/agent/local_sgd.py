@@ -11,7 +11,7 @@ Integer buffers (``num_batches_tracked``) have no delta to average: the vector's
 the board's own, as bytes (``workloads.params.pack_int_buffers``), and every board takes the first
 contributing board's from the result (DDP's rule, as at an exact step).
 
-Imported only by the training worker (it needs torch).
+Imported only by the training worker (it needs torch); never on the agent's idle path.
 """
 
 from __future__ import annotations

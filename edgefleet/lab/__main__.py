@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgefleet.lab import leftovers
+import edgefleet.lab.leftovers as leftovers
 from edgefleet.lab.cgroups import Cgroup
 from edgefleet.lab.fleet_file import FleetError, load_fleet, shipped_fleets
 from edgefleet.lab.lab import Lab, LabBusy, LabUnavailable

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import edgefleet.lab.leftovers as leftovers  # the modules, not the package: its __init__ imports this one
+import edgefleet.lab.links as links
 from edgefleet.agent.config import AgentConfig, SecuritySettings, TelemetrySettings
 from edgefleet.brokers.local_broker import LocalBroker, start_mosquitto
-from edgefleet.lab import leftovers, links
 from edgefleet.lab.cgroups import LAB_PARENT_SHARES, Cgroup, find_controller_mounts
 from edgefleet.lab.fleet_file import BoardSpec, Fleet
 from edgefleet.lab.host_check import lab_unavailable_reason

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgefleet.lab import links
+import edgefleet.lab.links as links
 from edgefleet.lab.cgroups import leftover_groups, remove_leftover_groups
 from edgefleet.lab.naming import PREFIX, workdir
 from edgefleet.transport.atomic_file import write_atomically

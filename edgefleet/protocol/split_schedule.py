@@ -128,11 +128,18 @@ class SplitSchedule:
 
     def batch_sizes_at(self, step: int) -> list[int]:
         """Every board's batch size at ``step``, by board index."""
+        return list(self._sizes_at(step))
+
+    def batch_size_at(self, step: int, index: int) -> int:
+        """Board ``index``'s batch size at ``step`` (the exchange asks once per gradient: no list is made)."""
+        return self._sizes_at(step)[index]
+
+    def _sizes_at(self, step: int) -> Sequence[int]:
         sizes: Sequence[int] = self._initial
         for split in self._splits:
             if split.from_step <= step:
                 sizes = split.batch_sizes
-        return list(sizes)
+        return sizes
 
 
 __all__ = ["SPLIT_LEAD_STEPS", "SplitRefused", "SplitSchedule", "split_step"]

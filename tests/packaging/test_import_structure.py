@@ -34,8 +34,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module in modules:
-            found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                         for a in node.names)
+            # ``from pkg import mod`` names the package too (as a reader and an import-following tool see it)
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
     return found
 
 

@@ -15,6 +15,7 @@ from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.framing import encode_frame
 from edgefleet.transport.exchange_io import (
     FrameReader,
+    Link,
     async_send_frame,
     frame_segments,
     send_now_to_all,
@@ -153,14 +154,19 @@ def test_an_exception_in_on_frame_ends_the_connection_not_the_loop() -> None:
     assert isinstance(reason, DecodeError) and "KeyError" in str(reason)
 
 
-async def _broadcast(loop: asyncio.AbstractEventLoop, socks: list[socket.socket],
-                       segments: list[bytes | memoryview]) -> list[int | BaseException]:
+async def _broadcast(loop: asyncio.AbstractEventLoop, socks: list[Link],
+                     segments: list[bytes | memoryview]) -> list[int | BaseException]:
     """The exchange's broadcast: :func:`send_now_to_all`, then :func:`send_rest` on the sockets with bytes left."""
     total = sum(memoryview(segment).nbytes for segment in segments)
-    left = send_now_to_all(socks, segments)  # type: ignore[arg-type]
+    left = send_now_to_all(socks, segments)
     outcomes: list[int | BaseException] = [rest if isinstance(rest, OSError) else total for rest in left]
-    waits = [i for i, rest in enumerate(left) if rest and not isinstance(rest, OSError)]
-    failures = await send_rest(loop, [(socks[i], left[i]) for i in waits])  # type: ignore[misc]
+    waits: list[int] = []
+    pending: list[tuple[Link, list[memoryview]]] = []
+    for i, rest in enumerate(left):
+        if rest and not isinstance(rest, OSError):
+            waits.append(i)
+            pending.append((socks[i], rest))
+    failures = await send_rest(loop, pending)
     for i, failure in zip(waits, failures):
         if failure is not None:
             outcomes[i] = failure

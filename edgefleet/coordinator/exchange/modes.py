@@ -137,7 +137,7 @@ class ExchangeMode(ABC):
     def expected_n(self, board: BoardState, step: int) -> int:
         """The sample count ``board``'s grad frame for ``step`` must carry: its batch at that step (the split's)
         times the job's ``accumulate_grad_batches``, as the boards compute it (``agent.worker_exchange``)."""
-        return self._schedule.batch_sizes_at(step)[board.index] * self._accumulate
+        return self._schedule.batch_size_at(step, board.index) * self._accumulate
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """The refusal of ``board``'s grad ``frame`` for its step, as the board's flag and the log say it."""
@@ -228,12 +228,12 @@ class PeriodicAveraging(ExchangeMode):
         if kind == EXACT:
             return super().expected_n(board, step)
         if kind == LOCAL:
-            return self._schedule.batch_sizes_at(step)[board.index]
+            return self._schedule.batch_size_at(step, board.index)
         first = step
         while first > board.joined_step and first > 0 and self._sync.kind(first - 1) == LOCAL:
             first -= 1
         schedule, i = self._schedule, board.index
-        return sum(schedule.batch_sizes_at(s)[i] for s in range(first, step + 1))
+        return sum(schedule.batch_size_at(s, i) for s in range(first, step + 1))
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """A vector of the wrong length says which vector a step of periodic averaging takes, naming the board and the step."""
