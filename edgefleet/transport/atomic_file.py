@@ -13,8 +13,8 @@ callers turn it into their own clear message (the run directory's full-disk line
 ``--output`` hint, the agent's nonce-record warning).
 
 Users: the run directory's checkpoints and JSON files (``coordinator.run.checkpoints``), the
-profile file (``coordinator.planning.profiles``), the report page (``coordinator.report.report_file``)
-and the agent's command nonce record (``agent.nonce_file``).
+profile file (``coordinator.planning.profiles``), the report page (``coordinator.report.report_file``),
+the agent's command nonce record (``agent.nonce_file``) and the lab's state file (``lab.leftovers``).
 """
 
 from __future__ import annotations
