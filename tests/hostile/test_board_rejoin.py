@@ -41,12 +41,15 @@ def test_a_restarted_board_rejoins_the_running_job(tmp_path: Path, make_fleet: C
         family = psutil.Process(restarted.proc.pid)
         for process in [*family.children(recursive=True), family]:
             process.kill()
-        killed_at = len(_steps(run_dir))
         fleet.start("restarted-1", wait=None)  # the same board again (its config and key)
 
         def rejoined() -> list[int]:
-            return [int(str(s["step"])) for s in _steps(run_dir)
-                    if s["boards"] == ["steady-1", "restarted-1"] and int(str(s["step"])) > killed_at]
+            # steps the killed board was still counted in (until the exchange noticed) come before the first
+            # step without it; only the steps with both boards after that one are the rejoined board's
+            steps = _steps(run_dir)
+            dropped = [int(str(s["step"])) for s in steps if s["boards"] == ["steady-1"]]
+            return [int(str(s["step"])) for s in steps
+                    if dropped and s["boards"] == ["steady-1", "restarted-1"] and int(str(s["step"])) > dropped[0]]
 
         wait_until(lambda: len(rejoined()) >= 5 or proc.poll() is not None, timeout_s=180, what="the board to rejoin")
         proc.send_signal(signal.SIGINT)  # stops at a step boundary with a checkpoint
