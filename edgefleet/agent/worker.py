@@ -53,6 +53,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         position_of,
         steps_per_epoch,
     )
+    from edgefleet.workloads.layer_cut import cut_model, head_size
     from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
     from edgefleet.workloads.params import exchange_size, to_torch_tree
     from edgefleet.workloads.preflight import optimizer_setup
@@ -80,15 +81,24 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     # layers they build exist before the welcome's weights are loaded into them
     figures = prepare_module(model, RunFigures(batches_per_epoch=batches_per_epoch, total_steps=job.total_steps,
                                                max_epochs=job.max_epochs, options=trainer_options), data.datamodule)
-    count = exchange_size(optimizer_setup(model, figures).optimizer, model)
+    optimizer = optimizer_setup(model, figures).optimizer
+    cut = cut_model(model, job.placement) if job.placement else None  # layer placement: the boards train the head
+    count = exchange_size(optimizer, model) if cut is None else head_size(optimizer, cut)
 
     keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
     token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
     client = ExchangeClient(job.exchange_host, job.exchange_port, tls_sha256=job.exchange_tls_sha256)
+    tail: Any = None
     try:
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
         model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
         start = welcome.step
+        if cut is not None:
+            from edgefleet.agent.remote_tail import TailLink, install  # torch: placed jobs only
+
+            tail = TailLink(job.exchange_host, job.tail_port, tls_sha256=job.exchange_tls_sha256)
+            tail.hello(job_id=job.job_id, board_id=job.board_id, token=token, proof=proof, start=start)
+            install(model, cut, tail)
         if welcome.module_state is not None:  # joining mid-run: what the module's on_save_checkpoint kept, as on resume
             restore_extra(model, extra_from_wire(welcome.module_state), global_step=start,
                           epoch=position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches).epoch)
@@ -114,7 +124,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
-            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync)
+            scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
+            only=cut.head_params if cut is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
         callbacks = [positioner, callback_class(package, StepSeeding, "StepSeeding")(seeder)]
@@ -135,6 +146,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         return 0
     finally:
         client.close()
+        if tail is not None:
+            tail.close()
 
 
 def _first_batch(step: int, *, batches_per_epoch: int, accumulate: int) -> int:

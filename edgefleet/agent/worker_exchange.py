@@ -292,6 +292,9 @@ class GradientExchange:
         sync: The job's averaging schedule (``protocol.sync_schedule``); None: exact at every step.
         overlap: The vector holds the gradient in reversed parameter order and goes out while backward
             runs (``agent.grad_stream``); None: as the coordinator's welcome says (``client.overlap``).
+        only: Layer placement: the vector holds these parameters' gradients (the head's; ``workloads.layer_cut``),
+            the others (the tail's, trained on the tail host) keep no gradient and the optimizer leaves them;
+            None: every trainable parameter.
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -310,8 +313,10 @@ class GradientExchange:
                  wire_dtype: str, optimizer_state: Any, on_step: Callable[[int, float | None, float], None],
                  on_split: Callable[[int, list[int]], object] | None = None,
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
-                 sync: SyncSchedule | None = None, overlap: bool | None = None) -> None:
+                 sync: SyncSchedule | None = None, overlap: bool | None = None,
+                 only: list[torch.nn.Parameter] | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._only = {id(p) for p in only} if only is not None else None
         self.overlap = client.overlap if overlap is None else overlap
         self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
         self._sync = sync if sync is not None and sync.periodic else None
@@ -344,7 +349,10 @@ class GradientExchange:
         # fleet's logged values): its learning rates come with the results (``lrs``), the board steps none itself.
         trainer.strategy.lr_scheduler_configs = [c for c in trainer.lr_scheduler_configs if not c.reduce_on_plateau]
         self._optimizer = optimizer
-        self._params = gradient_order(trainable_params(optimizer), overlap=self.overlap)
+        trainable = trainable_params(optimizer)
+        if self._only is not None:
+            trainable = [p for p in trainable if id(p) in self._only]
+        self._params = gradient_order(trainable, overlap=self.overlap)
         self._buffers = BufferSet(pl_module)
         self._grad_elements = sum(p.numel() for p in self._params)
         self._flat = np.zeros(self._grad_elements + self._buffers.elements, dtype=np.float32)

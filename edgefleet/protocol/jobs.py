@@ -40,8 +40,12 @@ JOB_SCHEMA_VERSION = 1
 # (``max_epochs`` among them) and exchanges integer buffers with the float ones. A version-5 agent
 # would train any job differently without a word (or with another vector size), so every command
 # is version 6 and such an agent refuses it as too new: upgrade every board together.
+# Version 7 may ask for layer placement (``placement``: the cut, ``tail_port``: the tail host's
+# activation endpoint on the exchange's host): a version-6 agent would train the whole model on its
+# own (:data:`PLACED_TRAIN_SCHEMA_VERSION`).
 # The versioning rule of every message and file: docs/protocol.md.
-TRAIN_SCHEMA_VERSION = 6  # what every train command is sent as
+TRAIN_SCHEMA_VERSION = 7  # what every train command is sent as
+PLACED_TRAIN_SCHEMA_VERSION = 7  # a command of an older version cannot ask for ``placement`` (refused)
 OVERLAP_TRAIN_SCHEMA_VERSION = 5  # a command of an older version cannot ask for ``overlap`` (refused)
 PERIODIC_TRAIN_SCHEMA_VERSION = 4  # a command of an older version cannot ask for ``sync_every`` > 1 (refused)
 DATA_MODES = ("global", "local")
@@ -98,6 +102,8 @@ class TrainCommand:
     sync_every: int = 1             # average the boards' parameters every this many local steps; 1 = exact (protocol.sync_schedule)
     sync_warmup: int = 0            # exact steps before the first local one
     overlap: bool = False           # the gradient vector in reversed parameter order, sent as backward produces it
+    placement: str = ""             # layer placement: the cut (a layer's name); "": data-parallel (workloads.layer_cut)
+    tail_port: int = 0              # the tail host's activation endpoint, on exchange_host (placement only)
     schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -135,6 +141,11 @@ class TrainCommand:
                              f"{self.schema_version}")
         if self.overlap and self.sync_every > 1:
             raise ValueError("overlap needs sync_every 1")
+        if not isinstance(self.placement, str) or len(self.placement) > 200:
+            raise ValueError(f"placement {self.placement!r:.40} is not a layer's name")
+        if self.placement and (self.schema_version < PLACED_TRAIN_SCHEMA_VERSION or not 0 < self.tail_port < 65536):
+            raise ValueError(f"placement needs schema_version {PLACED_TRAIN_SCHEMA_VERSION} and a tail_port, the command "
+                             f"says {self.schema_version} and {self.tail_port}")
 
     @property
     def batch_size(self) -> int:

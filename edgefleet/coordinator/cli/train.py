@@ -135,6 +135,12 @@ def add_train_parser(sub: Any) -> None:
                         "backward (the same mathematics and result; opt-in for now, recorded in config.json). Boards "
                         "need this edgefleet version. Not with --sync-every > 1; with --accumulate-grad-batches > 1 or "
                         "a gradient scaler a board sends after backward, as without it")
+    p.add_argument("--placement", metavar="none|CUT[@coordinator]",
+                   help="layer placement: cut the model after layer CUT (e.g. net.6 of lenet5); the boards train the "
+                        "layers before it data-parallel and send their activations, the coordinator trains the rest "
+                        "over the whole global batch: far fewer bytes per step when the parameters sit after the cut. "
+                        "The same mathematics as --placement none (the default). The cuts a model admits and their "
+                        "sizes: an unknown CUT is refused listing them")
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")

@@ -55,8 +55,26 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
-                   overlap=getattr(args, "overlap", False),
+                   overlap=getattr(args, "overlap", False), placement=_placement(getattr(args, "placement", None)),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
+
+
+def _placement(value: str | None) -> str:
+    """``--placement``: ``none`` (or nothing) for data-parallel, ``CUT`` or ``CUT@coordinator`` for a cut.
+
+    Raises:
+        ConfigError: another tail host than the coordinator (not yet), or ``auto`` (not yet).
+    """
+    if value is None or value.strip().lower() in ("", "none"):
+        return ""
+    cut, _, host = value.strip().partition("@")
+    if value.strip().lower() == "auto":
+        raise ConfigError("--placement auto is not available yet: name the cut (edge-coordinator plan --placement lists "
+                          "them), e.g. --placement net.6, or use --placement none")
+    if host and host != "coordinator":
+        raise ConfigError(f"--placement {value}: the tail runs on the coordinator for now; use {cut}@coordinator "
+                          "(or just {cut})".replace("{cut}", cut))
+    return cut
 
 
 __all__ = ["job_from_args", "parse_batches", "parse_force_split"]

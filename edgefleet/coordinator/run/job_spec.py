@@ -80,6 +80,9 @@ class JobSpec:
         overlap: Send each board's gradient as backward produces it (the vector in reversed parameter
             order, streamed in buckets), hiding the upload behind backward; the same mathematics, the
             same result as without it. Not with ``sync_every`` > 1.
+        placement: Layer placement (``workloads.layer_cut``): cut the model after this layer (``net.6``); the
+            head trains data-parallel on the boards, the tail on the coordinator over the whole global batch, and
+            the boards send activations instead of the tail's gradient; "" (``none``): data-parallel.
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
@@ -122,6 +125,7 @@ class JobSpec:
     sync_every: int = 1
     sync_warmup: int | None = None
     overlap: bool = False
+    placement: str = ""
     force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0
@@ -168,6 +172,7 @@ class JobSpec:
         if self.force_split is not None and self.data_mode != "global":
             raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
         self._check_sync()
+        self._check_placement()
         if self.log_every_n_steps < 1:
             raise ConfigError(f"--log-every-n-steps {self.log_every_n_steps}: use a whole number of steps >= 1")
         _ = self.trainer_options  # TrainerOptions checks Lightning's flags
@@ -190,6 +195,22 @@ class JobSpec:
         if self.overlap and self.sync_every > 1:
             raise ConfigError(f"--overlap with --sync-every {self.sync_every}: overlap streams every step's gradient, "
                               "periodic averaging sends one every few steps; use one or the other")
+
+    def _check_placement(self) -> None:
+        """Raises ConfigError for layer placement with what it cannot honour yet, saying what to do instead."""
+        if not isinstance(self.placement, str):
+            raise ConfigError(f"placement {self.placement!r:.20} in config.json is not a layer's name")
+        if not self.placement:
+            return
+        clashes = [flag for flag, used in (
+            (f"--accumulate-grad-batches {self.accumulate_grad_batches}", self.accumulate_grad_batches != 1),
+            (f"--sync-every {self.sync_every}", self.sync_every > 1), ("--overlap", self.overlap),
+            (f"--gradient-clip-val {self.gradient_clip_val}", self.gradient_clip_val is not None),
+            (f"--precision {self.precision}", self.precision not in ("32", "32-true")),
+            ("--force-split", self.force_split is not None)) if used]
+        if clashes:
+            raise ConfigError(f"--placement {self.placement} cannot be combined with {', '.join(clashes)} yet (the tail "
+                              "host would see another step than the boards): leave them out, or train with --placement none")
 
     @property
     def sync_schedule(self) -> SyncSchedule:

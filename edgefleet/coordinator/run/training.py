@@ -40,6 +40,8 @@ import torch
 from edgefleet.coordinator.control.board_channel import BoardChannel
 from edgefleet.coordinator.control.fleet_select import check_boards_ready
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
+from edgefleet.coordinator.placement.placed_run import SAMPLE_ROWS, PlacedRun, prepare
+from edgefleet.coordinator.placement.tail_server import TailServer
 from edgefleet.coordinator.run.checkpoints import (
     CHECKPOINT,
     MetricsLog,
@@ -269,6 +271,7 @@ class TrainingRun:
                                validation_threads=None if spec.threads else FreeCpuThreads().threads,
                                max_epochs=spec.max_epochs, datamodule=self.data.datamodule, seed=spec.seed,
                                replay_data=self._replay_data())
+        self.placed = self._placement() if spec.placement else None
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
@@ -319,6 +322,15 @@ class TrainingRun:
             return None
         plan = GlobalBatchPlan(len(self.data.train), self.spec.batch_sizes, self.spec.seed)
         return ReplayData(dataset=self.data.train, collate_fn=self.data.collate_fn, global_indices=plan.global_indices)
+
+    def _placement(self) -> PlacedRun:
+        """The replica's model cut as ``--placement`` asks, checked on a sample batch (refused before any board starts)."""
+        if self.replica.replay_reason:
+            raise ConfigError(f"--placement {self.spec.placement}: {type(self.replica.model).__name__}."
+                              f"{self.replica.replay_reason}, so the coordinator replays training_step, which a placed "
+                              "run cannot yet: train it with --placement none")
+        sample = self.data.collate_fn([self.data.train[i] for i in range(min(SAMPLE_ROWS, len(self.data.train)))])
+        return prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample)
 
     def _check_target(self, step: int, elapsed_s: float) -> None:
         """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
@@ -422,7 +434,17 @@ class TrainingRun:
             self.on_note("the exchange runs without TLS (--no-exchange-tls): gradients cross the network in clear")
         return checker, (cert.server_context() if cert is not None else None)
 
-    def _commands(self, host: str, port: int, checker: HelloChecker) -> dict[str, dict[str, Any]]:
+    async def _serve_tail(self, host: str, checker: HelloChecker, tls: ssl.SSLContext | None) -> int:
+        """A placed run's activation endpoint, on the exchange's host (its port; 0: data-parallel, none)."""
+        if self.placed is None:
+            return 0
+        server = self.placed.serve(TailServer(job_id=self.spec.run_id, boards=list(self.spec.boards), cut=self.placed.cut,
+                                              boundary=self.placed.boundary, output=self.placed.output,
+                                              global_batch=sum(self.spec.batch_sizes), checker=checker, tls=tls))
+        self.on_note(self.placed.describe(list(self.spec.batch_sizes)))
+        return await server.start(host, 0)
+
+    def _commands(self, host: str, port: int, checker: HelloChecker, tail_port: int = 0) -> dict[str, dict[str, Any]]:
         s = self.spec
         return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port,
                                     token=checker.token_for(board), exchange_tls_sha256=checker.tls_sha256,
@@ -436,7 +458,8 @@ class TrainingRun:
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
                                     deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
-                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap).to_dict()  # TRAIN_SCHEMA_VERSION
+                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap, placement=s.placement,
+                                    tail_port=tail_port).to_dict()  # TRAIN_SCHEMA_VERSION
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -447,7 +470,8 @@ class TrainingRun:
         checker, tls = self._exchange_security()
         exchange = ExchangeServer(job_id=self.spec.run_id, token="", tls=tls, checker=checker,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
-                                  param_count=self.replica.param_count, wire_dtype=self.spec.wire_dtype,
+                                  param_count=self.replica.param_count if self.placed is None else self.placed.head_elements,
+                                  wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
                                   buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
                                   int_buffer_elements=self.replica.buffers.int_elements,
@@ -461,7 +485,8 @@ class TrainingRun:
             host = self.spec.exchange_host or exchange_host_for(self.broker)
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
-            self._board_commands = self._commands(advertised, port, checker)
+            tail_port = await self._serve_tail(host, checker, tls)
+            self._board_commands = self._commands(advertised, port, checker, tail_port)
             for board, command in self._board_commands.items():
                 channel.send(board, command)
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
@@ -487,6 +512,8 @@ class TrainingRun:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await exchange.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
+            if self.placed is not None and self.placed.server is not None:
+                await self.placed.server.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
             for board in self.spec.boards:
                 channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
             channel.close()
@@ -523,6 +550,8 @@ class TrainingRun:
                 waiter.cancel()
                 raise KeyboardInterrupt
         waiter.result()
+        if self.placed is not None and self.placed.server is not None:  # boards join the exchange, then the tail host
+            await self.placed.server.wait_for(need, JOIN_TIMEOUT_S)
 
     def _handle_events(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         for event in channel.drain_events():
@@ -558,7 +587,12 @@ class TrainingRun:
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
-            result = await exchange.run_step(step, apply=self.replica.apply, minimum_deadline_s=spec.step_timeout_s)
+            apply: Callable[[Any, StepResult], None] = self.replica.apply
+            if self.placed is not None and self.placed.server is not None:  # the tail's rounds, then the head's exchange
+                tail = await self.placed.server.run_step(step, dict(zip(spec.boards, exchange.batch_sizes_at(step))),
+                                                         exchange.deadline_for_next_step(spec.step_timeout_s))
+                apply = self.placed.apply_with(tail, self.replica.apply)
+            result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
             samples += result.n_total
             elapsed = time.monotonic() - started
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
@@ -590,6 +624,9 @@ class TrainingRun:
         elapsed = time.monotonic() - started
         exchange.finished = True
         self.flags = exchange.flags()
+        if self.placed is not None and self.placed.server is not None:
+            for board, why in self.placed.server.flags().items():
+                self.flags.setdefault(board, []).extend(why)
         self.streamed_steps = exchange.streamed_steps()
         self._checkpoint(self.elapsed_before_s + elapsed)
         interrupted = self.replica.step < spec.total_steps and self.target_reached is None

@@ -1,0 +1,157 @@
+"""A placed run's coordinator side: the cut checked before any board starts, the tail host's endpoint,
+and each step's full gradient for the replica.
+
+:func:`prepare` cuts the replica's model (``workloads.layer_cut``) and refuses, naming why and what to
+do, what placement cannot train exactly yet: a model with buffers (BatchNorm's running statistics), a
+module whose replica replays ``training_step``, a ``training_step`` that calls the model's forward
+other than once per batch or runs a tail layer outside ``forward``, or one whose loss with the cut
+differs from the uncut model's on a sample batch. The check runs on the coordinator, on a copy of
+the random generators' state (nothing it draws changes the run).
+
+:class:`PlacedRun` then serves the run: :attr:`server` (``coordinator.placement.tail_server``) runs
+each step's activation rounds before the gradient exchange's round for the head, and
+:meth:`PlacedRun.apply_with` hands the replica the head's average and the tail's gradient as one
+vector in its own order, so the replica's Trainer steps every parameter as ``Trainer.fit`` would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgefleet.coordinator.exchange.step_sum import StepResult
+from edgefleet.coordinator.placement.tail_host import FullGradient, TailStep
+from edgefleet.coordinator.placement.tail_server import TailServer
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.layer_cut import CutRefused, ModelCut, cut_model
+
+log = logging.getLogger(__name__)
+
+SAMPLE_ROWS = 2  # samples in the batch the cut is checked on
+
+
+class PlacedRun:
+    """One placed run: the replica's model cut, its tail endpoint (made by :meth:`serve`), the vector mapping.
+
+    Args:
+        cut: the replica's model, cut.
+        exchanged: the replica's parameters in its vector's order.
+        boundary, output: one sample's activation and tail-output shapes.
+    """
+
+    def __init__(self, cut: ModelCut, exchanged: list[torch.nn.Parameter], boundary: tuple[int, ...],
+                 output: tuple[int, ...]) -> None:
+        self.cut, self.boundary, self.output = cut, boundary, output
+        self.full = FullGradient(exchanged, cut)
+        self.head_elements = self.full.head_elements
+        self.server: TailServer | None = None
+
+    def serve(self, server: TailServer) -> TailServer:
+        self.server = server
+        return server
+
+    def apply_with(self, tail: TailStep | None,
+                   apply: Callable[[np.ndarray, StepResult], None]) -> Callable[[np.ndarray, StepResult], None]:
+        """The exchange's ``apply`` for a placed step: the replica takes the head's average and the tail's gradient
+        over the boards that contributed to both."""
+
+        def placed_apply(head: np.ndarray, result: StepResult) -> None:
+            tail_grads = tail.tail_gradient(result.contributors) if tail is not None else []
+            apply(self.full.combine(head, tail_grads), result)
+            if tail is not None:
+                tail.release()
+
+        return placed_apply
+
+    def describe(self, batch_sizes: list[int]) -> str:
+        """What crosses the network per step and board, both ways, for the run's note."""
+        per_sample = int(np.prod(self.boundary)) + int(np.prod(self.output))
+        head = self.head_elements * 4
+        return (f"layer placement after {self.cut.name}: the boards train {self.head_elements:,} parameters, the "
+                f"coordinator {self.full.elements - self.head_elements:,}; per step a board sends "
+                f"{_kb(max(batch_sizes) * per_sample * 4 + head)} and receives as much (its activations and the "
+                f"head's gradient; data-parallel: {_kb(self.full.elements * 4)} each way)")
+
+
+def prepare(model: Any, cut_name: str, exchanged: list[torch.nn.Parameter], sample: Any) -> PlacedRun:
+    """Cut the replica's ``model`` after ``cut_name`` and check the cut on ``sample`` (a collated batch).
+
+    Raises:
+        ConfigError: the cut does not exist or is not admissible, or placement cannot train this module
+            exactly yet (the message says why and what to do).
+    """
+    name = type(model).__name__
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError(f"--placement {cut_name}: {name} has buffers ({', '.join(buffers[:3])}), and placement does "
+                          "not carry BatchNorm's running statistics yet: train it with --placement none")
+    cut = cut_model(model, cut_name)
+    boundary, output = _check_on_sample(model, cut, sample)
+    return PlacedRun(cut, exchanged, boundary, output)
+
+
+def _check_on_sample(model: Any, cut: ModelCut, batch: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Run ``training_step`` on ``batch`` uncut and cut (locally); the boundary's and output's per-sample shapes.
+
+    Raises:
+        CutRefused: forward runs other than once, a tail layer runs outside forward, or the losses differ.
+    """
+    tail_modules = [m for m in cut.tail.modules() if m is not cut.tail and not list(m.children())]
+    seen: dict[str, Any] = {"calls": 0, "inside": False, "outside": 0, "boundary": None, "output": None}
+
+    def count_outside(module: torch.nn.Module, args: Any) -> None:
+        if not seen["inside"]:
+            seen["outside"] += 1
+
+    def placed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen["calls"] += 1
+        seen["inside"] = True
+        try:
+            activation = cut.head(*args, **kwargs)
+            out: torch.Tensor = cut.tail(activation)
+        finally:
+            seen["inside"] = False
+        seen["boundary"], seen["output"] = tuple(activation.shape[1:]), tuple(out.shape[1:])
+        return out
+
+    with torch.random.fork_rng():
+        state = torch.random.get_rng_state()
+        reference = model.training_step(batch, 0)
+        handles = [m.register_forward_pre_hook(count_outside) for m in tail_modules]
+        model.forward = placed_forward
+        try:
+            torch.random.set_rng_state(state)
+            placed = model.training_step(batch, 0)
+        finally:
+            model.__dict__.pop("forward", None)
+            for handle in handles:
+                handle.remove()
+    where = f"{type(model).__name__}.training_step"
+    if seen["calls"] != 1:
+        raise CutRefused(f"--placement {cut.name}: {where} ran the model's forward {seen['calls']} times on one batch; "
+                         "placement sends one activation per batch: train it with --placement none")
+    if seen["outside"]:
+        raise CutRefused(f"--placement {cut.name}: {where} runs layers after the cut outside forward (a loss from "
+                         "intermediate activations); they live on the coordinator: train it with --placement none")
+    loss_ref, loss_placed = _loss(reference), _loss(placed)
+    if loss_ref is None or loss_placed is None or not np.isclose(loss_ref, loss_placed, rtol=1e-5, atol=1e-7):
+        raise CutRefused(f"--placement {cut.name}: {where} gives the loss {loss_placed} with the cut and {loss_ref} "
+                         "without on a sample batch, so the cut changes what is trained: choose another cut or "
+                         "--placement none")
+    return seen["boundary"], seen["output"]
+
+
+def _loss(value: Any) -> float | None:
+    loss = value.get("loss") if isinstance(value, dict) else value
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n / 1024:.1f} KiB"
+
+
+__all__ = ["SAMPLE_ROWS", "CutRefused", "PlacedRun", "prepare"]

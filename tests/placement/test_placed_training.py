@@ -1,0 +1,73 @@
+"""Layer placement through real agents, a real broker and the real CLI: the boards train LeNet-5's
+convolutions, the coordinator its fully connected tail over the whole global batch, and the model is
+the one a single process trains on the same global batches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Fleet
+
+SEED = 7
+MODEL_OPTIONS = "optimizer=sgd,lr=0.05"  # SGD: see tests/integration/test_training.py on Adam and rounding
+LENET_JOB = {"model": "lenet5", "model_options": MODEL_OPTIONS, "dataset": "digits", "seed": SEED, "threads": 1}
+
+pytestmark = pytest.mark.fleet(boards=("p1", "p2", "p3"))
+
+
+def _train(fleet: Fleet, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    return fleet.train(*args, run_dir=run_dir, timeout_s=timeout_s, **LENET_JOB)
+
+
+def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
+    """One process, no agents, no exchange: the reference."""
+    from edgefleet.workloads.params import single_optimizer
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import GlobalBatchPlan
+
+    dataset = build_dataset("digits", "train", {})
+    torch.manual_seed(SEED)
+    model = build_model("lenet5", {"optimizer": "sgd", "lr": 0.05}, data=dataset)
+    optimizer = single_optimizer(model.configure_optimizers())
+    plan = GlobalBatchPlan(len(dataset), [global_batch], SEED)  # type: ignore[arg-type]
+    for step in range(steps):
+        samples = [dataset[i] for i in plan.global_indices(step)]
+        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.state_dict()
+
+
+def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)
+
+
+def test_a_placed_run_trains_the_model_a_single_process_trains(fleet: Fleet, tmp_path: Path) -> None:
+    run = _train(fleet, tmp_path / "placed", "--boards", "p1,p2,p3", "--batch", "8,16,24", "--steps", "20",
+                 "--placement", "net.6", "--no-rebalance")
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert "layer placement after net.6" in run.stdout + run.stderr
+    placed = torch.load(tmp_path / "placed" / "model.pt", weights_only=True)
+    reference = _plain_training(20, 48)
+    assert _relative_error(placed, reference) <= 1e-5
+    torch.manual_seed(SEED)
+    assert _relative_error(placed, _plain_training(0, 48)) > 1e-3  # it did train
+    steps = [json.loads(line) for line in (tmp_path / "placed" / "metrics.jsonl").read_text().splitlines() if line]
+    assert [s["step"] for s in steps] == list(range(20))
+    assert all(s["boards"] == ["p1", "p2", "p3"] and s["n"] == 48 for s in steps)
+
+
+def test_a_cut_that_does_not_exist_is_refused_before_any_board_starts_listing_the_cuts(fleet: Fleet,
+                                                                                       tmp_path: Path) -> None:
+    run = _train(fleet, tmp_path / "bad", "--boards", "p1", "--batch", "8", "--steps", "2", "--placement", "net.99")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "Traceback" not in out, out
+    assert "no layer named 'net.99'" in out and "net.6" in out, out
