@@ -18,11 +18,13 @@ from edgefleet.agent.job_runner import JobRunner, ProgressLimiter, event_json
 from edgefleet.agent.nonce_file import NonceFile
 from edgefleet.agent.sdnotify import sd_notify
 from edgefleet.agent.sensors import Sampler
+from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import JobEvent
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.signing import CommandVerifier
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_json_topic, events_topic, status_topic, telemetry_topic
 from edgefleet.transport.fleet_key import load_board_key, load_command_keys
+from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 from edgefleet.transport.mqtt_link import MqttLink, Will
 
 log = logging.getLogger(__name__)
@@ -58,12 +60,18 @@ class Agent:
                                                     discovery_prefix=cfg.telemetry.home_assistant_prefix,
                                                     interval_s=cfg.telemetry.interval_s)
             self.discovery.observe(first)
+            if self.discovery.node_id != cfg.board_id:  # the ACL's %u pattern does not cover it
+                log.info("Home Assistant: a node_id may not hold a '.', so this board announces as %s; with the "
+                         "shipped ACL add 'user %s' and 'topic write %s/+/%s/+/config' (the Ansible role does)",
+                         self.discovery.node_id, cfg.board_id, cfg.telemetry.home_assistant_prefix, self.discovery.node_id)
         self._events_topic = events_topic(prefix, cfg.board_id)
         self._events_json_topic = events_json_topic(prefix, cfg.board_id)
         self._progress_json = ProgressLimiter()
         will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())
         self.link = MqttLink(cfg.broker, client_id=f"edge-agent-{cfg.board_id}", will=will,
-                             on_connect=self._announce, on_message=self._on_command)
+                             on_connect=self._announce, on_message=self._on_message)
+        self._stopping = False
+        self._forged_status_log = LogLimiter(burst=1)
         verifier = None
         if cfg.security.fleet_key_file:
             keys = load_command_keys(Path(cfg.security.fleet_key_file))  # warns about a legacy or private key
@@ -104,10 +112,34 @@ class Agent:
         prefix = self.cfg.broker.topic_prefix
         link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
         link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
+        link.subscribe(self.status_topic, qos=1)  # after our status: a forged "offline" is answered (_on_own_status)
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
         if self.discovery is not None:  # retained: Home Assistant finds the board whenever it starts
             for topic, payload in self.discovery.configs():
                 link.publish(topic, payload, qos=1, retain=True)
+
+    def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
+        if topic == self.status_topic:
+            self._on_own_status(payload, retained)
+        else:
+            self._on_command(topic, payload, retained)
+
+    def _on_own_status(self, payload: bytes, retained: bool) -> None:
+        """Answer an ``offline`` status on this board's topic while it runs with its real status, at once: a
+        coordinator counts an offline status only once it stood unanswered (``control.board_channel``), so a
+        forged one cannot end a job. Only ``offline`` is answered: two agents with one id never echo each other."""
+        if retained or self._stopping or not payload:  # a retained one is what we found; ours at stop is real
+            return
+        try:
+            state = BoardStatus.from_json(payload).state
+        except DecodeError:
+            return
+        if state == "offline":
+            shown = self._forged_status_log.allow()
+            if shown is not None:
+                log.warning("an offline status for this board was published while it runs (by someone else: forged, or "
+                            "an old connection's last will): answered with its real status%s", suppressed_text(shown))
+            self.link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
 
     def _on_command(self, topic: str, payload: bytes, retained: bool) -> None:
         if retained:  # a command is for now; a retained one is left over or planted
@@ -139,6 +171,7 @@ class Agent:
                 stop.wait(next_t - now)
         finally:
             sd_notify("STOPPING=1")
+            self._stopping = True
             self.jobs.stop()
             self.link.close(final=[(self.status_topic, self._status("offline", "stopped"))], timeout_s=1.0)
             self.sampler.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 
 from edgefleet.protocol._validate import message_from_json, message_to_json, set_bounds
@@ -19,11 +20,27 @@ STATES = ("online", "offline", "busy")
 
 # Where a power reading came from. "hwmon:<chip>" names the chip, e.g. "hwmon:ina219".
 POWER_SOURCES = ("jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
+OTHER_POWER_SOURCE = "other"  # what any other power_source string counts as: never a measurement
+_HWMON_CHIP = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # a chip's hwmon name ("ina219", "cpu_thermal"), bounded
+_NOT_MEASURED = ("estimated", "none", OTHER_POWER_SOURCE)
+
+
+def power_source_label(power_source: str) -> str:
+    """``power_source`` as one of a bounded set of values: a source of :data:`POWER_SOURCES`, ``hwmon:<chip>``
+    with a chip name of at most 32 letters, digits and ``_.-``, else :data:`OTHER_POWER_SOURCE` (a board that
+    names a new string every sample cannot add metric series or pass for a sensor without limit)."""
+    if power_source in POWER_SOURCES:
+        return power_source
+    kind, colon, chip = power_source.partition(":")
+    if kind == "hwmon" and colon and _HWMON_CHIP.fullmatch(chip):
+        return power_source
+    return OTHER_POWER_SOURCE
 
 
 def is_measured(power_source: str) -> bool:
-    """True for a sensor reading, False for an estimate or no reading at all."""
-    return power_source not in ("estimated", "none", "")
+    """True for a known sensor's reading (:func:`power_source_label`), False for an estimate, no reading at all
+    or a source this version does not know."""
+    return power_source_label(power_source) not in _NOT_MEASURED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,10 +216,12 @@ __all__ = [
     "MAX_POWER_W",
     "MESSAGE_SCHEMA_VERSION",
     "OMITTED_WHEN_NONE",
+    "OTHER_POWER_SOURCE",
     "POWER_SOURCES",
     "STATES",
     "BoardCaps",
     "BoardStatus",
     "TelemetrySample",
     "is_measured",
+    "power_source_label",
 ]

@@ -33,6 +33,7 @@ RECONNECT_MAX_S = 30
 LOG_WINDOW_S = 60.0  # a failure that repeats is logged again at most this often
 DROP_LOG_BURST = 3   # dropped messages warned about per LOG_WINDOW_S; the others are counted
 _TOPIC_SHOWN = 120   # characters of a topic quoted in a warning
+PROBE_TIMEOUT_S = 3.0  # a probe of why a connection failed waits at most this long per step
 
 _AUTH_HINTS = {
     "Not authorized": "check broker.username and broker.password (or password_file), and the broker's ACL",
@@ -77,15 +78,46 @@ class _FailureLog:
         self.last_text, self.suppressed = "", 0
 
 
-def _probe(host: str, port: int) -> str:
-    """Why a TCP connection to the broker fails, in words (called only when logging)."""
+def _probe(settings: BrokerSettings) -> str:
+    """Why a connection to the broker fails, in words (called only when logging): name resolution, TCP, then TLS."""
+    host, port = settings.host, settings.port
     try:
-        with socket.create_connection((host, port), timeout=3):
-            return "TCP connects but the MQTT handshake failed; check broker.tls_ca_file and broker.protocol"
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock:
+            return _probe_tls(settings, sock) if settings.uses_tls else _probe_plain(host, port)
     except socket.gaierror as exc:
         return f"cannot resolve host {host!r} ({exc.strerror}); check broker.host / --broker"
     except OSError as exc:
         return f"cannot connect ({exc.strerror or exc}); check that the broker runs and listens on that port"
+
+
+def _probe_tls(settings: BrokerSettings, sock: socket.socket) -> str:
+    """Why a TLS connection fails: the broker's certificate against the CA file, or a port that speaks no TLS."""
+    ca = settings.tls_ca_file or "the system's CA bundle"
+    try:
+        context = ssl.create_default_context(cafile=settings.tls_ca_file or None)
+        with context.wrap_socket(sock, server_hostname=settings.host):
+            return "TLS works but the MQTT handshake failed; check broker.protocol and the broker's log"
+    except ssl.SSLCertVerificationError as exc:
+        return (f"the broker's TLS certificate does not verify against {ca} (certificate verify failed: "
+                f"{exc.verify_message}): that CA did not sign the broker's certificate, or the address is not in it; "
+                "check broker.tls_ca_file")
+    except ssl.SSLError as exc:
+        return (f"the TLS handshake failed ({exc.reason or exc}): is {settings.host}:{settings.port} a plain MQTT port? "
+                "Use mqtt:// there, or the broker's TLS port (8883)")
+    except OSError as exc:
+        return f"TCP connects but the TLS handshake failed ({exc}); check broker.tls_ca_file and the broker's log"
+
+
+def _probe_plain(host: str, port: int) -> str:
+    """Why a plain MQTT connection fails once TCP connects: a TLS port, or something else."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only: does this port speak TLS at all?
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock, context.wrap_socket(sock):
+            return (f"{host}:{port} speaks TLS: use mqtts://{host}:{port} (--broker, or broker.tls_ca_file: the CA "
+                    "that signed its certificate)")
+    except (ssl.SSLError, OSError):
+        return "TCP connects but the MQTT handshake failed; check broker.protocol and the broker's log"
 
 
 class MqttLink:
@@ -114,6 +146,8 @@ class MqttLink:
         self.connected = threading.Event()
         self._on_connect_cb = on_connect
         self._on_message_cb = on_message
+        self._refused = False   # the broker's CONNACK refused the attempt under way
+        self._closing = False
         self._failures = _FailureLog(settings.address())
         self._drop_log = LogLimiter(window_s=LOG_WINDOW_S, burst=DROP_LOG_BURST)
         self.dropped_messages = 0  # messages whose handler raised (counted, never re-raised)
@@ -151,6 +185,11 @@ class MqttLink:
     def wait_connected(self, timeout_s: float) -> bool:
         return self.connected.wait(timeout_s)
 
+    @property
+    def last_failure(self) -> str:
+        """Why the latest connection attempt failed, in words with what to check ("" if none failed since it connected)."""
+        return self._failures.last_text
+
     def publish(self, topic: str, payload: bytes, *, qos: int = 0, retain: bool = False) -> mqtt.MQTTMessageInfo:
         return self._client.publish(topic, payload, qos=qos, retain=retain)
 
@@ -164,6 +203,7 @@ class MqttLink:
         through ``final``.
         """
         deadline = time.monotonic() + timeout_s
+        self._closing = True
         if self.connected.is_set():
             infos = [self._client.publish(t, p, qos=1, retain=True) for t, p in final or []]
             for info in infos:
@@ -184,6 +224,7 @@ class MqttLink:
             text = str(reason_code)
             hint = _AUTH_HINTS.get(text, "see the broker's log")
             self._failures.failed(f"refused the connection: {text}; {hint}")
+            self._refused = True  # said why: the disconnect that follows adds nothing
             return
         self._failures.connected()
         log.info("connected to broker %s (MQTT %s)", self.settings.address(), self.settings.protocol)
@@ -192,13 +233,16 @@ class MqttLink:
             self._on_connect_cb(self)
 
     def _handle_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
-        self._failures.failed(_probe(self.settings.host, self.settings.port))
+        self._failures.failed(_probe(self.settings))
 
     def _handle_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
         was_connected = self.connected.is_set()
         self.connected.clear()
+        refused, self._refused = self._refused, False
         if was_connected and getattr(reason_code, "value", 0) != 0:
             log.warning("lost broker %s (%s); reconnecting", self.settings.address(), reason_code)
+        elif not was_connected and not refused and not self._closing:  # closed before its CONNACK: say why
+            self._failures.failed(_probe(self.settings))
 
     def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         # The boundary: whatever the payload does to the handler, paho's network thread lives on.

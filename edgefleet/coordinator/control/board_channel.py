@@ -5,6 +5,15 @@ With the boards' public keys (``--board-keys DIR``, carried in ``fleet_key``: se
 or forged one is dropped with a warning naming the board (at most one a minute per board), so a
 forged "failed" cannot drop a healthy board. A job with a board that has no key there is refused
 before it starts. Without board keys, events are taken as they come (as before signed events).
+
+A board none of whose events for a job verifies (its events are unsigned, or signed with another key
+than the coordinator holds for it: a reinstalled board) is named with the reason by
+:meth:`BoardChannel.unverified`, so the join ends within seconds instead of timing out.
+
+Statuses are not signed. An ``offline`` status counts (:attr:`BoardChannel.went_offline`) once it has
+stood :data:`OFFLINE_CONFIRM_S` with no later status of the board saying otherwise: a running agent
+answers an ``offline`` on its own topic at once with its real status, so a forged one never stands that
+long, while the broker's last will for a dead agent does.
 """
 
 from __future__ import annotations
@@ -38,6 +47,19 @@ log = logging.getLogger(__name__)
 
 MALFORMED_LOG_BURST = 5  # warnings about malformed messages a minute; the rest are counted
 EVENT_WARNING_INTERVAL_S = 60.0  # at most one warning a minute per board about events dropped as unsigned or forged
+OFFLINE_CONFIRM_S = 3.0  # an offline status counts once it stood this long unanswered (a live agent answers a forged one)
+MAX_UNVERIFIED = 256  # (board, job) pairs with failed events remembered: forgeries naming made-up jobs cannot fill memory
+KEY_HINT = ("put its current public key in {pub} (on the board: python -m edgefleet.transport.fleet_key --public "
+            "/etc/edge-agent/board.key; with Ansible: run the playbook on the board and the coordinator), or leave it "
+            "out of --boards")
+
+
+class _EventRefused(SignatureError):
+    """An event that fails its signature check, with the job it names (if any)."""
+
+    def __init__(self, reason: str, job_id: str | None) -> None:
+        super().__init__(reason)
+        self.job_id = job_id
 
 
 @dataclass
@@ -49,8 +71,11 @@ class BoardChannel:
     boards: list[str]
     status: dict[str, BoardStatus] = field(default_factory=dict)
     caps: dict[str, BoardCaps] = field(default_factory=dict)
-    # Boards whose agent went offline since this channel opened (a live status, not a retained one), and why.
-    went_offline: dict[str, str] = field(default_factory=dict)
+    # Boards whose live (not retained) offline status is waiting for OFFLINE_CONFIRM_S: (when it came, why).
+    _offline: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # (board, job id) -> (when, reason) of the first event that failed verification; (board, job id) that verified.
+    _unverified: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
+    _verified: set[tuple[str, str]] = field(default_factory=set)
     _events: asyncio.Queue[JobEvent] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _link: MqttLink | None = None
@@ -100,9 +125,10 @@ class BoardChannel:
         self._link.start()
         connected = await asyncio.get_running_loop().run_in_executor(None, self._link.wait_connected, connect_timeout_s)
         if not connected:
+            why = self._link.last_failure or "no answer"
             self._link.close()
             raise BrokerError(f"could not connect to the broker at {self.settings.address()} within "
-                              f"{connect_timeout_s:.0f} s; check --broker, $EDGEFLEET_BROKER or the [broker] section")
+                              f"{connect_timeout_s:.0f} s: {why}; check --broker, $EDGEFLEET_BROKER or the [broker] section")
 
     def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         parsed = parse_board_topic(self.settings.topic_prefix, topic)
@@ -112,15 +138,22 @@ class BoardChannel:
             if parsed.kind == "status":
                 status = self.status[parsed.board_id] = BoardStatus.from_json(payload)
                 if status.state == "offline" and not retained:
-                    self.went_offline[parsed.board_id] = status.reason or "no reason given"
+                    self._offline.setdefault(parsed.board_id, (time.monotonic(), status.reason or "no reason given"))
                 elif status.state != "offline":
-                    self.went_offline.pop(parsed.board_id, None)
+                    self._offline.pop(parsed.board_id, None)
             elif parsed.kind == "caps":
                 self.caps[parsed.board_id] = BoardCaps.from_json(payload)
             elif parsed.kind == "events":
                 event = JobEvent.from_msgpack(payload, check=self._event_check(parsed.board_id))
                 if event.board_id == parsed.board_id and self._loop is not None and self._events is not None:
+                    if self._keys.board_keys is not None:
+                        self._verified.add((parsed.board_id, event.job_id))
                     self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except _EventRefused as exc:
+            key = (parsed.board_id, exc.job_id or "")
+            if exc.job_id is not None and (key in self._unverified or len(self._unverified) < MAX_UNVERIFIED):
+                self._unverified.setdefault(key, (time.monotonic(), str(exc)))
+            self._drop_event(parsed.board_id, str(exc))
         except SignatureError as exc:
             self._drop_event(parsed.board_id, str(exc))
         except DecodeError as exc:
@@ -139,7 +172,43 @@ class BoardChannel:
             def refuse(fields: dict[str, Any]) -> None:
                 raise SignatureError(f"board {board} has no key in {self._keys.board_keys_source}")
             return refuse
-        return lambda fields: check_event_signature(fields, public)
+
+        def check(fields: dict[str, Any]) -> None:
+            try:
+                check_event_signature(fields, public)
+            except SignatureError as exc:
+                job = fields.get("job_id")
+                raise _EventRefused(str(exc), job if isinstance(job, str) else None) from None
+        return check
+
+    @property
+    def went_offline(self) -> dict[str, str]:
+        """Boards whose agent went offline since this channel opened (a live status that stood
+        :data:`OFFLINE_CONFIRM_S` unanswered, not a retained one), and why."""
+        now = time.monotonic()
+        return {board: reason for board, (since, reason) in list(self._offline.items())
+                if now - since >= OFFLINE_CONFIRM_S}
+
+    def unverified(self, job_id: str, grace_s: float) -> dict[str, str]:
+        """Boards with an event for ``job_id`` that failed verification at least ``grace_s`` ago and none that
+        passed (with board keys only): board -> why, with what to do. A board that proved itself with one good
+        event keeps its place whatever else arrives on its topic."""
+        now = time.monotonic()
+        return {board: self._unverified_reason(board, reason)
+                for (board, job), (since, reason) in list(self._unverified.items())
+                if job == job_id and now - since >= grace_s and (board, job_id) not in self._verified}
+
+    def _unverified_reason(self, board: str, reason: str) -> str:
+        """Why ``board``'s events fail verification, in words an operator can act on."""
+        source = self._keys.board_keys_source or "the --board-keys directory"
+        pub = f"{source}/{board}.pub"
+        if reason.startswith("unsigned event"):
+            return (f"its job events are unsigned, so this coordinator (--board-keys {source}) cannot tell them from "
+                    "forgeries: its agent has no security.board_key_file (a reinstalled board?). Give it one "
+                    "(python -m edgefleet.transport.fleet_key --generate --output /etc/edge-agent/board.key, named as "
+                    f"board_key_file in its agent.toml), then {KEY_HINT.format(pub=pub)}")
+        return (f"its job events are signed with another key than the one this coordinator holds for it in {pub} "
+                f"({reason}; a reinstalled board whose key was made anew?): {KEY_HINT.format(pub=pub)}")
 
     def _drop_event(self, board: str, reason: str) -> None:
         """Drop an event that fails its signature check; warn at most once a minute per board."""

@@ -9,6 +9,9 @@ The view holds at most ``max_boards`` boards (default :data:`DEFAULT_MAX_BOARDS`
 of bogus retained board ids cannot grow it without bound. When it is full, a new board that says it
 is online, or sends a valid sample, takes the place of a leftover (a board that never sent a sample;
 see ``_admit``); any other new board is ignored and counted (``ignored_boards()``), and the views say so.
+Boards the caller names as ``preferred`` (those whose keys the coordinator holds, or that a job names)
+come first: a new preferred board takes the place of a board that is not, so 600 bogus boards on a
+broker without an ACL cannot push a real one out of the view.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class FleetView:
     bad_messages: int = 0
     clock: Callable[[], float] = time.monotonic
     max_boards: int = DEFAULT_MAX_BOARDS
+    preferred: frozenset[str] = frozenset()  # boards that come first when the view is full (see _admit)
     # Set by the monitor once the broker has delivered what it retained when we subscribed.
     replayed: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -170,8 +174,10 @@ class FleetView:
         """
         if len(self.boards) >= self.max_boards:
             evict = None
-            if claim >= _CLAIM_ONLINE:
-                silent = [b for b in self.boards.values() if b.sample is None]
+            if board_id in self.preferred:
+                evict = self._least_wanted()
+            elif claim >= _CLAIM_ONLINE:
+                silent = [b for b in self.boards.values() if b.sample is None and b.board_id not in self.preferred]
                 evict = next((b for b in silent if b.status is None or b.status.state == "offline"), None)
                 if evict is None and claim == _CLAIM_SAMPLE and silent:
                     evict = silent[0]
@@ -183,6 +189,11 @@ class FleetView:
         self._ignored.discard(board_id)
         board = self.boards[board_id] = _Board(board_id)
         return board
+
+    def _least_wanted(self) -> _Board | None:
+        """The board a preferred one takes the place of: one not preferred, silent ones first. Under the lock."""
+        others = [b for b in self.boards.values() if b.board_id not in self.preferred]
+        return next((b for b in others if b.sample is None), others[0] if others else None)
 
     def _ignore(self, board_id: str) -> None:
         if not self._ignored:

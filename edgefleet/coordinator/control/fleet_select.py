@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from edgefleet.coordinator.control.board_channel import BoardChannel
@@ -34,7 +34,7 @@ class FleetSnapshot:
 
 
 def fleet_snapshot(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S, settle: Sequence[str] = (),
-                   settle_s: float = 0.0) -> FleetSnapshot:
+                   settle_s: float = 0.0, preferred: Iterable[str] = ()) -> FleetSnapshot:
     """Look at the fleet once.
 
     Args:
@@ -43,11 +43,13 @@ def fleet_snapshot(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S, s
         settle: Boards that may be busy ending a job (one just profiled or pre-trained): the
             snapshot waits, at most ``settle_s``, while any of them is busy.
         settle_s: See ``settle``.
+        preferred: Boards that come first in a full view (whose keys the coordinator holds, or that a
+            job names); ``settle`` always does.
 
     Raises:
         BrokerError: the broker cannot be reached.
     """
-    with monitor_fleet(broker) as view:
+    with monitor_fleet(broker, preferred=[*preferred, *settle]) as view:
         wait_for_snapshot(view, timeout_s=wait_s)
         deadline = time.monotonic() + settle_s
         while settle and time.monotonic() < deadline and any(

@@ -8,7 +8,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS, FleetView
@@ -27,18 +27,19 @@ REPLAY_TIMEOUT_S = 5.0  # the marker normally returns in milliseconds; a busy ma
 
 
 @contextmanager
-def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0,
-                  max_boards: int = DEFAULT_MAX_BOARDS) -> Iterator[FleetView]:
+def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0, max_boards: int = DEFAULT_MAX_BOARDS,
+                  preferred: Iterable[str] = ()) -> Iterator[FleetView]:
     """Yield a FleetView that the broker keeps up to date until the block ends.
 
     Every message is decoded under the protocol's size, depth and range limits; one that fails them
     marks its board as sending bad data, and one that makes the fold raise is dropped by the link
-    with a warning, so no board can stop the view. At most ``max_boards`` boards are held.
+    with a warning, so no board can stop the view. At most ``max_boards`` boards are held; the ``preferred`` ones
+    (whose keys the coordinator holds, or that a job names) come first.
 
     Raises:
         BrokerError: the broker could not be reached or refused us within ``connect_timeout_s``.
     """
-    view = FleetView(settings.topic_prefix, max_boards=max_boards)
+    view = FleetView(settings.topic_prefix, max_boards=max_boards, preferred=frozenset(preferred))
     marker_topic = cmd_topic(settings.topic_prefix, f"{_MARKER_BOARD}-{socket.gethostname()}-{os.getpid()}")
     # A subscriber busy folding thousands of messages a second can miss paho's ping deadline and
     # reconnect with a clean session, losing what the broker had queued: give it a longer keepalive.
@@ -64,8 +65,9 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0,
     link.start()
     try:
         if not link.wait_connected(connect_timeout_s):
-            raise BrokerError(f"could not connect to the broker at {settings.address()} within {connect_timeout_s:.0f} s "
-                              f"(see the warning above); check --broker, $EDGEFLEET_BROKER or the [broker] section")
+            raise BrokerError(f"could not connect to the broker at {settings.address()} within {connect_timeout_s:.0f} s: "
+                              f"{link.last_failure or 'no answer'}; check --broker, $EDGEFLEET_BROKER or the [broker] "
+                              "section")
         yield view
     finally:
         link.close()

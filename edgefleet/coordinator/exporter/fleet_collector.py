@@ -7,7 +7,9 @@ offline, silent or sends bad data simply drops out, and ``edgefleet_fleet_boards
 counts it instead (alert on that, or on ``absent(edgefleet_board_power_watts{board_id="pi-1"})``).
 
 Every board metric is labelled ``board_id`` and ``power_source`` (``estimated`` for a modelled
-reading, ``none`` for no reading, else the sensor: ``jtop``, ``rpi5-pmic``, ``hwmon:ina219``, …).
+reading, ``none`` for no reading, else the sensor: ``jtop``, ``rpi5-pmic``, ``hwmon:ina219``, …). The
+label takes a bounded set of values (``protocol.messages.power_source_label``): any other string a board
+sends is exported as ``other`` and counts as not measured, so it adds no series of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from edgefleet.coordinator.control.fleet import BoardRow, FleetView
 from edgefleet.coordinator.exporter.telemetry_metrics import PREFIX, sample_values
-from edgefleet.protocol.messages import is_measured
+from edgefleet.protocol.messages import is_measured, power_source_label
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def board_metrics(rows: Iterable[BoardRow]) -> list[Metric]:
         sample = row.sample
         if row.health != EXPORTED_HEALTH or sample is None:
             continue
-        labels = [row.board_id, sample.power_source]
+        labels = [row.board_id, power_source_label(sample.power_source)]
         for name in EXPORTED_STATES:
             state.add_metric([*labels, name], 1.0 if row.state == name else 0.0)
         measured.add_metric(labels, 1.0 if is_measured(sample.power_source) else 0.0)

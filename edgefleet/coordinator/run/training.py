@@ -542,6 +542,8 @@ class TrainingRun:
                 if time.monotonic() - when >= REJECT_GRACE_S:
                     del refused[board]
                     exchange.fail(board, message)
+            for board, why in channel.unverified(self.spec.run_id, REJECT_GRACE_S).items():  # no event of its verifies
+                exchange.fail(board, why)
             for board in sorted(need - set(exchange.connected)):  # its agent died or lost the broker: no use waiting
                 if board in channel.went_offline:
                     exchange.fail(board, f"went offline while joining ({channel.went_offline[board]}): check that its "
@@ -684,12 +686,22 @@ class TrainingRun:
                 "join_s": None if self.join_s is None else round(self.join_s, 3),
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
+                **self._placement_result(),
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,
                 "mode": self.spec.sync_schedule.describe(),
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
                                for r in self.adapt.records]}
+
+
+    def _placement_result(self) -> dict[str, Any]:
+        """A placed run's cut and the activation rounds' bytes (both ways, all boards); nothing for data-parallel."""
+        server = self.placed.server if self.placed is not None else None
+        if server is None:
+            return {}
+        return {"placement": self.spec.placement, "activation_bytes_in": server.bytes_in,
+                "activation_bytes_out": server.bytes_out}
 
 
 def _rebalance_note(record: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
-"""Jinja filter for the mqtt_broker role: a Mosquitto password-file hash, computed on the controller."""
+"""Jinja filters for the mqtt_broker role: a Mosquitto password-file hash, computed on the controller, and a
+board's Home Assistant discovery node_id."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
+import re
 
 from ansible.errors import AnsibleFilterError
 
@@ -31,8 +33,19 @@ def mosquitto_passwd_hash(password: str, salt: str, iterations: int = ITERATIONS
     return f"$7${int(iterations)}${salt}${base64.b64encode(digest).decode()}"
 
 
+def edgefleet_ha_node_id(board_id: str) -> str:
+    """The Home Assistant discovery node_id the agent announces ``board_id`` under, as
+    ``edgefleet.agent.home_assistant.node_id_for`` makes it (kept equal by a test): the id itself, or
+    for an id holding a character a node_id may not (a '.'), the id made valid plus a short hash."""
+    board_id = str(board_id)
+    if re.fullmatch(r"[a-zA-Z0-9_-]+", board_id):
+        return board_id
+    digest = hashlib.sha256(board_id.encode()).hexdigest()[:6]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', board_id)}_{digest}"
+
+
 class FilterModule:
     """Registers the filter with Ansible."""
 
     def filters(self) -> dict[str, object]:
-        return {"mosquitto_passwd_hash": mosquitto_passwd_hash}
+        return {"mosquitto_passwd_hash": mosquitto_passwd_hash, "edgefleet_ha_node_id": edgefleet_ha_node_id}

@@ -1,0 +1,63 @@
+"""Home Assistant discovery under the Ansible role's ACL for a board whose id holds a '.': its node_id is the
+id made valid plus a short hash, which the ACL's ``%u`` pattern does not match, so the role gives such a
+board its own line. The role rendered by Ansible itself, Debian's Mosquitto, a real agent logging in with
+the role's password, and Home Assistant's read-only user reading the retained discovery configs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from edgefleet.agent.home_assistant import node_id_for
+from edgefleet.brokers.ports import free_port
+from tests.conftest import AgentFactory
+from tests.deploy.test_mosquitto_examples import ROLE, Client, debian_layout, into_temp, render_role, start
+from tests.helpers import wait_until
+
+BOARD = "pi.1"
+
+
+def _role_filters() -> Any:
+    spec = importlib.util.spec_from_file_location("mosquitto_passwd", ROLE / "filter_plugins" / "mosquitto_passwd.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_roles_node_id_is_the_agents() -> None:
+    ids = ["pi-1", "pi.1", "pi_1", "a.b.c", "x" * 63, "Orin.Nano-2"]
+    assert [_role_filters().edgefleet_ha_node_id(i) for i in ids] == [node_id_for(i) for i in ids]
+
+
+def test_a_board_with_a_dot_in_its_id_announces_itself_to_home_assistant(tmp_path: Path, agents: AgentFactory) -> None:
+    conf_d = debian_layout(tmp_path)
+    board_port, coordinator_port = free_port(), free_port()
+    render_role(tmp_path, {"mqtt_broker_board_ids": [BOARD, "pi-2"], "mqtt_broker_port": board_port,
+                           "mqtt_broker_coordinator_port": coordinator_port, "mqtt_broker_listen_address": "127.0.0.1",
+                           "mqtt_broker_credentials_dir": str(tmp_path / "credentials"),
+                           "mqtt_broker_home_assistant": True,
+                           "mqtt_broker_readers": [{"name": "homeassistant", "password": "ha-secret"}]})
+    conf = conf_d / "edgefleet.conf"
+    conf.write_text(into_temp(conf.read_text(), tmp_path, {board_port: board_port, coordinator_port: coordinator_port}))
+    broker = start(tmp_path, board_port, coordinator_port)
+    secret = (tmp_path / "credentials" / "mqtt" / f"{BOARD}.password").read_text().strip()
+    reader = Client(broker, coordinator_port, "home-assistant", "homeassistant", "ha-secret")
+    try:
+        reader.subscribe("homeassistant/#")
+        password = tmp_path / "mqtt-password"
+        password.write_text(secret + "\n")
+        password.chmod(0o600)
+        agent = agents.start(BOARD, f"127.0.0.1:{board_port}", config=(
+            f'board_id = "{BOARD}"\n[broker]\nusername = "{BOARD}"\npassword_file = "{password}"\n'
+            '[power]\nsource = "estimated"\n[telemetry]\ninterval_s = 0.5\nhome_assistant = true\n'))
+        node = node_id_for(BOARD)
+        found = wait_until(lambda: [t for t, _ in list(reader.messages) if t.startswith(f"homeassistant/sensor/{node}/")],
+                           timeout_s=20, what=f"{BOARD}'s discovery configs under node_id {node}")
+        assert found and all(t.endswith("/config") for t in found)
+        assert f"topic write homeassistant/+/{node}/+/config" in (tmp_path / "etc" / "edgefleet.acl").read_text()
+        assert node in agent.log()
+    finally:
+        reader.close()
+        broker.stop()
