@@ -18,9 +18,12 @@ the listen queue; no error of one connection ends it.
 * a board that is connected cannot be replaced by a second connection presenting its id: the
   second is refused (and counted on the first's flags, once), the first kept;
 * the welcome (the state from ``welcome_state``, the splits that still matter, what the mode adds:
-  ``ExchangeMode.welcome``) is sent under the step boundary's lock, so boards join between steps;
-  a connection that takes no byte of it for ``hello_timeout_s`` is closed rather than holding up
-  every step.
+  ``ExchangeMode.welcome``) is taken under the step boundary's lock, so a board starts at a step
+  boundary, and written outside it: a slow link does not hold up the steps. The results of the
+  steps run meanwhile wait in the board's outbox and follow the welcome; the board computes its
+  way through them (as a board late by some steps does) and the steps wait for it only once it
+  has caught up. A connection that takes no byte of it for ``hello_timeout_s``, or that has not
+  caught up within ``step_round.JOIN_MISSES_TO_DROP`` step deadlines, is closed.
 
 A welcomed board's frames are then read by the step round (``coordinator.exchange.step_round``)
 until its connection ends; why it ended (closed, a frame above the job's limit, a malformed frame)
@@ -45,7 +48,15 @@ from edgefleet.coordinator.exchange.step_round import ResultRelay, StepRound
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
 from edgefleet.protocol.exchange_frames import ExchangeVersionError, Hello, Refusal, Welcome, same_secret
-from edgefleet.transport.exchange_io import ConnectionClosed, FrameTooLarge, Link, async_recv_frame, async_send_frame
+from edgefleet.transport.exchange_io import (
+    ConnectionClosed,
+    FrameTooLarge,
+    Link,
+    async_recv_frame,
+    async_send_frame,
+    async_send_segments,
+    frame_segments,
+)
 from edgefleet.transport.exchange_tls import TlsRefused, accept_tls
 
 log = logging.getLogger(__name__)
@@ -221,16 +232,18 @@ class Admission:
         elif (board := self._roster.by_id[hello.board_id]).connected:  # at once, even while a step holds the boundary
             problem = self._intruder(board, where)
         else:
-            async with self._steps.boundary:
+            async with self._steps.boundary:  # a step boundary: the state the board starts from
                 if board.connected:  # it joined while this one waited
                     problem = self._intruder(board, where)
                 else:
-                    joined = await self._welcome(loop, board, conn, buffer, where)
-                    if joined is None:
-                        return None
-                    self._roster.changed.set()
-                    log.info("exchange: board %s joined from %s at step %d", board.board_id, where, joined)
-                    return board
+                    start, welcome = self._snapshot(board, conn, buffer, where)
+            if not problem:  # the welcome is written while the fleet steps on
+                if not await self._welcome(loop, board, conn, welcome, where):
+                    return None
+                self._roster.changed.set()
+                log.info("exchange: board %s joined from %s at step %d (in the steps from step %s)", board.board_id,
+                         where, start, self._steps.step)
+                return board
         await asyncio.wait_for(async_send_frame(loop, conn, Refusal(problem).to_wire()), self._hello_timeout_s)
         return None
 
@@ -246,27 +259,87 @@ class Admission:
                 "connection cannot replace it. If this board restarted, its old connection is dropped once it "
                 "misses a step's result; join again after that")
 
-    async def _welcome(self, loop: asyncio.AbstractEventLoop, board: BoardState, conn: Link, buffer: bytearray,
-                       where: str) -> int | None:
-        """Welcome ``board`` on ``conn`` (the boundary's lock held): the step it starts at, or None if it took no welcome."""
+    def _snapshot(self, board: BoardState, conn: Link, buffer: bytearray, where: str) -> tuple[int, list[bytes | memoryview]]:
+        """``board``'s welcome on ``conn`` at this step boundary (the lock held): the step it starts at and the frame.
+
+        From here on the results of the steps that run while the welcome is written wait in the
+        board's outbox, to go after it (``StepRound._queue_for_joining``); the state is
+        ``welcome_state``'s copy, which the steps meanwhile do not change.
+        """
         next_step, model_state, optimizer_state = self._welcome_state()
         if self._steps.step is None:
             self._steps.step = next_step
-        board.sock, board.buffer, board.welcomed, board.gone_reason = conn, buffer, True, ""
-        board.grad, board.peer, board.sent_step, board.joined_step = None, where, -1, next_step
+        board.sock, board.buffer, board.welcomed, board.gone_reason, board.outbox = conn, buffer, False, "", []
+        board.grad, board.peer, board.sent_step, board.joined_step = None, where, next_step - 1, next_step
+        board.missed_in_row = 0
         welcome = self._mode.welcome(Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
                                              splits=tuple(self._relay.schedule.splits_from(next_step))))
         if self._welcome_extra is not None:
             welcome = welcome.with_fields(self._welcome_extra())
+        self._steps.joining.append(board)
+        return next_step, frame_segments(welcome.to_wire())
+
+    async def _welcome(self, loop: asyncio.AbstractEventLoop, board: BoardState, conn: Link,
+                       welcome: list[bytes | memoryview], where: str) -> bool:
+        """Write ``board``'s welcome, then let it catch up, outside the step boundary (the fleet steps on meanwhile);
+        then it is in the steps. False: it took no welcome, fell silent, or was dropped meanwhile (said in the log).
+        """
+        sent = 0
         try:
-            self._roster.bytes_out += await async_send_frame(loop, conn, welcome.to_wire(), stall_s=self._hello_timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+            sent += await async_send_segments(loop, conn, welcome, stall_s=self._hello_timeout_s)
+            sent += await self._catch_up(loop, board, conn)
+        except (OSError, asyncio.TimeoutError, DecodeError, ConnectionClosed) as exc:
             if board.sock is conn:  # not joined after all; the board may connect again
-                board.sock, board.welcomed, board.buffer = None, False, bytearray()
-            log.warning("exchange: closed the connection of board %s from %s: it did not take its welcome (%s)",
-                        board.board_id, where, exc)
-            return None
-        return next_step
+                board.sock, board.welcomed, board.buffer, board.outbox, board.grad = None, False, bytearray(), None, None
+                log.warning("exchange: closed the connection of board %s from %s: it did not take its welcome or catch up "
+                            "(%s)", board.board_id, where, exc)
+            return False
+        finally:
+            self._steps.joining = [b for b in self._steps.joining if b is not board]
+            self._roster.bytes_out += sent
+        return board.sock is conn
+
+    async def _catch_up(self, loop: asyncio.AbstractEventLoop, board: BoardState, conn: Link) -> int:
+        """Write the results that wait in ``board``'s outbox as it asks for them, until it is at the open step; the bytes.
+
+        The board starts at its welcome's step and computes each step after it, as any board late by
+        some steps does, so its state at every step is the replica's; the steps do not wait for it
+        meanwhile, and its gradients for steps already reduced are read here and left out. Once it
+        has sent the gradient of the last reduced step and nothing waits for it (or its frame for
+        the open step arrives), it is welcomed: the step round reads it and waits for it from then on.
+
+        Raises:
+            ConnectionClosed: the board closed its connection.
+            OSError, TimeoutError: its connection failed, it took no byte for ``hello_timeout_s``, or it did not
+                catch up within ``StepRound.catch_up_timeout_s`` (``step_round.JOIN_MISSES_TO_DROP`` step deadlines).
+            DecodeError: a malformed frame, or a step it cannot be at.
+        """
+        sent, steps = 0, self._steps
+        until = time.monotonic() + steps.catch_up_timeout_s
+        while board.sock is conn:
+            while board.outbox and board.sock is conn:
+                sent += await async_send_segments(loop, conn, [board.outbox.pop(0)], stall_s=self._hello_timeout_s)
+            if board.sock is not conn:
+                break
+            if not board.outbox and board.sent_step == (steps.step or 0) - 1:
+                board.outbox, board.welcomed = None, True  # nothing waits: later results go to it as to every board
+                break
+            left_s = until - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError(f"still {(steps.step or 0) - 1 - board.sent_step} steps behind the fleet after "
+                                   f"{steps.catch_up_timeout_s:g} s: it cannot catch up")
+            frame = await asyncio.wait_for(async_recv_frame(loop, conn, board.buffer, max_bytes=steps.max_frame_bytes),
+                                           left_s)
+            step = frame.get("step")
+            if type(step) is not int or not board.sent_step < step <= (steps.step or 0):
+                raise DecodeError(f"a frame for step {step!r} from a board at step {board.sent_step + 1} catching up "
+                                  f"with step {steps.step}")
+            if step == steps.step and not board.outbox:  # caught up: its gradient answers the open step
+                board.outbox, board.welcomed = None, True
+                steps.on_frame(board, frame)
+                break
+            board.sent_step = step  # a step already reduced: left out
+        return sent
 
     def _checked_hello(self, frame: dict[str, Any]) -> tuple[Hello | None, str]:
         """The hello if this job takes it, else None and why not.

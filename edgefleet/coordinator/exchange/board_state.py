@@ -1,7 +1,8 @@
 """The exchange's record of one board, and the roster of a job's boards.
 
 :class:`BoardState` is everything the exchange keeps about a board between frames: its connection
-and frame reader, whether it is welcomed, the gradient it sent for the open step (a view into its
+and frame reader, whether it is welcomed (or its welcome is being written, the results that wait
+for it meanwhile in its outbox), the gradient it sent for the open step (a view into its
 read buffer until the step is reduced) with that step's sample count, loss, time and logged
 values, the last step it answered, why it left, and the flags a run's record shows for it. It is a
 plain record: the parts that change it are the admission (``coordinator.exchange.admission``:
@@ -51,6 +52,7 @@ class BoardState:
     peer: str = ""                          # where its connection comes from
     welcomed: bool = False
     answered_step: int = -1                 # the last step this board sent a gradient for (kept or refused)
+    missed_in_row: int = 0                  # the step deadlines it missed since it last answered (or joined)
     sent_step: int = -1                     # the last step of any gradient on its connection (late ones too)
     joined_step: int = 0                    # the step its welcome started it at (its samples since the last average count from there)
     intruders: int = 0                      # connections refused because they presented this board's id
@@ -59,11 +61,12 @@ class BoardState:
     gone_reason: str = ""
     flags: list[str] = field(default_factory=list)
     streamed: int = 0                       # its gradients sent during backward (compute_s after the tensor: --overlap)
+    outbox: list[bytes] | None = None       # while it joins (welcome, catch-up): results still to be written to it, in order
 
     @property
     def connected(self) -> bool:
         """Whether it has a connection (welcomed, or being welcomed): no other may take its place."""
-        return self.welcomed and self.sock is not None
+        return (self.welcomed or self.outbox is not None) and self.sock is not None
 
 
 class Roster:
@@ -98,7 +101,7 @@ class Roster:
     def gone(self, board: BoardState, reason: str, *, quiet: bool = False) -> None:
         """``board`` left (``quiet``: as expected, after the last step); the open step may now be complete."""
         self.disconnect(board)
-        board.sock, board.welcomed, board.grad, board.gone_reason = None, False, None, reason
+        board.sock, board.welcomed, board.grad, board.gone_reason, board.outbox = None, False, None, reason, None
         if quiet:  # boards close their connection once they have taken the last step
             return
         board.flags.append(f"left: {reason}")

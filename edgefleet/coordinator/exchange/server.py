@@ -4,7 +4,9 @@ Per step every participating board sends its mean gradient g_i over b_i samples;
 computes g = sum(b_i g_i) / sum(b_i) in board order (so the result does not depend on arrival
 order), lets the coordinator's replica apply it, and returns it to every connected board. A board
 that misses the step's deadline is left out of that step and flagged; it receives the step's
-result like everyone else, so its replica stays identical, and it is back at the next step. A
+result like everyone else, so its replica stays identical, and it is back at the next step. One
+that misses :data:`MISSES_TO_DROP` deadlines in a row (a stopped worker) is dropped as a board whose
+connection ended is, naming it and why; it comes back by joining again. A
 gradient of the wrong shape or dtype, or with NaN/Inf, is refused for that step and flagged, and so
 is one whose sample count ``n`` is not what the split assigned the board for that step (times the
 job's ``accumulate_grad_batches``; the mode says which count: ``ExchangeMode.expected_n``), or whose
@@ -78,6 +80,7 @@ from edgefleet.coordinator.exchange.step_round import (
     DEADLINE_SLACK_S,
     DEADLINE_TICK_S,
     FRAME_MARGIN_BYTES,
+    MISSES_TO_DROP,
     ResultRelay,
     StepDeadline,
     StepRound,
@@ -100,8 +103,9 @@ class ExchangeServer:
         boards: (board_id, batch_size) by board index.
         param_count: length of the flat gradient vector.
         wire_dtype: float32, float16 or bfloat16 on the wire, both ways.
-        welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board.
-        welcome_extra: returns more fields of the welcome (``schedulers``: the LR schedulers' states).
+        welcome_state: returns (next step, model state tree, optimizer state tree) for a joining board, as copies:
+            it is called at a step boundary, and the welcome is written while the steps go on.
+        welcome_extra: returns more fields of the welcome (``schedulers``: the LR schedulers' states), copies as well.
         buffer_elements: The last ``buffer_elements`` of every vector are the model's buffers
             (BatchNorm's running statistics), not a gradient.
         int_buffer_elements: The last ``int_buffer_elements`` of those are its integer buffers' bytes
@@ -304,4 +308,4 @@ class ExchangeServer:
 
 
 __all__ = ["DEADLINE_SLACK_S", "DEADLINE_TICK_S", "FRAME_MARGIN_BYTES", "HELLO_TIMEOUT_S", "MAX_HELLO_BYTES",
-           "SPLIT_LEAD_STEPS", "STOP_TIMEOUT_S", "ExchangeError", "ExchangeServer", "StepDeadline", "StepResult"]
+           "MISSES_TO_DROP", "SPLIT_LEAD_STEPS", "STOP_TIMEOUT_S", "ExchangeError", "ExchangeServer", "StepDeadline", "StepResult"]

@@ -4,8 +4,11 @@ the deadline, and send its result to every board.
 :class:`StepRound` owns the time side of a step (the arithmetic is ``coordinator.exchange.step_sum``,
 what a vector must be is the mode's, ``coordinator.exchange.modes``):
 
-* the open step and the step boundary: a lock held for the whole of a step, under which welcomes
-  (``coordinator.exchange.admission``) happen between steps, never inside one;
+* the open step and the step boundary: a lock held for the whole of a step, under which a joining
+  board's welcome (``coordinator.exchange.admission``) is taken between steps, never inside one; it
+  is written outside the lock, and the results of the steps that run until the board has caught up
+  wait in its outbox (copies, at most :data:`MAX_OUTBOX_BYTES`), to go after its welcome; the steps
+  do not wait for it until then;
 * reading: each welcomed board's frames are read in event-loop callbacks (``FrameReader``), no task
   woken per frame. A frame is checked for the open step (:meth:`StepRound.run_step`'s ``step``, or
   the next one: a fast board may send it while the others still receive), kept or refused for
@@ -16,6 +19,10 @@ what a vector must be is the mode's, ``coordinator.exchange.modes``):
   counting only time the coordinator ran (a check every :data:`DEADLINE_TICK_S`; a check more
   than :data:`DEADLINE_SLACK_S` late adds the interval since the previous one). When it passes,
   every socket is read once more: a vector already in the kernel's buffer is delivered, not late;
+* a stalled board: one that missed :data:`MISSES_TO_DROP` deadlines in a row (:data:`JOIN_MISSES_TO_DROP`
+  before it answered in time since it joined) is dropped from the job's steps as a board whose
+  connection ended is (named, flagged and logged with why), so the following steps do not wait for
+  it; it comes back through the welcome once it is live again;
 * the result: encoded once for every board (the fixed layout, or the general encoder when a
   re-split or learning rates travel with it: :class:`ResultRelay`), handed to every socket at
   once; only a result larger than a socket's send buffer waits, after the step is reduced;
@@ -49,6 +56,10 @@ log = logging.getLogger(__name__)
 FRAME_MARGIN_BYTES = 64 * 1024  # a board's frame may exceed the job's gradient frame by this (its logged values)
 DEADLINE_TICK_S = 0.25   # while a step waits, its deadline is checked this often ...
 DEADLINE_SLACK_S = 0.1   # ... and a check this late means the process did not run: the interval does not count
+MISSES_TO_DROP = 3       # a board that misses this many step deadlines in a row is dropped until it joins again ...
+JOIN_MISSES_TO_DROP = 10  # ... before it answered in time since it joined (loading its welcome, starting to train); and
+                          # a joining board that has not caught up within this many step deadlines is closed
+MAX_OUTBOX_BYTES = 64 * 1024 * 1024  # results waiting to be written to a joining board; more: it cannot keep up
 
 
 class StepDeadline:
@@ -139,11 +150,13 @@ class StepRound:
         self._wire_dtype = wire_dtype
         self._hot_grad, self._hot_avg = HotFrame("grad", wire_dtype), HotFrame("avg", wire_dtype)  # fixed layouts
         self.grad_frame_bytes = self._hot_grad.prefix_bytes + mode.param_count * self._hot_grad.itemsize  # a step's gradient frame
-        self._max_frame_bytes = self.grad_frame_bytes + FRAME_MARGIN_BYTES  # the largest frame a board may send
+        self.max_frame_bytes = self.grad_frame_bytes + FRAME_MARGIN_BYTES  # the largest frame a board may send
+        self.catch_up_timeout_s = JOIN_MISSES_TO_DROP * 60.0  # a joining board's longest silence while it catches up
         self.step: int | None = None
         self._gathering: tuple[int, float, asyncio.Future[_Finished]] | None = None  # the open step, its start, its outcome
         self._deadline: StepDeadline | None = None  # the open step's
-        self.boundary = asyncio.Lock()   # welcomes happen between steps, never inside one
+        self.boundary = asyncio.Lock()   # welcomes are taken between steps, never inside one
+        self.joining: list[BoardState] = []  # boards being welcomed or catching up (their outbox collects the results)
         self.recent_s: MutableSequence[float] = deque(maxlen=20)  # the last steps' running times (pauses left out)
         roster.on_leave = self._finish_if_ready
 
@@ -163,13 +176,17 @@ class StepRound:
         assert board.sock is not None
         reader = FrameReader(loop, board.sock, board.buffer, lambda frame: self._on_frame(board, frame),
                              decode=self._hot_grad.decode_any_array, expected_bytes=self.grad_frame_bytes,
-                             max_bytes=self._max_frame_bytes)
+                             max_bytes=self.max_frame_bytes)
         board.reader = reader
         reader.resume()
         reason = await reader.done
         if board.reader is reader:
             board.reader = None
         raise reason
+
+    def on_frame(self, board: BoardState, frame: dict[str, Any]) -> None:
+        """A frame of ``board`` read elsewhere (its last while it caught up, ``coordinator.exchange.admission``)."""
+        self._on_frame(board, frame)
 
     def _on_frame(self, board: BoardState, frame: dict[str, Any]) -> bool:
         """A frame arrived from ``board``: keep it, add it to the sum, finish the step if it was the last; read on."""
@@ -244,6 +261,7 @@ class StepRound:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         span_s = self.deadline_for_next_step(minimum_deadline_s)
+        self.catch_up_timeout_s = JOIN_MISSES_TO_DROP * span_s
         async with self.boundary:
             self.step = step  # gradients that arrived early for this step are already kept
             gathered: asyncio.Future[_Finished] = loop.create_future()
@@ -291,10 +309,44 @@ class StepRound:
         except Exception as exc:
             gathered.set_exception(exc)
 
+    def _drop_if_stalled(self, board: BoardState, step: int) -> None:
+        """Drop ``board`` from the job's steps once it missed :data:`MISSES_TO_DROP` deadlines in a row (up to ``step``).
+
+        A stopped worker (SIGSTOP, swapping, a hung SD card) would otherwise make every step wait out
+        its deadline for ever. The board leaves as a board whose connection ended does (its
+        connection closed, the steps no longer wait for it, the rest of the fleet goes on) and comes
+        back the same way: when it is live again its worker finds the connection closed and ends,
+        and the board joins again with the replica's state at a step boundary.
+        """
+        missed = board.missed_in_row
+        if missed < (MISSES_TO_DROP if board.answered_step >= board.joined_step else JOIN_MISSES_TO_DROP):
+            return
+        self._roster.gone(board, f"dropped from the job's steps: it missed {missed} step deadlines in a row (steps "
+                                 f"{step - missed + 1} to {step}); its worker may be stopped, swapping or hung. The "
+                                 "fleet goes on without it; it joins again at a step boundary once it is live")
+
+    def _queue_for_joining(self, segments: list[bytes | memoryview], frame_bytes: int) -> None:
+        """Keep a copy of the step's result for every joining board (written to it after its welcome, as it catches up).
+
+        A board whose outbox would pass :data:`MAX_OUTBOX_BYTES` cannot keep up with the fleet over its link: dropped.
+        """
+        frame = b"".join(segments)  # the segments are views of buffers the next step reuses
+        for board in list(self.joining):
+            if board.outbox is None:
+                continue
+            waiting = sum(len(f) for f in board.outbox)
+            if waiting + frame_bytes > MAX_OUTBOX_BYTES:
+                self._roster.gone(board, f"its link cannot keep up with the fleet: {len(board.outbox)} results "
+                                         f"({waiting} bytes) waited for it while its welcome was written")
+                continue
+            board.outbox.append(frame)
+
     def _finish_step(self, step: int, started: float) -> _Finished:
         """Reduce ``step``, encode the result once, and hand it to every board's socket."""
         result = self._sum.reduce(step, started)
         self.recent_s.append(result.wall_s - (self._deadline.paused_s if self._deadline is not None else 0.0))
+        for board_id in result.late:  # usually none: nothing is looked at
+            self._drop_if_stalled(self._roster.by_id[board_id], step)
         vector = self._mode.vector(step)
         wire, relay = vector.to_wire(), self._relay
         segments = None  # encoded once, for every board
@@ -308,6 +360,8 @@ class StepRound:
         relay.sent(step)  # from here on, an announced split waits for the next frame
         self.step = step + 1  # a fast board may send the next step's gradient while the others still receive
         frame_bytes = sum(memoryview(segment).nbytes for segment in segments)
+        if self.joining:  # usually none
+            self._queue_for_joining(segments, frame_bytes)
         targets = [b for b in self._in_order if b.welcomed and b.sock is not None]
         unsent: list[tuple[BoardState, list[memoryview]]] = []
         sent = 0
@@ -322,4 +376,5 @@ class StepRound:
         return _Finished(result=result, wire=wire, vector=vector, unsent=unsent, frame_bytes=frame_bytes)
 
 
-__all__ = ["DEADLINE_SLACK_S", "DEADLINE_TICK_S", "FRAME_MARGIN_BYTES", "ResultRelay", "StepDeadline", "StepRound"]
+__all__ = ["DEADLINE_SLACK_S", "DEADLINE_TICK_S", "FRAME_MARGIN_BYTES", "JOIN_MISSES_TO_DROP", "MAX_OUTBOX_BYTES",
+           "MISSES_TO_DROP", "ResultRelay", "StepDeadline", "StepRound"]

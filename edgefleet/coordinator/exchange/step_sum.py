@@ -8,8 +8,10 @@
   the weights of every board's count at its last contribution. If a board answers with another
   count, is refused or is missing, the fold stops and the step is summed in full at the end; a
   complete fold gives the same bits as the full sum (``GradientReducer.add_weighted``);
-* the reduce: which boards answered, were late or were refused, the mode's reduce of the answered
-  vectors in board order (so the result does not depend on arrival order), the refusals it adds;
+* the reduce: which boards answered, were late (each board's count of deadlines missed in a row,
+  ``BoardState.missed_in_row``, for the step round to drop a stalled board) or were refused, the
+  mode's reduce of the answered vectors in board order (so the result does not depend on arrival
+  order), the refusals it adds;
 * the step's record, :class:`StepResult`: contributors, sample counts (the mode's
   :meth:`~edgefleet.coordinator.exchange.modes.ExchangeMode.counts`), the sample-weighted loss and
   logged values, each board's compute time, and the step's kind.
@@ -120,11 +122,14 @@ class StepSum:
                 continue
             if board.grad is not None:
                 answered.append(board)
+                board.missed_in_row = 0
             elif board.answered_step != step:
                 late.append(board.board_id)
+                board.missed_in_row += 1
                 board.flags.append(f"step {step}: missed the deadline")
             else:
                 refused[board.board_id] = board.refusal
+                board.missed_in_row = 0
         fold, self._fold = self._fold, None
         folded = (fold is not None and fold.step == step and fold.complete and fold.boards == answered
                   and all(b.n == n for b, n in zip(answered, fold.ns)))
