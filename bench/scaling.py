@@ -83,7 +83,9 @@ emulated lab's ``fleet8`` and ``mixed4`` (lab/fleets/), for each model (``--mode
 Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags: ``exact`` (none) and
 ``overlap`` (``--overlap``: the upload streamed during backward, the same mathematics) and
 ``local-sgd-H`` (``--sync-every H`` for H = 2, 4, 8, periodic averaging after one exact epoch: other
-mathematics, so its speed-up is against the exact best board). ``--modes`` refuses an unknown mode,
+mathematics, so its speed-up is against the exact best board) and ``placed`` (``--placement net.6``:
+layer placement, the boards train the layers up to the flatten and send activations, the
+coordinator the rest; the same mathematics as ``exact``). ``--modes`` refuses an unknown mode,
 naming the ones train lacks so far.
 
 Run as root from the repository root: ``python bench/scaling.py`` (all: 14 configurations and a
@@ -164,7 +166,8 @@ log = logging.getLogger("bench.scaling")
 FLEETS = {"fleet8": ROOT / "lab/fleets/fleet8.toml", "mixed4": ROOT / "lab/fleets/mixed4.toml"}
 BOARD_COUNTS = (1, 2, 4, 8)
 MODE_FLAGS: dict[str, tuple[str, ...]] = {  # mode -> extra train flags
-    "exact": (), "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)}}
+    "exact": (), "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)},
+    "placed": ("--placement", "net.6")}  # both models' flatten before their dense layers
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
 PLANNED_MODES = {"powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}
 BASELINE_MODE = "exact"
@@ -255,6 +258,7 @@ class RunFigures:
     others_share: float                 # processes outside the lab: share of the host's CPU
     busy_share: float                   # everything busy, the lab included
     attempts: int = 1
+    kb_per_step_board: float | None = None  # gradient exchange + activation rounds, both ways, per step and board (welcomes included)
     tries: list[dict[str, float | None]] = field(default_factory=list)  # stolen, others, samples/s of each attempt
 
 
@@ -470,7 +474,17 @@ def _figures(cfg: Config, workload: Workload, run_dir: Path, wall_s: float, stop
         coordinator_cpu_per_step_s=cpu.coordinator_per_step_s, board_cpu_per_step_s=cpu.boards_per_step_s(),
         board_quota_used=cpu.quota_used(dict(zip(cfg.boards, cfg.quotas))), result_samples_per_s=result.get("samples_per_s"),
         train_elapsed_s=result.get("elapsed_s"), wall_s=wall_s, stopped_at_target=stopped, stolen=host.stolen,
-        others_share=host.others, busy_share=host.busy)
+        others_share=host.others, busy_share=host.busy, kb_per_step_board=_kb_per_step_board(result, len(cfg.boards)))
+
+
+def _kb_per_step_board(result: dict[str, Any], boards: int) -> float | None:
+    """KiB a board moved per step, both ways: the gradient exchange's bytes, plus a placed run's activation rounds."""
+    steps = int(result.get("steps") or 0)
+    if not steps:
+        return None
+    moved = sum(int(result.get(key) or 0) for key in ("exchange_bytes_in", "exchange_bytes_out", "activation_bytes_in",
+                                                       "activation_bytes_out"))
+    return moved / steps / boards / 1024
 
 
 @dataclass
@@ -577,9 +591,16 @@ def with_planned_batches(configs: Sequence[Config], profiles: dict[str, FleetPro
             continue
         if cfg.model not in profiles:
             raise ValueError(f"{cfg.label}: no profile of {cfg.model}")
-        sizes = planned_split(profiles[cfg.model], cfg.boards, WORKLOADS[cfg.model].global_batch)
+        sizes = planned_split(profiles[cfg.model], cfg.boards, WORKLOADS[cfg.model].global_batch,
+                              placement=_placement_of(cfg.mode))
         out.append(replace(cfg, batch_sizes=tuple(sizes)))
     return out
+
+
+def _placement_of(mode: str) -> str:
+    """The cut a mode's flags name (``--placement CUT``), or ""."""
+    flags = MODE_FLAGS[mode]
+    return flags[flags.index("--placement") + 1] if "--placement" in flags else ""
 
 
 def _fleet_quotas(fleet: Fleet) -> list[BoardQuota]:
@@ -821,7 +842,7 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
                       _fmt(row.time_vs_one, ".2f"), park,
                       f"{_fmt(row.speed_up_target, '.2f')} / {_fmt(row.speed_up_rate, '.2f')}",
                       f"{_fmt(row.efficiency_target, '.2f')} / {_fmt(row.efficiency_rate, '.2f')}",
-                      _pct(r.exchange_share), f"{r.stolen:.0%} / {r.others_share:.0%}"])
+                      _pct(r.exchange_share), _fmt(r.kb_per_step_board, ".0f"), f"{r.stolen:.0%} / {r.others_share:.0%}"])
     targets = "; ".join(f"{m} {WORKLOADS[m].target:.0%} at global batch {WORKLOADS[m].global_batch} "
                         f"(at most {WORKLOADS[m].max_epochs} epochs{_options_note(WORKLOADS[m])})" for m in args.models)
     notes = [f"Targets (validation accuracy, digits): {targets}. "
@@ -854,7 +875,8 @@ def print_figures(table_rows: Sequence[Row], session: Session, wall_s: float, ar
         notes.append(f"not measured: {skipped}")
     print_table("Scaling on the emulated lab: time to accuracy and throughput against board count",
                 ["fleet", "model", "mode", "boards", "split", "batches", "quota x", "samples/s", "s/epoch", "to target s",
-                 "time vs 1", "Park et al.", "speed-up", "efficiency", "outside compute", "steal / others"],
+                 "time vs 1", "Park et al.", "speed-up", "efficiency", "outside compute", "KiB/step/board",
+                 "steal / others"],
                 cells, caption="\n".join(notes), left_columns=6, min_width=200)
     largest: dict[tuple[str, str], int] = {}
     for row in table_rows:
@@ -918,11 +940,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fleets", nargs="+", choices=list(FLEETS), help=f"default: {' '.join(FLEETS)}")
     parser.add_argument("--models", nargs="+", choices=list(WORKLOADS), help=f"default: {' '.join(WORKLOADS)}")
-    parser.add_argument("--boards", nargs="+", type=int, choices=BOARD_COUNTS, metavar="K",
-                        help="board counts (default 1 2 4 8; the exact mode always measures 1, the baseline; counts over "
-                             "a fleet's size are left out)")
+    parser.add_argument("--boards", nargs="+", type=int, choices=range(1, 9), metavar="K",
+                        help="board counts, 1 to 8 (default 1 2 4 8; the exact mode always measures 1, the baseline; "
+                             "counts over a fleet's size are left out)")
     parser.add_argument("--modes", type=_modes, default=[BASELINE_MODE], metavar="MODE[,MODE]",
-                        help=f"training modes, each a list of extra train flags (default and only one today: "
+                        help=f"training modes, each a list of extra train flags (default exact; measured today: "
                              f"{', '.join(MODE_FLAGS)})")
     parser.add_argument("--split", nargs="+", choices=SPLITS, default=[DEFAULT_SPLIT], metavar="SPLIT",
                         help=f"how the boards of a configuration share its global batch: planned (the planner's "

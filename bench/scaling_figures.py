@@ -115,25 +115,30 @@ def split_batch(quotas: Sequence[float], global_batch: int) -> list[int]:
     return sizes
 
 
-def planned_split(fleet: FleetProfile, board_ids: Sequence[str], global_batch: int) -> list[int]:
+def planned_split(fleet: FleetProfile, board_ids: Sequence[str], global_batch: int, placement: str = "") -> list[int]:
     """The batches ``plan --objective time`` gives ``board_ids`` for ``global_batch``: the planner's allocation.
 
     Every board's predicted ready time (its profiled ``a_i + c_i * b_i``, then its gradient's upload)
     is made as equal as integers allow, so a board with a large fixed cost per step gets fewer
     samples than its quota's share (``coordinator.planning.allocate_batches``, memory-capped).
 
+    ``placement``: a cut: the split of layer placement at that cut (its per-sample bytes and the head's
+    share of the compute, from the profile's cuts: ``planning.layer_profile``).
+
     Raises:
         ValueError: a board the profile lacks, or a split the planner refuses (its message).
     """
-    from edgefleet.coordinator.planning import allocate_batches
+    from edgefleet.coordinator.planning import EXACT, allocate_batches
+    from edgefleet.coordinator.planning.layer_profile import cut_modes
     from edgefleet.protocol.errors import PlanError
 
     missing = [b for b in board_ids if b not in fleet.boards]
     if missing:
         raise ValueError(f"the profile has no board {', '.join(missing)} (profiled: {', '.join(fleet.boards)})")
     try:
+        mode = cut_modes(fleet, only=placement)[0][0] if placement else EXACT
         return list(allocate_batches([fleet.boards[b] for b in board_ids], global_batch=global_batch,
-                                     grad_bytes=fleet.grad_bytes))
+                                     grad_bytes=fleet.grad_bytes, mode=mode))
     except PlanError as exc:
         raise ValueError(str(exc)) from None
 

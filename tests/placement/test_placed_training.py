@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import Fleet
+from tests.helpers import interrupt_after
 
 SEED = 7
 MODEL_OPTIONS = "optimizer=sgd,lr=0.05"  # SGD: see tests/integration/test_training.py on Adam and rounding
@@ -22,6 +23,11 @@ pytestmark = pytest.mark.fleet(boards=("p1", "p2", "p3"))
 
 def _train(fleet: Fleet, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     return fleet.train(*args, run_dir=run_dir, timeout_s=timeout_s, **LENET_JOB)
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
 def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
@@ -60,7 +66,7 @@ def test_a_placed_run_trains_the_model_a_single_process_trains(fleet: Fleet, tmp
     assert _relative_error(placed, reference) <= 1e-5
     torch.manual_seed(SEED)
     assert _relative_error(placed, _plain_training(0, 48)) > 1e-3  # it did train
-    steps = [json.loads(line) for line in (tmp_path / "placed" / "metrics.jsonl").read_text().splitlines() if line]
+    steps = _steps(tmp_path / "placed")
     assert [s["step"] for s in steps] == list(range(20))
     assert all(s["boards"] == ["p1", "p2", "p3"] and s["n"] == 48 for s in steps)
 
@@ -71,3 +77,18 @@ def test_a_cut_that_does_not_exist_is_refused_before_any_board_starts_listing_th
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out, out
     assert "no layer named 'net.99'" in out and "net.6" in out, out
+
+
+def test_an_interrupted_placed_run_resumes_to_the_single_process_model(fleet: Fleet, tmp_path: Path) -> None:
+    run_dir = tmp_path / "interrupted"
+    args = ("--boards", "p1,p2", "--batch", "16,32", "--steps", "40", "--checkpoint-every", "5", "--no-rebalance",
+            "--placement", "net.6")
+    cmd = fleet.train_command(*args, run_dir=run_dir, **LENET_JOB)
+    code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 8, what="8 steps of the placed run")
+    assert code == 130, err + out
+    stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
+    assert 8 <= stopped_at < 40 and not (run_dir / "model.pt").exists()
+    resumed = _train(fleet, run_dir, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert _relative_error(torch.load(run_dir / "model.pt", weights_only=True), _plain_training(40, 48)) <= 1e-5
+    assert [s["step"] for s in _steps(run_dir)] == list(range(40))  # no step lost, none applied twice

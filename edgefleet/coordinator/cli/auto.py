@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.cli.plan import add_objective_args, request_from_args
 from edgefleet.coordinator.cli.shared import coordinator_keys, load_config
-from edgefleet.coordinator.cli.train_args import job_from_args
+from edgefleet.coordinator.cli.train_args import job_from_args, placement_choice
 from edgefleet.coordinator.cli.variant_flags import parse_int_list, variants_from_args
 from edgefleet.coordinator.planning.plan_job import DEFAULT_FEWER_BOARDS_PCT, DEFAULT_GLOBAL_BATCHES, DEFAULT_VERIFY_STEPS
 from edgefleet.coordinator.run.auto_train import auto_train, check_auto_job
@@ -56,6 +56,11 @@ def planner_flags_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, present in given.items() if present]
 
 
+def _auto_placement(args: argparse.Namespace) -> str:
+    """What ``--auto`` weighs: every cut unless ``--placement`` says none or names one."""
+    return placement_choice(getattr(args, "placement", None) or "auto")
+
+
 def add_auto_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--auto`` and the planner's flags to the ``train`` parser."""
     parser.add_argument("--auto", action="store_true",
@@ -94,7 +99,8 @@ def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None
     try:
         outcome = auto_train(spec, request, broker=cfg.broker, fleet_key=fleet_key, profile_path=args.profile,
                              variants=variants_from_args(args, dict(spec.model_options)), reprofile=args.reprofile,
-                             verify=args.verify, verify_steps=args.verify_steps, run_dir=args.run_dir, observer=display)
+                             verify=args.verify, verify_steps=args.verify_steps, run_dir=args.run_dir, observer=display,
+                             placement=_auto_placement(args))
     except KeyboardInterrupt:
         display.stopped_before_training()
         return INTERRUPTED

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
+from edgefleet.coordinator.cli.train_args import placement_choice
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
 from edgefleet.coordinator.planning import write_pareto_png
 from edgefleet.coordinator.planning.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
@@ -109,6 +110,10 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--model-options", default="", metavar="K=V,…", help="the job's model options (default: the profile's)")
     p.add_argument("--dataset", help="the job's dataset (default: the profile's)")
     p.add_argument("--dataset-options", default="", metavar="K=V,…", help="the job's dataset options")
+    p.add_argument("--placement", default="auto", metavar="auto|none|CUT",
+                   help="layer placement: weigh the model's admissible cuts (auto, the default: each profiled on this "
+                        "machine, the tail host), one cut, or none (data-parallel only); the chosen line says which "
+                        "and the bytes each board moves")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N", help=f"rows in the table (default {DEFAULT_TOP})")
     p.add_argument("--png", type=Path, metavar="FILE", help="where to draw the Pareto front (default <profile>-pareto.png)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON for scripts (notes go to stderr)")
@@ -166,7 +171,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         outcome = plan(request, profile_path=args.profile, model=args.model,
                        variants=requested_variants(args, _parse_options(args.model_options)), dataset=args.dataset,
-                       dataset_options=_parse_options(args.dataset_options), broker=None if cfg is None else cfg.broker)
+                       dataset_options=_parse_options(args.dataset_options), broker=None if cfg is None else cfg.broker,
+                       placement=placement_choice(args.placement))
     except BrokerError as exc:
         raise BrokerError(f"{exc} (or plan on the profile alone with --no-fleet-check)") from None
     notes = list(outcome.notes)

@@ -41,7 +41,7 @@ def plan_table(result: PlanResult, request: PlanRequest) -> Table:
              f"{result.evaluated} candidates, {result.feasible} feasible ({result.method})")
     table = Table(title=Text(title, style="table.title"), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     variants = len({e.variant_label for e in result.ranked}) > 1
-    modes = result.inexact_allowed  # --allow-inexact: every row says its training mode
+    modes = len(result.modes) > 1  # --allow-inexact, or layer placement weighed: every row says its training mode
     columns = ["", "#", "boards (batch each)", "batch", *(["variant"] if variants else []), *(["mode"] if modes else []),
                "step", "samples/s",
                "epoch", "power", "energy/epoch", "EDP", "headroom"]
@@ -56,9 +56,12 @@ def plan_table(result: PlanResult, request: PlanRequest) -> Table:
                       fmt_si(e.energy_per_epoch_j, "J"), fmt_si(e.edp_j_s, "J·s"), f"{e.min_memory_headroom:.0%}",
                       style="bold green" if chosen else None)
     captions = [f"the chosen row is marked {CHOSEN_MARK}; headroom = the least memory left on any taking-part board at its peak"]
-    if modes:
+    if result.inexact_allowed:
         captions.append("local-sgd-H: local SGD averaging every H steps (train --sync-every H), which changes the "
                         "mathematics; its figures are its steady state per epoch (the exact warm-up is not in them)")
+    if any(m.placement for m in result.modes):
+        captions.append("placed-CUT: layer placement (train --placement CUT): the boards train the layers up to CUT, the "
+                        "coordinator the rest over the whole global batch; the same mathematics as exact")
     if any(e.power_estimated for e in result.ranked):
         captions.append("* power estimated from CPU load on some boards (no sensor), not measured")
     table.caption = Text("\n".join(captions), style="table.caption")

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.cli.shared import board_count, load_config, require_rich
@@ -37,6 +38,17 @@ def add_status_parser(sub: Any) -> None:
                         help=f"show at most N boards; a note says how many more were left out (default {DEFAULT_MAX_BOARDS})")
 
 
+def _keyed_boards(cfg: Any) -> frozenset[str]:
+    """The boards whose public keys the coordinator holds (``[security] board_keys_dir``): they come first in a full view."""
+    directory = cfg.security.board_keys_dir
+    if not directory:
+        return frozenset()
+    try:
+        return frozenset(path.stem for path in Path(directory).glob("*.pub"))
+    except OSError:
+        return frozenset()
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """``edge-coordinator status``; returns the exit status."""
     cfg = load_config(args)
@@ -44,7 +56,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         require_rich()
     from edgefleet.coordinator.cli.render import limit_note  # rich: not for --json
 
-    with monitor_fleet(cfg.broker, max_boards=args.max_boards) as view:
+    with monitor_fleet(cfg.broker, max_boards=args.max_boards, preferred=_keyed_boards(cfg)) as view:
         if args.watch:
             watch(view, title=f"edgefleet @ {cfg.broker.address()}")
             return 0

@@ -55,26 +55,38 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
-                   overlap=getattr(args, "overlap", False), placement=_placement(getattr(args, "placement", None)),
+                   overlap=getattr(args, "overlap", False), placement=_placement(args),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 
 
-def _placement(value: str | None) -> str:
-    """``--placement``: ``none`` (or nothing) for data-parallel, ``CUT`` or ``CUT@coordinator`` for a cut.
+def placement_choice(value: str | None) -> str:
+    """``--placement``: ``none`` (or not given), ``auto`` (the planner weighs every cut: with ``--auto`` or
+    ``plan``), or a cut, ``CUT`` or ``CUT@coordinator``.
 
     Raises:
-        ConfigError: another tail host than the coordinator (not yet), or ``auto`` (not yet).
+        ConfigError: a tail host other than the coordinator (not yet).
     """
-    if value is None or value.strip().lower() in ("", "none"):
-        return ""
-    cut, _, host = value.strip().partition("@")
-    if value.strip().lower() == "auto":
-        raise ConfigError("--placement auto is not available yet: name the cut (edge-coordinator plan --placement lists "
-                          "them), e.g. --placement net.6, or use --placement none")
+    text = (value or "").strip()
+    if text.lower() in ("", "none", "auto"):
+        return text.lower() or "none"
+    cut, _, host = text.partition("@")
     if host and host != "coordinator":
         raise ConfigError(f"--placement {value}: the tail runs on the coordinator for now; use {cut}@coordinator "
-                          "(or just {cut})".replace("{cut}", cut))
+                          f"(or just {cut})")
     return cut
 
 
-__all__ = ["job_from_args", "parse_batches", "parse_force_split"]
+def _placement(args: argparse.Namespace) -> str:
+    """The JobSpec's ``placement`` for ``train``'s flags ("" for data-parallel; with ``--auto`` the planner sets it).
+
+    Raises:
+        ConfigError: ``--placement auto`` without ``--auto``.
+    """
+    choice = placement_choice(getattr(args, "placement", None))
+    if choice == "auto" and not getattr(args, "auto", False):
+        raise ConfigError("--placement auto lets the planner choose the cut: add --auto, or name the cut (edge-coordinator "
+                          "plan lists the cuts it weighed), or use --placement none")
+    return "" if choice in ("none", "auto") else choice
+
+
+__all__ = ["job_from_args", "parse_batches", "parse_force_split", "placement_choice"]

@@ -33,6 +33,12 @@ Formulas (units in brackets):
 * edp = energy_per_epoch * epoch_time                      [J*s]
 * memory headroom_i = 1 - m_i(b_i) / M_i                   [fraction of the board's memory]
 
+A mode (``modes``) scales these: the bytes G, each board's per-sample compute and per-sample
+bytes (layer placement: c_i = c_i * sample_scale + s * (1/up_i + 1/down_i) for s bytes a sample
+each way), and a serial part of the step on the coordinator, host = host_a + host_c * N (the
+tail's forward and backward over the global batch N, and the N activations over its link), added
+to the exchange: step_time = max_i ready_i + tail + host.
+
 The batch allocation equalises ``ready_i``: a board on a slow uplink gets fewer samples, so that
 its gradient arrives with the others (charging up + down after the slowest compute would count a
 fast board's transfer twice). For energy, a participant draws its active power while it computes,
@@ -121,7 +127,7 @@ class Estimate:
 
 def allocate_batches(boards: Sequence[BoardProfile], *, global_batch: int | None = None,
                      per_board_batch: int | None = None, max_memory_fraction: float = 0.9,
-                     grad_bytes: int = 0) -> tuple[int, ...]:
+                     grad_bytes: int = 0, mode: TrainingMode = EXACT) -> tuple[int, ...]:
     """Split the work so that every board finishes its step at (nearly) the same time.
 
     Board i gets b_i samples with its step time ``a_i + c_i * b_i`` as equal as integers allow
@@ -137,6 +143,7 @@ def allocate_batches(boards: Sequence[BoardProfile], *, global_batch: int | None
         max_memory_fraction: Share of each board's memory the predicted peak may use.
         grad_bytes: The gradient's size on the wire: a board's upload time is part of its finish
             time (see ``ready_i`` in the module doc). 0: compute alone.
+        mode: The training mode (its bytes and compute scales: layer placement's per-sample bytes).
 
     Returns:
         The batch sizes, aligned with ``boards``.
@@ -148,7 +155,7 @@ def allocate_batches(boards: Sequence[BoardProfile], *, global_batch: int | None
         raise ValueError("give exactly one of global_batch and per_board_batch")
     if (global_batch or per_board_batch or 0) < 1:
         raise PlanError(f"batch size {global_batch or per_board_batch} must be at least 1")
-    fa = FleetArrays.from_fleet(_bare_fleet(boards, grad_bytes), max_memory_fraction)
+    fa = FleetArrays.from_fleet(_bare_fleet(boards, grad_bytes), max_memory_fraction, mode)
     for board, cap in zip(boards, fa.max_batch):
         if cap < 1:
             raise PlanError(_no_fit_message(board, max_memory_fraction))
@@ -311,6 +318,8 @@ class FleetArrays:
     active_w: np.ndarray
     idle_w: np.ndarray
     dataset_len: int
+    host_a: float = 0.0      # a step's serial work on the coordinator: host_a + host_c * global batch, s (layer placement)
+    host_c: float = 0.0
     grids: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def grid(self, global_batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -325,10 +334,12 @@ class FleetArrays:
     def from_fleet(cls, fleet: FleetProfile, max_memory_fraction: float, mode: TrainingMode = EXACT) -> FleetArrays:
         boards = list(fleet.boards.values())
         wire, scale = mode.wire_bytes(fleet.grad_bytes), mode.compute_scale
+        per_sample = mode.per_sample_bytes  # each way, before the board can finish its step (layer placement)
         return cls(
             board_ids=tuple(b.board_id for b in boards),
             a=np.array([b.time_fit.intercept * scale + wire * b.up_s_per_byte for b in boards]),
-            c=np.array([b.time_fit.slope * scale for b in boards]),
+            c=np.array([b.time_fit.slope * scale * mode.sample_scale
+                        + per_sample * (b.up_s_per_byte + b.down_s_per_byte) for b in boards]),
             max_batch=np.array([b.max_batch(max_memory_fraction) for b in boards], dtype=np.int64),
             link_s=np.array([wire * b.down_s_per_byte for b in boards]),
             up_s=np.array([wire * b.up_s_per_byte for b in boards]),
@@ -338,6 +349,8 @@ class FleetArrays:
             active_w=np.array([b.active_power_w for b in boards]),
             idle_w=np.array([b.idle_power_w for b in boards]),
             dataset_len=fleet.dataset_len,
+            host_a=mode.host_a_s,
+            host_c=mode.host_c_s + 2 * per_sample / fleet.coordinator_link_bytes_per_s,  # and every slice over its link
         )
 
     @property
@@ -564,7 +577,7 @@ def busy_energy(fa: FleetArrays, masks: np.ndarray, k: np.ndarray) -> np.ndarray
 
 def _row_figures(fa: FleetArrays, stats: SubsetStats, makespan: np.ndarray, global_batch: int | np.ndarray, *,
              count_idle: bool, rows: np.ndarray | slice, busy_j: np.ndarray | None) -> dict[str, np.ndarray]:
-    exchange = np.maximum(stats.link_max[rows], fa.coord_s * stats.members[rows])
+    exchange = np.maximum(stats.link_max[rows], fa.coord_s * stats.members[rows]) + fa.host_a + fa.host_c * global_batch
     step = makespan + exchange
     samples_per_s = global_batch / step
     epoch = fa.dataset_len / samples_per_s

@@ -23,6 +23,16 @@ these three numbers.
   that); a board on a slow link that waits less on the other H - 1 steps makes the real mean a
   little longer.
 
+* layer placement after a cut (``--placement CUT``, :func:`placed`): the boards train the layers
+  before the cut and send their activations; the coordinator trains the rest over the whole global
+  batch (``workloads.layer_cut``). The same mathematics as exact. On each link a step moves the
+  head's gradient (``wire_fraction`` = the head's parameters over the model's) plus, per sample,
+  the activation and the tail output's gradient (``per_sample_bytes`` each way); a board computes
+  the head's share of the per-sample compute (``sample_scale``, measured on the coordinator:
+  ``planning.layer_profile``) and all of its fixed cost per step (Lightning's loop does not shrink
+  with the model); and every step waits for the tail on the coordinator, ``host_a_s + host_c_s *
+  N`` for a global batch of N, plus the activations over the coordinator's own link.
+
 Adding a mode is one constructor here (its three numbers, its ``train`` flags and JobSpec
 keywords, its words) and, if the planner should try it by itself, an entry in
 :func:`candidate_modes`. Modes that overlap the exchange with backward need a formula of their
@@ -60,6 +70,13 @@ class TrainingMode:
             ties among inexact candidates the least departing is chosen.
         train_flags: The ``train`` flags that run the mode (() for exact).
         job_options: The JobSpec keywords that run it ({} for exact).
+        sample_scale: The per-sample compute against the profiled one, on top of ``compute_scale``
+            (layer placement: the head's share; its fixed cost per step stays).
+        per_sample_bytes: Bytes per sample on each link, each way, besides the fixed ones (layer
+            placement: the activation up and its gradient down, the output down and its gradient up).
+        host_a_s, host_c_s: A step's serial work on the coordinator, ``host_a_s + host_c_s * N``
+            for a global batch of N (layer placement: the tail's forward and backward).
+        why: Why it may win, in words, for the plan's chosen line ("").
     """
 
     name: str
@@ -71,6 +88,11 @@ class TrainingMode:
     departure: float = 0.0
     train_flags: tuple[str, ...] = ()
     job_options: Mapping[str, Any] = field(default_factory=dict)
+    sample_scale: float = 1.0
+    per_sample_bytes: float = 0.0
+    host_a_s: float = 0.0
+    host_c_s: float = 0.0
+    why: str = ""
 
     def __post_init__(self) -> None:
         if not (0.0 < self.wire_fraction <= 1.0 and self.round_bytes >= 0 and self.compute_scale > 0
@@ -78,8 +100,11 @@ class TrainingMode:
             raise PlanError(f"training mode {self.name!r}: wire_fraction {self.wire_fraction:g} must be in (0, 1], "
                             f"round_bytes {self.round_bytes} >= 0, compute_scale {self.compute_scale:g} > 0, "
                             f"departure {self.departure:g} in [0, 1)")
-        if self.exact and (self.departure or self.job_options):
+        if self.exact and (self.departure or set(self.job_options) - EXACT_JOB_OPTIONS):
             raise PlanError(f"training mode {self.name!r} is exact but departs from exact or sets {dict(self.job_options)}")
+        if not (self.sample_scale > 0 and self.per_sample_bytes >= 0 and self.host_a_s >= 0 and self.host_c_s >= 0):
+            raise PlanError(f"training mode {self.name!r}: sample_scale {self.sample_scale:g} must be > 0, per_sample_bytes, "
+                            "host_a_s and host_c_s >= 0")
 
     def wire_bytes(self, grad_bytes: int) -> float:
         """Bytes per step each way on a board's link, amortised (module doc)."""
@@ -95,13 +120,20 @@ class TrainingMode:
         """``"local SGD, averaging every 4 steps: changes the mathematics"``, or ``"exact"``."""
         return self.description if self.exact else f"{self.description}: changes the mathematics"
 
+    @property
+    def placement(self) -> str:
+        """The cut of a layer placement mode ("" for any other)."""
+        return str(self.job_options.get("placement", ""))
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "exact": self.exact,
                 "wire_fraction": self.wire_fraction, "round_bytes": self.round_bytes,
                 "compute_scale": self.compute_scale, "train_flags": list(self.train_flags),
-                "job_options": dict(self.job_options)}
+                "job_options": dict(self.job_options), "sample_scale": self.sample_scale,
+                "per_sample_bytes": self.per_sample_bytes, "host_a_s": self.host_a_s, "host_c_s": self.host_c_s}
 
 
+EXACT_JOB_OPTIONS = frozenset({"placement"})  # the JobSpec keywords an exact mode may set (the mathematics stay)
 EXACT = TrainingMode(name="exact", description="exact (every step averages the gradients)")
 
 
@@ -119,10 +151,33 @@ def local_sgd(every: int) -> TrainingMode:
                         train_flags=("--sync-every", str(every)), job_options={"sync_every": every})
 
 
-def candidate_modes(*, allow_inexact: bool) -> tuple[TrainingMode, ...]:
-    """The modes a plan tries: exact alone, or with ``allow_inexact`` local SGD every 2, 4 and 8 steps too."""
-    return (EXACT, *(local_sgd(h) for h in LOCAL_SGD_EVERY)) if allow_inexact else (EXACT,)
+def placed(cut: str, *, grad_bytes: int, head_bytes: int, per_sample_bytes: float, sample_scale: float,
+           host_a_s: float, host_c_s: float) -> TrainingMode:
+    """Layer placement after ``cut`` (``train --placement CUT``); module doc for its cost.
+
+    Args:
+        grad_bytes, head_bytes: the whole model's gradient on the wire, and the head's.
+        per_sample_bytes: a sample's activation and output bytes, each way.
+        sample_scale: the head's share of a sample's forward and backward compute.
+        host_a_s, host_c_s: the tail's forward and backward on the coordinator, per step and per sample.
+    """
+    fraction = min(1.0, max(head_bytes, 1) / max(grad_bytes, 1))
+    why = (f"each board sends its head's {_kib(head_bytes)} gradient and {_kib(per_sample_bytes)} a sample each way "
+           f"instead of the whole {_kib(grad_bytes)} gradient")
+    return TrainingMode(name=f"placed-{cut}", description=f"layer placement after {cut}", wire_fraction=fraction,
+                        sample_scale=max(sample_scale, 1e-3), per_sample_bytes=per_sample_bytes, host_a_s=host_a_s,
+                        host_c_s=host_c_s, train_flags=("--placement", cut), job_options={"placement": cut}, why=why)
 
 
-__all__ = ["EXACT", "INEXACT_MARGIN", "LOCAL_SGD_EVERY", "ROUND_BYTES", "TrainingMode",
-           "candidate_modes", "local_sgd"]
+def _kib(n: float) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 100 * 1024 else f"{n / 1024:,.0f} KiB"
+
+
+def candidate_modes(*, allow_inexact: bool, placements: tuple[TrainingMode, ...] = ()) -> tuple[TrainingMode, ...]:
+    """The modes a plan tries: exact (and ``placements``: layer placement at the model's cuts), with
+    ``allow_inexact`` local SGD every 2, 4 and 8 steps too."""
+    return (EXACT, *placements, *((local_sgd(h) for h in LOCAL_SGD_EVERY) if allow_inexact else ()))
+
+
+__all__ = ["EXACT", "EXACT_JOB_OPTIONS", "INEXACT_MARGIN", "LOCAL_SGD_EVERY", "ROUND_BYTES", "TrainingMode",
+           "candidate_modes", "local_sgd", "placed"]

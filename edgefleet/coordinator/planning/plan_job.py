@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.planning import candidate_modes, format_duration
 from edgefleet.coordinator.planning import plan as search_plan  # this module's plan() is the service around it
+from edgefleet.coordinator.planning.modes import TrainingMode
 from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, load_profile_file, restrict_to, select_variants
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import ConfigError, PlanError
@@ -68,15 +69,17 @@ class PlanRequest:
     deadline_text: str = ""
     allow_inexact: bool = False
 
-    def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "") -> PlanResult:
-        """``planning.plan`` over ``profiles``; ``deadline_text`` (default: the request's) explains a refusal's deadline."""
+    def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "",
+            placements: tuple[TrainingMode, ...] = ()) -> PlanResult:
+        """``planning.plan`` over ``profiles``, with the layer placement modes ``placements``; ``deadline_text``
+        (default: the request's) explains a refusal's deadline."""
         deadline_text = deadline_text or self.deadline_text
         try:
             return search_plan(dict(profiles), objective=self.objective, max_power_w=self.max_power_w, deadline_s=self.deadline_s,
                                global_batches=self.global_batches, count_idle=self.count_idle,
                                max_memory_fraction=self.max_memory_fraction, top=self.top,
                                fewer_boards_within=self.fewer_boards_within,
-                               modes=candidate_modes(allow_inexact=self.allow_inexact))
+                               modes=candidate_modes(allow_inexact=self.allow_inexact, placements=placements))
         except PlanError as exc:
             if deadline_text and "--deadline" in str(exc):
                 raise PlanError(f"{exc} ({deadline_text})") from None
@@ -109,7 +112,8 @@ class PlanOutcome:
 
 def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
          variants: list[dict[str, Any]] | None = None, dataset: str | None = None,
-         dataset_options: dict[str, Any] | None = None, broker: BrokerSettings | None = None) -> PlanOutcome:
+         dataset_options: dict[str, Any] | None = None, broker: BrokerSettings | None = None,
+         placement: str = "auto") -> PlanOutcome:
     """Plan the job over the profile file's boards that can take part now.
 
     Args:
@@ -119,6 +123,9 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
         variants: The model-option dicts to plan over; None = every profiled variant of the model.
         broker: Where to check the fleet (boards online, agent versions); None plans on the
             profile alone, as if every profiled board were there.
+        placement: ``auto``: weigh layer placement at every cut the model admits against data-parallel
+            (the profile file's cuts, measured on the coordinator: ``planning.layer_profile``); a cut's
+            name: that cut only; ``none``: data-parallel only.
 
     Raises:
         PlanError: the profile does not fit the job or the fleet, or no configuration meets the
@@ -135,8 +142,28 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
     else:
         check = check_fleet(selected, fleet_snapshot(broker).rows)
     notes += check.notes
-    result = request.run(restrict_to(selected, check))
+    placements = placement_modes(placement, selected, notes)
+    result = request.run(restrict_to(selected, check), placements=placements)
     return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
+
+
+def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes: list[str]) -> tuple[TrainingMode, ...]:
+    """The layer placement modes to weigh (``placement``: auto, a cut, or none); why none, in ``notes``.
+
+    Raises:
+        PlanError: a named cut the model does not admit (the message lists those it does).
+    """
+    if placement == "none":
+        return ()
+    if len(selected) != 1:
+        notes.append("layer placement is weighed for one model variant at a time: plan a variant on its own to weigh it")
+        return ()
+    from edgefleet.coordinator.planning.layer_profile import cut_modes  # torch: only when weighing cuts
+
+    modes, why_not = cut_modes(next(iter(selected.values())), only="" if placement == "auto" else placement)
+    if why_not:
+        notes.append(f"layer placement not weighed: {why_not}")
+    return modes
 
 
 def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options: dict[str, Any] | None,
@@ -157,10 +184,10 @@ def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options:
 
 
 def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A training mode's JobSpec keywords (``{"sync_every": 4}``; ``{}`` for the exact mode).
+    """A training mode's JobSpec keywords (``{"sync_every": 4}``, ``{"placement": "net.6"}``; ``{}`` for the exact mode).
 
-    Only an inexact mode passes any, so an exact plan builds the same JobSpec as before the modes
-    existed, whatever fields the JobSpec has.
+    Only an inexact or a layer placement mode passes any, so a data-parallel exact plan builds the
+    same JobSpec as before the modes existed, whatever fields the JobSpec has.
 
     Raises:
         ConfigError: the JobSpec has no such field (this edgefleet's ``train`` cannot run the mode).
@@ -174,4 +201,5 @@ def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["DEFAULT_FEWER_BOARDS_PCT", "DEFAULT_GLOBAL_BATCHES", "DEFAULT_MAX_MEMORY_FRACTION", "DEFAULT_VERIFY_STEPS",
-           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "mode_job_options", "plan"]
+           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "mode_job_options", "placement_modes",
+           "plan"]

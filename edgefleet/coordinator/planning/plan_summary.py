@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgefleet.coordinator.planning import LOCAL_SGD_EVERY, Estimate, PlanResult, format_duration
+from edgefleet.coordinator.planning.modes import EXACT
 from edgefleet.coordinator.planning.objectives import OBJECTIVE_TEXT
 
 # Below this share of the chosen step spent outside compute, an inexact mode cannot gain the margin
@@ -41,9 +42,9 @@ def batches_text(estimate: Estimate) -> str:
 
 
 def candidate_text(estimate: Estimate) -> str:
-    """``"pi-1:16 pi-2:48"``, followed by the mode when it changes the mathematics (``… local-sgd-4``)."""
+    """``"pi-1:16 pi-2:48"``, followed by the mode unless it is data-parallel exact (``… local-sgd-4``, ``… placed-net.6``)."""
     mode = estimate.mode
-    return batches_text(estimate) + ("" if mode.exact else f" {mode.name}")
+    return batches_text(estimate) + ("" if mode == EXACT else f" {mode.name}")
 
 
 def summary_of(estimate: Estimate, what: str) -> str:
@@ -52,7 +53,7 @@ def summary_of(estimate: Estimate, what: str) -> str:
     An inexact mode is named after the variant (``default, local-sgd-4``).
     """
     c = estimate.candidate
-    mode = "" if c.mode.exact else f", {c.mode.name}"
+    mode = "" if c.mode == EXACT else f", {c.mode.name}"
     return (f"{what}: {batches_text(estimate)} (global batch {c.global_batch}, {estimate.variant_label}{mode}): "
             f"{fmt_step(estimate.step_time_s)} per step, {estimate.samples_per_s:.0f} samples/s, "
             f"{format_duration(estimate.epoch_time_s)} per epoch, {fmt_power(estimate.power_w, estimate.power_estimated)}, "
@@ -73,7 +74,33 @@ def plan_notes(result: PlanResult) -> list[str]:
     """The lines under the table: what each constraint ruled out, why a near tie went to fewer boards,
     and the training mode: the chosen one when it changes the mathematics, else why none was."""
     fewer = fewer_boards_line(result)
-    return [*ruled_out_lines(result), *([fewer] if fewer else []), *mode_lines(result)]
+    return [*ruled_out_lines(result), *([fewer] if fewer else []), *placement_lines(result), *mode_lines(result)]
+
+
+def placement_lines(result: PlanResult) -> list[str]:
+    """What the plan says about layer placement when it weighed some cut (``planning.modes.placed``): the
+    chosen cut and the bytes a board moves per step against data-parallel's, or why data-parallel won."""
+    placed = [m for m in result.modes if m.placement]
+    if not placed:
+        return []
+    chosen, objective = result.chosen, result.objective
+    other = result.best_other_placement
+    if chosen.mode.placement:
+        b = max(chosen.candidate.batch_sizes)
+        lines = [f"mode: {chosen.mode.description} (train {' '.join(chosen.mode.train_flags)}; the same mathematics): "
+                 f"{chosen.mode.why}; the largest slice ({b} samples) adds "
+                 f"{fmt_si(chosen.mode.per_sample_bytes * b, 'B')} each way per step"]
+        if other is not None:
+            gain = 1.0 - chosen.objective_value(objective) / other.objective_value(objective)
+            lines.append(f"it is {gain:.0%} better by estimate ({OBJECTIVE_TEXT[objective]}) than the best data-parallel "
+                         f"configuration, {batches_text(other)}: {format_duration(other.epoch_time_s)} per epoch")
+        return lines
+    if other is None:
+        return [f"layer placement weighed at {len(placed)} cut(s): none is feasible"]
+    loss = other.objective_value(objective) / chosen.objective_value(objective) - 1.0
+    return [f"layer placement weighed at {len(placed)} cut(s): the best, {other.mode.description} with "
+            f"{batches_text(other)}, is {loss:.0%} worse by estimate ({OBJECTIVE_TEXT[objective]}): "
+            "data-parallel chosen"]
 
 
 def fewer_boards_line(result: PlanResult) -> str:
@@ -152,4 +179,4 @@ def estimate_json(e: Estimate) -> dict[str, Any]:
 
 
 __all__ = ["HINT_EXCHANGE_SHARE", "batches_text", "candidate_text", "estimate_json", "fewer_boards_line", "fmt_power", "fmt_si", "fmt_step",
-           "mode_lines", "plan_notes", "ruled_out_lines", "summary_of"]
+           "mode_lines", "placement_lines", "plan_notes", "ruled_out_lines", "summary_of"]

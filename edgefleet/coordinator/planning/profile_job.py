@@ -59,6 +59,10 @@ def profile(request: ProfileRequest, *, broker: BrokerSettings, fleet_key: bytes
     if not chosen:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     profiles = asyncio.run(profile_fleet(broker, fleet_key, chosen, request, on_note=on_note))
+    from edgefleet.coordinator.planning.layer_profile import with_cuts  # torch and the model: once the boards are done
+
+    profiles = with_cuts(profiles, model=request.model, dataset=request.dataset, dataset_options=request.dataset_options,
+                         on_note=on_note)
     meta = ProfileMeta(model=request.model, dataset=request.dataset, dataset_options=request.dataset_options,
                        wire_dtype=request.wire_dtype, batch_sizes=sorted(set(request.batch_sizes)),
                        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgefleet.coordinator.planning.cut_profile import CutProfile
 from edgefleet.protocol.errors import PlanError
 from edgefleet.transport.atomic_file import write_atomically
 
@@ -236,6 +237,7 @@ class FleetProfile:
     dataset_len: int                     # training samples per epoch
     boards: dict[str, BoardProfile]      # by board id
     variant: dict[str, Any] = field(default_factory=dict)  # the model options this variant sets, e.g. {"layers": 3}
+    cuts: tuple[CutProfile, ...] = ()    # layer placement's cuts, measured on the coordinator (planning.layer_profile)
 
     def __post_init__(self) -> None:
         if not self.boards:
@@ -265,18 +267,23 @@ class FleetProfile:
         return FleetProfile(model_key=self.model_key, grad_bytes=self.grad_bytes,
                             coordinator_link_bytes_per_s=self.coordinator_link_bytes_per_s,
                             dataset_len=self.dataset_len, boards={b: self.boards[b] for b in wanted},
-                            variant=dict(self.variant))
+                            variant=dict(self.variant), cuts=self.cuts)
 
     def to_json(self) -> dict[str, Any]:
         return {"model_key": self.model_key, "variant": dict(self.variant), "grad_bytes": self.grad_bytes,
                 "coordinator_link_bytes_per_s": self.coordinator_link_bytes_per_s, "dataset_len": self.dataset_len,
-                "agent_versions": self.agent_versions, "boards": [b.to_json() for b in self.boards.values()]}
+                "agent_versions": self.agent_versions, "boards": [b.to_json() for b in self.boards.values()],
+                **({"cuts": [c.to_json() for c in self.cuts]} if self.cuts else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FleetProfile:
         fields = _known(data, ("model_key", "variant", "grad_bytes", "coordinator_link_bytes_per_s", "dataset_len",
-                               "agent_versions", "boards"), "a fleet profile")
+                               "agent_versions", "boards", "cuts"), "a fleet profile")
         boards = [BoardProfile.from_json(b) for b in fields.pop("boards")]
+        cuts = fields.pop("cuts", [])
+        if not isinstance(cuts, list):
+            raise PlanError(f"the fleet profile's cuts are not a list: {REPROFILE_HINT}")
+        fields["cuts"] = tuple(CutProfile.from_json(c) for c in cuts)
         versions = fields.pop("agent_versions", None)
         fleet = cls(boards={b.board_id: b for b in boards}, **fields)
         if versions is not None and versions != fleet.agent_versions:

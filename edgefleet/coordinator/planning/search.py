@@ -108,6 +108,8 @@ class PlanResult:
     inexact_margin: float = INEXACT_MARGIN      # how much better than exact an inexact mode must be
     declined_inexact: Estimate | None = None    # the best inexact candidate, when better than exact but not by the margin
     best_exact: Estimate | None = None          # the best exact candidate, when an inexact one is chosen
+    best_other_placement: Estimate | None = None  # the best exact candidate of the other kind than the chosen one's:
+                                                  # data-parallel when layer placement is chosen, and the reverse
 
     @property
     def inexact_allowed(self) -> bool:
@@ -172,13 +174,14 @@ def plan(fleet_profiles_by_variant: Mapping[str, FleetProfile], *, objective: st
         blocks += _evaluate_all(fleet_profiles_by_variant, global_batches, limits, "time", method, modes)
     if not _any_ok(blocks):
         raise PlanError(_explain_infeasible(blocks, limits, global_batches))
-    ranked, passed_over, declined, best_exact = _ranked(blocks, objective, top, limits, fewer_boards_within,
-                                                        inexact_margin)
+    ranked, passed_over, declined, best_exact, other_placement = _ranked(blocks, objective, top, limits,
+                                                                         fewer_boards_within, inexact_margin)
     result = PlanResult(objective=objective, method=method, chosen=ranked[0], ranked=tuple(ranked),
                         front=tuple(_front(blocks, limits)), ruled_out=tuple(_exclusions(blocks, limits)),
                         evaluated=sum(len(b) for b in blocks), feasible=sum(int((b.code == OK).sum()) for b in blocks),
                         passed_over=passed_over, fewer_boards_within=fewer_boards_within, modes=modes,
-                        inexact_margin=inexact_margin, declined_inexact=declined, best_exact=best_exact)
+                        inexact_margin=inexact_margin, declined_inexact=declined, best_exact=best_exact,
+                        best_other_placement=other_placement)
     c = result.chosen
     log.info("plan (%s, %s): %d candidates, %d feasible; chosen %s x%d batch %s (%s, %s): %s per epoch, %.1f W",
              objective, method, result.evaluated, result.feasible, ",".join(c.candidate.boards),
@@ -320,14 +323,17 @@ def _ok(blocks: list[Block]) -> np.ndarray:
 
 
 def _ranked(blocks: list[Block], objective: str, top: int, limits: Limits, fewer_within: float,
-            margin: float) -> tuple[list[Estimate], Estimate | None, Estimate | None, Estimate | None]:
+            margin: float) -> tuple[list[Estimate], Estimate | None, Estimate | None, Estimate | None, Estimate | None]:
     """The chosen candidate and the best others by objective; the best estimate of the chosen
     kind (exact or not) if a near tie passed it over; the best inexact candidate if it beat exact
-    by less than ``margin`` (module doc); the best exact one if an inexact one was chosen."""
+    by less than ``margin`` (module doc); the best exact one if an inexact one was chosen; the best
+    exact one of the other placement kind than the chosen one's (layer placement or data-parallel)."""
     key = OBJECTIVE_KEY[objective]
     inexact = np.concatenate([np.full(len(b), not b.mode.exact) for b in blocks])
+    placed_rows = np.concatenate([np.full(len(b), bool(b.mode.placement)) for b in blocks])
     ok = _ok(blocks)
-    for group in (ok & ~inexact, ok & inexact):  # each kind's best must be exact figures: they are compared
+    # each kind's best must be exact figures: they are compared (data-parallel, layer placement, inexact)
+    for group in (ok & ~inexact & ~placed_rows, ok & ~inexact & placed_rows, ok & inexact):
         where = np.nonzero(group)[0]
         if not len(where):
             continue
@@ -362,11 +368,14 @@ def _ranked(blocks: list[Block], objective: str, top: int, limits: Limits, fewer
             declined = _materialize_flat(blocks, where[other[:1]], limits)[0]
     rest = order[order != pick][:top - 1]
     ranked = _materialize_flat(blocks, where[np.concatenate([[pick], rest])], limits)
+    placed = placed_rows[where]
+    others = plain[placed[plain] != placed[pick]]
+    other_placement = _materialize_flat(blocks, where[others[:1]], limits)[0] if len(others) else None
     passed_over = None
     if pick != head:  # the best estimate is usually in `rest` (the best of its kind heads it but for inexact picks)
         listed = np.nonzero(rest == head)[0]
         passed_over = ranked[1 + int(listed[0])] if len(listed) else _materialize_flat(blocks, where[[head]], limits)[0]
-    return ranked, passed_over, declined, best_exact
+    return ranked, passed_over, declined, best_exact, other_placement
 
 
 def _front(blocks: list[Block], limits: Limits) -> list[Estimate]:

@@ -205,7 +205,7 @@ def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: Br
     """
     started = time.monotonic()
     trials: list[Trial] = []
-    with monitor_fleet(broker) as view, PowerMeter(view, fleet_boards) as meter:
+    with monitor_fleet(broker, preferred=fleet_boards) as view, PowerMeter(view, fleet_boards) as meter:
         for i, estimate in enumerate(estimates, 1):
             mode = "" if estimate.mode.exact else f", {estimate.mode.name}"
             on_note(f"pre-training candidate {i}/{len(estimates)}: {batches_text(estimate)} "

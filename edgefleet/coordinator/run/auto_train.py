@@ -30,7 +30,7 @@ from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 from edgefleet.coordinator.control.power_meter import PowerMeter
 from edgefleet.coordinator.planning.plan_fleet import check_fleet, load_profile_file, restrict_to, select_variants
-from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options
+from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options, placement_modes
 from edgefleet.coordinator.planning.plan_summary import estimate_json, fewer_boards_line, summary_of
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
 from edgefleet.coordinator.planning.profiling import ProfileRequest
@@ -186,15 +186,17 @@ def job_for(spec: JobSpec, chosen: Estimate, dataset_len: int) -> JobSpec:
     """The resolved job that trains ``chosen``: its boards, batch sizes, variant and training mode,
     for the spec's epochs or steps."""
     c = chosen.candidate
+    options = {"placement": c.mode.placement, **mode_job_options(c.mode.job_options)}  # data-parallel unless placed
     planned = replace(spec, boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
-                      model_options=dict(spec.model_options) | dict(c.variant), **mode_job_options(c.mode.job_options))
+                      model_options=dict(spec.model_options) | dict(c.variant), **options)
     return resolve_job(planned, dataset_len=dataset_len)
 
 
 def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, fleet_key: bytes,
                profile_path: Path = DEFAULT_PROFILE, variants: Sequence[Mapping[str, Any]] | None = None,
                reprofile: bool = False, verify: int = 0, verify_steps: int = DEFAULT_VERIFY_STEPS,
-               run_dir: Path | None = None, observer: AutoTrainObserver | None = None) -> AutoTrainOutcome:
+               run_dir: Path | None = None, observer: AutoTrainObserver | None = None,
+               placement: str = "auto") -> AutoTrainOutcome:
     """Profile (or reuse the profile), plan, train the chosen configuration and measure it.
 
     Args:
@@ -211,6 +213,8 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
         run_dir: Where the run is written (default ``runs/<run-id>``); ``plan.json`` holds the
             prediction and the measurement.
         observer: Receives the notes, the plan, the pre-training and the run's steps.
+        placement: ``auto``: weigh layer placement at every cut against data-parallel; a cut: that one;
+            ``none``: data-parallel only (``planning.plan_job.placement_modes``).
 
     Raises:
         ConfigError: a job the planner cannot plan for, or no board to profile.
@@ -234,7 +238,11 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     check = check_fleet(selected, snapshot.rows, wanted=fleet.wanted)
     for line in check.notes:
         observer.note(line)
-    result = request.run(restrict_to(selected, check))
+    notes: list[str] = []
+    placements = placement_modes(placement, selected, notes)
+    for line in notes:
+        observer.note(line)
+    result = request.run(restrict_to(selected, check), placements=placements)
     observer.planned(result, request)
     chosen, verify_s = result.chosen, 0.0
     if verify:

@@ -192,7 +192,7 @@ def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSet
     """Record the boards' power readings in the run directory while it trains (``report``'s power plot)."""
     try:
         if view is None:
-            view = stack.enter_context(monitor_fleet(broker))
+            view = stack.enter_context(monitor_fleet(broker, preferred=spec.boards))
         stack.enter_context(PowerLog(view, spec.boards, run_dir / POWER_FILE))
     except (BrokerError, OSError) as exc:
         observer.note(f"the boards' power is not recorded for this run ({exc}); the report will have no power plot")
