@@ -214,6 +214,7 @@ class Config:
     batch_sizes: tuple[int, ...]   # () for a planned split until its fleet's profile gives them
     quotas: tuple[float, ...]
     split: str = ONE_BOARD
+    predicted_step_s: float | None = None  # the planner's step time for it, from its model's profile (planned splits)
 
     @property
     def label(self) -> str:
@@ -258,6 +259,7 @@ class RunFigures:
     others_share: float                 # processes outside the lab: share of the host's CPU
     busy_share: float                   # everything busy, the lab included
     attempts: int = 1
+    predicted_step_s: float | None = None   # the planner's step time for this configuration (the cost model)
     kb_per_step_board: float | None = None  # gradient exchange + activation rounds, both ways, per step and board (welcomes included)
     tries: list[dict[str, float | None]] = field(default_factory=list)  # stolen, others, samples/s of each attempt
 
@@ -474,7 +476,8 @@ def _figures(cfg: Config, workload: Workload, run_dir: Path, wall_s: float, stop
         coordinator_cpu_per_step_s=cpu.coordinator_per_step_s, board_cpu_per_step_s=cpu.boards_per_step_s(),
         board_quota_used=cpu.quota_used(dict(zip(cfg.boards, cfg.quotas))), result_samples_per_s=result.get("samples_per_s"),
         train_elapsed_s=result.get("elapsed_s"), wall_s=wall_s, stopped_at_target=stopped, stolen=host.stolen,
-        others_share=host.others, busy_share=host.busy, kb_per_step_board=_kb_per_step_board(result, len(cfg.boards)))
+        others_share=host.others, busy_share=host.busy, kb_per_step_board=_kb_per_step_board(result, len(cfg.boards)),
+        predicted_step_s=cfg.predicted_step_s)
 
 
 def _kb_per_step_board(result: dict[str, Any], boards: int) -> float | None:
@@ -587,14 +590,35 @@ def with_planned_batches(configs: Sequence[Config], profiles: dict[str, FleetPro
     out = []
     for cfg in configs:
         if cfg.split != "planned":
-            out.append(cfg)
+            out.append(replace(cfg, predicted_step_s=_predicted_step_s(cfg, profiles.get(cfg.model))))
             continue
         if cfg.model not in profiles:
             raise ValueError(f"{cfg.label}: no profile of {cfg.model}")
         sizes = planned_split(profiles[cfg.model], cfg.boards, WORKLOADS[cfg.model].global_batch,
                               placement=_placement_of(cfg.mode))
-        out.append(replace(cfg, batch_sizes=tuple(sizes)))
+        planned = replace(cfg, batch_sizes=tuple(sizes))
+        out.append(replace(planned, predicted_step_s=_predicted_step_s(planned, profiles[cfg.model])))
     return out
+
+
+def _predicted_step_s(cfg: Config, profile: FleetProfile | None) -> float | None:
+    """The cost model's step time for ``cfg`` (its boards, batches and mode) from its model's profile; None
+    without one, or for a mode the planner does not model (overlap) or a board the profile lacks."""
+    from edgefleet.coordinator.planning import EXACT, Candidate, estimate
+    from edgefleet.coordinator.planning.layer_profile import cut_modes
+    from edgefleet.protocol.errors import PlanError
+
+    if profile is None or not cfg.batch_sizes or any(b not in profile.boards for b in cfg.boards):
+        return None
+    cut = _placement_of(cfg.mode)
+    if cfg.mode != BASELINE_MODE and not cut:
+        return None
+    try:
+        mode = cut_modes(profile, only=cut)[0][0] if cut else EXACT
+        return estimate(Candidate(boards=cfg.boards, batch_sizes=cfg.batch_sizes, variant={}, mode=mode),
+                        profile.select(cfg.boards)).step_time_s
+    except (PlanError, IndexError):
+        return None
 
 
 def _placement_of(mode: str) -> str:
@@ -768,7 +792,7 @@ def _plan_splits(ctx: FleetContext, fleet_name: str, configs: list[Config], sess
               f"step time per board {lines}", file=sys.stderr, flush=True)
     out = []
     for cfg in configs:
-        if cfg.split == "planned" and cfg.model in profiles:
+        if cfg.model in profiles:  # planned splits get their batches; every configuration the planner's step time
             try:
                 out.extend(with_planned_batches([cfg], profiles))
                 continue

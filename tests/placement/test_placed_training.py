@@ -5,6 +5,8 @@ the one a single process trains on the same global batches."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import Fleet
-from tests.helpers import interrupt_after
+from tests.helpers import interrupt_after, wait_until
 
 SEED = 7
 MODEL_OPTIONS = "optimizer=sgd,lr=0.05"  # SGD: see tests/integration/test_training.py on Adam and rounding
@@ -92,3 +94,25 @@ def test_an_interrupted_placed_run_resumes_to_the_single_process_model(fleet: Fl
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert _relative_error(torch.load(run_dir / "model.pt", weights_only=True), _plain_training(40, 48)) <= 1e-5
     assert [s["step"] for s in _steps(run_dir)] == list(range(40))  # no step lost, none applied twice
+
+
+def test_a_board_killed_mid_placed_run_is_dropped_on_both_sides_and_the_run_finishes(fleet: Fleet,
+                                                                                       tmp_path: Path) -> None:
+    victim = fleet.start("p-victim")  # a board of this test's own
+    run_dir = tmp_path / "kill"
+    cmd = fleet.train_command("--placement", "net.6", run_dir=run_dir, boards="p1,p-victim", batch="16,16", steps=80,
+                              no_rebalance=True, **LENET_JOB)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(_steps(run_dir)) >= 10, timeout_s=180, what="10 placed steps with both boards")
+        os.kill(victim.proc.pid, signal.SIGKILL)  # the agent; its worker follows it (PR_SET_PDEATHSIG)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in out + err, err + out
+    steps = _steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(80))  # every step applied once, in order
+    assert steps[0]["boards"] == ["p1", "p-victim"] and steps[-1]["boards"] == ["p1"] and steps[-1]["n"] == 16
+    flags = json.loads((run_dir / "result.json").read_text())["boards"]["p-victim"]["flags"]
+    assert flags, "the dropped board is named in the run's result"

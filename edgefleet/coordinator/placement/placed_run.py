@@ -32,6 +32,7 @@ from edgefleet.workloads.layer_cut import CutRefused, ModelCut, cut_model
 log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 2  # samples in the batch the cut is checked on
+THREAD_REFIT_STEPS = 20  # steps between fitting the tail's torch threads to the free CPU
 
 
 class PlacedRun:
@@ -49,6 +50,19 @@ class PlacedRun:
         self.full = FullGradient(exchanged, cut)
         self.head_elements = self.full.head_elements
         self.server: TailServer | None = None
+        self.threads: Callable[[], int] | None = None  # the tail's torch threads: the CPU left free (None: as set)
+
+    def fit_threads(self, step: int) -> None:
+        """Every :data:`THREAD_REFIT_STEPS` steps, give the tail's thread (the event loop's) the torch threads the
+        cores others left free fit: torch's default of one per CPU seen waits at every operator's barrier when
+        boards or other work share the machine (``coordinator.run.replica_threads``), and the tail is every step's
+        serial part. torch's thread count is per calling thread: the replica's validation sets its own."""
+        if self.threads is None or step % THREAD_REFIT_STEPS:
+            return
+        threads = self.threads()
+        if threads != torch.get_num_threads():
+            log.debug("the tail computes with %d torch thread(s) (was %d)", threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
 
     def serve(self, server: TailServer) -> TailServer:
         self.server = server
@@ -154,4 +168,4 @@ def _kb(n: float) -> str:
     return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n / 1024:.1f} KiB"
 
 
-__all__ = ["SAMPLE_ROWS", "CutRefused", "PlacedRun", "prepare"]
+__all__ = ["SAMPLE_ROWS", "THREAD_REFIT_STEPS", "CutRefused", "PlacedRun", "prepare"]

@@ -330,7 +330,9 @@ class TrainingRun:
                               f"{self.replica.replay_reason}, so the coordinator replays training_step, which a placed "
                               "run cannot yet: train it with --placement none")
         sample = self.data.collate_fn([self.data.train[i] for i in range(min(SAMPLE_ROWS, len(self.data.train)))])
-        return prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample)
+        placed = prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample)
+        placed.threads = None if self.spec.threads else FreeCpuThreads().threads  # --threads fixes them
+        return placed
 
     def _check_target(self, step: int, elapsed_s: float) -> None:
         """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
@@ -578,6 +580,11 @@ class TrainingRun:
             if asked >= MAX_REJOINS or now - last < REJOIN_EVERY_S:
                 continue
             self._invited[board] = (asked + 1, now)
+            if self.placed is not None:  # a placed step's tail has run before a late board could catch up to it
+                self._invited[board] = (MAX_REJOINS, now)
+                self.on_note(f"board {board} is online again, but a board cannot rejoin a placed run yet (--placement): "
+                             "the run goes on without it (Ctrl-C and --resume continue from the last checkpoint with every board)")
+                continue
             channel.send(board, command)
             self.on_note(f"board {board} is online again: asked it to rejoin the job (from step {self.replica.step}; "
                          f"{asked + 1} of at most {MAX_REJOINS} times)")
@@ -591,6 +598,7 @@ class TrainingRun:
             step = self.replica.step
             apply: Callable[[Any, StepResult], None] = self.replica.apply
             if self.placed is not None and self.placed.server is not None:  # the tail's rounds, then the head's exchange
+                self.placed.fit_threads(step)
                 tail = await self.placed.server.run_step(step, dict(zip(spec.boards, exchange.batch_sizes_at(step))),
                                                          exchange.deadline_for_next_step(spec.step_timeout_s))
                 apply = self.placed.apply_with(tail, self.replica.apply)
