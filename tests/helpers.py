@@ -9,9 +9,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgefleet.transport.fleet_key import generate_key_hex
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 COORDINATOR = (sys.executable, "-m", "edgefleet.coordinator.cli")  # ``edge-coordinator`` as a subprocess runs it
@@ -131,3 +134,34 @@ def train_args(*extra: str, broker: Any = None, config: Path | None = None, flee
 def train_command(*extra: str, **options: Any) -> list[str]:
     """``edge-coordinator … train …`` as a subprocess runs it: ``train_args(*extra, **options)`` after the program."""
     return [*COORDINATOR, *train_args(*extra, **options)]
+
+
+def plain_lenet_training(steps: int, global_batch: int, *, seed: int, lr: float = 0.05) -> dict[str, torch.Tensor]:
+    """LeNet-5 on digits with SGD in one plain process, no agents, no exchange: the reference a fleet's model must equal
+    (the same seed's initial weights and global batches)."""
+    import torch  # the training stack: only for the tests that train
+
+    from edgefleet.workloads.params import single_optimizer
+    from edgefleet.workloads.registry import build_dataset, build_model
+    from edgefleet.workloads.sharding import GlobalBatchPlan
+
+    dataset = build_dataset("digits", "train", {})
+    torch.manual_seed(seed)
+    model = build_model("lenet5", {"optimizer": "sgd", "lr": lr}, data=dataset)
+    optimizer = single_optimizer(model.configure_optimizers())
+    plan = GlobalBatchPlan(len(dataset), [global_batch], seed)
+    for step in range(steps):
+        samples = [dataset[i] for i in plan.global_indices(step)]
+        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    state: dict[str, torch.Tensor] = model.state_dict()
+    return state
+
+
+def max_relative_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """The largest relative L2 difference of two state dicts' tensors (same keys)."""
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)

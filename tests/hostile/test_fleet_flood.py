@@ -6,6 +6,8 @@ as a flood would be, and the real monitor."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -55,3 +57,13 @@ def test_preferred_boards_come_first_in_a_view_flooded_by_fake_boards() -> None:
             ignored = view.ignored_boards()
     assert set(REAL) <= shown, f"{len(shown)} boards shown, the real ones missing"
     assert len(shown) == DEFAULT_MAX_BOARDS and ignored == FAKES + len(REAL) - DEFAULT_MAX_BOARDS
+
+
+def test_status_prefers_the_boards_whose_keys_the_coordinator_holds(tmp_path: Path) -> None:
+    from edgefleet.coordinator.cli.status import _keyed_boards
+
+    (tmp_path / "real-1.pub").write_text("key")
+    (tmp_path / "real-2.pub").write_text("key")
+    (tmp_path / "notes.txt").write_text("not a key")
+    assert _keyed_boards(SimpleNamespace(security=SimpleNamespace(board_keys_dir=str(tmp_path)))) == set(REAL)
+    assert _keyed_boards(SimpleNamespace(security=SimpleNamespace(board_keys_dir=""))) == frozenset()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import Fleet
-from tests.helpers import interrupt_after, status_json, wait_until
+from tests.helpers import interrupt_after, max_relative_error, plain_lenet_training, status_json, wait_until
 
 SEED = 7
 # SGD with momentum: Adam divides by sqrt(v), which turns rounding-level differences in the summation
@@ -30,32 +30,6 @@ pytestmark = pytest.mark.fleet(boards=("t1", "t2", "t3", "solo"))  # four traini
 
 def _train(fleet: Fleet, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     return fleet.train(*args, run_dir=run_dir, timeout_s=timeout_s, **LENET_JOB)
-
-
-def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
-    """One process, no agents, no exchange: the reference."""
-    from edgefleet.workloads.params import single_optimizer
-    from edgefleet.workloads.registry import build_dataset, build_model
-    from edgefleet.workloads.sharding import GlobalBatchPlan
-
-    dataset = build_dataset("digits", "train", {})
-    torch.manual_seed(SEED)
-    model = build_model("lenet5", {"optimizer": "sgd", "lr": 0.05}, data=dataset)
-    optimizer = single_optimizer(model.configure_optimizers())
-    plan = GlobalBatchPlan(len(dataset), [global_batch], SEED)  # type: ignore[arg-type]
-    for step in range(steps):
-        samples = [dataset[i] for i in plan.global_indices(step)]
-        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.state_dict()
-
-
-def _max_relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -71,12 +45,12 @@ def test_split_batches_train_the_same_model_as_one_board_and_one_process(fleet: 
 
     split_model = torch.load(tmp_path / "split" / "model.pt", weights_only=True)
     single_model = torch.load(tmp_path / "single" / "model.pt", weights_only=True)
-    reference = _plain_training(20, 48)
-    assert _max_relative_error(split_model, reference) <= 1e-5
-    assert _max_relative_error(single_model, reference) <= 1e-5
+    reference = plain_lenet_training(20, 48, seed=SEED)
+    assert max_relative_error(split_model, reference) <= 1e-5
+    assert max_relative_error(single_model, reference) <= 1e-5
     # and it did train: the weights moved away from the initial ones
     torch.manual_seed(SEED)
-    assert _max_relative_error(split_model, _plain_training(0, 48)) > 1e-3
+    assert max_relative_error(split_model, plain_lenet_training(0, 48, seed=SEED)) > 1e-3
 
     steps = _steps(tmp_path / "split")
     assert [s["step"] for s in steps] == list(range(20))
@@ -116,7 +90,7 @@ def test_interrupted_then_resumed_run_ends_like_an_uninterrupted_one(fleet: Flee
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     a = torch.load(run_dir / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
-    assert _max_relative_error(a, b) <= 1e-6
+    assert max_relative_error(a, b) <= 1e-6
     assert [s["step"] for s in _steps(run_dir)] == list(range(60))  # no step lost, none applied twice
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import Fleet
-from tests.helpers import interrupt_after, wait_until
+from tests.helpers import interrupt_after, max_relative_error, plain_lenet_training, wait_until
 
 SEED = 7
 MODEL_OPTIONS = "optimizer=sgd,lr=0.05"  # SGD: see tests/integration/test_training.py on Adam and rounding
@@ -32,42 +32,16 @@ def _steps(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def _plain_training(steps: int, global_batch: int) -> dict[str, torch.Tensor]:
-    """One process, no agents, no exchange: the reference."""
-    from edgefleet.workloads.params import single_optimizer
-    from edgefleet.workloads.registry import build_dataset, build_model
-    from edgefleet.workloads.sharding import GlobalBatchPlan
-
-    dataset = build_dataset("digits", "train", {})
-    torch.manual_seed(SEED)
-    model = build_model("lenet5", {"optimizer": "sgd", "lr": 0.05}, data=dataset)
-    optimizer = single_optimizer(model.configure_optimizers())
-    plan = GlobalBatchPlan(len(dataset), [global_batch], SEED)  # type: ignore[arg-type]
-    for step in range(steps):
-        samples = [dataset[i] for i in plan.global_indices(step)]
-        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.state_dict()
-
-
-def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in a)
-
-
 def test_a_placed_run_trains_the_model_a_single_process_trains(fleet: Fleet, tmp_path: Path) -> None:
     run = _train(fleet, tmp_path / "placed", "--boards", "p1,p2,p3", "--batch", "8,16,24", "--steps", "20",
                  "--placement", "net.6", "--no-rebalance")
     assert run.returncode == 0, run.stderr + run.stdout
     assert "layer placement after net.6" in run.stdout + run.stderr
     placed = torch.load(tmp_path / "placed" / "model.pt", weights_only=True)
-    reference = _plain_training(20, 48)
-    assert _relative_error(placed, reference) <= 1e-5
+    reference = plain_lenet_training(20, 48, seed=SEED)
+    assert max_relative_error(placed, reference) <= 1e-5
     torch.manual_seed(SEED)
-    assert _relative_error(placed, _plain_training(0, 48)) > 1e-3  # it did train
+    assert max_relative_error(placed, plain_lenet_training(0, 48, seed=SEED)) > 1e-3  # it did train
     steps = _steps(tmp_path / "placed")
     assert [s["step"] for s in steps] == list(range(20))
     assert all(s["boards"] == ["p1", "p2", "p3"] and s["n"] == 48 for s in steps)
@@ -92,7 +66,7 @@ def test_an_interrupted_placed_run_resumes_to_the_single_process_model(fleet: Fl
     assert 8 <= stopped_at < 40 and not (run_dir / "model.pt").exists()
     resumed = _train(fleet, run_dir, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
-    assert _relative_error(torch.load(run_dir / "model.pt", weights_only=True), _plain_training(40, 48)) <= 1e-5
+    assert max_relative_error(torch.load(run_dir / "model.pt", weights_only=True), plain_lenet_training(40, 48, seed=SEED)) <= 1e-5
     assert [s["step"] for s in _steps(run_dir)] == list(range(40))  # no step lost, none applied twice
 
 

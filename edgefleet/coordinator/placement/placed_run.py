@@ -168,4 +168,4 @@ def _kb(n: float) -> str:
     return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n / 1024:.1f} KiB"
 
 
-__all__ = ["SAMPLE_ROWS", "THREAD_REFIT_STEPS", "CutRefused", "PlacedRun", "prepare"]
+__all__ = ["SAMPLE_ROWS", "THREAD_REFIT_STEPS", "PlacedRun", "prepare"]

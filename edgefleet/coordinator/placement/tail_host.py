@@ -131,7 +131,8 @@ class FullGradient:
             if from_head:
                 out[at:at + n] = head[where:where + n]
             else:
-                grad = tail[self._tail_index[id(p)]] if id(p) in self._tail_index else None
+                index = self._tail_index.get(id(p), len(tail))
+                grad = tail[index] if index < len(tail) else None
                 if grad is not None:
                     out[at:at + n] = grad.detach().reshape(-1).numpy()
             at += n
