@@ -125,7 +125,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
-            only=cut.head_params if cut is not None else None)
+            only=cut.head_params if cut is not None else None, buffers=cut.head_layers() if cut is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
         callbacks = [positioner, callback_class(package, StepSeeding, "StepSeeding")(seeder)]

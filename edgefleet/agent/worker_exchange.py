@@ -295,6 +295,8 @@ class GradientExchange:
         only: Layer placement: the vector holds these parameters' gradients (the head's; ``workloads.layer_cut``),
             the others (the tail's, trained on the tail host) keep no gradient and the optimizer leaves them;
             None: every trainable parameter.
+        buffers: Layer placement: the module whose buffers travel after the gradient (the head's layers); None:
+            the whole module's.
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -314,8 +316,9 @@ class GradientExchange:
                  on_split: Callable[[int, list[int]], object] | None = None,
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
-                 only: list[torch.nn.Parameter] | None = None) -> None:
+                 only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
         self.overlap = client.overlap if overlap is None else overlap
         self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
@@ -353,7 +356,7 @@ class GradientExchange:
         if self._only is not None:
             trainable = [p for p in trainable if id(p) in self._only]
         self._params = gradient_order(trainable, overlap=self.overlap)
-        self._buffers = BufferSet(pl_module)
+        self._buffers = BufferSet(self._buffers_of if self._buffers_of is not None else pl_module)
         self._grad_elements = sum(p.numel() for p in self._params)
         self._flat = np.zeros(self._grad_elements + self._buffers.elements, dtype=np.float32)
         self._grads = FlatGradients(self._params, self._flat[:self._grad_elements])

@@ -33,6 +33,7 @@ from torch import nn
 from torch.fx.passes.split_module import split_module
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.params import BufferSet
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +83,10 @@ class ModelCut:
     tail_params: list[nn.Parameter]
     head_modules: list[nn.Module]
 
-    def head_buffers(self) -> list[torch.Tensor]:
-        """The head's layers' buffers (BatchNorm's running statistics), each once, in the head's call order."""
-        seen: set[int] = set()
-        found = []
-        for module in self.head_modules:
-            for buffer in module.buffers():
-                if id(buffer) not in seen:
-                    seen.add(id(buffer))
-                    found.append(buffer)
-        return found
+    def head_layers(self) -> nn.ModuleList:
+        """The head's layers as one module: their buffers (BatchNorm's running statistics) travel with the head's
+        gradient, in this order on every board and the replica (``workloads.params.BufferSet``)."""
+        return nn.ModuleList(self.head_modules)
 
 
 def trace(model: nn.Module) -> torch.fx.GraphModule:
@@ -134,6 +129,7 @@ def cut_model(model: nn.Module, name: str, *, graph: torch.fx.GraphModule | None
     head_ids = {id(p) for p in head.parameters()}
     tail_ids = {id(p) for p in tail.parameters()}
     head_modules = [module for module in head.modules() if module is not head and not list(module.children())]
+    _refuse_loose_buffers(model, [*head_modules, *(m for m in tail.modules() if m is not tail and not list(m.children()))])
     return ModelCut(name=_display_name(nodes[index]), head=head, tail=tail,
                     head_params=[p for p in params if id(p) in head_ids],
                     tail_params=[p for p in params if id(p) in tail_ids or id(p) not in head_ids],
@@ -141,9 +137,11 @@ def cut_model(model: nn.Module, name: str, *, graph: torch.fx.GraphModule | None
 
 
 def head_size(optimizer: torch.optim.Optimizer, cut: ModelCut) -> int:
-    """The head's gradient vector's length: its parameters the optimizer trains (a placed job's exchanged vector)."""
+    """A placed job's exchanged vector's length: the head's parameters the optimizer trains, then its layers'
+    buffers (``workloads.params.BufferSet``)."""
     head = {id(p) for p in cut.head_params}
-    return sum(p.numel() for group in optimizer.param_groups for p in group["params"] if id(p) in head and p.requires_grad)
+    grads: int = sum(p.numel() for group in optimizer.param_groups for p in group["params"] if id(p) in head and p.requires_grad)
+    return grads + BufferSet(cut.head_layers()).elements
 
 
 def cut_points(model: nn.Module, sample: torch.Tensor) -> list[CutPoint]:
@@ -266,6 +264,16 @@ def _random_in(nodes: Iterable[torch.fx.Node], modules: list[nn.Module]) -> str:
             if name in _RANDOM_FUNCTIONS:
                 return name
     return ""
+
+
+def _refuse_loose_buffers(model: nn.Module, layers: list[nn.Module]) -> None:
+    """Every buffer must belong to a layer the forward calls: the head's travel with its gradient, the tail's stay
+    on the tail host; one elsewhere (on the module itself, on a container) would be kept by neither."""
+    held = {id(b) for layer in layers for b in layer.buffers()}
+    loose = [name for name, buffer in model.named_buffers() if id(buffer) not in held]
+    if loose:
+        raise CutRefused(f"buffer {loose[0]} of {type(model).__name__} is not on a layer its forward calls, so neither "
+                         "side of a cut would keep it: move it onto a layer, or train with --placement none")
 
 
 def _refuse_hooks(model: nn.Module) -> None:

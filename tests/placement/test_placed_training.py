@@ -90,3 +90,20 @@ def test_a_board_killed_mid_placed_run_is_dropped_on_both_sides_and_the_run_fini
     assert steps[0]["boards"] == ["p1", "p-victim"] and steps[-1]["boards"] == ["p1"] and steps[-1]["n"] == 16
     flags = json.loads((run_dir / "result.json").read_text())["boards"]["p-victim"]["flags"]
     assert flags, "the dropped board is named in the run's result"
+
+
+def test_batchnorm_in_the_head_follows_ddps_rule_as_data_parallel_does(fleet: Fleet, tmp_path: Path) -> None:
+    job = {"model": "resnet_small", "model_options": "norm=batch,width=8,optimizer=sgd,lr=0.05", "dataset": "digits",
+           "seed": SEED, "threads": 1}
+    args = ("--boards", "p1,p2", "--batch", "8,16", "--steps", "6", "--no-rebalance")
+    placed = fleet.train(*args, "--placement", "net.6", run_dir=tmp_path / "placed", timeout_s=240, **job)
+    assert placed.returncode == 0, placed.stderr + placed.stdout
+    parallel = fleet.train(*args, run_dir=tmp_path / "parallel", timeout_s=240, **job)
+    assert parallel.returncode == 0, parallel.stderr + parallel.stdout
+    a = torch.load(tmp_path / "placed" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "parallel" / "model.pt", weights_only=True)
+    # relative L2 of all the final parameters and buffers together: the residual blocks' last convolutions start at
+    # zero, and a tensor near 1e-8 differs relatively by rounding alone
+    flat_a, flat_b = (torch.cat([t[k].float().reshape(-1) for k in sorted(t)]) for t in (a, b))
+    assert float((flat_a - flat_b).norm() / flat_b.norm()) <= 1e-5
+    assert any("running_mean" in k for k in a) and int(a["net.1.body.0.num_batches_tracked"]) == 6

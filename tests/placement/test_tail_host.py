@@ -59,3 +59,50 @@ def test_a_board_missing_from_the_head_exchange_is_taken_out_of_the_tails_gradie
                                                             torch.cat([y[:3], y[7:]]))]).numpy()
     got = _placed(model, x, y, [3, 4, 5], ["b0", "b2"])
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-6
+
+
+class _TailNorm(torch.nn.Module):
+    """A dense layer on the boards, BatchNorm and a dense layer on the coordinator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+
+def test_batchnorm_in_the_tail_normalises_over_the_whole_global_batch_as_one_process_does() -> None:
+    from edgefleet.workloads.params import BufferSet
+
+    torch.manual_seed(0)
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    reference = _TailNorm()
+    placed = _TailNorm()
+    placed.load_state_dict(reference.state_dict())
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]).numpy()
+
+    cut = cut_model(placed, "a")
+    sizes, boards = [4, 6], ["b0", "b1"]
+    heads = [cut.head(xi) for xi in torch.split(x, sizes)]
+    step = TailStep(cut, {b: h.detach().numpy() for b, h in zip(boards, heads)})
+    outs = step.forward()
+    grads_out, head_grads = {}, []
+    for b, yi in zip(boards, torch.split(y, sizes)):
+        out = torch.from_numpy(outs[b]).requires_grad_(True)
+        torch.nn.functional.cross_entropy(out, yi).backward()
+        grads_out[b] = out.grad.numpy()
+    dacts = step.backward(grads_out)
+    for b, h in zip(boards, heads):
+        grads = torch.autograd.grad(h, cut.head_params, grad_outputs=torch.from_numpy(dacts[b]))
+        head_grads.append(torch.cat([g.reshape(-1) for g in grads]))
+    head = sum(g * (n / 10) for g, n in zip(head_grads, sizes)).numpy()
+    buffers = BufferSet(placed)
+    full = FullGradient(list(placed.parameters()), cut, buffers).combine(head, step.tail_gradient(boards))
+
+    grads = full[:expected.size]
+    assert np.linalg.norm(grads - expected) / np.linalg.norm(expected) < 1e-6
+    assert torch.allclose(placed.bn.running_mean, reference.bn.running_mean, atol=1e-7)
+    assert torch.allclose(placed.bn.running_var, reference.bn.running_var, atol=1e-6)
+    assert np.allclose(full[expected.size:], BufferSet(reference).flatten_into(np.zeros(buffers.elements, np.float32)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -242,7 +243,9 @@ def test_configurations_of_each_split_and_their_planned_batches() -> None:
     assert len({c.label for c in configs}) == len(configs)
     fleet = _profile({b.id: (0.008 / b.cpu, 0.0014 / b.cpu) for b in FLEET8})
     filled = scaling.with_planned_batches(configs, {"resnet_small": fleet})
-    assert filled[2] == configs[2] and filled[0] == configs[0]
+    # the other splits keep their batches and gain the planner's step time
+    assert [replace(c, predicted_step_s=None) for c in (filled[2], filled[0])] == [configs[2], configs[0]]
+    assert all(c.predicted_step_s and c.predicted_step_s > 0 for c in filled)
     assert filled[3].batch_sizes == tuple(sf.planned_split(fleet, configs[3].boards, batch))
     with pytest.raises(ValueError, match="no profile of resnet_small"):
         scaling.with_planned_batches(configs, {})

@@ -101,3 +101,21 @@ def test_a_module_with_a_hook_is_refused() -> None:
     model.net[7].register_forward_hook(lambda *args: None)
     with pytest.raises(CutRefused, match="net.7 carries a forward or backward hook"):
         cut_model(model, "net.6")
+
+
+class _LooseBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) * self.scale)
+
+
+def test_a_buffer_on_no_layer_is_refused_and_a_layers_buffers_are_the_heads() -> None:
+    with pytest.raises(CutRefused, match="buffer scale of _LooseBuffer is not on a layer"):
+        cut_model(_LooseBuffer(), "a")
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+    cut = cut_model(model, "1")
+    assert [id(b) for b in cut.head_layers().buffers()] == [id(b) for b in model[1].buffers()]

@@ -2,11 +2,11 @@
 and each step's full gradient for the replica.
 
 :func:`prepare` cuts the replica's model (``workloads.layer_cut``) and refuses, naming why and what to
-do, what placement cannot train exactly yet: a model with buffers (BatchNorm's running statistics), a
-module whose replica replays ``training_step``, a ``training_step`` that calls the model's forward
+do, what placement cannot train exactly: a ``training_step`` that calls the model's forward
 other than once per batch or runs a tail layer outside ``forward``, or one whose loss with the cut
-differs from the uncut model's on a sample batch. The check runs on the coordinator, on a copy of
-the random generators' state (nothing it draws changes the run).
+differs from the uncut model's on a sample batch (the replica's own ``training_step`` replay is
+refused by the run). The check runs on the coordinator, on a copy of the random generators' state
+and of the module's buffers (nothing it draws or moves changes the run).
 
 :class:`PlacedRun` then serves the run: :attr:`server` (``coordinator.placement.tail_server``) runs
 each step's activation rounds before the gradient exchange's round for the head, and
@@ -26,8 +26,8 @@ import torch
 from edgefleet.coordinator.exchange.step_sum import StepResult
 from edgefleet.coordinator.placement.tail_host import FullGradient, TailStep
 from edgefleet.coordinator.placement.tail_server import TailServer
-from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.layer_cut import CutRefused, ModelCut, cut_model
+from edgefleet.workloads.params import BufferSet
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,14 @@ class PlacedRun:
         cut: the replica's model, cut.
         exchanged: the replica's parameters in its vector's order.
         boundary, output: one sample's activation and tail-output shapes.
+        buffers: the replica's buffers as its vector carries them.
     """
 
     def __init__(self, cut: ModelCut, exchanged: list[torch.nn.Parameter], boundary: tuple[int, ...],
-                 output: tuple[int, ...]) -> None:
+                 output: tuple[int, ...], buffers: BufferSet | None = None) -> None:
         self.cut, self.boundary, self.output = cut, boundary, output
-        self.full = FullGradient(exchanged, cut)
+        self.full = FullGradient(exchanged, cut, buffers)
+        self.head_buffers = self.full.head_buffers  # what of the exchange's vector is buffers (the head's layers')
         self.head_elements = self.full.head_elements
         self.server: TailServer | None = None
         self.threads: Callable[[], int] | None = None  # the tail's torch threads: the CPU left free (None: as set)
@@ -85,27 +87,25 @@ class PlacedRun:
         """What crosses the network per step and board, both ways, for the run's note."""
         per_sample = int(np.prod(self.boundary)) + int(np.prod(self.output))
         head = self.head_elements * 4
-        return (f"layer placement after {self.cut.name}: the boards train {self.head_elements:,} parameters, the "
-                f"coordinator {self.full.elements - self.head_elements:,}; per step a board sends "
+        params = self.full.head_grad_elements
+        return (f"layer placement after {self.cut.name}: the boards train {params:,} parameters, the "
+                f"coordinator {self.full.grad_elements - params:,}; per step a board sends "
                 f"{_kb(max(batch_sizes) * per_sample * 4 + head)} and receives as much (its activations and the "
                 f"head's gradient; data-parallel: {_kb(self.full.elements * 4)} each way)")
 
 
-def prepare(model: Any, cut_name: str, exchanged: list[torch.nn.Parameter], sample: Any) -> PlacedRun:
-    """Cut the replica's ``model`` after ``cut_name`` and check the cut on ``sample`` (a collated batch).
+def prepare(model: Any, cut_name: str, exchanged: list[torch.nn.Parameter], sample: Any,
+            buffers: BufferSet | None = None) -> PlacedRun:
+    """Cut the replica's ``model`` after ``cut_name`` and check the cut on ``sample`` (a collated batch);
+    ``buffers``: the replica's, as its vector carries them.
 
     Raises:
         ConfigError: the cut does not exist or is not admissible, or placement cannot train this module
-            exactly yet (the message says why and what to do).
+            exactly (the message says why and what to do).
     """
-    name = type(model).__name__
-    buffers = [n for n, _ in model.named_buffers()]
-    if buffers:
-        raise ConfigError(f"--placement {cut_name}: {name} has buffers ({', '.join(buffers[:3])}), and placement does "
-                          "not carry BatchNorm's running statistics yet: train it with --placement none")
     cut = cut_model(model, cut_name)
     boundary, output = _check_on_sample(model, cut, sample)
-    return PlacedRun(cut, exchanged, boundary, output)
+    return PlacedRun(cut, exchanged, boundary, output, buffers)
 
 
 def _check_on_sample(model: Any, cut: ModelCut, batch: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -132,6 +132,7 @@ def _check_on_sample(model: Any, cut: ModelCut, batch: Any) -> tuple[tuple[int, 
         seen["boundary"], seen["output"] = tuple(activation.shape[1:]), tuple(out.shape[1:])
         return out
 
+    kept = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}  # the check moves none of them
     with torch.random.fork_rng():
         state = torch.random.get_rng_state()
         reference = model.training_step(batch, 0)
@@ -144,6 +145,9 @@ def _check_on_sample(model: Any, cut: ModelCut, batch: Any) -> tuple[tuple[int, 
             model.__dict__.pop("forward", None)
             for handle in handles:
                 handle.remove()
+            with torch.no_grad():
+                for name, buffer in model.named_buffers():
+                    buffer.copy_(kept[name])
     where = f"{type(model).__name__}.training_step"
     if seen["calls"] != 1:
         raise CutRefused(f"--placement {cut.name}: {where} ran the model's forward {seen['calls']} times on one batch; "

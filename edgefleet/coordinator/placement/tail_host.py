@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from edgefleet.workloads.layer_cut import ModelCut
+from edgefleet.workloads.params import BufferSet
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,21 @@ class TailStep:
 
 
 class FullGradient:
-    """Puts the head's averaged gradient and the tail's gradient together in the replica's vector order.
+    """Puts the head's averaged vector and the tail's gradient together in the replica's vector order.
+
+    The head's vector is its gradient, then its layers' buffers (``workloads.params.BufferSet`` of the
+    head's layers: the first contributing board's, or their average, as ``--sync-buffers`` says); the
+    replica's is every parameter's gradient, then every buffer. The head's buffers are set on the
+    replica's layers and then every buffer is read back: the tail's are the ones its forward just moved
+    on the replica's own layers (BatchNorm in the tail sees the whole global batch).
 
     Args:
         exchanged: the replica's parameters in its vector's order (``Replica.exchanged``).
-        cut: the replica's model, cut (which parameters are the head's).
+        cut: the replica's model, cut (which parameters and layers are the head's).
+        buffers: the replica's buffers as its vector carries them (``Replica.buffers``).
     """
 
-    def __init__(self, exchanged: Sequence[torch.nn.Parameter], cut: ModelCut) -> None:
+    def __init__(self, exchanged: Sequence[torch.nn.Parameter], cut: ModelCut, buffers: BufferSet | None = None) -> None:
         head = {id(p) for p in cut.head_params}
         self._slots: list[tuple[bool, int, int]] = []  # (from the head's vector?, where in it, elements)
         head_at = 0
@@ -118,13 +126,18 @@ class FullGradient:
                 head_at += p.numel()
             else:
                 self._slots.append((False, 0, p.numel()))
-        self.head_elements = head_at
-        self.elements = sum(n for _, _, n in self._slots)
+        self.head_grad_elements = head_at
+        self.head_buffers = BufferSet(cut.head_layers())
+        self.head_elements = head_at + self.head_buffers.elements  # the head's vector: what the exchange carries
+        self.grad_elements = sum(n for _, _, n in self._slots)
+        self._buffers = buffers if buffers is not None else BufferSet()
+        self.elements = self.grad_elements + self._buffers.elements
         self._tail_index = {id(p): i for i, p in enumerate(p for p in cut.tail_params if p.requires_grad)}
         self._exchanged = list(exchanged)
 
     def combine(self, head: np.ndarray, tail: Sequence[torch.Tensor | None]) -> np.ndarray:
-        """The replica's vector: the head's average and the tail's gradient (zeros for a parameter the tail left unused)."""
+        """The replica's vector: the head's average and the tail's gradient (zeros for a parameter the tail left
+        unused), then every buffer (the head's from ``head``, the tail's as its forward left them)."""
         out = np.zeros(self.elements, dtype=np.float32)
         at = 0
         for p, (from_head, where, n) in zip(self._exchanged, self._slots):
@@ -136,6 +149,10 @@ class FullGradient:
                 if grad is not None:
                     out[at:at + n] = grad.detach().reshape(-1).numpy()
             at += n
+        if self._buffers:
+            if self.head_buffers:
+                self.head_buffers.assign_from(head[self.head_grad_elements:self.head_elements])
+            self._buffers.flatten_into(out[self.grad_elements:])
         return out
 
 

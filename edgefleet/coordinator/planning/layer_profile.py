@@ -3,11 +3,14 @@ cut of a model would put on the boards, on the links and on the coordinator.
 
 For every cut ``workloads.layer_cut`` admits, :func:`profile_cuts` measures, on this machine:
 
-* the head's share of a sample's forward and backward compute: the slope of the head's time against
-  the whole model's, each timed at two batch sizes with one torch thread (a board's usual count);
-  the boards' own profiles (``edge-coordinator profile``) give each board's whole-model line, and the
-  planner scales its per-sample part by this share (``planning.modes.placed``). It is a ratio of
-  this CPU's times, taken as the same on every board's CPU: the planner's one approximation here;
+* the head's share of a sample's forward and backward compute: the floating-point operations of
+  the head's forward and backward against the whole model's (``torch.utils.flop_counter``: matrix
+  products and convolutions, which are the compute of a layer that matters); counted, not timed, so
+  a busy coordinator cannot skew it (a model whose layers count no operation falls back to the
+  ratio of times at one torch thread). The boards' own profiles (``edge-coordinator profile``) give
+  each board's whole-model line, and the planner scales its per-sample part by this share
+  (``planning.modes.placed``): the same share on every board's CPU, the planner's one approximation
+  here;
 * the tail's forward and backward over a global batch, the coordinator's serial part of a step, as
   a line ``a + c * N`` fitted at two global batch sizes with this process's threads;
 * the bytes: the head's parameters, a sample's activation and output.
@@ -27,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from edgefleet.coordinator.planning.cut_profile import CutProfile
 from edgefleet.coordinator.planning.modes import TrainingMode
@@ -58,14 +62,12 @@ def profile_cuts(model: torch.nn.Module, sample: Callable[[int], torch.Tensor]) 
     profiles = []
     try:
         model.train()
-        torch.set_num_threads(1)
-        whole = _slope(lambda n: _time_backward(model, sample(n)), BOARD_BATCHES)
-        torch.set_num_threads(threads)
+        batch = sample(BOARD_BATCHES[0])
+        whole_flops = _flops(model, batch)
+        whole = whole_flops or _timed_slope(model, sample)
         for point in points:
             cut = cut_model(model, point.name)
-            torch.set_num_threads(1)
-            head = _slope(functools.partial(_time_head, cut, sample), BOARD_BATCHES)
-            torch.set_num_threads(threads)
+            head = _flops(cut.head, batch) if whole_flops else _timed_slope(cut.head, sample)
             tail_a, tail_c = _line(functools.partial(_time_tail_of, cut, sample), HOST_BATCHES)
             output = _output_elements(cut, sample(2))
             profiles.append(CutProfile(name=point.name, boundary_elements=point.boundary_elements,
@@ -99,14 +101,10 @@ def with_cuts(profiles: dict[str, FleetProfile], *, model: str, dataset: str, da
         torch.manual_seed(0)
         built = build_model(model, dict(fleet.variant), data=data.train)
         cuts: list[CutProfile] = []
-        if any(True for _ in built.buffers()):
-            on_note(f"layer placement: {label}: {type(built).__name__} has buffers (BatchNorm), which placement does "
-                    "not carry yet: no cut profiled")
-        else:
-            try:
-                cuts = profile_cuts(built, sample)
-            except CutRefused as exc:
-                on_note(f"layer placement: {label}: {exc}")
+        try:
+            cuts = profile_cuts(built, sample)
+        except CutRefused as exc:
+            on_note(f"layer placement: {label}: {exc}")
         if cuts:
             on_note(f"layer placement: {label}: {len(cuts)} cuts profiled on this machine (the tail host)")
         out[label] = dataclasses.replace(fleet, cuts=tuple(cuts))
@@ -148,8 +146,21 @@ def _time_backward(module: Callable[[torch.Tensor], Any], x: torch.Tensor) -> fl
     return best
 
 
-def _time_head(cut: Any, sample: Callable[[int], torch.Tensor], n: int) -> float:
-    return _time_backward(cut.head, sample(n))
+def _flops(module: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
+    """Floating-point operations of a forward and a backward of ``module`` on ``x`` (0: none it counts)."""
+    with FlopCounterMode(display=False) as counter:
+        module(x).float().sum().backward()
+    return float(counter.get_total_flops())
+
+
+def _timed_slope(module: Callable[[torch.Tensor], Any], sample: Callable[[int], torch.Tensor]) -> float:
+    """Seconds per sample of ``module``'s forward and backward at one torch thread (a board's usual count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _slope(lambda n: _time_backward(module, sample(n)), BOARD_BATCHES)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _time_tail_of(cut: Any, sample: Callable[[int], torch.Tensor], n: int) -> float:

@@ -330,7 +330,7 @@ class TrainingRun:
                               f"{self.replica.replay_reason}, so the coordinator replays training_step, which a placed "
                               "run cannot yet: train it with --placement none")
         sample = self.data.collate_fn([self.data.train[i] for i in range(min(SAMPLE_ROWS, len(self.data.train)))])
-        placed = prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample)
+        placed = prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample, self.replica.buffers)
         placed.threads = None if self.spec.threads else FreeCpuThreads().threads  # --threads fixes them
         return placed
 
@@ -470,13 +470,14 @@ class TrainingRun:
             loop.add_signal_handler(sig, self.request_stop)
         channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
         checker, tls = self._exchange_security()
+        buffers = self.replica.buffers if self.placed is None else self.placed.head_buffers  # placed: the head's layers'
         exchange = ExchangeServer(job_id=self.spec.run_id, token="", tls=tls, checker=checker,
                                   boards=list(zip(self.spec.boards, self.spec.batch_sizes)),
                                   param_count=self.replica.param_count if self.placed is None else self.placed.head_elements,
                                   wire_dtype=self.spec.wire_dtype,
                                   welcome_state=self._welcome_state, welcome_extra=self._welcome_extra,
-                                  buffer_elements=self.replica.buffer_count, buffer_sync=self.spec.sync_buffers,
-                                  int_buffer_elements=self.replica.buffers.int_elements,
+                                  buffer_elements=buffers.elements, buffer_sync=self.spec.sync_buffers,
+                                  int_buffer_elements=buffers.int_elements,
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
                                   accumulate_grad_batches=self.spec.accumulate_grad_batches)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
