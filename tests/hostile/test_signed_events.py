@@ -22,9 +22,9 @@ from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.jobs import JobEvent, TrainCommand
 from edgefleet.protocol.signing import CoordinatorKeys, EventSigner, generate_ed25519_seed
 from edgefleet.protocol.topics import events_topic
-from edgefleet.transport.fleet_key import private_key_text, public_key_text, write_new_key
 from tests.conftest import AgentFactory
 from tests.helpers import train_command, wait_boards_online, wait_until
+from tests.hostile.board_keys import make_keys
 
 PREFIX = "edgefleet/v1"
 FAST_S = 45.0
@@ -32,16 +32,8 @@ FAST_S = 45.0
 
 def _keys(tmp_path: Path, boards: list[str]) -> tuple[Path, Path, dict[str, Path], Path]:
     """The coordinator's key, the boards' public copy of it, each board's own key, and the --board-keys directory."""
-    fleet_key, fleet_pub, board_keys = tmp_path / "fleet.key", tmp_path / "fleet.pub", tmp_path / "board-keys"
-    write_new_key(fleet_key, private_key_text())
-    fleet_pub.write_text(public_key_text(fleet_key))
-    board_keys.mkdir()
-    own = {}
-    for board in boards:
-        own[board] = tmp_path / f"{board}.key"
-        write_new_key(own[board], private_key_text())
-        (board_keys / f"{board}.pub").write_text(public_key_text(own[board]))
-    return fleet_key, fleet_pub, own, board_keys
+    keys = make_keys(tmp_path, boards)
+    return keys.fleet_key, keys.fleet_pub, keys.own, keys.board_keys
 
 
 def _config(board: str, fleet_pub: Path, own: Path | None) -> str:

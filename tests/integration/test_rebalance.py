@@ -18,8 +18,8 @@ import torch
 
 from edgefleet.coordinator.exchange.server import SPLIT_LEAD_STEPS
 from tests.conftest import Fleet
-from tests.helpers import interrupt_after
-from tests.integration.test_training import LENET_JOB, _max_relative_error, _plain_training
+from tests.helpers import interrupt_after, max_relative_error, plain_lenet_training
+from tests.integration.test_training import LENET_JOB, SEED
 
 BOARDS = ("r1", "r2", "r3")
 
@@ -38,9 +38,9 @@ def test_a_forced_resplit_at_step_8_trains_the_same_model_as_one_process(fleet: 
                        run_dir=run_dir, **LENET_JOB)
 
     assert done.returncode == 0, done.stderr + done.stdout
-    reference = _plain_training(20, 48)
+    reference = plain_lenet_training(20, 48, seed=SEED)
     model = torch.load(run_dir / "model.pt", weights_only=True)
-    assert _max_relative_error(model, reference) <= 1e-5
+    assert max_relative_error(model, reference) <= 1e-5
     lines = _lines(run_dir)
     assert [line["step"] for line in lines] == list(range(20))      # still one line per step
     announced_at = 8 - SPLIT_LEAD_STEPS - 1                          # the result of step 6 carried it
@@ -77,4 +77,4 @@ def test_a_resumed_run_continues_with_the_split_in_force_at_its_checkpoint(fleet
                for line in lines), [line["batch_sizes"] for line in lines]
     assert [line["step"] for line in lines if "rebalance" in line] == [6 - SPLIT_LEAD_STEPS - 1]  # not announced twice
     model = torch.load(run_dir / "model.pt", weights_only=True)
-    assert _max_relative_error(model, _plain_training(30, 48)) <= 1e-5
+    assert max_relative_error(model, plain_lenet_training(30, 48, seed=SEED)) <= 1e-5
