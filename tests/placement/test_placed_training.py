@@ -20,7 +20,7 @@ SEED = 7
 MODEL_OPTIONS = "optimizer=sgd,lr=0.05"  # SGD: see tests/integration/test_training.py on Adam and rounding
 LENET_JOB = {"model": "lenet5", "model_options": MODEL_OPTIONS, "dataset": "digits", "seed": SEED, "threads": 1}
 
-pytestmark = pytest.mark.fleet(boards=("p1", "p2", "p3"))
+pytestmark = pytest.mark.fleet(boards=("p1", "p2", "p3"), keep_worker=True)  # each job skips the worker's start
 
 
 def _train(fleet: Fleet, run_dir: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
@@ -57,28 +57,28 @@ def test_a_cut_that_does_not_exist_is_refused_before_any_board_starts_listing_th
 
 def test_an_interrupted_placed_run_resumes_to_the_single_process_model(fleet: Fleet, tmp_path: Path) -> None:
     run_dir = tmp_path / "interrupted"
-    args = ("--boards", "p1,p2", "--batch", "16,32", "--steps", "40", "--checkpoint-every", "5", "--no-rebalance",
+    args = ("--boards", "p1,p2", "--batch", "16,32", "--steps", "24", "--checkpoint-every", "4", "--no-rebalance",
             "--placement", "net.6")
     cmd = fleet.train_command(*args, run_dir=run_dir, **LENET_JOB)
-    code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 8, what="8 steps of the placed run")
+    code, out, err = interrupt_after(cmd, lambda: len(_steps(run_dir)), 6, what="6 steps of the placed run")
     assert code == 130, err + out
     stopped_at = json.loads((run_dir / "result.json").read_text())["steps"]
-    assert 8 <= stopped_at < 40 and not (run_dir / "model.pt").exists()
+    assert 6 <= stopped_at < 24 and not (run_dir / "model.pt").exists()
     resumed = _train(fleet, run_dir, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
-    assert max_relative_error(torch.load(run_dir / "model.pt", weights_only=True), plain_lenet_training(40, 48, seed=SEED)) <= 1e-5
-    assert [s["step"] for s in _steps(run_dir)] == list(range(40))  # no step lost, none applied twice
+    assert max_relative_error(torch.load(run_dir / "model.pt", weights_only=True), plain_lenet_training(24, 48, seed=SEED)) <= 1e-5
+    assert [s["step"] for s in _steps(run_dir)] == list(range(24))  # no step lost, none applied twice
 
 
 def test_a_board_killed_mid_placed_run_is_dropped_on_both_sides_and_the_run_finishes(fleet: Fleet,
                                                                                        tmp_path: Path) -> None:
     victim = fleet.start("p-victim")  # a board of this test's own
     run_dir = tmp_path / "kill"
-    cmd = fleet.train_command("--placement", "net.6", run_dir=run_dir, boards="p1,p-victim", batch="16,16", steps=80,
+    cmd = fleet.train_command("--placement", "net.6", run_dir=run_dir, boards="p1,p-victim", batch="16,16", steps=40,
                               no_rebalance=True, **LENET_JOB)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: len(_steps(run_dir)) >= 10, timeout_s=180, what="10 placed steps with both boards")
+        wait_until(lambda: len(_steps(run_dir)) >= 8, timeout_s=180, what="8 placed steps with both boards")
         os.kill(victim.proc.pid, signal.SIGKILL)  # the agent; its worker follows it (PR_SET_PDEATHSIG)
         out, err = proc.communicate(timeout=180)
     finally:
@@ -86,16 +86,16 @@ def test_a_board_killed_mid_placed_run_is_dropped_on_both_sides_and_the_run_fini
             proc.kill()
     assert proc.returncode == 0 and "Traceback" not in out + err, err + out
     steps = _steps(run_dir)
-    assert [s["step"] for s in steps] == list(range(80))  # every step applied once, in order
+    assert [s["step"] for s in steps] == list(range(40))  # every step applied once, in order
     assert steps[0]["boards"] == ["p1", "p-victim"] and steps[-1]["boards"] == ["p1"] and steps[-1]["n"] == 16
     flags = json.loads((run_dir / "result.json").read_text())["boards"]["p-victim"]["flags"]
     assert flags, "the dropped board is named in the run's result"
 
 
 def test_batchnorm_in_the_head_follows_ddps_rule_as_data_parallel_does(fleet: Fleet, tmp_path: Path) -> None:
-    job = {"model": "resnet_small", "model_options": "norm=batch,width=8,optimizer=sgd,lr=0.05", "dataset": "digits",
+    job = {"model": "resnet_small", "model_options": "norm=batch,width=4,norm_groups=2,optimizer=sgd,lr=0.05", "dataset": "digits",
            "seed": SEED, "threads": 1}
-    args = ("--boards", "p1,p2", "--batch", "8,16", "--steps", "6", "--no-rebalance")
+    args = ("--boards", "p1,p2", "--batch", "4,8", "--steps", "4", "--no-rebalance")
     placed = fleet.train(*args, "--placement", "net.6", run_dir=tmp_path / "placed", timeout_s=240, **job)
     assert placed.returncode == 0, placed.stderr + placed.stdout
     parallel = fleet.train(*args, run_dir=tmp_path / "parallel", timeout_s=240, **job)
@@ -106,4 +106,4 @@ def test_batchnorm_in_the_head_follows_ddps_rule_as_data_parallel_does(fleet: Fl
     # zero, and a tensor near 1e-8 differs relatively by rounding alone
     flat_a, flat_b = (torch.cat([t[k].float().reshape(-1) for k in sorted(t)]) for t in (a, b))
     assert float((flat_a - flat_b).norm() / flat_b.norm()) <= 1e-5
-    assert any("running_mean" in k for k in a) and int(a["net.1.body.0.num_batches_tracked"]) == 6
+    assert any("running_mean" in k for k in a) and int(a["net.1.body.0.num_batches_tracked"]) == 4
