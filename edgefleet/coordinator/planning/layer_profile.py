@@ -105,6 +105,10 @@ def with_cuts(profiles: dict[str, FleetProfile], *, model: str, dataset: str, da
             cuts = profile_cuts(built, sample)
         except CutRefused as exc:
             on_note(f"layer placement: {label}: {exc}")
+        except Exception as exc:  # the boards' profile stands whatever the model does under fx or the flop counter
+            log.debug("profiling the cuts of %s failed", model, exc_info=True)
+            on_note(f"layer placement: {label}: its cuts could not be profiled ({type(exc).__name__}: {exc}); "
+                    "plan weighs data-parallel only")
         if cuts:
             on_note(f"layer placement: {label}: {len(cuts)} cuts profiled on this machine (the tail host)")
         out[label] = dataclasses.replace(fleet, cuts=tuple(cuts))
