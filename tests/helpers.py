@@ -155,7 +155,7 @@ def plain_lenet_training(steps: int, global_batch: int, *, seed: int, lr: float 
         x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         optimizer.step()
     state: dict[str, torch.Tensor] = model.state_dict()
     return state

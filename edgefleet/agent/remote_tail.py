@@ -117,6 +117,7 @@ def install(model: torch.nn.Module, cut: ModelCut, link: TailLink) -> None:
     head = cut.head
 
     def placed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        # torch types autograd.Function.apply as untyped (it forwards to the subclass's static forward)
         out: torch.Tensor = _RemoteTail.apply(head(*args, **kwargs), link)  # type: ignore[no-untyped-call]
         return out
 

@@ -178,6 +178,7 @@ class Board(threading.Thread):
         sent = time.monotonic()
         slow, self.slow = self.slow, None
         if slow is not None:  # read the welcome over a slow link
+            # a stand-in socket that reads in small chunks (a slow link); the receiver only calls recv_into on it
             client._receiver.sock = Throttled(client.sock, chunk=slow[0], every_s=slow[1])  # type: ignore[assignment]
         welcome = client.hello(job_id=JOB, board_id=self.board_id, token=TOKEN, param_count=SIZE)
         client._receiver.sock = client.sock
