@@ -2,7 +2,7 @@
 
 A spec is one of:
 
-* a built-in name (``lenet5``, ``mlp``, ``resnet_small``/``resnet``; ``digits``, ``synthetic``, ``npz``),
+* a built-in name (``lenet5``, ``mlp``, ``resnet_small``/``resnet``, ``conv_mlp``; ``digits``, ``synthetic``, ``npz``),
 * an import path ``package.module:Name`` (``Name`` may be dotted: ``module:Outer.Inner``),
 * the name of an installed entry point in group ``edgefleet.models`` or ``edgefleet.datasets``.
 

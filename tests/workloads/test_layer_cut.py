@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from edgefleet.workloads.layer_cut import CutRefused, cut_model, cut_points, head_size
-from edgefleet.workloads.models import LeNet5
+from edgefleet.workloads.models import ConvMLP, LeNet5
 
 
 def _lenet() -> LeNet5:
@@ -27,6 +27,22 @@ def test_lenet5_cut_after_its_convolutions_sends_400_values_a_sample_and_keeps_t
     assert torch.equal(cut.tail(cut.head(x)), model(x))
     assert {id(p) for p in cut.head_params} == {id(p) for p in model.net[:6].parameters()}  # the module's own
     assert head_size(torch.optim.SGD(model.parameters(), lr=0.1), cut) == 2572
+
+
+def test_conv_mlp_cut_at_its_flatten_leaves_the_boards_under_5_percent_of_the_parameters() -> None:
+    # bench/placement.py's model with a large dense layer: placed at net.6, a board exchanges the convolutions'
+    # gradient and 512 values a sample instead of the whole model's gradient.
+    torch.manual_seed(0)
+    model = ConvMLP((1, 32, 32), 10)
+    points = {p.name: p for p in cut_points(model, torch.zeros(2, 1, 32, 32))}
+    flatten = points["net.6"]
+    assert flatten.boundary_shape == (512,)
+    assert (flatten.head_params, flatten.tail_params) == (5056, 535562)
+    assert flatten.head_params < 0.05 * (flatten.head_params + flatten.tail_params)
+    x = torch.randn(4, 1, 32, 32)
+    cut = cut_model(model, "net.6")
+    assert torch.equal(cut.tail(cut.head(x)), model(x))
+    assert head_size(torch.optim.Adam(model.parameters()), cut) == 5056
 
 
 def test_an_unknown_cut_is_refused_listing_the_admissible_ones() -> None:

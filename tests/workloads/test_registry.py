@@ -16,7 +16,7 @@ from edgefleet.workloads.datasets import (
     load_digits_dataset,
     make_synthetic_dataset,
 )
-from edgefleet.workloads.models import MLP, LeNet5, ResNetSmall
+from edgefleet.workloads.models import MLP, ConvMLP, LeNet5, ResNetSmall
 from edgefleet.workloads.registry import (
     available_datasets,
     available_models,
@@ -47,6 +47,7 @@ def installed_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_builtin_names() -> None:
     assert resolve_model("lenet5") is LeNet5 and resolve_model("mlp") is MLP
     assert resolve_model("resnet") is resolve_model("resnet_small") is ResNetSmall
+    assert resolve_model("conv_mlp") is ConvMLP
     assert resolve_dataset("digits") is load_digits_dataset and resolve_dataset(" synthetic ") is make_synthetic_dataset
 
 
@@ -55,7 +56,7 @@ def test_unknown_model_lists_what_is_available(installed_entry_points: None) -> 
         resolve_model("lenet")
     message = str(caught.value)
     assert "unknown model 'lenet' (did you mean 'lenet5'?)" in message
-    assert "Built-in: lenet5, mlp, resnet_small, resnet" in message
+    assert "Built-in: lenet5, mlp, resnet_small, resnet, conv_mlp" in message
     assert "Entry points (edgefleet.models): broken, tiny" in message
     assert "package.module:Name" in message
 
@@ -69,7 +70,7 @@ def test_unknown_dataset_lists_what_is_available() -> None:
 def test_entry_points_resolve_but_never_shadow_builtins(installed_entry_points: None) -> None:
     assert resolve_model("tiny") is user_plugins.TinyModel
     assert resolve_model("lenet5") is LeNet5
-    assert available_models() == ["lenet5", "mlp", "resnet_small", "resnet", "broken", "tiny"]
+    assert available_models() == ["lenet5", "mlp", "resnet_small", "resnet", "conv_mlp", "broken", "tiny"]
     assert available_datasets() == ["digits", "synthetic", "npz", "blobs"]
     with pytest.raises(ConfigError, match=r"model entry point 'broken' \(no_such_package.models:Model\) failed to load"):
         resolve_model("broken")

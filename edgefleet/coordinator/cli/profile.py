@@ -39,7 +39,8 @@ def add_profile_parser(sub: Any) -> None:
                                    "peak memory, power and link throughput, for each model variant.",
                        epilog=PROFILE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--boards", metavar="ID,ID,…", help="boards to profile (default: every online board that can train)")
-    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class (default lenet5)")
+    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, conv_mlp, an entry point or pkg.module:Class "
+                                                     "(default lenet5)")
     p.add_argument("--model-options", default="", metavar="K=V,…", help="options every variant shares, e.g. optimizer=sgd")
     p.add_argument("--dataset", default="digits", help="digits, synthetic, npz, an entry point or pkg.module:factory (default digits)")
     p.add_argument("--dataset-options", default="", metavar="K=V,…", help="e.g. path=/data/train.npz for npz")

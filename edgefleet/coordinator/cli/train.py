@@ -55,7 +55,7 @@ def add_train_parser(sub: Any) -> None:
                                    "periodic averaging with --sync-every, which changes the mathematics).",
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--boards", metavar="ID,ID,…", help="boards that take part (default: every online board that can train)")
-    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, an entry point or pkg.module:Class, "
+    p.add_argument("--model", default="lenet5", help="lenet5, mlp, resnet_small, conv_mlp, an entry point or pkg.module:Class, "
                                                      "a LightningModule of pytorch_lightning or lightning.pytorch (default lenet5)")
     p.add_argument("--model-options", default="", metavar="K=V,…",
                    help="the model constructor's keyword arguments, e.g. lr=0.01,hidden=64 or layers=3,width=64")
