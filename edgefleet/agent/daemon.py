@@ -25,7 +25,7 @@ from edgefleet.protocol.signing import CommandVerifier
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_json_topic, events_topic, status_topic, telemetry_topic
 from edgefleet.transport.fleet_key import load_board_key, load_command_keys
 from edgefleet.transport.log_limit import LogLimiter, suppressed_text
-from edgefleet.transport.mqtt_link import MqttLink, Will
+from edgefleet.transport.mqtt_link import MqttLink, Will, agent_client_id
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Agent:
         self._events_json_topic = events_json_topic(prefix, cfg.board_id)
         self._progress_json = ProgressLimiter()
         will = Will(self.status_topic, BoardStatus(state="offline", reason="connection lost").to_json())
-        self.link = MqttLink(cfg.broker, client_id=f"edge-agent-{cfg.board_id}", will=will,
+        self.link = MqttLink(cfg.broker, client_id=agent_client_id(cfg.board_id), will=will,
                              on_connect=self._announce, on_message=self._on_message)
         self._stopping = False
         self._forged_status_log = LogLimiter(burst=1)

@@ -12,6 +12,8 @@ longer hears its boards). The message is dropped instead, with a rate-limited wa
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import socket
 import ssl
 import threading
@@ -34,6 +36,24 @@ LOG_WINDOW_S = 60.0  # a failure that repeats is logged again at most this often
 DROP_LOG_BURST = 3   # dropped messages warned about per LOG_WINDOW_S; the others are counted
 _TOPIC_SHOWN = 120   # characters of a topic quoted in a warning
 PROBE_TIMEOUT_S = 3.0  # a probe of why a connection failed waits at most this long per step
+
+# Every client id edgefleet asks a broker for starts with this. The shipped Mosquitto configurations
+# admit no other (clientid_prefixes), and no board id can start with it (a board id holds no ':'):
+# a board's client id on the broker is its user name (use_username_as_clientid on the boards'
+# listener), so no connection on either listener can take a board's client id and knock it off.
+CLIENT_ID_PREFIX = "edgefleet:"
+
+
+def agent_client_id(board_id: str) -> str:
+    """The client id an agent asks for (the boards' listener replaces it by the board's user name)."""
+    return f"{CLIENT_ID_PREFIX}agent:{board_id}"
+
+
+def coordinator_client_id(role: str) -> str:
+    """A client id for one coordinator connection: unique, and unguessable, so that no one else on the
+    coordinator's listener (a read-only user) can take it and knock that connection off."""
+    return f"{CLIENT_ID_PREFIX}coordinator:{role}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+
 
 _AUTH_HINTS = {
     "Not authorized": "check broker.username and broker.password (or password_file), and the broker's ACL",
@@ -125,7 +145,8 @@ class MqttLink:
 
     Args:
         settings: broker address, credentials, TLS and protocol.
-        client_id: unique per connection (a duplicate kicks the other client off).
+        client_id: unique per connection (a duplicate kicks the other client off); starts with
+            ``CLIENT_ID_PREFIX`` for a broker configured as examples/mosquitto.conf is.
         will: published by the broker if this client vanishes without ``close()``.
         on_connect: called on the network thread after every successful (re)connect; subscribe here.
         on_message: called on the network thread for each message; must not block. An exception it

@@ -49,7 +49,7 @@ class Probe:
 
 def connack_reason(port: int, ca: Path, *, username: str = "", password: str = "", timeout_s: float = 10) -> str:
     """The broker's answer to a connection attempt ("Success", "Not authorized", …)."""
-    probe = Probe(port, ca, client_id=f"probe-{username or 'anonymous'}", username=username, password=password)
+    probe = Probe(port, ca, client_id=f"edgefleet:probe-{username or 'anonymous'}", username=username, password=password)
     try:
         assert probe.connack.wait(timeout_s), "no CONNACK from the broker"
         return probe.reason

@@ -138,7 +138,7 @@ class Reader:
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
-        self.mqtt = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"reader-{uuid.uuid4().hex[:8]}",
+        self.mqtt = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefleet:reader-{uuid.uuid4().hex[:8]}",
                                 protocol=mqtt.MQTTv5)
         self.mqtt.username_pw_set(self.username, self.password)
         self.mqtt.reconnect_delay_set(120, 240)
@@ -215,12 +215,12 @@ def broker(tmp_path: Path) -> Any:
 def test_a_read_only_user_reads_the_fleet_and_is_refused_when_it_publishes(broker: Broker, tmp_path: Path) -> None:
     secret = {user: (tmp_path / "credentials" / "mqtt" / f"{user}.password").read_text().strip()
               for user in ("pi-1", "coordinator", "grafana")}
-    board = Client(broker, broker.board_port, "edge-agent-pi-1", "pi-1", secret["pi-1"])
-    coordinator = Client(broker, broker.coordinator_port, "edge-coordinator-test", "coordinator", secret["coordinator"])
+    board = Client(broker, broker.board_port, "edgefleet:agent:pi-1", "pi-1", secret["pi-1"])
+    coordinator = Client(broker, broker.coordinator_port, "edgefleet:coordinator-test", "coordinator", secret["coordinator"])
     readers = [Reader(broker.coordinator_port, "grafana", secret["grafana"]),
                Reader(broker.coordinator_port, "homeassistant", "ha-secret"),
                Reader(broker.coordinator_port, "telegraf", "tg-secret")]
-    outsider = Client(broker, broker.board_port, "reader-on-boards-port", "grafana", secret["grafana"])
+    outsider = Client(broker, broker.board_port, "edgefleet:reader-on-boards-port", "grafana", secret["grafana"])
     try:
         # Each way of giving a reader's password logs in, on the coordinator's listener only.
         assert [r.reason for r in readers] == ["Success"] * 3, broker.log

@@ -43,7 +43,7 @@ def test_a_board_with_a_dot_in_its_id_announces_itself_to_home_assistant(tmp_pat
     conf.write_text(into_temp(conf.read_text(), tmp_path, {board_port: board_port, coordinator_port: coordinator_port}))
     broker = start(tmp_path, board_port, coordinator_port)
     secret = (tmp_path / "credentials" / "mqtt" / f"{BOARD}.password").read_text().strip()
-    reader = Client(broker, coordinator_port, "home-assistant", "homeassistant", "ha-secret")
+    reader = Client(broker, coordinator_port, "edgefleet:homeassistant", "homeassistant", "ha-secret")
     try:
         reader.subscribe("homeassistant/#")
         password = tmp_path / "mqtt-password"

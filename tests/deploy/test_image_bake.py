@@ -331,9 +331,9 @@ def _cannot_connect_lines(system: BootedImage) -> list[str]:
 
 
 def _check_board_cannot_write_under_another_id(image: Image) -> None:
-    coordinator = Probe(image.coordinator_port, image.tls.ca, client_id="acl-watcher", username="coordinator",
+    coordinator = Probe(image.coordinator_port, image.tls.ca, client_id="edgefleet:acl-watcher", username="coordinator",
                         password=image.secret("mqtt/coordinator.password"))
-    board = Probe(image.port, image.tls.ca, client_id="acl-board", username=BOARD_ID,
+    board = Probe(image.port, image.tls.ca, client_id="edgefleet:acl-board", username=BOARD_ID,
                   password=image.secret(f"mqtt/{BOARD_ID}.password"))
     try:
         assert coordinator.connack.wait(10) and board.connack.wait(10)

@@ -10,8 +10,10 @@ as it would on a board.
 
 Then real clients check what the files promise: nothing anonymous; a board's credentials work on
 the boards' listener only, where its client id is its user name (so it cannot knock another board
-off by taking its client id); the coordinator can hold several connections at once; a board
-writes only under its own id; a packet over ``max_packet_size`` is refused.
+off by taking its client id); every client id asked for must start with ``edgefleet:``, so the
+coordinator's credentials cannot take a board's client id either; the coordinator can hold several
+connections at once; a board writes only under its own id; a packet over ``max_packet_size`` is
+refused. (tests/hostile/test_client_id_takeover.py attacks the example with a real agent.)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefleet.brokers.ports import free_port, wait_for_port
+from edgefleet.transport.mqtt_link import CLIENT_ID_PREFIX, agent_client_id, coordinator_client_id
 from tests.deploy.tools import ANSIBLE_DIR, REPO, tool
 
 EXAMPLES = REPO / "examples"
@@ -226,25 +229,33 @@ def check_broker(broker: Broker, secrets: dict[str, str], clients: list[Client],
 
     board_port, coordinator_port = broker.board_port, broker.coordinator_port
     # Nothing anonymous, on either listener.
-    assert connect(board_port, "anon-1").reason == "Not authorized"
-    assert connect(coordinator_port, "anon-2").reason == "Not authorized"
+    assert connect(board_port, f"{CLIENT_ID_PREFIX}anon-1").reason == "Not authorized"
+    assert connect(coordinator_port, f"{CLIENT_ID_PREFIX}anon-2").reason == "Not authorized"
     # A board's credentials do not work on the coordinator's listener (so there, no board can take any client id).
-    assert connect(coordinator_port, "edge-agent-pi-1", "pi-2").reason == "Not authorized"
+    assert connect(coordinator_port, agent_client_id("pi-1"), "pi-2").reason == "Not authorized"
 
-    pi1 = connect(board_port, "edge-agent-pi-1", "pi-1")
-    watcher = connect(coordinator_port, "coordinator-watch", coordinator)
-    commander = connect(coordinator_port, "coordinator-train", coordinator)
+    pi1 = connect(board_port, agent_client_id("pi-1"), "pi-1")
+    watcher = connect(coordinator_port, coordinator_client_id("watch"), coordinator)
+    commander = connect(coordinator_port, coordinator_client_id("train"), coordinator)
     assert pi1.reason == watcher.reason == commander.reason == "Success"
     watcher.subscribe(f"{PREFIX}/boards/#")
     pi1.subscribe(f"{PREFIX}/boards/pi-1/cmd")
 
+    def pi1_still_connected() -> None:
+        marker = uuid.uuid4().hex.encode()
+        pi1.mqtt.publish(f"{PREFIX}/boards/pi-1/telemetry", marker, qos=1)
+        assert watcher.wait_for(f"{PREFIX}/boards/pi-1/telemetry", marker), broker.log
+        assert not pi1.disconnected.is_set(), broker.log
+
     # pi-2's credentials with pi-1's client id: its client id becomes "pi-2", and pi-1 stays connected.
-    pi2 = connect(board_port, "edge-agent-pi-1", "pi-2")
+    pi2 = connect(board_port, agent_client_id("pi-1"), "pi-2")
     assert pi2.reason == "Success"
-    marker = uuid.uuid4().hex.encode()
-    pi1.mqtt.publish(f"{PREFIX}/boards/pi-1/telemetry", marker, qos=1)
-    assert watcher.wait_for(f"{PREFIX}/boards/pi-1/telemetry", marker), broker.log
-    assert not pi1.disconnected.is_set(), broker.log
+    pi1_still_connected()
+    # The coordinator's credentials with pi-1's client id on the broker ("pi-1", its user name): refused, as is
+    # any client id that does not start with the prefix, on either listener; pi-1 stays connected.
+    assert connect(coordinator_port, "pi-1", coordinator).reason == "Not authorized"
+    assert connect(board_port, "pi-2", "pi-2").reason == "Not authorized"
+    pi1_still_connected()
 
     # Two coordinator connections at once, each kept: one watches, the other commands a board.
     command = uuid.uuid4().hex.encode()
@@ -274,6 +285,7 @@ def test_the_example_config_starts_on_debians_mosquitto_and_ties_client_ids_to_u
     ports = {1883: free_port(), 1884: free_port()}
     assert {int(p) for p in re.findall(r"^listener (\d+)", example, re.MULTILINE)} == set(ports)
     assert re.search(rf"^max_packet_size {MAX_PACKET}$", example, re.MULTILINE)
+    assert re.search(rf"^clientid_prefixes {CLIENT_ID_PREFIX}$", example, re.MULTILINE)
     conf_d = debian_layout(tmp_path)
     (conf_d / "edgefleet.conf").write_text(into_temp(example, tmp_path, ports))
     shutil.copy(EXAMPLES / "mosquitto.acl", tmp_path / "etc" / "edgefleet.acl")
@@ -358,6 +370,7 @@ def test_the_ansible_role_config_starts_on_debians_mosquitto_and_ties_client_ids
     render_role(tmp_path, settings)
     rendered = (conf_d / "edgefleet.conf").read_text()
     assert f"max_packet_size {MAX_PACKET}" in rendered and rendered.count("use_username_as_clientid true") == 1
+    assert re.search(rf"^clientid_prefixes {CLIENT_ID_PREFIX}$", rendered, re.MULTILINE)
     assert rendered.count("cafile ") == (2 if tls else 0)  # TLS on both listeners, or on neither
     (conf_d / "edgefleet.conf").write_text(into_temp(rendered, tmp_path, {board_port: board_port,
                                                                          coordinator_port: coordinator_port}))

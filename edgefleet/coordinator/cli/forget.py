@@ -21,7 +21,7 @@ from edgefleet.coordinator.cli.shared import load_config
 from edgefleet.protocol.errors import BrokerError, ConfigError, EdgeTrainError
 from edgefleet.protocol.messages import BoardStatus
 from edgefleet.protocol.topics import cmd_topic, status_topic, valid_board_id
-from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.mqtt_link import MqttLink, coordinator_client_id
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def forget_board(settings: BrokerSettings, board_id: str, *, force: bool, yes: b
         ConfigError: the board is online without ``force``, or confirmation is needed and cannot be asked.
     """
     collector = _Collector()
-    link = MqttLink(settings, client_id=f"edge-coordinator-forget-{socket.gethostname()}-{os.getpid()}",
+    link = MqttLink(settings, client_id=coordinator_client_id("forget"),
                     on_message=collector.on_message)
     link.start()
     try:

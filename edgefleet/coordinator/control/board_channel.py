@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +38,7 @@ from edgefleet.protocol.signing import (
 )
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
 from edgefleet.transport.log_limit import LogLimiter, suppressed_text
-from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.mqtt_link import MqttLink, coordinator_client_id
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -120,7 +118,7 @@ class BoardChannel:
                 for topic in (status_topic(prefix, board), caps_topic(prefix, board), events_topic(prefix, board)):
                     link.subscribe(topic, qos=1)
 
-        self._link = MqttLink(self.settings, client_id=f"edge-coordinator-train-{socket.gethostname()}-{os.getpid()}",
+        self._link = MqttLink(self.settings, client_id=coordinator_client_id("train"),
                               on_connect=subscribe, on_message=self._on_message)
         self._link.start()
         connected = await asyncio.get_running_loop().run_in_executor(None, self._link.wait_connected, connect_timeout_s)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import secrets
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -14,7 +13,7 @@ from contextlib import contextmanager
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS, FleetView
 from edgefleet.protocol.errors import BrokerError
 from edgefleet.protocol.topics import cmd_topic, fleet_filter
-from edgefleet.transport.mqtt_link import MqttLink
+from edgefleet.transport.mqtt_link import MqttLink, coordinator_client_id
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ def monitor_fleet(settings: BrokerSettings, *, connect_timeout_s: float = 5.0, m
             view.ingest(topic, payload, retained)
 
     # One id per view: two views in one process (train's power log, --metrics-listen) must not take each other's session.
-    link = MqttLink(settings, client_id=f"edge-coordinator-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
+    link = MqttLink(settings, client_id=coordinator_client_id("monitor"),
                     on_connect=subscribe, on_message=ingest)
     link.start()
     try:
