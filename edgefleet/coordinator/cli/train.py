@@ -141,6 +141,18 @@ def add_train_parser(sub: Any) -> None:
                         "over the whole global batch: far fewer bytes per step when the parameters sit after the cut. "
                         "The same mathematics as --placement none (the default). The cuts a model admits and their "
                         "sizes: an unknown CUT is refused listing them")
+    audits = p.add_argument_group(
+        "audits (global data mode)",
+        "The coordinator holds the data, the split and the model, so it computes a board's gradient for its slice\n"
+        "again at random steps and compares: a board with valid keys that sends a gradient other than its slice's\n"
+        "(scaled, flipped, made up) is left out, and the run goes back to step 0 and on without it, so that the\n"
+        "model ends as the honest boards alone would have trained it (docs/security.md).")
+    audits.add_argument("--audit-share", type=float, default=0.25, metavar="FRACTION",
+                        help="share of this machine's time spent on audits; how often each board is audited is fitted "
+                             "to it (default 0.25; 0 turns audits off)")
+    audits.add_argument("--audit-every", type=int, metavar="STEPS",
+                        help="audit each board once within every STEPS steps (at a random one of them) instead of the "
+                             "fitted rate; 1 audits every board at every step")
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")

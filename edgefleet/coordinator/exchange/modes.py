@@ -13,6 +13,9 @@ is a handful of questions, and :class:`ExchangeMode` is where they are answered,
   valid keys cannot weigh its vector above its slice of the batch);
 * :meth:`~ExchangeMode.refused`: how a vector refused by the frame's decoder is described;
 * :meth:`~ExchangeMode.kept`: a kept gradient frame arrived (a mode's own per-board counters);
+* :meth:`~ExchangeMode.vector_kept`: a kept vector, decoded, for the audits (``coordinator.audit``), and
+  again if the reduce refuses it (its norm): a mode whose vectors are not one batch's gradient (periodic
+  averaging's local and sync steps) keeps them out;
 * :meth:`~ExchangeMode.folds`: whether step ``s`` may be summed as its gradients arrive;
 * :meth:`~ExchangeMode.reduce`: how the step's vectors (board order) are reduced into the reducer's sum;
 * :meth:`~ExchangeMode.counts`: which sample count each board's contribution counts for;
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -125,6 +128,7 @@ class ExchangeMode(ABC):
         self.param_count = reducer.param_count
         self._full = StepVector(reducer)
         self._schedule, self._accumulate = schedule, accumulate
+        self.audit_tap: Callable[[str, int, np.ndarray, bool], None] | None = None  # the run's auditor (``Auditor.tap``)
 
     @abstractmethod
     def kind(self, step: int) -> StepKind:
@@ -146,6 +150,13 @@ class ExchangeMode(ABC):
     def kept(self, board: BoardState, frame: dict[str, Any]) -> None:
         """``board``'s grad ``frame`` answers the open step and is kept (a mode's per-board counters)."""
         return None  # nothing to count by default
+
+    def vector_kept(self, board: BoardState, step: int, vector: np.ndarray, *, refused: bool = False) -> None:
+        """``board``'s ``vector`` for ``step`` is kept, or (``refused``) the reduce refused it: the auditor sees it
+        (it copies those it audits, and every refused one)."""
+        tap = self.audit_tap
+        if tap is not None:
+            tap(board.board_id, step, vector, refused)
 
     def folds(self, step: int) -> bool:
         """Whether ``step``'s vectors may be summed as they arrive (``add_weighted``, board order)."""
@@ -246,6 +257,10 @@ class PeriodicAveraging(ExchangeMode):
             expected = f"the full vector of {self.param_count} values: it is {'an' if kind == EXACT else 'a'} {kind} step"
         return GradientRefused(f"board {board.board_id} sent a vector of the wrong size for step {exc.step}, which "
                                f"takes {expected} ({exc})", step=exc.step)
+
+    def vector_kept(self, board: BoardState, step: int, vector: np.ndarray, *, refused: bool = False) -> None:
+        if self.kind(step) == EXACT:  # a local step's vector is empty, a sync step's a parameter delta
+            super().vector_kept(board, step, vector, refused=refused)
 
     def folds(self, step: int) -> bool:
         return self.kind(step) == EXACT  # a sync step's weights are the samples since the last average

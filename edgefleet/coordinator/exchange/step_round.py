@@ -217,6 +217,7 @@ class StepRound:
         if self._answers_open_step(board, frame.step):
             grad = frame.array
             self._mode.kept(board, raw)
+            self._mode.vector_kept(board, frame.step, grad)
             self._roster.bytes_in += grad.nbytes
             board.grad, board.n, board.logs = grad, frame.n, frame.logs
             board.loss, board.compute_s = frame.loss, frame.compute_s

@@ -137,6 +137,8 @@ class StepSum:
         outcome = mode.reduce(step, grads, fold.squares if folded and fold is not None else None)
         for i, why in outcome.refused:  # rare: NaN, Inf or an implausible norm
             board = answered[i]
+            if board.grad is not None:  # the audits check it: a liar must not hide behind a refusal
+                mode.vector_kept(board, step, board.grad, refused=True)
             refused[board.board_id] = why
             board.flags.append(f"step {step}: refused ({why})")
             log.warning("exchange: step %d: refused board %s's gradient: %s", step, board.board_id, why)

@@ -83,6 +83,10 @@ class JobSpec:
         placement: Layer placement (``workloads.layer_cut``): cut the model after this layer (``net.6``); the
             head trains data-parallel on the boards, the tail on the coordinator over the whole global batch, and
             the boards send activations instead of the tail's gradient; "" (``none``): data-parallel.
+        audit_share: Audits by recomputation (``coordinator.audit``): the share of the coordinator's time spent
+            computing boards' gradients again to check them (global data mode, exact steps); 0 = no audits.
+        audit_every: A fixed number of steps within which each board is audited once (at a random one of them),
+            instead of the one ``audit_share`` fits; None = fitted.
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
@@ -126,6 +130,8 @@ class JobSpec:
     sync_warmup: int | None = None
     overlap: bool = False
     placement: str = ""
+    audit_share: float = 0.25
+    audit_every: int | None = None
     force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0
@@ -173,6 +179,11 @@ class JobSpec:
             raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
         self._check_sync()
         self._check_placement()
+        if isinstance(self.audit_share, bool) or not isinstance(self.audit_share, (int, float)) or not 0 <= self.audit_share <= 1:
+            raise ConfigError(f"--audit-share {self.audit_share!r:.20}: give a fraction of the coordinator's time in [0, 1], "
+                              "e.g. 0.25 (0 turns audits off)")
+        if self.audit_every is not None and (type(self.audit_every) is not int or self.audit_every < 1):
+            raise ConfigError(f"--audit-every {self.audit_every!r:.20}: give a whole number of steps >= 1")
         if self.log_every_n_steps < 1:
             raise ConfigError(f"--log-every-n-steps {self.log_every_n_steps}: use a whole number of steps >= 1")
         _ = self.trainer_options  # TrainerOptions checks Lightning's flags

@@ -139,6 +139,8 @@ class _ReplicaDriver:
         avg, result = replica._next_gradient()
         kind = replica.sync.kind(replica.step) if replica.sync is not None else EXACT
         if kind == EXACT:
+            if replica.auditor is not None and result is not None:  # before the step: the boards' model, as they began it
+                replica.auditor.check(replica.step, pl_module, replica.exchanged, [*result.contributors, *result.refused])
             assign_grads(replica.exchanged, avg)
             if replica.buffers:  # the first contributing board's (integer ones always), or the float ones' average
                 replica.buffers.assign_from(avg[replica._grad_elements:])
@@ -262,6 +264,7 @@ class Replica:
         self._ended = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.auditor: Any = None  # audits by recomputation (``coordinator.audit.auditor.Auditor``), set by the run
 
     # ---------------------------------------------------------------------------------- lifecycle
 

@@ -57,7 +57,7 @@ class ReplayData:
     global_indices: Callable[[int], list[int]]
 
 
-def _user_function(model: Any, name: str) -> Any:
+def user_function(model: Any, name: str) -> Any:
     """The module's own ``name`` (a plain function), or None when Lightning's default is in force."""
     if not overrides(model, name):
         return None
@@ -86,7 +86,7 @@ def _loads(function: Any, names: tuple[str, ...]) -> bool:
     return False
 
 
-def _stores_on_module(model: Any, function: Any) -> bool:
+def stores_on_module(model: Any, function: Any) -> bool:
     """Whether ``function`` (``training_step``) assigns an attribute or touches a container attribute of the module."""
     instructions = _instructions(function)
     if instructions is None:
@@ -104,12 +104,12 @@ def _stores_on_module(model: Any, function: Any) -> bool:
 def replay_reason(model: Any) -> str:
     """Why the replica must replay ``training_step`` for this module ("": it need not)."""
     for hook, arguments in BATCH_HOOKS.items():
-        function = _user_function(model, hook)
+        function = user_function(model, hook)
         if function is not None and _loads(function, arguments):
             return f"{hook} reads its {' or '.join(arguments)}"
-    step = _user_function(model, "training_step")
+    step = user_function(model, "training_step")
     for hook in EPOCH_HOOKS:
-        if _user_function(model, hook) is not None and (step is None or _stores_on_module(model, step)):
+        if user_function(model, hook) is not None and (step is None or stores_on_module(model, step)):
             return f"{hook} may use what training_step keeps on the module"
     return ""
 
@@ -129,7 +129,7 @@ class Replay:
     def __init__(self, model: Any, accumulate: int) -> None:
         self.model, self.accumulate = model, accumulate
         self._step: Callable[..., Any] = type(model).training_step.__get__(model)
-        batch_end = _user_function(model, "on_train_batch_end")
+        batch_end = user_function(model, "on_train_batch_end")
         self._batch_end: Callable[..., Any] | None = batch_end.__get__(model) if batch_end is not None else None
         self.outputs: dict[str, Any] = {}
 
@@ -205,4 +205,4 @@ class PlaceholderBatches:
             self.model.__dict__.pop(name, None)
 
 
-__all__ = ["PlaceholderBatches", "Replay", "ReplayData", "replay_reason"]
+__all__ = ["PlaceholderBatches", "Replay", "ReplayData", "replay_reason", "stores_on_module", "user_function"]

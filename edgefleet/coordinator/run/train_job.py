@@ -166,6 +166,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
         KeyboardInterrupt: Ctrl-C before the first step began.
     """
     # torch: only when a run starts, not with the CLI
+    from edgefleet.coordinator.audit.rollback import roll_back
     from edgefleet.coordinator.run.checkpoints import check_new_run_dir
     from edgefleet.coordinator.run.training import TrainingRun
 
@@ -182,7 +183,16 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
     try:
         with ExitStack() as stack:
             _log_power(stack, spec, run_dir, broker, power_view, observer)
-            return asyncio.run(run.run())
+            while True:
+                outcome = asyncio.run(run.run())
+                if not outcome.rolled_back:
+                    return outcome
+                # a board failed its audit: back to the run's start, on without it (coordinator.audit.rollback)
+                spec = roll_back(run_dir, spec, outcome.rolled_back)
+                observer.note(f"rolled the run back to step 0: it goes on with {', '.join(spec.boards)} (batch sizes "
+                              f"{','.join(map(str, spec.batch_sizes))}), the global batch unchanged")
+                run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
+                                  on_note=observer.note, resume=True)
     finally:
         observer.stopped()
 

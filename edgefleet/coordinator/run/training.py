@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from edgefleet.coordinator.audit.auditor import AuditFailure
+from edgefleet.coordinator.audit.run_audits import run_audits
 from edgefleet.coordinator.control.board_channel import BoardChannel
 from edgefleet.coordinator.control.fleet_select import check_boards_ready
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
@@ -106,6 +108,7 @@ class TrainOutcome:
     run_dir: Path
     result: dict[str, Any]
     interrupted: bool
+    rolled_back: list[AuditFailure] = field(default_factory=list)  # boards that failed an audit: the run goes back
 
 
 def exchange_host_for(broker: BrokerSettings) -> str:
@@ -272,6 +275,8 @@ class TrainingRun:
                                max_epochs=spec.max_epochs, datamodule=self.data.datamodule, seed=spec.seed,
                                replay_data=self._replay_data())
         self.placed = self._placement() if spec.placement else None
+        self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
+                                 batches_per_epoch=self.batches_per_epoch)
         self.history: list[dict[str, Any]] = []
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
@@ -385,12 +390,15 @@ class TrainingRun:
 
     def _checkpoint(self, elapsed_s: float) -> None:
         self.metrics.sync()  # every step the checkpoint covers is in metrics.jsonl on disk first
+        state = self._checkpoint_state(elapsed_s)
+        save_checkpoint(self.run_dir, state)
+        self.checkpointed_step = int(state["replica"]["step"])
+
+    def _checkpoint_state(self, elapsed_s: float) -> dict[str, Any]:
         replica = self.replica.state_dict()  # between averages: the last average's (its step is the one resumed)
-        save_checkpoint(self.run_dir, {"replica": replica, "torch_rng": torch.get_rng_state(),
-                                       "val_accuracy": self.val_accuracy, "val_loss": self.val_loss,
-                                       "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
-                                       "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]})
-        self.checkpointed_step = int(replica["step"])
+        return {"replica": replica, "torch_rng": torch.get_rng_state(), "val_accuracy": self.val_accuracy,
+                "val_loss": self.val_loss, "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
+                "elapsed_s": elapsed_s, "splits": [s.to_wire() for s in self.adapt.splits]}
 
     def _next_move(self) -> str:
         """What the user does after the run directory could not be written: resume, or start again."""
@@ -481,6 +489,8 @@ class TrainingRun:
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
                                   accumulate_grad_batches=self.spec.accumulate_grad_batches)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
+        self.audits.attach(exchange, self.replica)
+        self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
         try:
@@ -498,6 +508,8 @@ class TrainingRun:
             if self.spec.sync_every > 1:
                 self.on_note(f"periodic averaging: {self.spec.sync_schedule.describe()} (opt-in; this changes the "
                              "mathematics: the model differs from the exact mode's)")
+            if self.audits.note:
+                self.on_note(self.audits.note)
             if self.adapt.splits and self.replica.step > 0:
                 self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
             joining = time.monotonic()
@@ -604,6 +616,12 @@ class TrainingRun:
                                                          exchange.deadline_for_next_step(spec.step_timeout_s))
                 apply = self.placed.apply_with(tail, self.replica.apply)
             result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
+            failures = self.audits.failures()
+            if failures:  # the model every board holds may carry its lies: back to before them, without it
+                exchange.finished = True
+                for failure in failures:
+                    self.on_note(failure.describe())
+                return TrainOutcome(self.run_dir, {}, interrupted=False, rolled_back=failures)
             samples += result.n_total
             elapsed = time.monotonic() - started
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
@@ -695,7 +713,7 @@ class TrainingRun:
                 "join_s": None if self.join_s is None else round(self.join_s, 3),
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
-                **self._placement_result(),
+                **self._placement_result(), "audits": self.audits.summary(),
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,

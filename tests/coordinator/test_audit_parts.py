@@ -1,0 +1,117 @@
+"""The audits' parts without a fleet: when boards are audited, what passes, who is left after a rollback,
+and which runs cannot be audited (each said, not silently skipped)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from edgefleet.coordinator.audit.audit_scope import why_not_audited
+from edgefleet.coordinator.audit.auditor import Auditor
+from edgefleet.coordinator.audit.rollback import RollbackError, without_boards
+from edgefleet.coordinator.audit.schedule import AuditSchedule
+from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.workloads.models import LeNet5
+
+SPEC = JobSpec(model="lenet5", dataset="digits", boards=("a", "b", "c"), batch_sizes=(8, 8, 16))
+
+
+def test_each_board_is_audited_within_every_window_of_steps() -> None:
+    schedule = AuditSchedule(["a", "b"], share=0.25, start_step=10, every=3)
+    audited: dict[str, list[int]] = {"a": [], "b": []}
+    for step in range(10, 310):
+        for board in audited:
+            if schedule.due(board, step):
+                audited[board].append(step)
+                schedule.done(board, step)
+    for steps in audited.values():
+        gaps = np.diff([9, *steps, 310])
+        assert gaps.max() <= 3, steps  # never 3 steps in a row without an audit
+        assert len(set(np.diff(steps))) > 1  # and not at a fixed stride a board could count on
+
+
+def test_the_audit_rate_is_fitted_to_the_share_of_time_given() -> None:
+    schedule = AuditSchedule(["a", "b"], share=0.25, start_step=0)
+    for _ in range(5):
+        schedule.fit(0.010, 0.020)  # 2 boards x 10 ms per audit, 20 ms steps: 25% allows one audit every 2 steps
+    assert schedule.every == 4
+    schedule.fit(None, 0.2)
+    for _ in range(30):
+        schedule.fit(0.001, 0.2)
+    assert schedule.every == 1
+
+
+def _auditor(wire: str = "float32", floats: int = 0) -> Auditor:
+    schedule = AuditSchedule(["a"], share=1.0, start_step=0, every=1)
+    return Auditor(["a"], None, schedule, wire_dtype=wire, grad_elements=100, float_buffer_elements=floats,  # type: ignore[arg-type]  # no data: only comparing
+                   sizes_at=lambda step: [8])
+
+
+def test_an_honest_vector_passes_and_a_scaled_flipped_or_made_up_one_does_not() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(100).astype(np.float32)
+    auditor = _auditor()
+    noise = (ref * (1 + 1e-6 * rng.standard_normal(100))).astype(np.float32)  # another CPU's order of summing
+    assert auditor._compare("a", 0, noise, ref) is None
+    for lie, part in ((ref * 2000, "gradient"), (-ref, "gradient"), (rng.standard_normal(100).astype(np.float32), "gradient")):
+        failure = auditor._compare("a", 0, lie, ref)
+        assert failure is not None and failure.part == part
+    assert auditor._compare("a", 0, np.zeros(100, np.float32), np.zeros(100, np.float32)) is None
+    broken = ref.copy()
+    broken[3] = np.nan
+    assert auditor._compare("a", 0, broken, ref) is not None  # a NaN where the slice gives a number
+    assert auditor._compare("a", 0, broken, broken) is None  # the model diverged on every board alike: no judgement
+    half = _auditor("float16")
+    assert half._compare("a", 0, ref.astype(np.float16).astype(np.float32), ref) is None  # the wire's rounding passes
+
+
+def test_buffers_are_audited_too() -> None:
+    ref = np.ones(110, dtype=np.float32)
+    ints = np.array([7], dtype=np.int64).view(np.float32)  # an integer buffer's bytes, as the vector carries them
+    ref = np.concatenate([ref, ints])
+    auditor = _auditor(floats=10)
+    stats = ref.copy()
+    stats[100:110] = 5.0  # made-up running statistics
+    assert auditor._compare("a", 0, stats, ref).part == "buffers"  # type: ignore[union-attr]
+    count = ref.copy()
+    count[110:] = np.array([8], dtype=np.int64).view(np.float32)
+    assert auditor._compare("a", 0, count, ref).part == "integer buffers"  # type: ignore[union-attr]
+
+
+def test_a_rollback_divides_the_boards_share_among_the_others_keeping_the_global_batch() -> None:
+    assert without_boards(SPEC, {"c"}).batch_sizes == (16, 16)
+    odd = dataclasses.replace(SPEC, batch_sizes=(5, 7, 9))
+    left = without_boards(odd, {"b"})
+    assert left.boards == ("a", "c") and sum(left.batch_sizes) == 21 and left.batch_sizes in ((8, 13), (9, 12))
+    with pytest.raises(RollbackError, match="no board is left"):
+        without_boards(SPEC, {"a", "b", "c"})
+
+
+class _AfterBackward(LeNet5):
+    def on_after_backward(self) -> None:
+        pass
+
+
+class _Keeps(LeNet5):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.last = super().training_step(batch, batch_idx)
+        return self.last
+
+
+@pytest.mark.parametrize(("change", "model", "says"), [
+    ({}, LeNet5, ""),
+    ({"audit_share": 0.0}, LeNet5, "audits are off"),
+    ({"data_mode": "local"}, LeNet5, "--data-mode local"),
+    ({"sync_every": 4}, LeNet5, "--sync-every 4"),
+    ({"accumulate_grad_batches": 2}, LeNet5, "--accumulate-grad-batches 2"),
+    ({"precision": "bf16-mixed"}, LeNet5, "--precision bf16-mixed"),
+    ({}, _AfterBackward, "_AfterBackward.on_after_backward runs on the boards"),
+    ({}, _Keeps, "_Keeps.training_step keeps values on the module"),
+])
+def test_a_run_that_cannot_be_audited_says_why(change: dict, model: type, says: str) -> None:
+    spec = dataclasses.replace(SPEC, **change)
+    why = why_not_audited(spec, model((1, 32, 32), 10))
+    assert (says in why) if says else why == "", why

@@ -1,0 +1,67 @@
+"""Audits by recomputation through real agents, a real broker and the real CLI (issue 36, item 2).
+
+A board holding valid keys sends, from step 3 on, a gradient 2,000 times the honest one, or the honest one
+turned around (the same norm; its reported loss stays honest). The coordinator audits each board at least
+once every 2 steps, finds it, leaves it out and rolls the run back to step 0: the model the run ends with
+is the one the honest boards train alone, which is single-process training on the same global batches
+(within 1e-5). Honest boards pass every audit: a run audited at every step equals single-process training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Fleet
+from tests.helpers import max_relative_error, plain_lenet_training
+
+SEED = 5
+STEPS = 10
+JOB = {"model": "tests.hostile.lying_module:LyingLeNet", "model_options": "optimizer=sgd,lr=0.05", "dataset": "digits",
+       "seed": SEED, "threads": 1}
+LIARS = {"scaler": "scale:2000:3", "flipper": "flip::3"}
+
+pytestmark = pytest.mark.fleet(boards={"h1": {}, "h2": {}, **{b: {"env": {"EDGEFLEET_TEST_LIE": lie}} for b, lie in LIARS.items()}},
+                               keep_worker=True)
+
+
+def _train(fleet: Fleet, run_dir: Path, boards: str, batch: str, *args: str) -> tuple[str, dict]:
+    run = fleet.train("--boards", boards, "--batch", batch, "--steps", str(STEPS), "--no-rebalance", *args,
+                      run_dir=run_dir, timeout_s=240, **JOB)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "Traceback" not in out, out
+    return out, json.loads((run_dir / "result.json").read_text())
+
+
+@pytest.mark.parametrize("liar", sorted(LIARS))
+def test_a_board_that_lies_in_its_gradient_is_found_and_changes_the_model_by_nothing(fleet: Fleet, tmp_path: Path,
+                                                                                    liar: str) -> None:
+    run_dir = tmp_path / liar
+    out, result = _train(fleet, run_dir, f"h1,h2,{liar}", "8,8,16", "--audit-every", "2")
+    assert f"board {liar} failed its audit at step" in out, out
+    assert "rolled the run back to step 0" in out, out
+    rollback = result["audits"]["rollbacks"][0]
+    assert rollback["boards_left"] == ["h1", "h2"] and rollback["batch_sizes"] == [16, 16], rollback
+    failure = rollback["failures"][0]
+    assert failure["board_id"] == liar and 3 <= failure["step"] <= 4 and failure["part"] == "gradient", failure
+    if liar == "scaler":
+        assert failure["scale"] > 1000, failure
+    else:
+        assert failure["distance"] > 1.5 and abs(failure["scale"] - 1) < 1e-3, failure
+    model = torch.load(run_dir / "model.pt", weights_only=True)
+    assert max_relative_error(model, plain_lenet_training(STEPS, 32, seed=SEED)) <= 1e-5
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["boards"] == ["h1", "h2"] for s in steps)
+    assert json.loads((run_dir / "config.json").read_text())["boards"] == ["h1", "h2"]  # a later --resume leaves it out
+
+
+def test_honest_boards_audited_at_every_step_train_the_single_process_model(fleet: Fleet, tmp_path: Path) -> None:
+    out, result = _train(fleet, tmp_path / "honest", "h1,h2", "8,24", "--audit-every", "1")
+    assert "failed its audit" not in out, out
+    audits = result["audits"]
+    assert audits["audited"] and audits["passed"] == {"h1": STEPS, "h2": STEPS} and audits["rollbacks"] == [], audits
+    model = torch.load(tmp_path / "honest" / "model.pt", weights_only=True)
+    assert max_relative_error(model, plain_lenet_training(STEPS, 32, seed=SEED)) <= 1e-5
