@@ -1,10 +1,13 @@
-"""Audits by recomputation through real agents, a real broker and the real CLI (issue 36, item 2).
+"""Audits by recomputation, and robust aggregation, through real agents, a real broker and the real CLI (issue 36, item 2).
 
 A board holding valid keys sends, from step 3 on, a gradient 2,000 times the honest one, or the honest one
 turned around (the same norm; its reported loss stays honest). The coordinator audits each board at least
 once every 2 steps, finds it, leaves it out and rolls the run back to step 0: the model the run ends with
 is the one the honest boards train alone, which is single-process training on the same global batches
 (within 1e-5). Honest boards pass every audit: a run audited at every step equals single-process training.
+
+With local data the boards cannot be audited; ``--aggregate median`` keeps the 2,000x board from wrecking the
+model, which it takes to chance with the mean.
 """
 
 from __future__ import annotations
@@ -65,3 +68,29 @@ def test_honest_boards_audited_at_every_step_train_the_single_process_model(flee
     assert audits["audited"] and audits["passed"] == {"h1": STEPS, "h2": STEPS} and audits["rollbacks"] == [], audits
     model = torch.load(tmp_path / "honest" / "model.pt", weights_only=True)
     assert max_relative_error(model, plain_lenet_training(STEPS, 32, seed=SEED)) <= 1e-5
+
+
+
+
+LOCAL_STEPS = 90
+
+
+def _local(fleet: Fleet, run_dir: Path, *args: str) -> tuple[str, float | None]:
+    """A run with local data on h1, h2 and the 2,000x board: its output, and its validation accuracy if it ended."""
+    run = fleet.train("--boards", "h1,h2,scaler", "--batch", "32", "--steps", str(LOCAL_STEPS), "--data-mode", "local",
+                      *args, run_dir=run_dir, timeout_s=240, **JOB)
+    out = run.stdout + run.stderr
+    assert "Traceback" not in out and "the boards' gradients are not audited: in --data-mode local" in out, out
+    result = run_dir / "result.json"
+    return out, float(json.loads(result.read_text())["val_accuracy"]) if run.returncode == 0 and result.exists() else None
+
+
+def test_with_local_data_the_median_keeps_a_lying_board_from_wrecking_the_model(fleet: Fleet, tmp_path: Path) -> None:
+    """Not audited (local data): with the mean the 2,000x board throws the model off until no board's gradient is
+    plausible and the run stops; with the median it trains (docs/security.md has the rules' accuracy against runs
+    without the liar)."""
+    out, mean = _local(fleet, tmp_path / "mean")
+    assert mean is None or mean < 0.3, (mean, out)
+    out, median = _local(fleet, tmp_path / "median", "--aggregate", "median")
+    assert "robust aggregation: each step's gradient is the boards' median" in out, out
+    assert median is not None and median > 0.6, (median, out)

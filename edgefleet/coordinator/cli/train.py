@@ -19,6 +19,7 @@ from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP, serve_fle
 from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS
 from edgefleet.coordinator.run.run_logger import LOGGERS
 from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resolve_job
+from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import DATA_MODES
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
@@ -150,6 +151,11 @@ def add_train_parser(sub: Any) -> None:
     audits.add_argument("--audit-share", type=float, default=0.25, metavar="FRACTION",
                         help="share of this machine's time spent on audits; how often each board is audited is fitted "
                              "to it (default 0.25; 0 turns audits off)")
+    audits.add_argument("--aggregate", choices=AGGREGATES, default="mean",
+                        help="how each step's gradients are reduced: mean (exact, the default), or a robust rule for "
+                             "--data-mode local, where boards cannot be audited: trimmed-mean, median (per coordinate, "
+                             "unweighted) or clip (each gradient cut to 3x the median norm); a robust rule bounds what one "
+                             "lying board can do to a step and CHANGES THE MATHEMATICS (docs/security.md)")
     audits.add_argument("--audit-every", type=int, metavar="STEPS",
                         help="audit each board once within every STEPS steps (at a random one of them) instead of the "
                              "fitted rate; 1 audits every board at every step")

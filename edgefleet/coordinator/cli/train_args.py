@@ -56,6 +56,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
+                   aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 

@@ -6,6 +6,7 @@ a job now (:func:`check_boards_ready`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,7 @@ from edgefleet.transport.settings import BrokerSettings
 log = logging.getLogger(__name__)
 
 SNAPSHOT_WAIT_S = 1.0  # how long a snapshot waits for online boards' first samples
+BUSY_POLL_S = 0.2      # a board that may still be ending a job is looked at this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +60,19 @@ def fleet_snapshot(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S, s
         return FleetSnapshot(tuple(view.rows()))
 
 
-async def check_boards_ready(channel: BoardChannel, boards: Sequence[str]) -> None:
+async def check_boards_ready(channel: BoardChannel, boards: Sequence[str], *, busy_wait_s: float = 0.0) -> None:
     """Refuse to start unless every board is online, idle and able to train.
+
+    ``busy_wait_s``: how long a busy board may take to become idle first (a run that goes on after a rollback:
+    its boards are still ending the attempt it threw away).
 
     Raises:
         EdgeTrainError: one line per board that is not ready, each with what to do.
     """
     await channel.wait_for_status()
+    deadline = time.monotonic() + busy_wait_s
+    while any(getattr(channel.status.get(b), "state", "") == "busy" for b in boards) and time.monotonic() < deadline:
+        await asyncio.sleep(BUSY_POLL_S)
     problems = []
     for board in boards:
         status = channel.status.get(board)
@@ -81,4 +89,4 @@ async def check_boards_ready(channel: BoardChannel, boards: Sequence[str]) -> No
         raise EdgeTrainError("cannot start: " + "; ".join(problems))
 
 
-__all__ = ["SNAPSHOT_WAIT_S", "FleetSnapshot", "check_boards_ready", "fleet_snapshot"]
+__all__ = ["BUSY_POLL_S", "SNAPSHOT_WAIT_S", "FleetSnapshot", "check_boards_ready", "fleet_snapshot"]

@@ -31,6 +31,10 @@ The implementations:
   parameter order) while backward runs, so a frame's bytes arrive over a longer time. The welcome
   says so (``overlap``), and a streamed frame (its ``compute_s`` after the tensor) is counted for
   the run's record (:meth:`ExchangeMode.kept`).
+* :class:`RobustAggregate` (``--aggregate trimmed-mean|median|clip``, ``coordinator.exchange.robust_reduce``):
+  every step reduces the boards' gradients by a rule that bounds what one board can do to it, not by
+  their mean: opt-in and inexact, for local data, where the boards cannot be audited. The reducer's
+  refusals and buffers stand; only the gradient's part of the sum is replaced. No folding.
 * :class:`PeriodicAveraging` (local SGD, ``protocol.sync_schedule`` with ``every`` > 1): an exact
   step is :class:`DenseExact`'s; at a local step every vector is empty both ways and nothing is
   reduced; at a sync step each vector is the board's parameter delta since the last average,
@@ -67,6 +71,9 @@ import numpy as np
 
 from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError
 from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer, Reduced
+from edgefleet.coordinator.exchange.robust_reduce import aggregate as robust_aggregate
+from edgefleet.coordinator.exchange.robust_reduce import stacked
+from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.exchange_frames import GradientRefused, Welcome
 from edgefleet.protocol.split_schedule import SplitSchedule
@@ -201,6 +208,34 @@ class OverlapStream(DenseExact):
         return dataclasses.replace(welcome, overlap=True)
 
 
+class RobustAggregate(DenseExact):
+    """``--aggregate``: every step's gradient is the kept vectors' robust aggregate (``robust_reduce``), not their mean.
+
+    Args:
+        reducer: the job's reducer (its refusals, and the buffers of the result, stand).
+        schedule: the job's batch splits.
+        rule: ``trimmed-mean``, ``median`` or ``clip``.
+    """
+
+    def __init__(self, reducer: GradientReducer, schedule: SplitSchedule, rule: str, *, accumulate: int = 1) -> None:
+        if rule not in AGGREGATES or rule == "mean":
+            raise ExchangeError(f"aggregate {rule!r} is not one of {', '.join(AGGREGATES[1:])}")
+        super().__init__(reducer, schedule, accumulate=accumulate)
+        self.rule = rule
+        self._grad_elements = reducer.param_count - reducer.buffer_elements
+
+    def folds(self, step: int) -> bool:
+        return False  # the rule needs every vector at once
+
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+        outcome = self.reducer.reduce(grads, None)  # NaN, Inf, the band; the result's buffers
+        if len(outcome.kept) >= 2:
+            kept = [grads[i] for i in outcome.kept]
+            rows = stacked([vector for vector, _ in kept], self._grad_elements)
+            robust_aggregate(self.rule, rows, [n for _, n in kept], self.reducer.sum[:self._grad_elements])
+        return outcome
+
+
 class PeriodicAveraging(ExchangeMode):
     """Local SGD (``protocol.sync_schedule``): exact steps, then local steps (empty vectors) and sync steps
     (parameter deltas, weighted by the samples since the last average).
@@ -281,13 +316,19 @@ class PeriodicAveraging(ExchangeMode):
 
 
 def select_mode(reducer: GradientReducer, schedule: SplitSchedule, *, sync: SyncSchedule | None = None,
-                overlap: bool = False, accumulate: int = 1) -> ExchangeMode:
-    """The mode a job's settings ask for: periodic averaging (``sync`` with ``every`` > 1), overlap, or dense exact.
+                overlap: bool = False, accumulate: int = 1, aggregate: str = "mean") -> ExchangeMode:
+    """The mode a job's settings ask for: periodic averaging (``sync`` with ``every`` > 1), overlap, a robust
+    aggregate (``aggregate`` other than ``mean``), or dense exact.
 
     Raises:
         ExchangeError: both periodic averaging and overlap (overlap streams every step's gradient;
-            a local step has none), or ``accumulate`` below 1.
+            a local step has none), a robust aggregate with either, or ``accumulate`` below 1.
     """
+    if aggregate != "mean":
+        if (sync is not None and sync.periodic) or overlap:
+            raise ExchangeError(f"--aggregate {aggregate} reduces each step's gradients; it cannot be combined with "
+                                "--sync-every or --overlap")
+        return RobustAggregate(reducer, schedule, aggregate, accumulate=accumulate)
     if sync is not None and sync.periodic:
         if overlap:
             raise ExchangeError("overlap streams every step's gradient, and periodic averaging's local steps send none: "
@@ -307,4 +348,5 @@ def _vector_length(frame: Any) -> int | None:
     return shape[0] if isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int else None
 
 
-__all__ = ["DenseExact", "EmptyVector", "ExchangeMode", "OverlapStream", "PeriodicAveraging", "StepVector", "select_mode"]
+__all__ = ["DenseExact", "EmptyVector", "ExchangeMode", "OverlapStream", "PeriodicAveraging", "RobustAggregate", "StepVector",
+           "select_mode"]

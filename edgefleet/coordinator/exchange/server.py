@@ -129,6 +129,8 @@ class ExchangeServer:
         accumulate_grad_batches: the job's; a board's sample count at an exact step is its batch (the split's)
             times this. A grad frame whose ``n`` is not the one the mode expects for that board and step
             (``ExchangeMode.expected_n``) is refused for that step and flagged.
+        aggregate: ``mean`` (exact), or a robust rule (``coordinator.exchange.robust_reduce``: ``trimmed-mean``,
+            ``median``, ``clip``) that bounds what one board can do to a step, inexactly.
 
     Raises:
         ExchangeError: ``splits`` out of order or not the global batch, or both periodic ``sync`` and ``overlap``,
@@ -143,7 +145,7 @@ class ExchangeServer:
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
                  checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False,
-                 int_buffer_elements: int = 0, accumulate_grad_batches: int = 1) -> None:
+                 int_buffer_elements: int = 0, accumulate_grad_batches: int = 1, aggregate: str = "mean") -> None:
         self.job_id, self.wire_dtype, self.param_count = job_id, wire_dtype, param_count
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
@@ -156,7 +158,7 @@ class ExchangeServer:
         self.boards: dict[str, BoardState] = self._roster.by_id
         self._relay = ResultRelay(schedule)
         self.mode: ExchangeMode = select_mode(self._reducer, schedule, sync=sync, overlap=overlap,
-                                                  accumulate=accumulate_grad_batches)
+                                              accumulate=accumulate_grad_batches, aggregate=aggregate)
         self._steps = StepRound(self._roster, self.mode, self._relay, wire_dtype)
         self._admission = Admission(job_id=job_id, token=token, param_count=param_count, wire_dtype=wire_dtype,
                                     roster=self._roster, steps=self._steps, mode=self.mode, relay=self._relay,

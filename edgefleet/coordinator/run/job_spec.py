@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES
@@ -83,6 +84,9 @@ class JobSpec:
         placement: Layer placement (``workloads.layer_cut``): cut the model after this layer (``net.6``); the
             head trains data-parallel on the boards, the tail on the coordinator over the whole global batch, and
             the boards send activations instead of the tail's gradient; "" (``none``): data-parallel.
+        aggregate: How each step's gradients are reduced: ``mean`` (the exact mode), or a robust rule
+            (``trimmed-mean``, ``median``, ``clip``: ``coordinator.exchange.robust_reduce``) that bounds what one
+            board with valid keys can do to a step, and changes the mathematics (opt-in; for local data).
         audit_share: Audits by recomputation (``coordinator.audit``): the share of the coordinator's time spent
             computing boards' gradients again to check them (global data mode, exact steps); 0 = no audits.
         audit_every: A fixed number of steps within which each board is audited once (at a random one of them),
@@ -130,6 +134,7 @@ class JobSpec:
     sync_warmup: int | None = None
     overlap: bool = False
     placement: str = ""
+    aggregate: str = "mean"
     audit_share: float = 0.25
     audit_every: int | None = None
     force_split: BatchSplit | None = None
@@ -179,6 +184,7 @@ class JobSpec:
             raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
         self._check_sync()
         self._check_placement()
+        self._check_aggregate()
         if isinstance(self.audit_share, bool) or not isinstance(self.audit_share, (int, float)) or not 0 <= self.audit_share <= 1:
             raise ConfigError(f"--audit-share {self.audit_share!r:.20}: give a fraction of the coordinator's time in [0, 1], "
                               "e.g. 0.25 (0 turns audits off)")
@@ -222,6 +228,19 @@ class JobSpec:
         if clashes:
             raise ConfigError(f"--placement {self.placement} cannot be combined with {', '.join(clashes)} yet (the tail "
                               "host would see another step than the boards): leave them out, or train with --placement none")
+
+    def _check_aggregate(self) -> None:
+        """Raises ConfigError for a robust aggregate that is unknown or cannot run with the job's other settings."""
+        if self.aggregate not in AGGREGATES:
+            raise ConfigError(f"--aggregate {self.aggregate!r:.30}: choose one of {', '.join(AGGREGATES)}")
+        if self.aggregate == "mean":
+            return
+        clashes = [flag for flag, used in ((f"--sync-every {self.sync_every}", self.sync_every > 1),
+                                           ("--overlap", self.overlap), (f"--placement {self.placement}", bool(self.placement)))
+                   if used]
+        if clashes:
+            raise ConfigError(f"--aggregate {self.aggregate} reduces each step's gradients and cannot be combined with "
+                              f"{', '.join(clashes)}: leave them out, or use --aggregate mean")
 
     @property
     def sync_schedule(self) -> SyncSchedule:

@@ -139,6 +139,9 @@ def load_job(run_dir: Path) -> JobSpec:
     return JobSpec.from_json(json.loads(config.read_text()))
 
 
+ROLLBACK_BUSY_WAIT_S = 60.0  # after a rollback, boards still ending the attempt thrown away are waited for this long
+
+
 def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: Path | None = None, resume: bool = False,
           observer: TrainObserver | None = None, power_view: FleetView | None = None) -> TrainOutcome:
     """Train ``spec`` on its boards (resolving it first if needed) and return how the run ended.
@@ -192,7 +195,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                 observer.note(f"rolled the run back to step 0: it goes on with {', '.join(spec.boards)} (batch sizes "
                               f"{','.join(map(str, spec.batch_sizes))}), the global batch unchanged")
                 run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
-                                  on_note=observer.note, resume=True)
+                                  on_note=observer.note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S)
     finally:
         observer.stopped()
 

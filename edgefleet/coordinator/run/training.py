@@ -247,7 +247,8 @@ class TrainingRun:
     """One run, fresh or resumed."""
 
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
-                 on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False) -> None:
+                 on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False,
+                 busy_wait_s: float = 0.0) -> None:
         from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
@@ -255,6 +256,7 @@ class TrainingRun:
         if not resume:  # before anything is loaded or any board is asked: a run directory is never mixed up
             check_new_run_dir(run_dir)
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
+        self.busy_wait_s = busy_wait_s  # after a rollback: the boards may still be ending the attempt thrown away
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.on_step, self.on_note = on_step, on_note
@@ -487,14 +489,14 @@ class TrainingRun:
                                   buffer_elements=buffers.elements, buffer_sync=self.spec.sync_buffers,
                                   int_buffer_elements=buffers.int_elements,
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
-                                  accumulate_grad_batches=self.spec.accumulate_grad_batches)
+                                  accumulate_grad_batches=self.spec.accumulate_grad_batches, aggregate=self.spec.aggregate)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self.audits.attach(exchange, self.replica)
         self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
         try:
-            await check_boards_ready(channel, self.spec.boards)
+            await check_boards_ready(channel, self.spec.boards, busy_wait_s=self.busy_wait_s)
             host = self.spec.exchange_host or exchange_host_for(self.broker)
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
@@ -510,6 +512,9 @@ class TrainingRun:
                              "mathematics: the model differs from the exact mode's)")
             if self.audits.note:
                 self.on_note(self.audits.note)
+            if self.spec.aggregate != "mean":
+                self.on_note(f"robust aggregation: each step's gradient is the boards' {self.spec.aggregate}, not their mean "
+                             "(opt-in; this changes the mathematics: the model differs from the exact mode's)")
             if self.adapt.splits and self.replica.step > 0:
                 self.on_note(f"continuing with batch sizes {','.join(map(str, self.adapt.latest()))} (re-balanced earlier)")
             joining = time.monotonic()
