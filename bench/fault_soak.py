@@ -1,5 +1,7 @@
 """Fault soak: one training job on the lab while a board dies, the broker restarts, the coordinator
-is paused and a hostile board publishes junk every second; it must end as a quiet run would.
+is paused and a hostile board publishes junk every second; then the same job while a board of it lies
+in its gradient and another's worker is stopped and rejoins over a slow link; each must end as a
+quiet run would.
 
 What runs: the lab's ``mixed4`` fleet (lab/fleets/), a real ``edge-coordinator train`` (signed
 Ed25519 commands, ``--board-keys``, the TCP exchange, Lightning on every board) of LeNet-5 on
@@ -22,7 +24,21 @@ order, so two runs would no longer match bit for bit), a checkpoint every 10 ste
    - at 35% the coordinator is SIGSTOPped for longer than the step deadline (max(--step-timeout,
      5 x the median step), plus 5 s), then SIGCONTed;
    - at 60% ``--kill``'s agent is killed with SIGKILL (its worker follows), and started again 10 s later.
-4. Checks, printed as a table last: every step once in each run's ``metrics.jsonl``; both runs exit
+4. The hostile run (bench/fault_soak_hostile.py; ``--no-hostile`` leaves it out): the same job, the same
+   global batch and length, on ``--boards`` plus ``--liar`` (nano-1; 64 split 9,20,28,7: the liar's share
+   taken so that the rollback's re-split, ``without_boards``, gives back the quiet run's 10,23,31), with
+   the model ``tests.hostile.lying_module:LyingLeNet`` (LeNet-5; the repository goes on the coordinator's
+   and the agents' PYTHONPATH) and ``--audit-every 4``, while
+   - the liar's agent, started again with ``EDGEFLEET_TEST_LIE=scale:2000:FROM``, sends 2,000 x its
+     gradient (its reported loss honest) from FROM = 80% of the steps on;
+   - at 10% of the steps ``--stall``'s (x86-1's) training worker, the agent's child, is SIGSTOPped for
+     3 step deadlines plus 5 s, then SIGCONTed;
+   - just before that SIGCONT the board's link is narrowed with tc tbf to 150 KB/s both ways for 15 s,
+     while its worker, live again, joins again and reads its welcome; then its own rates come back.
+   Should ``train`` stop after the rollback without starting again (a board still ending the attempt
+   thrown away was found busy: seen on the lab, 2026-11-29), the soak resumes the run with
+   ``train --resume`` as an operator would, and fails the hostile run's exit-status check, saying why.
+5. Checks, printed as a table last: every step once in each run's ``metrics.jsonl``; both runs exit
    0; the quiet run had every board in every step; the faulted run had every board in every step
    before the kill (the pause and the junk dropped none) and its losses equal the quiet run's bit
    for bit there; the model and optimizer equal the quiet run's (max abs diff 0) at the last
@@ -31,17 +47,39 @@ order, so two runs would no longer match bit for bit), a checkpoint every 10 ste
    share not redone); the coordinator's resident memory, sampled every second, at most 1.5x its
    warm-up peak (the first 10% of the steps) afterwards; no traceback in the coordinator's output
    or the agents' logs; ``status`` still works after the run (junk left retained on the broker).
+   The hostile run: exit 0; every step once in its ``metrics.jsonl`` (which the rollback writes again
+   from step 0); the liar named ("failed its audit at step S", S >= FROM) and the run rolled back to
+   step 0 once (``audits.json``); every step after it on the honest boards with the quiet run's global
+   batch; its final model equal to the quiet run's (max abs diff 0; within 1e-5 relative L2, tensor by
+   tensor, where the re-split is not the quiet run's split); the stopped
+   board late in the steps while stopped, then dropped ("left: dropped from the job's steps" in the
+   output) while the others step on, and back in the steps after its SIGCONT; while its link was
+   narrow, the others stepped with no gap longer than 5 median step periods or the quiet run's longest
+   gap (validation), whichever is longer, and the bytes that reached it are shown; and the board, never
+   cut off meanwhile ("did not take its welcome or catch up"), back in the steps.
 
-Where the mathematics is exact and where it is not: a board that dies is dropped and its share of
-each global batch is not redone by the others (the step averages over the boards that answered)
+Where the mathematics is exact and where it is not: the hostile run's stopped worker leaves out its
+share of the steps it misses, and its rejoin is timed by the host, but the rollback the liar causes
+throws those steps away: the run is trained again from step 0 on the honest boards, the global
+batches the quiet run's, re-split as the quiet run split them, so each step's average sums the same
+gradients in the same order and the model can be compared bit for bit. Were the re-split another
+(``--liar``/``--boards`` for which no liar's share gives the quiet split back), the same samples
+would be summed in another order: equal up to float32 rounding per step, but Adam on a nearly fitted
+model amplifies it (2026-11-29, split 10,24,30 against 10,23,31: losses equal to 1e-7 up to step 200,
+final weights 0.13 apart relative after 475 steps), so only short runs meet 1e-5.
+
+In the faulted run, a board that dies is dropped and its share of each global batch is not redone by
+the others (the step averages over the boards that answered)
 until its restarted agent, online again, is asked back by the coordinator and rejoins at a step
 boundary. So between the kill and the rejoin the faulted run trains on a smaller global batch and
 its final model differs from the quiet run's; that difference is printed, not failed. Everything
 before the kill (the broker restart, the pause and a third of the run's junk included) is compared
 exactly.
 
-Run as root from the repository root: ``python bench/fault_soak.py`` (about 2 x --minutes plus
-two minutes), ``--quick`` (2-minute runs). Progress goes to stderr; exit status 0 when every check
+Run as root from the repository root: ``python bench/fault_soak.py`` (about 4 x --minutes plus
+four minutes: the hostile run trains about 1.8 times the job's steps, rolled back once, and waits out
+the stopped worker's deadlines), ``--quick`` (2-minute runs: 9 minutes in all on a busy 2-core machine,
+2026-11-29). Progress goes to stderr; exit status 0 when every check
 passes, 1 when one fails, 2 when the soak could not run (the lab, a job), 130 when interrupted.
 The lab comes down on every exit path.
 """
@@ -84,10 +122,13 @@ from fault_soak_checks import (
     documented_drop_problems,
     first_step_without,
     incomplete_steps,
+    late_steps,
     max_abs_diff,
+    max_relative_l2,
     mib,
     rejoin_step,
     rss_bound,
+    step_gaps,
 )
 from fault_soak_faults import (
     CheckpointKeeper,
@@ -99,6 +140,7 @@ from fault_soak_faults import (
     restart_agent,
     restart_broker,
 )
+from fault_soak_hostile import LIAR_MODEL, HostileSchedule, RewindingTail, liar_split, start_liar
 from scaling_figures import split_batch
 
 if TYPE_CHECKING:
@@ -117,6 +159,9 @@ WARM_SHARE = 0.10         # the coordinator's memory: the first 10% of the steps
 RSS_LIMIT = 1.5           # ... and afterwards it may reach this multiple of the warm-up's peak
 AT = {"broker": 0.15, "pause": 0.35, "kill": 0.60}  # share of the steps at which each fault starts
 POLL_S = 0.2
+AUDIT_EVERY = 4           # the hostile run audits each board once within every 4 steps (train --audit-every)
+STALL_AT = 0.10           # share of the hostile run's steps at which the worker is stopped
+LIE_FROM = 0.80           # ... and from which the liar lies (the stopped board has had time to come back)
 
 
 @dataclass
@@ -128,6 +173,8 @@ class Job:
     boards: list[str]
     batch_sizes: list[int]
     runs_dir: Path
+    model: str = "lenet5"
+    extra: tuple[str, ...] = ()   # more train options (the hostile run's --audit-every)
 
 
 @dataclass
@@ -149,9 +196,9 @@ class Run:
 
 def _train_command(job: Job, run_dir: Path, steps: int) -> list[str]:
     return train_command(job.lab, job.key_file, job.boards, job.batch_sizes,
-                         "--model", "lenet5", "--dataset", "digits", "--steps", str(steps), "--seed", "0",
+                         "--model", job.model, "--dataset", "digits", "--steps", str(steps), "--seed", "0",
                          "--no-rebalance", "--checkpoint-every", str(CHECKPOINT_EVERY),
-                         "--step-timeout", str(STEP_TIMEOUT_S), "--run-dir", str(run_dir), board_keys=True)
+                         "--step-timeout", str(STEP_TIMEOUT_S), "--run-dir", str(run_dir), *job.extra, board_keys=True)
 
 
 def _median_period(records: Sequence[Mapping[str, Any]], skip: int = 3) -> float | None:
@@ -207,19 +254,24 @@ class Schedule:
             run.faults.note(step, f"{self.kill}: agent started again (pid {pid_new})")
 
 
-def run_job(job: Job, name: str, steps: int, *, schedule: Schedule | None = None, time_limit_s: float) -> Run:
-    """Run the job to its end (faults from ``schedule``, if any). Raises RuntimeError past ``time_limit_s``."""
+def run_job(job: Job, name: str, steps: int, *, schedule: Schedule | HostileSchedule | None = None,
+            time_limit_s: float, tail: MetricsTail | None = None, command: list[str] | None = None,
+            log_name: str | None = None) -> Run:
+    """Run the job to its end (faults from ``schedule``, if any). Raises RuntimeError past ``time_limit_s``.
+
+    ``command``: another train command for the run directory ``name`` (``--resume``), logged to ``log_name``.
+    """
     run_dir = job.runs_dir / name
-    log_path = job.runs_dir / f"{name}.log"
-    tail = MetricsTail(run_dir / "metrics.jsonl")
+    log_path = job.runs_dir / f"{log_name or name}.log"
+    tail = tail or MetricsTail(run_dir / "metrics.jsonl")
     run = Run(name, run_dir, steps, -1, 0.0, "", [], [], {})
     started = time.monotonic()
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(_train_command(job, run_dir, steps), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command or _train_command(job, run_dir, steps), stdout=out, stderr=subprocess.STDOUT,
                                 cwd=job.runs_dir)
     run.faults = FaultLog(started)
     sampler = RssSampler(proc.pid, lambda: float(tail.records[-1]["step"]) if tail.records else -1.0)
-    keeper = CheckpointKeeper(run_dir, job.runs_dir / f"{name}-checkpoints")
+    keeper = CheckpointKeeper(run_dir, job.runs_dir / f"{log_name or name}-checkpoints")
     last_progress = started
     try:
         while proc.poll() is None:
@@ -241,6 +293,9 @@ def run_job(job: Job, name: str, steps: int, *, schedule: Schedule | None = None
             stop_job(proc)
         sampler.stop()
         keeper.stop()
+        if isinstance(schedule, HostileSchedule):
+            run.records = tail.records
+            schedule.finish(run)
     tail.read()
     run.returncode, run.wall_s = proc.returncode, time.monotonic() - started
     run.output = log_path.read_text(errors="replace")
@@ -288,7 +343,8 @@ def _tracebacks(texts: dict[str, str]) -> list[str]:
 
 
 def verdicts(job: Job, quiet: Run, faulted: Run, *, kill: str, junk_board: str, junk: dict[str, Any],
-             after_status: dict[str, dict[str, Any]], agent_logs: dict[str, str]) -> list[Verdict]:
+             after_status: dict[str, dict[str, Any]], agent_logs: dict[str, str],
+             extra_outputs: dict[str, str] | None = None) -> list[Verdict]:
     out = [Verdict("exit status", quiet.returncode == 0 and faulted.returncode == 0,
                    f"quiet {quiet.returncode}, faulted {faulted.returncode}")]
     for run in (quiet, faulted):
@@ -373,19 +429,161 @@ def verdicts(job: Job, quiet: Run, faulted: Run, *, kill: str, junk_board: str, 
                            "too few samples" if bound is None else
                            f"start {mib(bound.start)}, warm-up peak {mib(bound.warm)}, peak {mib(bound.peak)} "
                            f"({bound.ratio:.2f}x, limit {RSS_LIMIT}x), end {mib(bound.end)}; {len(run.rss)} samples"))
-    bad = _tracebacks({"quiet": quiet.output, "faulted": faulted.output, **agent_logs})
+    bad = _tracebacks({"quiet": quiet.output, "faulted": faulted.output, **(extra_outputs or {}), **agent_logs})
     out.append(Verdict("no traceback (coordinator, agents)", not bad, "none" if not bad else f"in {', '.join(bad)}"))
     return out
 
 
-def print_verdicts(rows: list[Verdict], quiet: Run, faulted: Run, job: Job, wall_s: float, *, forge_during_join: bool) -> None:
+def _refused_after_rollback(run: Run) -> str | None:
+    """The line saying why train stopped after rolling the run back and failing to start it again, if it did."""
+    from edgefleet.coordinator.audit.rollback import audit_record
+
+    if run.returncode == 0 or not audit_record(run.run_dir).get("rollbacks"):
+        return None
+    after = run.output.split("rolled the run back to step 0", 1)[-1]
+    return next((line.strip() for line in after.splitlines() if "cannot start" in line), None)
+
+
+def train_resume_command(lab: Lab, key_file: Path, run_dir: Path) -> list[str]:
+    from edgefleet.launch import module_command
+
+    return module_command("edgefleet.coordinator.cli", "--broker", lab.broker_address, "train", "--fleet-key", str(key_file),
+                          "--board-keys", str(lab.board_keys_dir), "--resume", str(run_dir))
+
+
+def _board_lines(output: str, board: str, *texts: str) -> dict[str, int]:
+    """How many lines of ``output`` name ``board`` and hold each of ``texts``."""
+    lines = [line for line in output.splitlines() if board in line]
+    return {text: sum(text in line for line in lines) for text in texts}
+
+
+def _all_records(run: Run) -> list[Mapping[str, Any]]:
+    """The run's metrics.jsonl as it ended (after any rollback), read whole."""
+    path = run.run_dir / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def hostile_verdicts(job: Job, quiet: Run, hostile: Run, tail: RewindingTail, *, liar: str, stall: str,
+                     lie_from: int, quiet_batches: list[int]) -> list[Verdict]:
+    """The third run: the liar found and the run rolled back, the stopped worker dropped and back, the slow rejoin."""
+    from edgefleet.coordinator.audit.rollback import audit_record
+
+    honest = [b for b in job.boards if b != liar]
+    notes, out = hostile.notes, []
+    records = _all_records(hostile)
+    first_rc = notes.get("first_rc")
+    out.append(Verdict("exit status (hostile run)", hostile.returncode == 0 and first_rc is None,
+                       f"{hostile.returncode}" if first_rc is None else
+                       f"{first_rc} after the rollback: \"{notes.get('refusal')}\" (the run, started again from step 0 "
+                       f"without the liar, checks that its boards are idle while they still end the attempt it threw "
+                       f"away); `train --resume` then: {hostile.returncode}"))
+    steps = count_steps(records, hostile.steps)
+    out.append(Verdict("every step once in metrics.jsonl (hostile)", steps.ok,
+                       steps.describe() + f" (the file written again from step 0 {tail.rewinds} time(s))"))
+    record = audit_record(hostile.run_dir)
+    rollbacks = record.get("rollbacks") or []
+    failure = rollbacks[0]["failures"][0] if rollbacks and rollbacks[0].get("failures") else {}
+    named = f"board {liar} failed its audit at step" in hostile.output
+    rolled = "rolled the run back to step 0" in hostile.output
+    ok = named and rolled and failure.get("board_id") == liar and len(rollbacks) == 1 and lie_from <= int(failure.get("step", -1))
+    out.append(Verdict(f"liar {liar}: failed its audit, run rolled back", ok,
+                       (f"lies x{failure.get('scale', 0):.0f} from step {lie_from}; failed its audit at step "
+                        f"{failure.get('step')} ({failure.get('part')}, relative distance {failure.get('distance', 0):.3g}); "
+                        f"rolled back to step {rollbacks[0].get('to_step')}, on with {'+'.join(rollbacks[0].get('boards_left', []))} "
+                        f"at {','.join(map(str, rollbacks[0].get('batch_sizes', [])))}" if rollbacks else
+                        "no rollback in audits.json")
+                       + ("" if named else "; not named in the output") + ("" if rolled else "; no rollback note")
+                       + (f"; {len(rollbacks)} rollbacks" if len(rollbacks) > 1 else "")))
+    wrong = [int(r["step"]) for r in records if list(r["boards"]) != honest or int(r["n"]) != sum(job.batch_sizes)]
+    global_batch = int(quiet.records[0]["n"]) if quiet.records else 0
+    out.append(Verdict("after the rollback: the honest boards, the quiet run's global batch",
+                       bool(not wrong and records and int(records[0]["n"]) == global_batch),
+                       f"{len(records)} steps on {'+'.join(honest)}, n={records[0]['n'] if records else '?'} "
+                       f"(quiet n={global_batch})" + ("" if not wrong else f"; other boards or n at {wrong[:8]}")))
+    final_q, final_h = _model(quiet), _model(hostile)
+    resplit = list(rollbacks[0].get("batch_sizes", [])) if rollbacks else []
+    if final_q is None or final_h is None:
+        out.append(Verdict("final model vs the quiet run's", False, "no model.pt"))
+    elif resplit == list(quiet_batches):
+        rel, diff = max_relative_l2(final_h, final_q), max_abs_diff(final_h, final_q)
+        out.append(Verdict("final model vs the quiet run's (the liar changed nothing)", diff == 0.0 or rel <= 1e-5,
+                           f"max abs diff {diff:.3g}, largest relative L2 difference of a tensor {rel:.2g}: the rollback's "
+                           f"re-split {','.join(map(str, resplit))} is the quiet run's split, so each step sums the same "
+                           "gradients in the same order" + (" (bit for bit)" if diff == 0.0 else
+                                                            "; not bit for bit, within 1e-5 relative")))
+    else:
+        rel, diff = max_relative_l2(final_h, final_q), max_abs_diff(final_h, final_q)
+        out.append(Verdict("final model vs the quiet run's (the liar changed nothing)", rel <= 1e-5,
+                           f"largest relative L2 difference of a tensor {rel:.2g} (limit 1e-5), max abs diff {diff:.2g}: "
+                           f"the global batches are the quiet run's, split {','.join(map(str, resplit))} instead of "
+                           f"{','.join(map(str, quiet_batches))}, so the sums run in another order (equal up to rounding, "
+                           "which Adam amplifies over a long run on a nearly fitted model)"))
+    first = tail.before_rollback  # the stall and the slow rejoin happened before the rollback rewrote the file
+    stall_step = notes.get("stall_step")
+    late = late_steps(first, stall)
+    dropped_note = f"board {stall} left: dropped from the job's steps" in hostile.output
+    drop = next((int(r["step"]) for r in sorted(first, key=lambda r: int(r["step"]))
+                 if stall_step is not None and int(r["step"]) > int(stall_step) and stall not in r["boards"]
+                 and stall not in (r.get("late") or [])), None)
+    out.append(Verdict(f"stopped worker ({stall}): dropped", stall_step is not None and dropped_note and drop is not None
+                       and len(late) >= 1,
+                       f"SIGSTOP at step {stall_step} for {notes.get('stall_s', 0):.1f} s (deadline "
+                       f"{notes.get('deadline_s_stall', 0):.1f} s); late in steps {late[:6]}; left out from step {drop}; "
+                       + ("'left: dropped from the job's steps' in the output" if dropped_note else "no drop note in the output")))
+    cont = notes.get("cont_step")
+    back = next((int(r["step"]) for r in sorted(first, key=lambda r: int(r["step"]))
+                 if cont is not None and int(r["step"]) > int(cont) and stall in r["boards"]), None)
+    without = [r for r in first if drop is not None and int(r["step"]) >= drop and (back is None or int(r["step"]) < back)]
+    out.append(Verdict("while it is out: the others step on", drop is not None and len(without) > 0
+                       and all(list(r["boards"]) == [b for b in job.boards if b != stall] for r in without),
+                       f"{len(without)} steps on {'+'.join(b for b in job.boards if b != stall)}"
+                       + (f" (steps {drop}-{(back if back is not None else '?')})" if drop is not None else "")))
+    said = _board_lines(hostile.output, stall, "failed:", "asked it to rejoin", "did not take its welcome")
+    end = max((int(r["step"]) for r in first), default=0)
+    out.append(Verdict(f"stopped worker ({stall}): rejoined", back is not None,
+                       f"SIGCONT after step {cont}; " + (f"in the steps again from step {back}" if back is not None else
+                                                         f"not back in the {end - int(cont or 0)} steps to the rollback")
+                       + f"; the output: {said['failed:']} 'board {stall} failed' (its worker's job), "
+                         f"{said['asked it to rejoin']} 'asked it to rejoin', {said['did not take its welcome']} "
+                         "'did not take its welcome or catch up'"))
+    period = _median_period(first[: int(stall_step)] if stall_step else first) or 0.0
+    quiet_gap = step_gaps(quiet.records, 3, quiet.steps).longest_s
+    limit = max(5 * period, quiet_gap)
+    slow_to = notes.get("slow_to_step")
+    if cont is None or slow_to is None:
+        out.append(Verdict("slow rejoin: the steps go on during the welcome", False, "the link was never narrowed"))
+    else:
+        gaps = step_gaps(first, int(cont), int(slow_to) + 1)
+        sent, window = int(notes.get("slow_bytes", 0)), float(notes.get("slow_window_s", 1.0))
+        out.append(Verdict("slow rejoin: the steps go on during the welcome", gaps.steps >= 2 and gaps.longest_s <= limit,
+                           f"{stall}'s link at 150 KB/s for {window:.0f} s from its SIGCONT: {gaps.steps} steps meanwhile "
+                           f"(steps {cont}-{int(slow_to) + 1}), longest gap {gaps.longest_s:.2f} s at step {gaps.at_step} "
+                           f"(limit {limit:.2f} s: 5 step periods of {period * 1000:.0f} ms, or the quiet run's longest gap "
+                           f"{quiet_gap:.2f} s); {sent / 1e3:.0f} KB reached it ({sent / window / 1e3:.0f} KB/s)"))
+        cut = said["did not take its welcome"]
+        out.append(Verdict("slow rejoin: welcomed, back in the steps", back is not None and not cut,
+                           ("back in the steps from step " + str(back) if back is not None else "never back before the rollback")
+                           + (f"; cut off {cut} time(s): 'did not take its welcome or catch up'" if cut else "")))
+    return out
+
+
+def print_verdicts(rows: list[Verdict], quiet: Run, faulted: Run, job: Job, wall_s: float, *, forge_during_join: bool,
+                   hostile: Run | None = None, hostile_job: Job | None = None) -> None:
     cells = [[v.check, "pass" if v.ok else "info" if v.ok is None else "FAIL", v.detail] for v in rows]
     timeline = "; ".join(f"{at:.0f} s step {step}: {what}" for at, step, what in faulted.faults.events)
+    third = [] if hostile is None or hostile_job is None else [
+        f"Hostile run ({hostile.wall_s / 60:.1f} min): {LIAR_MODEL} on {'+'.join(hostile_job.boards)}, batches "
+        f"{','.join(map(str, hostile_job.batch_sizes))}, {' '.join(hostile_job.extra)}; "
+        + "; ".join(f"{at:.0f} s step {step}: {what}" for at, step, what in hostile.faults.events) + ".",
+        "Its split gives the liar a share the rollback's re-split hands back to the others exactly as the quiet run "
+        "split them, so its model is compared with the quiet run's bit for bit (within 1e-5 relative where the "
+        "re-split differs: another summation order)."]
     caption = "\n".join([
         f"LeNet-5 on digits, boards {'+'.join(job.boards)}, batches {','.join(map(str, job.batch_sizes))}, "
         f"{faulted.steps} steps, seed 0, --no-rebalance. Quiet run {quiet.wall_s / 60:.1f} min, faulted run "
         f"{faulted.wall_s / 60:.1f} min; {wall_s / 60:.1f} min in all.",
-        f"Faults: {timeline}.",
+        f"Faults: {timeline}.", *third,
         "Exact comparison: everything before the kill (bit for bit). After it the global batch is smaller by the dead "
         "board's share (docs/training.md: a board that dies is dropped and the job finishes on the others).",
         "Junk: malformed messages from the start; forged and replayed commands and a forged offline status "
@@ -393,7 +591,8 @@ def print_verdicts(rows: list[Verdict], quiet: Run, faulted: Run, job: Job, wall
            "from the first step on: while boards join, one of them fails the job (the board's signed refusal of a forged "
            "command, or a forged offline status, drops it; --forge-during-join shows it)."),
     ])
-    print_table("Fault soak: a board killed, the broker restarted, the coordinator paused, junk every second",
+    print_table("Fault soak: a board killed, the broker restarted, the coordinator paused, junk every second; "
+                "a lying board, a stopped worker, a slow rejoin",
                 ["check", "result", "detail"], cells, caption=caption, left_columns=3, min_width=160)
 
 
@@ -413,6 +612,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="forged commands and statuses while the boards join too (by default from the first step "
                              "on): shows how one forged command fails the job there")
     parser.add_argument("--broker-down", type=float, default=5.0, help="seconds the broker stays down (default 5)")
+    parser.add_argument("--liar", default="nano-1", help="the board that joins the hostile run and lies in its gradient, "
+                                                         "not in --boards (default nano-1)")
+    parser.add_argument("--lie-factor", type=float, default=2000.0, help="the liar's gradient is this many times the "
+                                                                          "honest one (default 2000)")
+    parser.add_argument("--stall", default="x86-1", help="the board whose training worker is stopped, then rejoins over a "
+                                                         "slow link, in the hostile run (default x86-1)")
+    parser.add_argument("--audit-every", type=int, default=AUDIT_EVERY,
+                        help=f"the hostile run's train --audit-every (default {AUDIT_EVERY})")
+    parser.add_argument("--no-hostile", action="store_true", help="leave the third run (the liar, the stopped worker, "
+                                                                  "the slow rejoin) out")
     parser.add_argument("--keep-runs", type=Path, metavar="DIR", help="keep the run directories, logs and checkpoints here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -424,6 +633,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--hostile {args.hostile} must not be in --boards: it is the attacker")
     if len(boards) < 2:
         parser.error("--boards needs at least two boards: the job must go on once one is killed")
+    if args.liar in boards:
+        parser.error(f"--liar {args.liar} must not be in --boards: it joins the hostile run only")
+    if args.stall not in boards:
+        parser.error(f"--stall must be one of --boards ({','.join(boards)})")
     args.boards = boards
     return args
 
@@ -435,11 +648,14 @@ def _soak(args: argparse.Namespace, tmp: Path) -> int:
     started = time.monotonic()
     fleet = load_fleet(FLEET)
     quotas = {b.id: b.cpu for b in fleet.boards}
-    unknown = [b for b in [*args.boards, args.hostile] if b not in quotas]
+    unknown = [b for b in [*args.boards, args.hostile, args.liar] if b not in quotas]
     if unknown:
         print(f"fault_soak: {', '.join(unknown)} not in {FLEET.name} (its boards: {', '.join(quotas)})", file=sys.stderr)
         return 2
     key_file = write_fleet_key(tmp / "fleet.key", ed25519=True)
+    # the hostile run's model is tests.hostile.lying_module: the coordinator and the agents (which run in the
+    # boards' homes and inherit this environment) import it from the repository
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
     batches = split_batch([quotas[b] for b in args.boards], args.global_batch)
     print(f"fault_soak: {args.minutes:g}-minute runs on {'+'.join(args.boards)} (batches {','.join(map(str, batches))}); "
           f"kill {args.kill}, junk on {args.junk_board} from {args.hostile}", file=sys.stderr, flush=True)
@@ -465,13 +681,45 @@ def _soak(args: argparse.Namespace, tmp: Path) -> int:
         finally:
             lab.supervisor.stop(hostile)
         junk = json.loads(stats.read_text()) if stats.exists() else {}
+        hostile_run = hostile_job = hostile_tail = None
+        lie_from = int(LIE_FROM * steps)
+        if not args.no_hostile:
+            hostile_boards = [*args.boards, args.liar]
+            # the liar's batch taken from the others so that the rollback's re-split gives back the quiet run's split
+            share = quotas[args.liar] / sum(quotas[b] for b in hostile_boards)
+            hostile_batches = liar_split(batches, share) or split_batch([quotas[b] for b in hostile_boards], args.global_batch)
+            hostile_job = Job(lab, key_file, hostile_boards, hostile_batches, tmp, model=LIAR_MODEL,
+                              extra=("--audit-every", str(args.audit_every)))
+            wait_ready(lab, args.boards)
+            liar_pid = start_liar(lab, args.liar, f"scale:{args.lie_factor:g}:{lie_from}")
+            time.sleep(2)  # its old status is retained as online: let the new agent's own come first
+            wait_ready(lab, hostile_boards)
+            print(f"  hostile run: {args.liar} lies x{args.lie_factor:g} from step {lie_from} (agent pid {liar_pid}); "
+                  f"{args.stall}'s worker stopped at step {int(STALL_AT * steps)}", file=sys.stderr, flush=True)
+            hostile_tail = RewindingTail(tmp / "hostile" / "metrics.jsonl")
+            schedule = HostileSchedule(lab, stall=args.stall, at_step=int(STALL_AT * steps), deadline=_deadline_s)
+            hostile_run = run_job(hostile_job, "hostile", steps, time_limit_s=2 * limit, schedule=schedule,
+                                  tail=hostile_tail)
+            refusal = _refused_after_rollback(hostile_run)
+            if refusal:  # the rollback's restart found a board still ending the attempt it threw away: resume, as an operator would
+                hostile_run.notes.update(first_rc=hostile_run.returncode, refusal=refusal)
+                print(f"  hostile run: {refusal}; train --resume", file=sys.stderr, flush=True)
+                wait_ready(lab, args.boards)
+                resumed = run_job(hostile_job, "hostile", steps, time_limit_s=limit, tail=hostile_tail,
+                                  command=train_resume_command(lab, key_file, tmp / "hostile"), log_name="hostile-resume")
+                hostile_run.returncode, hostile_run.output = resumed.returncode, hostile_run.output + resumed.output
+                hostile_run.wall_s += resumed.wall_s
         if args.kill not in [b for b, row in lab.status_json().items() if row.get("state") == "online"]:
             time.sleep(5)  # a restarted agent that came back late in the run: one more look
         after = lab.status_json()
         agent_logs = {p.name: p.read_text(errors="replace") for p in (tmp / "lab-logs").glob("*.log")}
     rows = verdicts(job, quiet, faulted, kill=args.kill, junk_board=args.junk_board, junk=junk, after_status=after,
-                    agent_logs=agent_logs)
-    print_verdicts(rows, quiet, faulted, job, time.monotonic() - started, forge_during_join=args.forge_during_join)
+                    agent_logs=agent_logs, extra_outputs={"hostile": hostile_run.output} if hostile_run else {})
+    if hostile_run is not None and hostile_job is not None and hostile_tail is not None:
+        rows += hostile_verdicts(hostile_job, quiet, hostile_run, hostile_tail, liar=args.liar, stall=args.stall,
+                                 lie_from=lie_from, quiet_batches=batches)
+    print_verdicts(rows, quiet, faulted, job, time.monotonic() - started, forge_during_join=args.forge_during_join,
+                   hostile=hostile_run, hostile_job=hostile_job)
     return 0 if all(v.ok is not False for v in rows) else 1
 
 

@@ -9,6 +9,7 @@ average), ``boards`` (the contributors, in board order), ``late`` and ``refused`
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -200,3 +201,39 @@ def rss_bound(samples: Sequence[tuple[float, int]], *, warm_until: float, limit:
 
 def mib(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
+
+
+def max_relative_l2(a: Any, b: Any) -> float:
+    """The largest relative L2 difference, tensor by tensor, of two states of the same layout (``b`` the reference);
+    inf if the layouts differ. Two runs whose global batches are summed in another order (a re-split) differ by
+    rounding only: about 1e-7 relative per step, far below 1e-5 over a run."""
+    left, right = dict(flat_arrays(a)), dict(flat_arrays(b))
+    if left.keys() != right.keys() or any(left[k].shape != right[k].shape for k in left):
+        return math.inf
+    out = 0.0
+    for k in left:
+        norm = float(np.linalg.norm(right[k]))
+        out = max(out, float(np.linalg.norm(left[k] - right[k])) / max(norm, 1e-12))
+    return out
+
+
+@dataclass(frozen=True)
+class StepGaps:
+    """The time between consecutive steps over a stretch of a run."""
+
+    steps: int           # records in the stretch
+    longest_s: float     # the longest gap between two of them (0: fewer than two)
+    at_step: int | None  # the step that ended the longest gap
+
+
+def step_gaps(records: Sequence[Record], first: int, last: int) -> StepGaps:
+    """The gaps between consecutive records of steps ``first``..``last`` (by their ``elapsed_s``)."""
+    stretch = sorted((r for r in records if first <= int(r["step"]) <= last), key=lambda r: int(r["step"]))
+    gaps = [(float(b["elapsed_s"]) - float(a["elapsed_s"]), int(b["step"])) for a, b in itertools.pairwise(stretch)]
+    longest = max(gaps, default=(0.0, None))
+    return StepGaps(len(stretch), longest[0], longest[1])
+
+
+def late_steps(records: Sequence[Record], board: str) -> list[int]:
+    """The steps whose record names ``board`` as late (it missed the step's deadline)."""
+    return sorted(int(r["step"]) for r in records if board in (r.get("late") or []))
