@@ -86,8 +86,9 @@ resnet_small unless asked, conv_mlp on request), each mode (``--modes``) and eac
   two-step job on every board used warms the workers first (not counted); the lab's CFS period
   (10 ms) is its default.
 
-Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags: ``exact`` (none) and
-``overlap`` (``--overlap``: the upload streamed during backward, the same mathematics) and
+Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags: ``exact`` (none: with global data
+the coordinator audits the boards, ``--audit-share 0.25``), ``exact-noaudit`` (``--audit-share 0``:
+what the audits cost) and ``overlap`` (``--overlap``: the upload streamed during backward, the same mathematics) and
 ``local-sgd-H`` (``--sync-every H`` for H = 2, 4, 8, periodic averaging after one exact epoch: other
 mathematics, so its speed-up is against the exact best board) and ``placed`` (``--placement net.6``:
 layer placement, the boards train the layers up to the flatten and send activations, the
@@ -172,7 +173,8 @@ log = logging.getLogger("bench.scaling")
 FLEETS = {"fleet8": ROOT / "lab/fleets/fleet8.toml", "mixed4": ROOT / "lab/fleets/mixed4.toml"}
 BOARD_COUNTS = (1, 2, 4, 8)
 MODE_FLAGS: dict[str, tuple[str, ...]] = {  # mode -> extra train flags
-    "exact": (), "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)},
+    "exact": (), "exact-noaudit": ("--audit-share", "0"),
+    "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)},
     "placed": ("--placement", "net.6")}  # every workload's flatten before its dense layers
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
 PLANNED_MODES = {"powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}

@@ -231,3 +231,17 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for server in started:
         server.stop()
+
+
+# pytest-xdist (``-n 2 --dist loadgroup``, pyproject.toml): a test file's tests stay on one worker (its module's
+# fleet is started once), and the tests that take the machine's network namespaces (the lab) or its containers
+# (the image bake) run one after the other on one worker each.
+_SERIAL_GROUPS = {"lab": "lab", "deploy": "deploy"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(REPO)
+        group = _SERIAL_GROUPS.get(path.parts[1], str(path)) if len(path.parts) > 2 else str(path)
+        item.add_marker(pytest.mark.xdist_group(name=group))
