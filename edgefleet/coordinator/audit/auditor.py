@@ -116,7 +116,7 @@ class Auditor:
         self._sizes: dict[int, list[int]] = {}
         self.failures: list[AuditFailure] = []
         self.audits: dict[str, int] = dict.fromkeys(boards, 0)  # passed audits per board
-        self.audit_s = 0.0  # time spent recomputing
+        self.audit_s = 0.0  # CPU time spent recomputing (this process's, all its threads)
         self._last_check: float | None = None
         self.disabled = ""  # why audits stopped: the module could not be stepped again here (no board is blamed)
 
@@ -150,7 +150,7 @@ class Auditor:
             sent = copies.get(board)
             if sent is None or sizes is None or self.disabled:
                 continue
-            started = time.perf_counter()
+            started = time.process_time()  # the process's CPU: torch's own threads count too
             try:
                 ref = recompute_vector(model, exchanged, self.data, step=step, board_index=self._index[board],
                                        batch_sizes=sizes)
@@ -159,7 +159,7 @@ class Auditor:
                                  f"({type(exc).__name__}: {exc})")
                 log.warning("%s", self.disabled, exc_info=True)
                 break
-            spent = time.perf_counter() - started
+            spent = time.process_time() - started
             self.audit_s += spent
             audit_s = spent if audit_s is None else max(audit_s, spent)
             self.schedule.done(board, step)
@@ -195,7 +195,7 @@ class Auditor:
     def describe(self) -> str:
         """The run's note about audits."""
         fixed = (f"at a random step within every {self.schedule.fixed}" if self.schedule.fixed else
-                 f"at random steps, as often as {self.schedule.share:.0%} of this machine's time allows")
+                 f"at random steps, as often as {self.schedule.share:.0%} of a core of this machine allows")
         return (f"audits: each board's gradient is computed again here from its slice of the batch {fixed}; a board whose "
                 "gradient differs is left out and the run starts again from step 0 without it")
 

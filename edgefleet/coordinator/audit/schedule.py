@@ -7,9 +7,10 @@ it, and one that lies at ``m`` steps escapes with probability at most ``(1 - 1/e
 
 ``every`` is fitted to the cost: an audit computes one board's slice again on the coordinator,
 so with ``b`` boards an audit every ``every`` steps each costs ``b / every`` audits a step. After
-each audit :meth:`AuditSchedule.fit` takes the median audit time ``a`` and the median step period
-``p`` (the last :data:`WINDOW` of each) and sets ``every = ceil(b * a / (share * p))`` (at least 1),
-so that audits take at most ``share`` of the coordinator's time.
+each audit :meth:`AuditSchedule.fit` takes the median audit's CPU time ``a`` (the coordinator
+process's, torch's threads included) and the median step period ``p`` (the last :data:`WINDOW` of
+each) and sets ``every = ceil(b * a / (share * p))`` (at least 1), so that audits take at most
+``share`` of one of the coordinator's cores.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def add_train_parser(sub: Any) -> None:
         "(scaled, flipped, made up) is left out, and the run goes back to step 0 and on without it, so that the\n"
         "model ends as the honest boards alone would have trained it (docs/security.md).")
     audits.add_argument("--audit-share", type=float, default=0.25, metavar="FRACTION",
-                        help="share of this machine's time spent on audits; how often each board is audited is fitted "
+                        help="share of one of this machine's cores spent on audits (CPU); how often each board is audited is fitted "
                              "to it (default 0.25; 0 turns audits off)")
     audits.add_argument("--aggregate", choices=AGGREGATES, default="mean",
                         help="how each step's gradients are reduced: mean (exact, the default), or a robust rule for "

@@ -181,6 +181,8 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
         run = TrainingRun(spec, run_dir=Path(tmp), broker=broker, fleet_key=fleet_key, on_step=on_step,
                           on_note=lambda text: log.debug("%s", text))
         outcome = asyncio.run(run.run())
+    if outcome.rolled_back:  # a board failed its audit: this candidate's figures would not be the honest boards'
+        raise EdgeTrainError(f"pre-training: {outcome.rolled_back[0].describe()}; leave it out (--boards) and plan again")
     if outcome.interrupted:  # Ctrl-C: stop pre-training altogether
         raise KeyboardInterrupt
     if "end" not in window:
