@@ -13,6 +13,7 @@ The options of both are ``start_fleet``'s.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import shutil
@@ -237,6 +238,11 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 # fleet is started once), and the tests that take the machine's network namespaces (the lab) or its containers
 # (the image bake) run one after the other on one worker each.
 _SERIAL_GROUPS = {"lab": "lab", "deploy": "deploy"}
+# The lab's tests time steps under CPU quotas: while one runs, no test runs on the other worker. Every test holds
+# a shared lock on this file while it runs, a lab test an exclusive one; a turnstile lock taken before either
+# keeps a worker that runs test after test from starving a lab test that waits.
+_EXCLUSIVE_DIRS = ("lab",)
+_LOCK_DIR = Path(os.environ.get("TMPDIR", "/tmp"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -245,3 +251,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath)).resolve().relative_to(REPO)
         group = _SERIAL_GROUPS.get(path.parts[1], str(path)) if len(path.parts) > 2 else str(path)
         item.add_marker(pytest.mark.xdist_group(name=group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist: a lab test runs alone on the machine, the others two at a time (setup and teardown included)."""
+    worker = getattr(item.config, "workerinput", None)  # an xdist worker's own (a nested pytest run has its own uid)
+    if worker is None:  # one process: nothing else runs beside it
+        yield
+        return
+    run = worker["testrunuid"]
+    path = Path(str(item.fspath)).resolve().relative_to(REPO)
+    exclusive = len(path.parts) > 2 and path.parts[1] in _EXCLUSIVE_DIRS
+    with open(_LOCK_DIR / f"edgefleet-tests-{run}.turnstile", "a") as turnstile, \
+            open(_LOCK_DIR / f"edgefleet-tests-{run}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
