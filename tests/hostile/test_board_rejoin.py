@@ -22,9 +22,10 @@ STEPS = 100_000  # more than the test waits for: it stops the run (Ctrl-C) once 
 
 def _steps(run_dir: Path) -> list[dict[str, object]]:
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        text = (run_dir / "metrics.jsonl").read_text()
     except FileNotFoundError:
         return []
+    lines = text.split("\n")[:-1]  # read while the run appends: the last line may not be whole yet
     return [record for line in lines if line.strip() and "step" in (record := json.loads(line))]
 
 
