@@ -11,10 +11,12 @@ import torch
 
 from edgefleet.coordinator.audit.audit_scope import why_not_audited
 from edgefleet.coordinator.audit.auditor import Auditor
+from edgefleet.coordinator.audit.recompute import AuditData
 from edgefleet.coordinator.audit.rollback import RollbackError, without_boards
 from edgefleet.coordinator.audit.schedule import AuditSchedule
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.workloads.models import LeNet5
+from edgefleet.workloads.sharding import GlobalBatchPlan
 
 SPEC = JobSpec(model="lenet5", dataset="digits", boards=("a", "b", "c"), batch_sizes=(8, 8, 16))
 
@@ -46,8 +48,9 @@ def test_the_audit_rate_is_fitted_to_the_share_of_time_given() -> None:
 
 def _auditor(wire: str = "float32", floats: int = 0) -> Auditor:
     schedule = AuditSchedule(["a"], share=1.0, start_step=0, every=1)
-    return Auditor(["a"], None, schedule, wire_dtype=wire, grad_elements=100, float_buffer_elements=floats,  # type: ignore[arg-type]  # no data: only comparing
-                   sizes_at=lambda step: [8])
+    data = AuditData(dataset=[], collate_fn=list, plan=GlobalBatchPlan(64, [8], 0), seed=0, batches_per_epoch=8)
+    return Auditor(["a"], data, schedule, wire_dtype=wire, grad_elements=100, float_buffer_elements=floats,
+                   sizes_at=lambda step: [8])  # only comparing: the data is never read
 
 
 def test_an_honest_vector_passes_and_a_scaled_flipped_or_made_up_one_does_not() -> None:
@@ -75,10 +78,12 @@ def test_buffers_are_audited_too() -> None:
     auditor = _auditor(floats=10)
     stats = ref.copy()
     stats[100:110] = 5.0  # made-up running statistics
-    assert auditor._compare("a", 0, stats, ref).part == "buffers"  # type: ignore[union-attr]
+    failure = auditor._compare("a", 0, stats, ref)
+    assert failure is not None and failure.part == "buffers"
     count = ref.copy()
     count[110:] = np.array([8], dtype=np.int64).view(np.float32)
-    assert auditor._compare("a", 0, count, ref).part == "integer buffers"  # type: ignore[union-attr]
+    failure = auditor._compare("a", 0, count, ref)
+    assert failure is not None and failure.part == "integer buffers"
 
 
 def test_a_rollback_divides_the_boards_share_among_the_others_keeping_the_global_batch() -> None:
