@@ -54,6 +54,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         steps_per_epoch,
     )
     from edgefleet.workloads.layer_cut import cut_model, head_size
+    from edgefleet.workloads.loss_scaling import new_scaler, precision_plugin
     from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
     from edgefleet.workloads.params import exchange_size, to_torch_tree
     from edgefleet.workloads.preflight import optimizer_setup
@@ -134,8 +135,12 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         accelerator = board_accelerator()  # a Jetson's GPU: each step's gradient is copied to the host, tensor by tensor
         events.emit("running", f"joined at step {start} ({accelerator}, {torch.get_num_threads()} torch threads)",
                     step=start)
+        precision: Any = None
+        if trainer_options.loss_scaled:  # 16-mixed: the fleet's loss scale now (a board joining mid-run starts at it)
+            precision = precision_plugin(package, accelerator, new_scaler(accelerator, welcome.loss_scale))
         trainer = make_trainer(package, options=trainer_options, total_steps=job.total_steps,
-                               callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs)
+                               callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs,
+                               precision_plugin=precision)
         sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
         try:
             trainer.fit(model, train_dataloaders=data.train_loader(sampler))

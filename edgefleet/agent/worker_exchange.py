@@ -36,6 +36,7 @@ from edgefleet.protocol.sync_schedule import EXACT, SYNC, SyncSchedule
 from edgefleet.protocol.wire_dtype import numpy_dtype, wire_dtype_of
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
+from edgefleet.workloads.loss_scaling import mark_overflow, overflowed, unscaled
 from edgefleet.workloads.params import (
     BufferSet,
     FlatGradients,
@@ -342,6 +343,7 @@ class GradientExchange:
         self._flat = np.zeros(0, dtype=np.float32)
         self._wire: np.ndarray | None = None
         self._avg32: np.ndarray | None = None
+        self._scaler: Any = None  # 16-mixed's GradScaler: the step is skipped where the fleet's gradient overflowed
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizer = trainer.optimizers[0]
@@ -352,6 +354,7 @@ class GradientExchange:
         # fleet's logged values): its learning rates come with the results (``lrs``), the board steps none itself.
         trainer.strategy.lr_scheduler_configs = [c for c in trainer.lr_scheduler_configs if not c.reduce_on_plateau]
         self._optimizer = optimizer
+        self._scaler = getattr(trainer.precision_plugin, "scaler", None)
         trainable = trainable_params(optimizer)
         if self._only is not None:
             trainable = [p for p in trainable if id(p) in self._only]
@@ -386,7 +389,8 @@ class GradientExchange:
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         # Lightning divides each batch's loss by accumulate_grad_batches: the window's sum is the step's loss.
-        self._window_loss = (self._window_loss or 0.0) + float(loss.detach())
+        # Under 16-mixed the loss here is scaled: the fleet's loss is the unscaled one.
+        self._window_loss = (self._window_loss or 0.0) + unscaled(loss, self._scaler)
         if self.stream is not None and not self._is_local(self.step):  # one batch per step: its backward comes next
             logs = self._step_logs.take() if self._step_logs is not None else None
             n = self._batch_size(self.step) * trainer.accumulate_grad_batches
@@ -418,6 +422,8 @@ class GradientExchange:
             cast_into(self._avg32, avg)
             avg = self._avg32
         grads.scatter(avg, keep=avg is self._avg32 or avg is self.client.result_buffer)
+        if self._scaler is not None:  # DDP's rule: skipped on every board where any board's gradient overflowed
+            mark_overflow(self._scaler, optimizer, overflowed(avg[:self._grad_elements]))
         if self._buffers:  # the first contributing board's buffers (DDP's rule), or the float ones' average
             self._buffers.assign_from(avg[self._grad_elements:])
         self._on_step(self.step, self._loss, compute_s)

@@ -313,12 +313,15 @@ class Welcome:
     splits: tuple[BatchSplit, ...] = ()
     overlap: bool = False                # the vector's gradient is in reversed parameter order (``--overlap``)
     module_state: Any = None             # what the module's on_save_checkpoint added (a board joining mid-run loads it)
+    loss_scale: dict[str, float] | None = None  # 16-mixed: the fleet's GradScaler state now (``workloads.loss_scaling``)
     v: int = EXCHANGE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
         frame = {"type": WELCOME, "v": self.v, "step": self.step, "model": self.model, "optimizer": self.optimizer}
         if self.module_state is not None:
             frame["module_state"] = self.module_state
+        if self.loss_scale is not None:
+            frame["loss_scale"] = self.loss_scale
         if self.schedulers:
             frame["schedulers"] = self.schedulers
         if self.splits:
@@ -333,7 +336,7 @@ class Welcome:
         Raises:
             ValueError: a name that is not an optional field of the welcome.
         """
-        unknown = set(extra) - {"schedulers", "module_state"}
+        unknown = set(extra) - {"schedulers", "module_state", "loss_scale"}
         if unknown:
             raise ValueError(f"a welcome has no field(s) {sorted(unknown)}")
         return dataclasses.replace(self, **extra) if extra else self
@@ -366,7 +369,29 @@ class Welcome:
             raise DecodeError(f"welcome frame: module_state is a {type(module_state).__name__}, not a map")
         return cls(step=_whole(d, WELCOME, "step"), model=d["model"], optimizer=d["optimizer"], schedulers=schedulers,
                    splits=tuple(BatchSplit.from_wire(split) for split in splits), overlap=overlap,
-                   module_state=module_state, v=v)
+                   module_state=module_state, loss_scale=_loss_scale(d.get("loss_scale")), v=v)
+
+
+LOSS_SCALE_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def _loss_scale(value: Any) -> dict[str, float] | None:
+    """A welcome's ``loss_scale``: a GradScaler's state, every field a finite number (None: not a 16-mixed job).
+
+    Raises:
+        DecodeError: not a map of exactly those fields, or a value that is not a finite number.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != set(LOSS_SCALE_FIELDS):
+        raise DecodeError(f"welcome frame: loss_scale is not a map of {', '.join(LOSS_SCALE_FIELDS)}")
+    numbers = {}
+    for name in LOSS_SCALE_FIELDS:
+        number = value[name]
+        if type(number) not in (int, float) or not math.isfinite(number) or number < 0:
+            raise DecodeError(f"welcome frame: loss_scale's {name} {number!r:.20} is not a finite number >= 0")
+        numbers[name] = float(number)
+    return numbers
 
 
 @dataclass(frozen=True, slots=True)

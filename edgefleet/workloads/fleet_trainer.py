@@ -28,13 +28,14 @@ import torch
 from torch.utils.data import Sampler
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads import loss_scaling
+from edgefleet.workloads.loss_scaling import LOSS_SCALED_PRECISIONS
 
 log = logging.getLogger(__name__)
 
 CLIP_ALGORITHMS = ("norm", "value")
-# 16-mixed is not offered: its GradScaler skips a step on a board whose own gradient overflowed,
-# after the exchange gave it the fleet's finite average, so that board's replica would fall behind.
-PRECISIONS = ("32-true", "bf16-mixed")
+# 16-mixed runs with DDP's rule (``workloads.loss_scaling``): one loss scale, a step skipped on every replica alike.
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class TrainerOptions:
         gradient_clip_val: Clip the averaged gradient (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (over all parameters) or ``"value"``.
         deterministic: ``torch.use_deterministic_algorithms`` on every replica.
-        precision: Lightning's ``precision``: ``32-true`` or ``bf16-mixed`` (autocast; fp32 weights and gradients).
+        precision: Lightning's ``precision``: ``32-true``, ``bf16-mixed`` (autocast; fp32 weights and gradients) or
+            ``16-mixed`` (float16 autocast and a loss scale, ``workloads.loss_scaling``).
     """
 
     accumulate_grad_batches: int = 1
@@ -61,16 +63,26 @@ class TrainerOptions:
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:
             raise ConfigError(f"gradient_clip_val = {self.gradient_clip_val} must be above 0 (or not given: no clipping)")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}: 16-mixed's gradient "
-                              "scaler would skip a step on a board whose own gradient overflowed while the others "
-                              "take it; use bf16-mixed (a Jetson Orin, recent x86) or 32-true")
+            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
             raise ConfigError(f"gradient_clip_algorithm = {self.gradient_clip_algorithm!r} is not one of {CLIP_ALGORITHMS}")
 
-    def trainer_kwargs(self) -> dict[str, Any]:
-        return {"accumulate_grad_batches": self.accumulate_grad_batches, "gradient_clip_val": self.gradient_clip_val,
-                "gradient_clip_algorithm": self.gradient_clip_algorithm if self.gradient_clip_val else None,
-                "deterministic": self.deterministic, "precision": self.precision}
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether a GradScaler scales the loss (16-mixed): the step's overflow decides on every replica alike."""
+        return self.precision in LOSS_SCALED_PRECISIONS
+
+    def trainer_kwargs(self, plugins: list[Any] | None = None) -> dict[str, Any]:
+        """The Trainer's keyword arguments; ``plugins``: 16-mixed's precision plugin, which then replaces ``precision``."""
+        kwargs: dict[str, Any] = {
+            "accumulate_grad_batches": self.accumulate_grad_batches, "gradient_clip_val": self.gradient_clip_val,
+            "gradient_clip_algorithm": self.gradient_clip_algorithm if self.gradient_clip_val else None,
+            "deterministic": self.deterministic}
+        if plugins:
+            kwargs["plugins"] = plugins
+        else:
+            kwargs["precision"] = self.precision
+        return kwargs
 
 
 def steps_per_epoch(batches_per_epoch: int, accumulate: int) -> int:
@@ -230,16 +242,20 @@ def trainer_bounds(total_steps: int, max_epochs: int = 0) -> dict[str, int]:
 
 def make_trainer(package: ModuleType, *, options: TrainerOptions, total_steps: int, callbacks: list[Any],
                  accelerator: str, logger: Any = False, validate: bool = False, log_every_n_steps: int = 50,
-                 max_epochs: int = 0) -> Any:
+                 max_epochs: int = 0, precision_plugin: Any = None) -> Any:
     """A replica's Trainer: no checkpoints, progress bar or sanity checks of its own (edgefleet keeps those).
 
     ``max_epochs`` > 0: the run was asked for in that many whole epochs (:func:`trainer_bounds`).
+    ``precision_plugin``: 16-mixed's (``workloads.loss_scaling.precision_plugin``, at the fleet's loss scale);
+    None with 16-mixed: one with a fresh scaler.
     """
+    if options.loss_scaled and precision_plugin is None:
+        precision_plugin = loss_scaling.precision_plugin(package, accelerator, loss_scaling.new_scaler(accelerator))
     return package.Trainer(accelerator=accelerator, devices=1, **trainer_bounds(total_steps, max_epochs), logger=logger,
                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                            num_sanity_val_steps=0, limit_val_batches=1.0 if validate else 0,
                            use_distributed_sampler=False, callbacks=callbacks, log_every_n_steps=log_every_n_steps,
-                           **options.trainer_kwargs())
+                           **options.trainer_kwargs([precision_plugin] if options.loss_scaled else None))
 
 
 __all__ = [

@@ -42,6 +42,26 @@ class OwnCtorNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
 
 
+class LossGainNet(pl.LightningModule):
+    """A loss multiplied by ``gain``: under 16-mixed its first steps overflow at the default loss scale (2**16),
+    on the boards with the smallest slices first, until the scale has come down (DDP's rule, not one process's)."""
+
+    def __init__(self, lr: float = 0.05, gain: float = 256.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = _mlp(8, 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return self.hparams.gain * F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr / self.hparams.gain, momentum=0.9)
+
+
 class LightningImportNet(L.LightningModule):
     """Exercises a module derived from ``lightning.pytorch.LightningModule`` (the unified package)."""
 

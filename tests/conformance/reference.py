@@ -289,3 +289,61 @@ def ddp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) 
             step += 1
         sampler.set_epoch(sampler.epoch + 1)
     return state_of(model)
+
+
+@dataclass
+class AmpReference:
+    """DDP's rule under 16-mixed: the final state, the steps every rank skipped, and the scaler's state at the end."""
+
+    state: dict[str, torch.Tensor]
+    skipped: list[int]
+    scaler: dict[str, Any]
+
+
+def ddp_amp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) -> AmpReference:
+    """DDP with ``precision="16-mixed"`` in one process (on this machine's CPU: torch's float16 autocast and GradScaler).
+
+    Each rank computes its slice's loss under float16 autocast (as Lightning's ``MixedPrecision``
+    does, without the autocast cache), scales it by the one shared scale and runs backward; the
+    scaled gradients are averaged weighted by the slices' sizes (DDP's all-reduce); the scaler
+    unscales the average, skips the step if any element is not finite (an overflow on any rank)
+    and updates the scale, the same on every rank. Plain torch, one optimizer, no schedulers.
+    """
+    data = case_data(case)
+    torch.manual_seed(seed)
+    model = build_layers(load(case.model)(**case.model_options))
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.Optimizer), "ddp_amp_reference takes a bare optimizer"
+    scaler = torch.amp.GradScaler("cpu")
+    total = sum(batch_sizes)
+    sampler = GlobalBatchSampler(len(data.train_set), total, seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    skipped: list[int] = []
+    model.train()
+    step = 0
+    while step < steps:
+        for batch_idx, indices in enumerate(sampler):
+            if step == steps:
+                break
+            summed = [torch.zeros_like(p) for p in params]
+            start = 0
+            for size in batch_sizes:
+                batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
+                model.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+                    loss = model.training_step(batch, batch_idx)
+                scaler.scale(loss).backward()
+                for acc, p in zip(summed, params):
+                    acc.add_(p.grad, alpha=size / total)
+                start += size
+            for p, grad in zip(params, summed):
+                p.grad = grad
+            scale = scaler.get_scale()
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            if scaler.get_scale() < scale:
+                skipped.append(step)
+            step += 1
+        sampler.set_epoch(sampler.epoch + 1)
+    return AmpReference(state_of(model), skipped, scaler.state_dict())

@@ -30,6 +30,7 @@ from tests.conformance.fleet_cli import BATCHES, GLOBAL_BATCH, SEED, STEPS, TOLE
 from tests.conformance.reference import (
     Case,
     ReferenceRun,
+    ddp_amp_reference,
     ddp_reference,
     initial_state,
     integer_mismatches,
@@ -115,8 +116,12 @@ STATE_CLAIMS: dict[str, Callable[[dict[str, torch.Tensor], ReferenceRun, dict[st
 def test_the_fleet_trains_what_lightning_trains(fleet, case: Case, tmp_path: Path) -> None:
     run_dir = _train_here(fleet, case, tmp_path / case.name)
     fleet_model = torch.load(run_dir / "model.pt", weights_only=True)
+    amp = None
     if case.name in DDP_RULE:
         run = ReferenceRun(ddp_reference(case, steps=STEPS, batch_sizes=[int(b) for b in BATCHES.split(",")], seed=SEED), {})
+    elif case.trainer.get("precision") == "16-mixed":  # one loss scale, a step skipped on every board alike: DDP's rule
+        amp = ddp_amp_reference(case, steps=STEPS, batch_sizes=[int(b) for b in BATCHES.split(",")], seed=SEED)
+        run = ReferenceRun(amp.state, {})
     else:
         run = lightning_run(case, steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
     reference = run.state
@@ -133,6 +138,10 @@ def test_the_fleet_trains_what_lightning_trains(fleet, case: Case, tmp_path: Pat
         STATE_CLAIMS[case.name](fleet_model, run, initial_state(case, seed=SEED))
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["boards"] == list(BOARDS) for s in steps)
+    if amp is not None:  # the same steps skipped, the same scale at the end (checkpoint.pt keeps it for --resume)
+        assert amp.skipped and [s["step"] for s in steps if s.get("overflowed")] == amp.skipped
+        checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)["replica"]
+        assert checkpoint["loss_scale"]["scale"] == amp.scaler["scale"]
     if case.name in LOGGED:
         result = json.loads((run_dir / "result.json").read_text())
         for name, rel in LOGGED[case.name].items():

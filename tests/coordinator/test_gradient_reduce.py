@@ -291,3 +291,24 @@ def test_a_vector_whose_integer_bytes_are_not_bytes_is_refused(bad: float) -> No
 def test_integer_bytes_must_lie_within_the_buffers() -> None:
     with pytest.raises(ValueError, match="integer bytes 6"):
         GradientReducer(10, buffer_elements=5, int_buffer_elements=6)
+
+
+def test_with_a_loss_scale_an_overflow_skips_the_step_instead_of_refusing_the_board() -> None:
+    buffers = 5
+    grads, counts = _vectors(3, 100, seed=6), [4, 8, 12]
+    grads[1][3] = np.inf  # board 2 overflowed; its buffers are fine
+    reducer = GradientReducer(100, buffer_elements=buffers, loss_scaled=True)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [0, 1, 2] and outcome.refused == [] and outcome.overflowed == (1,)
+    assert np.isnan(reducer.sum[:-buffers]).all()  # every replica sees the overflow and skips the step
+    assert np.array_equal(reducer.sum[-buffers:], grads[0][-buffers:])  # the first board's buffers, as ever
+
+
+def test_with_a_loss_scale_nan_in_the_buffers_still_refuses_and_finite_steps_are_exact() -> None:
+    grads, counts = _vectors(3, 100, seed=7), [4, 8, 12]
+    reducer = GradientReducer(100, buffer_elements=5, loss_scaled=True)
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.overflowed == () and np.array_equal(reducer.sum[:-5], _reference(grads, counts)[:-5])
+    grads[2][-1] = np.nan
+    outcome = reducer.reduce(list(zip(grads, counts)))
+    assert outcome.kept == [0, 1] and dict(outcome.refused) == {2: "NaN or Inf in the gradient"} and outcome.overflowed == ()

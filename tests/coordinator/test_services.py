@@ -105,7 +105,8 @@ def test_resolve_job_refuses_a_job_no_run_could_take(spec: JobSpec, fragment: st
     ({"epochs": 2.0, "steps": 5}, "give epochs or steps, not both"),
     ({"wire_dtype": "int8"}, "--wire-dtype 'int8' is not one of float32, float16, bfloat16"),
     ({"rebalance_threshold": 0.0}, "--rebalance-threshold 0.0: use a fraction above 0"),
-    ({"precision": "16-mixed"}, "16-mixed's gradient scaler would skip a step"),
+    ({"precision": "8-mixed"}, "precision '8-mixed' is not one of 32-true, bf16-mixed, 16-mixed"),
+    ({"precision": "16-mixed", "aggregate": "median"}, "--precision 16-mixed cannot be combined with --aggregate median"),
 ])
 def test_a_job_spec_refuses_values_no_run_could_take(fields: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(fragment)):

@@ -11,7 +11,8 @@ from tests.helpers import train_args
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [
-    (("--precision", "16-mixed"), "16-mixed's gradient scaler would skip a step"),
+    (("--precision", "8-mixed"), "precision '8-mixed' is not one of 32-true, bf16-mixed, 16-mixed"),
+    (("--precision", "16-mixed", "--sync-every", "2"), "--precision 16-mixed cannot be combined with --sync-every 2"),
     (("--gradient-clip-val", "0"), "gradient_clip_val = 0.0 must be above 0"),
     (("--accumulate-grad-batches", "0"), "accumulate_grad_batches = 0 must be at least 1"),
     (("--log-every-n-steps", "0"), "--log-every-n-steps 0"),

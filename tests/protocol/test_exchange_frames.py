@@ -175,6 +175,10 @@ def test_a_frame_that_is_no_gradient_at_all_is_malformed(frame: Any, message: st
      "split from_step None is not a step number"),
     ({"type": "welcome", "step": 0, "model": {}, "optimizer": {}, "v": "1"}, "welcome frame names no exchange protocol version"),
     ({"type": "welcome", "step": 3, "model": {}, "optimizer": {}, "module_state": [1]}, "module_state is a list, not a map"),
+    ({"type": "welcome", "step": 3, "model": {}, "optimizer": {}, "loss_scale": {"scale": 8.0}}, "loss_scale is not a map of"),
+    ({"type": "welcome", "step": 3, "model": {}, "optimizer": {}, "loss_scale": {
+        "scale": float("inf"), "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 0}},
+     "loss_scale's scale inf is not a finite number >= 0"),
     ({"type": "grad", "step": 0}, "expected a welcome frame, got 'grad'"),
     ({"type": "error"}, "error frame: message None is not a string"),
 ])
@@ -235,3 +239,10 @@ def test_a_welcome_takes_only_its_own_optional_fields_by_name() -> None:
     assert "module_state" not in welcome.to_wire()
     with pytest.raises(ValueError, match=r"a welcome has no field\(s\) \['step'\]"):
         welcome.with_fields({"step": 3})
+
+
+def test_a_welcome_carries_the_fleets_loss_scale_only_for_16_mixed() -> None:
+    state = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
+    back = Welcome.from_wire(_wire(Welcome(step=4, model={}, optimizer={}, loss_scale=state)))
+    assert back.loss_scale == state
+    assert "loss_scale" not in Welcome(step=4, model={}, optimizer={}).to_wire()

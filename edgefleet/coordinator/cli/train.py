@@ -94,9 +94,10 @@ def add_train_parser(sub: Any) -> None:
     lightning.add_argument("--gradient-clip-algorithm", choices=("norm", "value"), default="norm",
                            help="norm: over all parameters together (default); value: each element")
     lightning.add_argument("--deterministic", action="store_true", help="torch's deterministic algorithms on every replica")
-    lightning.add_argument("--precision", default="32-true", metavar="32-true|bf16-mixed",
+    lightning.add_argument("--precision", default="32-true", metavar="32-true|bf16-mixed|16-mixed",
                            help="bf16-mixed: autocast to bfloat16 on every board (weights and gradients stay fp32); "
-                                "16-mixed is refused (default 32-true)")
+                                "16-mixed: float16 autocast with one loss scale for the fleet, a step that overflowed on "
+                                "any board skipped on all, as DDP does (CPU boards too) (default 32-true)")
     lightning.add_argument("--log-every-n-steps", type=int, default=50, metavar="N",
                            help="how often --logger writes what training_step logs per step (default 50, Lightning's)")
     lightning.add_argument("--sync-buffers", choices=BUFFER_SYNC, default="broadcast",

@@ -139,10 +139,15 @@ def _median_without(ascending: list[float], j: int) -> float:
 
 
 class Reduced(NamedTuple):
-    """Which vectors are in the average (positions in the order given) and which were refused, and why."""
+    """Which vectors are in the average (positions in the order given) and which were refused, and why.
+
+    ``overflowed``: with a loss scale (16-mixed), the kept vectors whose gradient overflowed (Inf or
+    NaN): the result's gradient is then all NaN, and every replica skips the step (DDP's rule).
+    """
 
     kept: list[int]
     refused: list[tuple[int, str]]
+    overflowed: tuple[int, ...] = ()
 
 
 class GradientReducer:
@@ -158,6 +163,9 @@ class GradientReducer:
         buffer_sync: ``broadcast`` or ``average`` (see the module's docstring).
         int_buffer_elements: the last ``int_buffer_elements`` of those are integer buffers' bytes,
             always the first kept vector's.
+        loss_scaled: the boards scale their losses (16-mixed): a gradient that is not finite while its
+            buffers are is an overflow, not a refusal; it stays in the step, and the result's gradient
+            part is NaN so that every replica skips the step (``workloads.loss_scaling``).
 
     Raises:
         ValueError: ``buffer_elements``, ``int_buffer_elements`` or ``buffer_sync`` out of range, or an unknown wire dtype.
@@ -165,7 +173,7 @@ class GradientReducer:
 
     def __init__(self, param_count: int, *, wire_dtype: str = "float32", max_grad_norm: float = 1e6,
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", outlier_ratio: float = OUTLIER_RATIO,
-                 int_buffer_elements: int = 0) -> None:
+                 int_buffer_elements: int = 0, loss_scaled: bool = False) -> None:
         if not 0 <= int_buffer_elements <= buffer_elements <= param_count or buffer_sync not in BUFFER_SYNCS:
             raise ValueError(f"buffer_elements {buffer_elements} (integer bytes {int_buffer_elements}) / "
                              f"buffer_sync {buffer_sync!r} out of range")
@@ -174,7 +182,7 @@ class GradientReducer:
         if not outlier_ratio >= 1:
             raise ValueError(f"outlier_ratio {outlier_ratio!r} must be at least 1")
         self.param_count, self.wire_dtype, self.max_grad_norm = param_count, wire_dtype, max_grad_norm
-        self.outlier_ratio = outlier_ratio
+        self.outlier_ratio, self.loss_scaled = outlier_ratio, loss_scaled
         self.buffer_elements, self.int_buffer_elements = buffer_elements, int_buffer_elements
         self._summed = param_count - int_buffer_elements  # integer bytes are copied, never summed
         # the result's tail taken from the first kept vector exactly: the integer bytes, and with broadcast the float buffers
@@ -232,14 +240,21 @@ class GradientReducer:
             squares = None  # summed with the refused ones: sum again without them
         limit = min(self.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         banded = False
+        overflowed: tuple[int, ...] = ()
         while kept:
             if squares is None:
                 total = sum(grads[i][1] for i in kept)
                 squares = self.weighted_sum([grads[i] for i in kept], total)
-            if self.buffer_elements > self.int_buffer_elements:  # the norm check is the gradient's; buffers only for NaN or Inf
+            buffered = self.buffer_elements > self.int_buffer_elements
+            if buffered:  # the norm check is the gradient's; buffers only for NaN or Inf
                 squares = [square - self.buffer_square(grads[i][0]) for i, square in zip(kept, squares)]
+            if self.loss_scaled:  # an overflow is not a refusal: the step is skipped everywhere
+                overflowed = tuple(i for i, square in zip(kept, squares) if not math.isfinite(square)
+                                   and (not buffered or math.isfinite(self.buffer_square(grads[i][0]))))
             bad = [(i, refusal_reason(square, limit) or "") for i, square in zip(kept, squares)
-                   if not square <= limit]  # NaN, Inf or too large
+                   if not square <= limit and i not in overflowed]  # NaN, Inf or too large
+            if overflowed:
+                banded = True  # a skipped step: no gradient of it reaches the model, none to judge
             if not banded and len(kept) > OUTLIER_MIN_OTHERS:  # once per step: a norm far above the others'
                 banded = True
                 # Judged on norm x sqrt(samples): the square times the board's sample count.
@@ -258,7 +273,9 @@ class GradientReducer:
         if kept and self._copied_from < self.param_count:  # the buffers of the first kept vector, exactly
             start, first = self._copied_from, grads[kept[0]][0]
             scale_into(self.sum[start:], first[start:], np.float32(1.0))
-        return Reduced(kept, refused)
+        if overflowed:
+            self.sum[:self.param_count - self.buffer_elements] = np.nan
+        return Reduced(kept, refused, overflowed)
 
     def _not_bytes(self, grads: Sequence[tuple[np.ndarray, int]]) -> list[tuple[int, str]]:
         """The vectors whose integer buffers' section holds anything but whole numbers 0..255, and why."""

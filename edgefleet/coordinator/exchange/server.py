@@ -131,6 +131,9 @@ class ExchangeServer:
             (``ExchangeMode.expected_n``) is refused for that step and flagged.
         aggregate: ``mean`` (exact), or a robust rule (``coordinator.exchange.robust_reduce``: ``trimmed-mean``,
             ``median``, ``clip``) that bounds what one board can do to a step, inexactly.
+        loss_scaled: the boards scale their losses (16-mixed): a board's overflowed gradient skips the step on every
+            replica instead of being refused (``GradientReducer``); a board that alone overflows again and again is
+            refused (``coordinator.exchange.step_sum``).
 
     Raises:
         ExchangeError: ``splits`` out of order or not the global batch, or both periodic ``sync`` and ``overlap``,
@@ -145,11 +148,13 @@ class ExchangeServer:
                  buffer_elements: int = 0, buffer_sync: str = "broadcast", hello_timeout_s: float = HELLO_TIMEOUT_S,
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
                  checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False,
-                 int_buffer_elements: int = 0, accumulate_grad_batches: int = 1, aggregate: str = "mean") -> None:
+                 int_buffer_elements: int = 0, accumulate_grad_batches: int = 1, aggregate: str = "mean",
+                 loss_scaled: bool = False) -> None:
         self.job_id, self.wire_dtype, self.param_count = job_id, wire_dtype, param_count
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
-                                        outlier_ratio=outlier_ratio, int_buffer_elements=int_buffer_elements)
+                                        outlier_ratio=outlier_ratio, int_buffer_elements=int_buffer_elements,
+                                        loss_scaled=loss_scaled)
         try:
             schedule = SplitSchedule([b for _, b in boards], splits)
         except SplitRefused as exc:

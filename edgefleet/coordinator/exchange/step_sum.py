@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError
-from edgefleet.coordinator.exchange.gradient_reduce import FOLD_MAX_ELEMENTS, GradientReducer, sample_weights
+from edgefleet.coordinator.exchange.gradient_reduce import FOLD_MAX_ELEMENTS, GradientReducer, Reduced, sample_weights
 from edgefleet.coordinator.exchange.modes import ExchangeMode
+from edgefleet.coordinator.exchange.overflow_watch import OverflowWatch
 from edgefleet.protocol.sync_schedule import EXACT, StepKind
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class StepResult:
     logs: dict[str, float] = field(default_factory=dict)  # what training_step logged: sample-weighted over the boards
     log_flags: dict[str, tuple[bool, bool, bool]] = field(default_factory=dict)  # name -> (on_step, on_epoch, prog_bar)
     kind: StepKind = EXACT       # exact (gradients averaged), local (nothing averaged) or sync (parameters averaged)
+    overflowed: list[str] = field(default_factory=list)  # 16-mixed: contributors whose gradient overflowed (step skipped)
 
 
 @dataclass(slots=True)
@@ -78,6 +80,7 @@ class StepSum:
     def __init__(self, in_order: list[BoardState], mode: ExchangeMode, reducer: GradientReducer) -> None:
         self._in_order, self._mode, self._reducer = in_order, mode, reducer
         self._foldable = reducer.param_count <= FOLD_MAX_ELEMENTS
+        self._overflows = OverflowWatch() if reducer.loss_scaled else None
         self._fold: _Fold | None = None
         self._fold_weights: tuple[list[int], list[np.float32]] = ([], [])  # the last fold's counts and weights
 
@@ -135,6 +138,8 @@ class StepSum:
                   and all(b.n == n for b, n in zip(answered, fold.ns)))
         grads = [(b.grad, b.n) for b in answered if b.grad is not None]
         outcome = mode.reduce(step, grads, fold.squares if folded and fold is not None else None)
+        if len(outcome.overflowed) == 1 and len(outcome.kept) > 1 and self._overflows is not None:
+            outcome = self._lone_overflow(step, outcome, answered, grads)
         for i, why in outcome.refused:  # rare: NaN, Inf or an implausible norm
             board = answered[i]
             if board.grad is not None:  # the audits check it: a liar must not hide behind a refusal
@@ -175,7 +180,21 @@ class StepSum:
         return StepResult(step=step, n_total=total, loss=weighted_loss / total, contributors=contributors, late=late,
                           refused=refused, compute_s=compute, wall_s=time.monotonic() - started, batch_sizes=sizes,
                           logs={name: s / w for name, (s, w) in logged.items() if math.isfinite(s / w)},
-                          log_flags=log_flags, kind=mode.kind(step))
+                          log_flags=log_flags, kind=mode.kind(step),
+                          overflowed=[answered[i].board_id for i in outcome.overflowed])
+
+    def _lone_overflow(self, step: int, outcome: Reduced, answered: list[BoardState],
+                       grads: list[tuple[np.ndarray, int]]) -> Reduced:
+        """One board's gradient alone overflowed: the step is skipped, or (:class:`OverflowWatch`) that gradient refused."""
+        assert self._overflows is not None
+        lone = outcome.overflowed[0]
+        why = self._overflows.lone(answered[lone].board_id, step)
+        if why is None:
+            return outcome
+        others = [i for i in range(len(grads)) if i != lone]
+        again = self._mode.reduce(step, [grads[i] for i in others], None)
+        return Reduced([others[i] for i in again.kept], [*[(others[i], w) for i, w in again.refused], (lone, why)],
+                       tuple(others[i] for i in again.overflowed))
 
 
 __all__ = ["StepResult", "StepSum"]

@@ -185,6 +185,7 @@ class JobSpec:
         self._check_sync()
         self._check_placement()
         self._check_aggregate()
+        self._check_loss_scale()
         if isinstance(self.audit_share, bool) or not isinstance(self.audit_share, (int, float)) or not 0 <= self.audit_share <= 1:
             raise ConfigError(f"--audit-share {self.audit_share!r:.20}: give a fraction of the coordinator's time in [0, 1], "
                               "e.g. 0.25 (0 turns audits off)")
@@ -228,6 +229,17 @@ class JobSpec:
         if clashes:
             raise ConfigError(f"--placement {self.placement} cannot be combined with {', '.join(clashes)} yet (the tail "
                               "host would see another step than the boards): leave them out, or train with --placement none")
+
+    def _check_loss_scale(self) -> None:
+        """Raises ConfigError for 16-mixed with a mode whose replicas would not skip the same steps alike."""
+        if self.precision != "16-mixed":
+            return
+        clashes = [flag for flag, used in ((f"--sync-every {self.sync_every}", self.sync_every > 1),
+                                           (f"--aggregate {self.aggregate}", self.aggregate != "mean")) if used]
+        if clashes:
+            raise ConfigError(f"--precision 16-mixed cannot be combined with {', '.join(clashes)}: its loss scale must move "
+                              "alike on every board, and there a board steps on its own or the fleet's gradient is not "
+                              "one average; use --precision bf16-mixed or 32-true, or leave them out")
 
     def _check_aggregate(self) -> None:
         """Raises ConfigError for a robust aggregate that is unknown or cannot run with the job's other settings."""

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 from edgefleet.coordinator.run.replica_replay import PlaceholderBatches, Replay, ReplayData, replay_reason
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
+from edgefleet.workloads import loss_scaling
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
 from edgefleet.workloads.lightning_api import callback_class, overrides, package_of
 from edgefleet.workloads.module_checkpoint import extra_for_wire, module_extra, restore_extra, saves_extra
@@ -142,6 +143,8 @@ class _ReplicaDriver:
             if replica.auditor is not None and result is not None:  # before the step: the boards' model, as they began it
                 replica.auditor.check(replica.step, pl_module, replica.exchanged, [*result.contributors, *result.refused])
             assign_grads(replica.exchanged, avg)
+            if replica.scaler is not None:  # 16-mixed: skipped here exactly where the boards skip it
+                loss_scaling.mark_overflow(replica.scaler, optimizer, loss_scaling.overflowed(avg[:replica._grad_elements]))
             if replica.buffers:  # the first contributing board's (integer ones always), or the float ones' average
                 replica.buffers.assign_from(avg[replica._grad_elements:])
         else:  # periodic averaging: no step of its own (no gradient: the optimizer moves nothing)
@@ -230,6 +233,8 @@ class Replica:
         self.param_count = exchange_size(self.optimizer, model)  # the exchanged vector: gradient, float buffers, integer bytes
         self._grad_elements = self.param_count - self.buffer_count
         self.options = options or TrainerOptions()
+        # 16-mixed: the fleet's loss scale, moved by the replica's own steps as by every board's (DDP's rule)
+        self.scaler = loss_scaling.new_scaler(REPLICA_ACCELERATOR) if self.options.loss_scaled else None
         self.batches_per_epoch, self.total_steps = batches_per_epoch, total_steps
         self.package = package_of(model)
         self.validates = val_loader is not None and _overrides_validation(model)
@@ -306,7 +311,8 @@ class Replica:
                 trainer = self.trainer = make_trainer(
                     self.package, options=self.options, total_steps=self.total_steps, callbacks=callbacks,
                     accelerator=REPLICA_ACCELERATOR, logger=self.logger, validate=self.validates,
-                    log_every_n_steps=self.log_every_n_steps, max_epochs=self.max_epochs)
+                    log_every_n_steps=self.log_every_n_steps, max_epochs=self.max_epochs,
+                    precision_plugin=self._precision_plugin())
                 loader = self._train_loader(position)
                 val = self._val_loader() if self._val_loader is not None else None
                 trainer.fit(self.model, train_dataloaders=loader, val_dataloaders=val)
@@ -320,6 +326,12 @@ class Replica:
         finally:
             self._ended = True
             self._waiting.set()
+
+    def _precision_plugin(self) -> Any:
+        """16-mixed: the replica's precision plugin, stepping with the averaged gradient at the fleet's loss scale; else None."""
+        if self.scaler is None:
+            return None
+        return loss_scaling.precision_plugin(self.package, REPLICA_ACCELERATOR, self.scaler, replica=True)
 
     def _train_loader(self, position: Any) -> DataLoader[Any]:
         """The replica's batches: the real global batches when it replays training_step, else placeholders."""
@@ -443,12 +455,20 @@ class Replica:
         if averaged is None or self.sync is None or self.sync.kind(self.step - 1) != LOCAL:
             return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "schedulers": [config.scheduler.state_dict() for config in self.schedulers],
-                    "module": self._module_extra(self.step)}
+                    "module": self._module_extra(self.step), **self._loss_scale_state()}
         step, schedulers, groups = averaged  # the model and the optimizer's state have not moved since
         optimizer = self.optimizer.state_dict()
         optimizer["param_groups"] = [{**group, **saved} for group, saved in zip(optimizer["param_groups"], groups)]
         return {"step": step, "model": self.model.state_dict(), "optimizer": optimizer, "schedulers": schedulers,
-                "module": self._module_extra(step)}
+                "module": self._module_extra(step), **self._loss_scale_state()}
+
+    def _loss_scale_state(self) -> dict[str, Any]:
+        """16-mixed: ``{"loss_scale": the scaler's state}`` for the checkpoint; else nothing."""
+        return {"loss_scale": loss_scaling.scaler_state(self.scaler)} if self.scaler is not None else {}
+
+    def loss_scale_wire_state(self) -> dict[str, float | int] | None:
+        """16-mixed: the fleet's loss scale now, for the welcome of a joining board; else None."""
+        return loss_scaling.scaler_state(self.scaler) if self.scaler is not None else None
 
     def _module_extra(self, step: int) -> dict[str, Any]:
         position = position_of(step, self.batches_per_epoch, self.options.accumulate_grad_batches)
@@ -470,6 +490,11 @@ class Replica:
         self.step = int(state["step"])
         position = position_of(self.step, self.batches_per_epoch, self.options.accumulate_grad_batches)
         restore_extra(self.model, dict(state.get("module") or {}), epoch=position.epoch, global_step=self.step)
+        if self.scaler is not None:
+            if "loss_scale" not in state:
+                raise ConfigError("the checkpoint holds no loss scale: it was not written by a --precision 16-mixed run; "
+                                  "resume it with the --precision it was trained with")
+            self.scaler.load_state_dict(dict(state["loss_scale"]))
         self._saved = {"optimizer": state["optimizer"],
                        "schedulers": [to_numpy_tree(s) for s in state.get("schedulers", [])]}
         restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))  # wire_state before start

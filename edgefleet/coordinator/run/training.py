@@ -428,6 +428,9 @@ class TrainingRun:
         module_state = self.replica.module_wire_state()  # a board joining mid-run loads what on_save_checkpoint kept
         if module_state is not None:
             extra["module_state"] = module_state
+        loss_scale = self.replica.loss_scale_wire_state()  # 16-mixed: a joining board starts at the fleet's scale
+        if loss_scale is not None:
+            extra["loss_scale"] = loss_scale
         return extra
 
     def _exchange_security(self) -> tuple[HelloChecker, ssl.SSLContext | None]:
@@ -489,7 +492,8 @@ class TrainingRun:
                                   buffer_elements=buffers.elements, buffer_sync=self.spec.sync_buffers,
                                   int_buffer_elements=buffers.int_elements,
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
-                                  accumulate_grad_batches=self.spec.accumulate_grad_batches, aggregate=self.spec.aggregate)
+                                  accumulate_grad_batches=self.spec.accumulate_grad_batches, aggregate=self.spec.aggregate,
+                                  loss_scaled=self.spec.trainer_options.loss_scaled)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self.audits.attach(exchange, self.replica)
         self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
@@ -682,6 +686,8 @@ class TrainingRun:
             "wall_s": round(r.wall_s, 6), "elapsed_s": round(self.elapsed_before_s + elapsed, 3)}
         if rebalance is not None:
             record["rebalance"] = rebalance
+        if r.overflowed:  # 16-mixed: skipped on every replica, the loss scale halved (DDP's rule)
+            record["overflowed"] = r.overflowed
         if r.logs:  # what training_step logged, sample-weighted over the boards
             record["logs"] = r.logs
             self.train_metrics.update(r.logs)
