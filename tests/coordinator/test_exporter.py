@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -34,7 +35,7 @@ from edgefleet.brokers.local_broker import LocalBroker, free_port
 from edgefleet.coordinator.cli.train import served_metrics
 from edgefleet.coordinator.cli.train_progress import TrainProgress
 from edgefleet.coordinator.control.fleet import FleetView
-from edgefleet.coordinator.exporter.fleet_collector import FleetCollector
+from edgefleet.coordinator.exporter.fleet_collector import counting_collector
 from edgefleet.coordinator.exporter.metrics_server import serve_fleet_metrics, serve_metrics
 from edgefleet.coordinator.exporter.telemetry_metrics import NAMED_FIELDS, sample_values
 from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
@@ -86,6 +87,8 @@ def test_collector_renders_the_fresh_boards_of_a_snapshot() -> None:
     # Prepare: three fresh boards, one that went stale, one offline.
     clock, prefix = Clock(), "edgefleet/v1"
     view = FleetView(prefix, clock=clock)
+    registry = CollectorRegistry()
+    registry.register(counting_collector(view))  # its counters follow the samples from here on
     extra = {"pi-1": {"under_voltage_now": True, "throttled_now": False}, "orin-1": {"gpu_load_percent": 40.0}}
     for board_id, source, watts, state in BOARDS:
         view.ingest(status_topic(prefix, board_id), BoardStatus(state=state, interval_s=60.0).to_json(), True)
@@ -96,22 +99,29 @@ def test_collector_renders_the_fresh_boards_of_a_snapshot() -> None:
     view.ingest(telemetry_topic(prefix, "pi-stale"), sample("pi-stale", "rpi5-pmic", 3.0, interval_s=1.0).to_json())
     view.ingest(status_topic(prefix, "pi-off"), BoardStatus(state="offline", reason="connection lost").to_json(), True)
     clock.now += 3.5  # pi-stale's sample is older than 3 of its 1 s intervals; the others' interval is 60 s
-    registry = CollectorRegistry()
-    registry.register(FleetCollector(view))
 
     # Execute
     got = parse(generate_latest(registry).decode())
 
     # Assert: the fresh boards with every figure, in Prometheus' base units; the others only counted.
     for board_id, source, watts, state in BOARDS:
-        labels = {"board_id": board_id, "power_source": source}
+        labels = {"board_id": board_id}
         assert value(got, "edgefleet_board_power_watts", **labels) == watts
-        assert value(got, "edgefleet_board_power_measured", **labels) == (0.0 if source == "estimated" else 1.0)
+        assert value(got, "edgefleet_board_power_info", **labels, power_source=source) == 1.0
+        measured = source != "estimated"
+        assert value(got, "edgefleet_board_power_measured", **labels) == (1.0 if measured else 0.0)
         assert value(got, "edgefleet_board_state", **labels, state=state) == 1.0
         assert value(got, "edgefleet_board_state", **labels, state="online" if state == "busy" else "busy") == 0.0
-        assert value(got, "edgefleet_board_cpu_utilization_ratio", **labels) == pytest.approx(0.375)
+        # Rates are counters: a board's first sample counts one interval (60 s).
+        busy = value(got, "edgefleet_board_cpu_seconds_total", **labels, mode="busy")
+        idle = value(got, "edgefleet_board_cpu_seconds_total", **labels, mode="idle")
+        assert busy is not None and idle is not None and busy / (busy + idle) == pytest.approx(0.375)
+        assert value(got, "edgefleet_board_network_receive_bytes_total", **labels) == pytest.approx(1250.0 * 60)
+        assert value(got, "edgefleet_board_network_transmit_bytes_total", **labels) == pytest.approx(300.0 * 60)
+        assert value(got, "edgefleet_board_energy_joules_total", **labels,
+                     source="measured" if measured else "estimated") == pytest.approx(watts * 60)
+        assert value(got, "edgefleet_board_energy_joules_total", **labels, source="estimated" if measured else "measured") is None
         assert value(got, "edgefleet_board_memory_used_bytes", **labels) == 2 << 30
-        assert value(got, "edgefleet_board_network_receive_bytes_per_second", **labels) == 1250.0
         assert value(got, "edgefleet_board_temperature_celsius", **labels) == 51.5
         assert value(got, "edgefleet_board_sensor_temperature_celsius", **labels, sensor="gpu-thermal") == 48.0
         assert value(got, "edgefleet_board_sample_age_seconds", **labels) == pytest.approx(3.5)
@@ -126,6 +136,10 @@ def test_collector_renders_the_fresh_boards_of_a_snapshot() -> None:
     assert value(got, "edgefleet_fleet_boards", health="stale") == 1
     assert value(got, "edgefleet_fleet_boards", health="offline") == 1
     assert value(got, "edgefleet_fleet_messages_total") == 9
+    # Rates are not gauges, and power_source labels one series per board, not every series.
+    assert not [name for name in got if name.endswith("_per_second") or name.startswith("edgefleet_board_cpu_utilization")]
+    assert {name for name, series in got.items() for labels, _ in series if "power_source" in labels} == \
+        {"edgefleet_board_power_info"}
 
 
 @dataclass(frozen=True)
@@ -177,15 +191,22 @@ def test_training_figures_follow_the_progress_display() -> None:
     display.stopped()
     got = parse(generate_latest(registry).decode())
 
-    # Assert
+    # Assert: counters for what accumulates, histograms for times (the first step's, with the boards' start, left out).
     run = {"run_id": "mlp-synthetic-1"}
-    assert value(got, "edgefleet_train_completed_steps", **run) == 2
-    assert value(got, "edgefleet_train_step_seconds", **run) == pytest.approx(0.25)
+    assert value(got, "edgefleet_train_completed_steps_total", **run) == 2
+    assert value(got, "edgefleet_train_step_seconds_count", **run) == 1
+    assert value(got, "edgefleet_train_step_seconds_sum", **run) == pytest.approx(0.25)
+    assert value(got, "edgefleet_train_step_seconds_bucket", **run, le="0.25") == 1
+    assert value(got, "edgefleet_train_step_seconds_bucket", **run, le="0.1") == 0
     assert value(got, "edgefleet_train_samples_per_second", **run) == 640.0
     assert value(got, "edgefleet_train_loss", **run) == pytest.approx(0.4)
-    assert value(got, "edgefleet_train_board_compute_seconds", **run, board_id="pi-2") == 0.2
+    assert value(got, "edgefleet_train_board_compute_seconds_count", **run, board_id="pi-2") == 2
+    assert value(got, "edgefleet_train_board_compute_seconds_sum", **run, board_id="pi-2") == pytest.approx(0.4)
     assert value(got, "edgefleet_train_board_batch_size", **run, board_id="pi-1") == 32
     assert value(got, "edgefleet_train_board_late_steps_total", **run, board_id="pi-2") == 1
+    assert value(got, "edgefleet_train_board_late_steps_total", **run, board_id="pi-1") == 0
+    assert value(got, "edgefleet_train_late_steps_total", **run) == 1
+    assert value(got, "edgefleet_train_dropped_steps_total", **run) == 1
     assert value(got, "edgefleet_train_logged_value", **run, name="train_acc") == 0.7
     assert value(got, "edgefleet_train_running", **run) == 0.0
     assert value(got, "edgefleet_train_validation_accuracy_ratio", **run) is None  # no evaluation yet
@@ -330,9 +351,12 @@ def test_a_real_prometheus_scrapes_every_boards_power(mosquitto: LocalBroker, ag
 
         result = wait_until(every_power_queried, timeout_s=15, interval_s=0.2, what="Prometheus to return every board's power")
 
-        # Assert: each board's power with its board_id and where the reading came from.
-        got = {r["metric"]["board_id"]: (r["metric"]["power_source"], float(r["value"][1])) for r in result}  # type: ignore[index]
-        assert got == {board_id: (source, watts) for board_id, source, watts, _ in BOARDS}
+        # Assert: each board's power with its board_id, and where the reading came from joined in from the info metric.
+        got = {r["metric"]["board_id"]: float(r["value"][1]) for r in result}  # type: ignore[index]
+        assert got == {board_id: watts for board_id, _, watts, _ in BOARDS}
+        joined = server.query("edgefleet_board_power_watts * on(board_id) group_left(power_source) edgefleet_board_power_info")
+        sources = {r["metric"]["board_id"]: r["metric"]["power_source"] for r in joined}  # type: ignore[index]
+        assert sources == {board_id: source for board_id, source, _, _ in BOARDS}
         measured = {r["metric"]["board_id"]: r["value"][1] for r in server.query("edgefleet_board_power_measured")}  # type: ignore[index]
         assert measured == {"pi-1": "1", "orin-1": "1", "nuc-1": "0"}
     finally:
@@ -371,23 +395,57 @@ def test_stale_and_offline_boards_drop_out_of_the_page(mosquitto: LocalBroker, a
 
 def test_train_metrics_listen_serves_the_fleet_and_the_run(mosquitto: LocalBroker, prefix: str, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    # Prepare: the flags `train --metrics-listen 127.0.0.1:0` gives, with a config file naming the broker.
+    # Prepare: the flags `train --metrics-listen 127.0.0.1:0 --metrics-grace 20` give, with a config file naming the broker.
     config = tmp_path / "coordinator.toml"
     config.write_text(f'[broker]\nhost = "{mosquitto.host}"\nport = {mosquitto.port}\ntopic_prefix = "{prefix}"\n')
-    args = argparse.Namespace(config=config, broker=None, fleet_key=None, metrics_listen=HostPort("127.0.0.1", 0))
+    args = argparse.Namespace(config=config, broker=None, fleet_key=None, metrics_listen=HostPort("127.0.0.1", 0),
+                              metrics_grace=20.0)
     spec = JobSpec(model="mlp", dataset="synthetic", run_id="mlp-synthetic-2", total_steps=5)
+    seen_after: list[float] = []  # edgefleet_train_running as a scraper saw it once the run was over
 
-    # Execute
+    def scrape_until_closed(url: str) -> None:  # a Prometheus that scrapes as often as it can
+        def closed() -> bool:
+            try:
+                running = value(scrape(url), "edgefleet_train_running", run_id="mlp-synthetic-2")
+            except OSError:
+                return True
+            if running == 0.0:
+                seen_after.append(running)
+            return False
+
+        wait_until(closed, timeout_s=30, interval_s=0.05, what="the page to close")
+
+    # Execute: the run starts, a scraper follows it, the run ends.
     with served_metrics(args) as metrics:
         assert metrics is not None
         metrics.started(spec, tmp_path / "run", 0)
         url = re.search(r"metrics: (http://127\.0\.0\.1:\d+/metrics)", capsys.readouterr().out)
         assert url, "train prints where its metrics are"
         got = scrape(url[1])
+        scraper = threading.Thread(target=scrape_until_closed, args=(url[1],))
+        scraper.start()
+        metrics.stopped()
+        ended = time.monotonic()
+    lingered_s = time.monotonic() - ended
+    scraper.join(timeout=30)
 
-    # Assert: the run and the fleet on one page.
+    # Assert: the run and the fleet on one page; the final state (running 0) stayed until two scrapes read it,
+    # well before the 20 s grace was over.
     assert value(got, "edgefleet_train_running", run_id="mlp-synthetic-2") == 1.0
+    assert value(got, "edgefleet_train_late_steps_total", run_id="mlp-synthetic-2") == 0  # there from the start
+    assert value(got, "edgefleet_train_completed_steps_total", run_id="mlp-synthetic-2") == 0
     assert value(got, "edgefleet_fleet_boards", health="ok") == 0
+    assert seen_after == [0.0, 0.0]
+    assert lingered_s < 10
+
+
+def test_the_final_state_is_served_for_the_grace_period_when_nobody_scrapes() -> None:
+    metrics = TrainingMetrics()
+    metrics.started(JobSpec(model="mlp", dataset="synthetic", run_id="r", total_steps=5), Path("runs/r"), 0)
+    started = time.monotonic()
+    assert metrics.linger(0.3) is False
+    assert 0.3 <= time.monotonic() - started < 5
+    assert TrainingMetrics().linger(30) is True  # no run, nothing to show: no wait
 
 
 def test_an_address_in_use_is_one_clear_error() -> None:

@@ -1,7 +1,8 @@
-"""The exporter's ``power_source`` label takes a bounded set of values: the known sources, ``hwmon:<chip>``
-with a short plain chip name, else ``other``, which never counts as measured. A board that names a new
-string in every sample adds no series and cannot pass an invented source off as a sensor. The real fleet
-view and collector, rendered by prometheus_client as a scrape would be."""
+"""The exporter's ``power_source`` label, on ``edgefleet_board_power_info`` alone, takes a bounded set of
+values: the known sources, ``hwmon:<chip>`` with a short plain chip name, else ``other``, which never
+counts as measured. A board that names a new string in every sample adds no series and cannot pass an
+invented source off as a sensor. The real fleet view and collector, rendered by prometheus_client as a
+scrape would be."""
 
 from __future__ import annotations
 
@@ -27,15 +28,20 @@ def _sample(board_id: str, power_source: str, seq: int) -> bytes:
 
 
 def _scrape(view: FleetView) -> dict[str, dict[str, float]]:
-    """edgefleet_board_power_measured by board: {board_id: {power_source: value}}."""
+    """Each board's edgefleet_board_power_info sources with its edgefleet_board_power_measured: {board_id: {power_source: value}}."""
     registry = CollectorRegistry()
     registry.register(FleetCollector(view))
-    out: dict[str, dict[str, float]] = {}
+    sources: dict[str, list[str]] = {}
+    measured: dict[str, float] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in family.samples:
-            if s.name == "edgefleet_board_power_measured":
-                out.setdefault(s.labels["board_id"], {})[s.labels["power_source"]] = s.value
-    return out
+            assert s.name == "edgefleet_board_power_info" or "power_source" not in s.labels, s  # on the info series only
+            if s.name == "edgefleet_board_power_info":
+                assert s.value == 1.0
+                sources.setdefault(s.labels["board_id"], []).append(s.labels["power_source"])
+            elif s.name == "edgefleet_board_power_measured":
+                measured[s.labels["board_id"]] = s.value
+    return {board: {source: measured[board] for source in found} for board, found in sources.items()}
 
 
 def test_known_sources_keep_their_label_and_any_other_string_is_other_and_not_measured() -> None:

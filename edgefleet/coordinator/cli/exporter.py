@@ -22,9 +22,11 @@ examples:
   edge-coordinator --broker 10.0.0.2:1883 exporter --listen 10.0.0.5:9465
 
 Each scrape shows every board whose last sample is fresh (newer than 3 of its telemetry intervals):
-edgefleet_board_power_watts{board_id="pi-1",power_source="rpi5-pmic"} and the other edgefleet_board_*
-gauges. A board that goes stale or offline drops out; edgefleet_fleet_boards{health="stale"} counts it.
-SIGTERM or Ctrl-C stops the exporter cleanly. Scrape configuration and metric list: docs/monitoring.md.
+levels as gauges (edgefleet_board_power_watts{board_id="pi-1"}, memory, temperature), rates as counters
+for rate() (edgefleet_board_cpu_seconds_total, _network_receive_bytes_total, _energy_joules_total), and
+edgefleet_board_power_info{board_id,power_source} 1. A board that goes stale or offline drops out;
+edgefleet_fleet_boards{health="stale"} counts it. SIGTERM or Ctrl-C stops the exporter cleanly.
+Scrape configuration, metric list and Grafana dashboards (grafana/): docs/monitoring.md.
 """
 
 
@@ -43,8 +45,8 @@ def add_exporter_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     """Add the ``exporter`` command to the top-level subparsers ``sub``."""
     p = sub.add_parser("exporter", help="serve every board's telemetry to Prometheus on /metrics (a long-running service)",
                        description="Follow the fleet on the broker and serve each board's state, CPU, memory, network, "
-                                   "temperature and power (measured or estimated) as Prometheus metrics, labelled "
-                                   "board_id and power_source, until SIGTERM or Ctrl-C.",
+                                   "temperature, power and energy (measured or estimated) as Prometheus metrics, "
+                                   "labelled board_id, until SIGTERM or Ctrl-C.",
                        epilog=EXPORTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--listen", type=listen_address("--listen"), default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"address of the HTTP endpoint (default {DEFAULT_LISTEN}: this machine only). {LISTEN_HELP}.")

@@ -169,6 +169,9 @@ def add_train_parser(sub: Any) -> None:
                    help="while the run lasts, serve Prometheus metrics on http://HOST:PORT/metrics: the boards (as "
                         "`edge-coordinator exporter`) and the run's step time, samples/s, loss and each board's compute "
                         f"time (edgefleet_train_*; docs/monitoring.md). {LISTEN_HELP}")
+    p.add_argument("--metrics-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="with --metrics-listen: after the run, keep its final state (edgefleet_train_running 0) on the "
+                        "page until Prometheus has scraped it twice or SECONDS passed (default 30: two 15 s scrapes)")
     from edgefleet.coordinator.cli.auto import add_auto_args  # numpy (planning/): when the parser is built, not by importing this module
 
     add_auto_args(p)
@@ -214,6 +217,7 @@ def served_metrics(args: argparse.Namespace) -> Iterator[TrainingMetrics | None]
     with serve_fleet_metrics(load_config(args).broker, listen, collectors=[metrics]) as endpoint:
         print(f"metrics: {endpoint.url}", flush=True)
         yield metrics
+        metrics.linger(getattr(args, "metrics_grace", 30.0))  # so that Prometheus sees the run end
 
 
 __all__ = ["add_train_parser", "cmd_train", "served_metrics"]

@@ -114,6 +114,8 @@ class FleetView:
     clock: Callable[[], float] = time.monotonic
     max_boards: int = DEFAULT_MAX_BOARDS
     preferred: frozenset[str] = frozenset()  # boards that come first when the view is full (see _admit)
+    # Called with each accepted sample and the board's caps, under the view's lock (keep it cheap): the exporter's counters.
+    on_sample: Callable[[TelemetrySample, BoardCaps | None], None] | None = field(default=None, repr=False)
     # Set by the monitor once the broker has delivered what it retained when we subscribed.
     replayed: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -132,9 +134,9 @@ class FleetView:
         with self._lock:
             self.messages += 1
             board = self.boards.get(parsed.board_id)
-            if not payload and parsed.kind == "status":
+            if not payload:  # an empty (retained) payload clears a topic: `forget` removed the board, it is not malformed
                 if board is not None:
-                    del self.boards[parsed.board_id]  # the operator removed the board (cleared its retained topics)
+                    del self.boards[parsed.board_id]
                 return
             try:
                 message = _DECODERS[parsed.kind](payload)
@@ -158,6 +160,8 @@ class FleetView:
                     return
                 board.sample, board.sample_received = message, now
                 board.last_good_n = self.messages
+                if self.on_sample is not None:
+                    self.on_sample(message, board.caps)
             elif parsed.kind == "status":
                 assert isinstance(message, BoardStatus)
                 board.status = message

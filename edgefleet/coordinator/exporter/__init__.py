@@ -1,8 +1,9 @@
 """Prometheus metrics of the fleet and of a training run: ``edge-coordinator exporter`` and ``train --metrics-listen``.
 
-:mod:`.telemetry_metrics` maps telemetry fields to metric names, :mod:`.fleet_collector` renders the
-live fleet view at each scrape, :mod:`.training_metrics` a run's latest step, and
-:mod:`.metrics_server` serves them over HTTP. The collectors import prometheus-client (the
+:mod:`.telemetry_metrics` maps telemetry fields to gauges, :mod:`.board_counters` folds the boards'
+rates into counters as samples arrive, :mod:`.fleet_collector` renders the live fleet view at each
+scrape, :mod:`.training_metrics` a run's counters, histograms and last step (:mod:`.step_histogram`),
+and :mod:`.metrics_server` serves them over HTTP. The collectors import prometheus-client (the
 ``[coordinator]`` extra); this package's surface below does not, so a missing package is reported
 by :func:`serve_fleet_metrics` with the pip command instead of an ImportError.
 """

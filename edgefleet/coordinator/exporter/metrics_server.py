@@ -110,12 +110,12 @@ def serve_fleet_metrics(settings: BrokerSettings, listen: HostPort, *, collector
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
-    from edgefleet.coordinator.exporter.fleet_collector import FleetCollector
+    from edgefleet.coordinator.exporter.fleet_collector import counting_collector
 
     with monitor_fleet(settings, connect_timeout_s=connect_timeout_s, max_boards=max_boards) as view:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
-        registry.register(FleetCollector(view))
+        registry.register(counting_collector(view))
         for collector in collectors:
             registry.register(collector)
         with serve_metrics(registry, listen) as endpoint:

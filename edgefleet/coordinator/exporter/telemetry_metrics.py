@@ -7,7 +7,9 @@ names), converted to Prometheus' base units (``_percent`` becomes a 0-1 ``_ratio
 ``_hertz``). :data:`NAMED_FIELDS` gives the established fields the names and help texts
 Grafana users expect; add a row there to rename a derived metric or improve its help.
 
-A field that is ``None`` (not reported by that board) is left out, never exported as 0.
+A field that is ``None`` (not reported by that board) is left out, never exported as 0. Rates are not
+gauges here: ``cpu_percent`` and every ``…_bytes_per_s`` field become counters in
+:mod:`.board_counters` (``…_cpu_seconds_total``, ``…_bytes_total``), so this module leaves them out.
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ _UNITS = (
     _Unit("_s", "_seconds", 1.0, "seconds"),
 )
 
-# Fields that are not measurements: identity, bookkeeping, or exported in their own way
-# (power_source is a label on every board metric; the per-core list would add a series per core).
-SKIPPED_FIELDS = frozenset({"board_id", "ts", "seq", "interval_s", "schema_version", "power_source", "cpu_percent_per_core"})
+# Fields that are not levels: identity, bookkeeping, or exported in their own way (power_source in
+# edgefleet_board_power_info; the per-core list would add a series per core; CPU load and the board's
+# energy counter feed the counters of board_counters).
+SKIPPED_FIELDS = frozenset({"board_id", "ts", "seq", "interval_s", "schema_version", "power_source", "cpu_percent_per_core",
+                            "cpu_percent", "energy_wh"})
+RATE_SUFFIX = "_bytes_per_s"  # a byte rate: a counter (board_counters), never a gauge
 
 NAMED_FIELDS: dict[str, FieldMetric] = {
-    "cpu_percent": FieldMetric(f"{PREFIX}cpu_utilization_ratio", "CPU busy over all cores (0-1)", 0.01),
     "cpu_freq_mhz": FieldMetric(f"{PREFIX}cpu_frequency_hertz", "current CPU clock", 1e6),
     "load_avg_1m": FieldMetric(f"{PREFIX}load1", "1-minute load average"),
     "load_avg_5m": FieldMetric(f"{PREFIX}load5", "5-minute load average"),
@@ -69,12 +73,10 @@ NAMED_FIELDS: dict[str, FieldMetric] = {
     "mem_percent": FieldMetric(f"{PREFIX}memory_used_ratio", "RAM in use (0-1)", 0.01),
     "swap_total_bytes": FieldMetric(f"{PREFIX}swap_total_bytes", "swap space"),
     "swap_used_bytes": FieldMetric(f"{PREFIX}swap_used_bytes", "swap in use"),
-    "net_rx_bytes_per_s": FieldMetric(f"{PREFIX}network_receive_bytes_per_second", "received over every interface but loopback"),
-    "net_tx_bytes_per_s": FieldMetric(f"{PREFIX}network_transmit_bytes_per_second", "sent over every interface but loopback"),
     "temp_c": FieldMetric(f"{PREFIX}temperature_celsius", "hottest temperature sensor"),
     "temps_c": FieldMetric(f"{PREFIX}sensor_temperature_celsius", "each temperature sensor", label="sensor"),
-    "power_w": FieldMetric(f"{PREFIX}power_watts", "power drawn by the board; edgefleet_board_power_measured says "
-                                                   "whether it is measured or estimated"),
+    "power_w": FieldMetric(f"{PREFIX}power_watts", "power drawn by the board at its last sample; "
+                                                   "edgefleet_board_power_info says where it comes from"),
     "power_rails_w": FieldMetric(f"{PREFIX}power_rail_watts", "power per measured rail", label="rail"),
     "gpu_load_percent": FieldMetric(f"{PREFIX}gpu_utilization_ratio", "a Jetson's iGPU busy (0-1)", 0.01),
     "gpu_mem_used_bytes": FieldMetric(f"{PREFIX}gpu_memory_used_bytes", "a Jetson's iGPU memory in use (shared with the CPU)"),
@@ -138,7 +140,7 @@ def sample_values(sample: DataclassInstance) -> Iterator[FieldValue]:
     text and lists are skipped, so an optional field a board does not report costs nothing.
     """
     for f in dataclasses.fields(sample):
-        if f.name in SKIPPED_FIELDS:
+        if f.name in SKIPPED_FIELDS or f.name.endswith(RATE_SUFFIX):
             continue
         raw = getattr(sample, f.name)
         if isinstance(raw, dict):
@@ -154,5 +156,5 @@ def sample_values(sample: DataclassInstance) -> Iterator[FieldValue]:
             yield FieldValue(metric, number * metric.scale)
 
 
-__all__ = ["NAMED_FIELDS", "PREFIX", "SKIPPED_FIELDS", "FieldMetric", "FieldValue", "derived_metric", "metric_for",
+__all__ = ["NAMED_FIELDS", "PREFIX", "RATE_SUFFIX", "SKIPPED_FIELDS", "FieldMetric", "FieldValue", "derived_metric", "metric_for",
            "sample_values"]
