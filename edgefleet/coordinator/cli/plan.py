@@ -125,6 +125,9 @@ def add_plan_parser(sub: Any) -> None:
                    help=f"timed steps per pre-trained candidate, after 3 warm-up steps (default {DEFAULT_VERIFY_STEPS})")
     p.add_argument("--fleet-key", metavar="FILE", help=f"with --verify: {FLEET_KEY_HELP}")
     add_board_keys_arg(p, what="with --verify: ")
+    p.add_argument("--allow-token-boards", action="store_true",
+                   help="with --verify: let boards without a key of their own join the pre-training with a token in their "
+                        "command (as train --allow-token-boards)")
 
 
 def request_from_args(args: argparse.Namespace, global_batches: list[int], epochs: float) -> PlanRequest:
@@ -204,7 +207,8 @@ def _verify(args: argparse.Namespace, outcome: PlanOutcome, fleet_key: bytes, br
     from edgefleet.coordinator.cli.verify_render import verify_report  # rich: only when candidates are verified
 
     job = job_to_verify(outcome.meta, model=args.model, model_options=_parse_options(args.model_options),
-                        dataset=args.dataset, dataset_options=_parse_options(args.dataset_options))
+                        dataset=args.dataset, dataset_options=_parse_options(args.dataset_options),
+                        allow_token_boards=args.allow_token_boards)
     console = None if args.json else _console()
     verified = verify_candidates(list(outcome.result.ranked[:args.verify]), job, broker=broker, fleet_key=fleet_key,
                                  objective=outcome.result.objective, steps=args.verify_steps, count_idle=args.count_idle,

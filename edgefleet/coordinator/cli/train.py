@@ -163,8 +163,18 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--force-split", metavar="STEP:B,B,…", help=argparse.SUPPRESS)  # test hook: a re-split from STEP
     p.add_argument("--run-dir", type=Path, help="where the run is written (default runs/<run-id>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON document on stdout (result.json's fields, run_dir, model); the "
+                        "progress and notes go to stderr")
+    p.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                   help="when the output is not a terminal (nohup, systemd, | tee): one plain progress line this often "
+                        "(time, epoch, step, samples/s, loss, ETA; 0: every step; default 30)")
     p.add_argument("--fleet-key", metavar="FILE", help=FLEET_KEY_HELP)
     add_board_keys_arg(p)
+    p.add_argument("--allow-token-boards", action="store_true",
+                   help="let boards without a key of their own (not in --board-keys) join the exchange with a token carried "
+                        "in their signed command, which anyone who reads the broker can read and use to take their place; "
+                        "without it such a job is refused before any board starts (the run names them when allowed)")
     p.add_argument("--metrics-listen", type=listen_address("--metrics-listen"), metavar="HOST:PORT",
                    help="while the run lasts, serve Prometheus metrics on http://HOST:PORT/metrics: the boards (as "
                         "`edge-coordinator exporter`) and the run's step time, samples/s, loss and each board's compute "

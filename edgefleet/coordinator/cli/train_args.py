@@ -58,6 +58,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),
+                   allow_token_boards=getattr(args, "allow_token_boards", False),
                    force_split=parse_force_split(args.force_split) if args.force_split else None)
 
 

@@ -167,8 +167,10 @@ def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes:
 
 
 def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options: dict[str, Any] | None,
-                  dataset: str | None, dataset_options: dict[str, Any] | None) -> JobSpec:
+                  dataset: str | None, dataset_options: dict[str, Any] | None, allow_token_boards: bool = False) -> JobSpec:
     """The job a plan's candidates are pre-trained on: the one given, else the one the profile measured.
+
+    ``allow_token_boards``: boards without a key of their own may join with a token (``--allow-token-boards``).
 
     Raises:
         PlanError: neither the arguments nor the profile say which model and dataset.
@@ -180,7 +182,7 @@ def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options:
     if dataset_options is None and meta is not None and dataset == meta.dataset:
         dataset_options = dict(meta.dataset_options)
     return JobSpec(model=model, model_options=model_options or {}, dataset=dataset, dataset_options=dataset_options or {},
-                   wire_dtype=meta.wire_dtype if meta is not None else "float32")
+                   wire_dtype=meta.wire_dtype if meta is not None else "float32", allow_token_boards=allow_token_boards)
 
 
 def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:

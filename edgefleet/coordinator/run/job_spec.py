@@ -91,6 +91,8 @@ class JobSpec:
             computing boards' gradients again to check them (global data mode, exact steps); 0 = no audits.
         audit_every: A fixed number of steps within which each board is audited once (at a random one of them),
             instead of the one ``audit_share`` fits; None = fitted.
+        allow_token_boards: Boards without a key of their own may join the exchange with a token carried in their
+            signed command (readable on the broker); False refuses the job before any board starts.
         force_split: Test hook: a re-split (:class:`~edgefleet.protocol.exchange_frames.BatchSplit`) announced in time.
         run_id: The run's name (set by ``resolve_job``).
         total_steps: Global steps of the run (set by ``resolve_job``).
@@ -137,6 +139,7 @@ class JobSpec:
     aggregate: str = "mean"
     audit_share: float = 0.25
     audit_every: int | None = None
+    allow_token_boards: bool = False
     force_split: BatchSplit | None = None
     run_id: str = ""
     total_steps: int = 0

@@ -243,6 +243,28 @@ class _Adaptation:
         return record
 
 
+def check_board_credentials(spec: JobSpec, fleet_key: bytes) -> None:
+    """Refuse boards that would join the exchange with a bearer token, unless the job allows them (``--allow-token-boards``).
+
+    A board proves itself with its own key (``--board-keys``) or, under a legacy shared HMAC fleet key, with that
+    key; any other board would be given a token in its signed command, which anyone who reads the broker can read.
+
+    Raises:
+        ConfigError: naming those boards and the two ways on.
+    """
+    if spec.allow_token_boards:
+        return
+    keys = CoordinatorKeys.from_bytes(fleet_key)
+    checker = HelloChecker(board_keys=keys.board_keys, hmac_key=keys.secret if keys.algorithm == HMAC_ALGORITHM else None)
+    tokens = [board for board in spec.boards if not checker.proves_with_key(board)]
+    if tokens:
+        raise ConfigError(f"board(s) {', '.join(tokens)} have no key of their own here (--board-keys, or [security] "
+                          "board_keys_dir): they would join the exchange with a token in their signed command, which anyone "
+                          "who reads the broker can read and use to take their place and receive the model. Give each board "
+                          "a key of its own (security.board_key_file; the Ansible role makes it) and this coordinator their "
+                          "public keys with --board-keys (docs/security.md), or pass --allow-token-boards to accept the risk")
+
+
 class TrainingRun:
     """One run, fresh or resumed."""
 
@@ -255,6 +277,7 @@ class TrainingRun:
             raise ValueError("a run needs a resolved job (train_job.resolve_job fixes its boards, batch sizes and length)")
         if not resume:  # before anything is loaded or any board is asked: a run directory is never mixed up
             check_new_run_dir(run_dir)
+        check_board_credentials(spec, fleet_key)  # before any board is asked: no bearer token unless the user said so
         self.spec, self.run_dir, self.broker, self.fleet_key = spec, run_dir, broker, fleet_key
         self.busy_wait_s = busy_wait_s  # after a rollback: the boards may still be ending the attempt thrown away
         if spec.threads:
@@ -441,10 +464,11 @@ class TrainingRun:
                                tls_sha256=cert.sha256 if cert is not None else "")
         for board in self.spec.boards:
             checker.token_for(board)  # decided now, so that the note below names every board given a token
-        if checker.token_boards:
-            self.on_note(f"board(s) {', '.join(checker.token_boards)} join the exchange with a token in their signed command, "
-                         "which whoever reads the broker can read: give each board a key of its own (security.board_key_file) "
-                         "and the coordinator the public keys (--board-keys; docs/security.md)")
+        if checker.token_boards:  # allowed (--allow-token-boards): said at every run
+            self.on_note(f"--allow-token-boards: board(s) {', '.join(checker.token_boards)} join the exchange with a token in "
+                         "their signed command, which whoever reads the broker can read and use to take their place: give "
+                         "each board a key of its own (security.board_key_file) and the coordinator the public keys "
+                         "(--board-keys; docs/security.md)")
         if cert is None:
             self.on_note("the exchange runs without TLS (--no-exchange-tls): gradients cross the network in clear")
         return checker, (cert.server_context() if cert is not None else None)
