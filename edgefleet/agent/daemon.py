@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from edgefleet import __version__
 from edgefleet.agent.caps import read_caps
 from edgefleet.agent.config import AgentConfig, nonce_file_path
+from edgefleet.agent.energy import EnergyMeter, energy_file_path
 from edgefleet.agent.home_assistant import HomeAssistantDiscovery
 from edgefleet.agent.job_runner import JobRunner, ProgressLimiter, event_json
 from edgefleet.agent.nonce_file import NonceFile
@@ -20,7 +22,7 @@ from edgefleet.agent.sdnotify import sd_notify
 from edgefleet.agent.sensors import Sampler
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import JobEvent
-from edgefleet.protocol.messages import BoardStatus
+from edgefleet.protocol.messages import BoardStatus, TelemetrySample
 from edgefleet.protocol.signing import CommandVerifier
 from edgefleet.protocol.topics import caps_topic, cmd_topic, events_json_topic, events_topic, status_topic, telemetry_topic
 from edgefleet.transport.fleet_key import load_board_key, load_command_keys
@@ -52,7 +54,10 @@ class Agent:
             net_interfaces=cfg.telemetry.net_interfaces, power_kind=cfg.power.source,
             idle_w=cfg.power.idle_w, max_w=cfg.power.max_w, cpu_scope=cfg.telemetry.cpu_scope,
             disk_folders=disk_folders(cfg))
+        self.energy = EnergyMeter(board_id=cfg.board_id, interval_s=cfg.telemetry.interval_s,
+                                  record=energy_file_path(cfg.state_dir, cfg.board_id))
         first = self.sampler.read()  # primes the CPU and network deltas, and names the power source
+        first = dataclasses.replace(first, energy_wh=self.energy.add(first.power_w))
         self.caps = read_caps(cfg.board_id, first.power_source, Path(cfg.telemetry.sysfs_root))
         self.discovery: HomeAssistantDiscovery | None = None
         if cfg.telemetry.home_assistant:
@@ -102,8 +107,16 @@ class Agent:
         self.link.publish(self.status_topic, self._status("busy" if busy else "online"), qos=1, retain=True)
 
     def _status(self, state: str, reason: str = "") -> bytes:
+        activity = self.jobs.progress().activity if state == "busy" else ""
         return BoardStatus(state=state, ts=round(time.time(), 3), reason=reason, agent_version=__version__,
-                           interval_s=self.cfg.telemetry.interval_s, keepalive_s=self.cfg.broker.keepalive_s).to_json()
+                           interval_s=self.cfg.telemetry.interval_s, keepalive_s=self.cfg.broker.keepalive_s,
+                           activity=activity).to_json()
+
+    def _complete(self, sample: TelemetrySample) -> TelemetrySample:
+        """The sensors' sample with what the agent itself knows: the energy total and the running training job's steps."""
+        progress = self.jobs.progress()
+        return dataclasses.replace(sample, energy_wh=self.energy.add(sample.power_w), job_steps_done=progress.steps_done,
+                                   job_total_steps=progress.total_steps)
 
     def _announce(self, link: MqttLink) -> None:
         # Runs after every (re)connect, so the retained status and the subscription are renewed.
@@ -157,7 +170,7 @@ class Agent:
         next_t = time.monotonic()
         try:
             while not stop.is_set():
-                sample = self.sampler.read()
+                sample = self._complete(self.sampler.read())
                 new_configs = self.discovery.observe(sample) if self.discovery is not None else []
                 if self.link.connected.is_set():
                     for topic, payload in new_configs:  # a field that just got its first value
@@ -175,6 +188,7 @@ class Agent:
             self.jobs.stop()
             self.link.close(final=[(self.status_topic, self._status("offline", "stopped"))], timeout_s=1.0)
             self.sampler.close()
+            self.energy.save()
             log.info("board %s: stopped", self.cfg.board_id)
         return ExitCode.OK
 

@@ -96,6 +96,18 @@ class ProgressLimiter:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class JobProgress:
+    """What the board is doing, for its status and telemetry (Home Assistant's state and progress sensors)."""
+
+    activity: str = ""              # "training" or "profiling" while a job runs (protocol.messages.ACTIVITIES); "" idle
+    steps_done: int | None = None   # a training job's global steps done (its last progress event's step + 1)
+    total_steps: int | None = None  # a training job's global steps in all; None for a profile job or idle
+
+
+IDLE = JobProgress()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerContext:
     """What the worker needs to know about its board, sent with every job (the agent's settings)."""
 
@@ -159,6 +171,7 @@ class JobRunner:
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
         self._job_id = ""                  # the running job; "" when idle
+        self._progress = IDLE              # the running job's kind and steps
         self._job_ended = threading.Event()  # the running job's worker said finished or failed
         self._next: TrainCommand | ProfileCommand | None = None  # arrived while the ended job's worker exits
         self._refused_jobs: deque[str] = deque(maxlen=64)  # jobs told why their command was refused
@@ -168,6 +181,11 @@ class JobRunner:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._job_id)
+
+    def progress(self) -> JobProgress:
+        """The running job's kind and steps (:data:`IDLE` when none runs); cheap enough for every sample."""
+        with self._lock:
+            return self._progress
 
     def handle(self, payload: bytes) -> None:
         """Called on the MQTT thread for each command; verifies it and never blocks for long."""
@@ -237,6 +255,8 @@ class JobRunner:
             worker.jobs += 1
             worker.stderr_tail.clear()
             self._job_id = command.job_id
+            self._progress = (JobProgress(activity="training", total_steps=command.total_steps)
+                              if isinstance(command, TrainCommand) else JobProgress(activity="profiling"))
             self._job_ended.clear()
         self._set_busy(True)
         self._event(command.job_id, "accepted")
@@ -279,6 +299,8 @@ class JobRunner:
             if not job_id:
                 log.debug("worker %d sent a %s event with no job running; dropped", proc.pid, event.phase)
                 continue
+            if event.phase == "progress" and event.step is not None:
+                self._note_step(job_id, event.step)
             self._publish(event)
             if event.phase in _ENDING_PHASES:
                 self._job_ended.set()
@@ -302,11 +324,17 @@ class JobRunner:
         if waiting is not None:
             self._start(waiting)
 
+    def _note_step(self, job_id: str, step: int) -> None:
+        with self._lock:
+            if self._job_id == job_id and self._progress.total_steps is not None:
+                self._progress = dataclasses.replace(self._progress, steps_done=step + 1)  # step: 0-based, just done
+
     def _end_job(self, job_id: str, how: str) -> None:
         with self._lock:
             if self._job_id != job_id:
                 return
             self._job_id = ""
+            self._progress = IDLE
         log.info("job %s: ended (%s); back to idle", job_id, how)
         self._set_busy(False)
 
@@ -340,7 +368,7 @@ class JobRunner:
 
 def _describe(command: TrainCommand | ProfileCommand) -> str:
     if isinstance(command, ProfileCommand):
-        return (f"profile {command.model} on {command.dataset} at batch sizes "
+        return (f"profile {command.model} on {command.dataset or command.datamodule} at batch sizes "
                 f"{','.join(map(str, sorted(set(command.batch_sizes))))}")
     return f"train {command.model} on {command.dataset}, batch {command.batch_size}"
 
@@ -350,5 +378,5 @@ def _drain(stream: IO[bytes], tail: deque[str]) -> None:
         tail.append(raw.decode(errors="replace").rstrip())
 
 
-__all__ = ["MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobRunner", "ProgressLimiter", "WorkerContext", "event_json",
-           "job_line"]
+__all__ = ["IDLE", "MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobProgress", "JobRunner", "ProgressLimiter",
+           "WorkerContext", "event_json", "job_line"]

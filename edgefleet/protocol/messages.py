@@ -17,6 +17,7 @@ from edgefleet.protocol.errors import DecodeError
 
 MESSAGE_SCHEMA_VERSION = 1
 STATES = ("online", "offline", "busy")
+ACTIVITIES = ("training", "profiling")  # BoardStatus.activity of a busy board
 
 # Where a power reading came from. "hwmon:<chip>" names the chip, e.g. "hwmon:ina219".
 POWER_SOURCES = ("jtop", "ina3221", "rpi5-pmic", "hwmon", "rapl", "estimated", "none")
@@ -53,6 +54,7 @@ class BoardStatus:
     agent_version: str = ""
     interval_s: float | None = None  # telemetry period, so viewers know when a sample is stale
     keepalive_s: float | None = None  # MQTT keepalive: an unplugged board is offline after 1.5x this
+    activity: str = ""              # while busy: "training" or "profiling" (ACTIVITIES); "" otherwise or from an older agent
     schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -139,6 +141,10 @@ class TelemetrySample:
     disk_data_total_bytes: int | None = None
     disk_run_used_bytes: int | None = None    # the file system of the agent's working directory (where jobs run)
     disk_run_total_bytes: int | None = None
+    energy_wh: float | None = None            # energy drawn: power_w integrated since the record in the agent's state_dir
+                                              # began (else since the agent started); never decreases while it runs
+    job_steps_done: int | None = None         # global steps the running training job has done (its last progress)
+    job_total_steps: int | None = None        # global steps that job takes in all
     schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -166,6 +172,7 @@ OMITTED_WHEN_NONE = (
     "throttled_bits", "under_voltage_now", "freq_capped_now", "throttled_now", "soft_temp_limit_now",
     "under_voltage_since_boot", "freq_capped_since_boot", "throttled_since_boot", "soft_temp_limit_since_boot",
     "disk_data_used_bytes", "disk_data_total_bytes", "disk_run_used_bytes", "disk_run_total_bytes",
+    "energy_wh", "job_steps_done", "job_total_steps",
 )
 
 # What a board can physically report (see bounds.py); every decoded message is checked against these.
@@ -174,6 +181,7 @@ MAX_MEMORY_BYTES = 1 << 50        # 1 PiB of RAM or swap
 MAX_CORES = 4096
 MAX_POWER_W = 5000.0              # a whole board, however large; a rail may read slightly negative
 MAX_DISK_BYTES = 1 << 60          # 1 EiB: a file system a board's folder can sit on
+MAX_ENERGY_WH = 1e12              # a board at MAX_POWER_W for 20,000 years
 _EPOCH_S = Bound(0, 1e10, "s since 1970")   # until the year 2286
 _PERIOD_S = Bound(0.01, 86_400, "s")
 _BYTES = Bound(0, MAX_MEMORY_BYTES, "bytes")
@@ -186,7 +194,7 @@ _BOARD_ID = Bound(max_chars=63)
 
 set_bounds(BoardStatus, bounds_for(BoardStatus, {
     "ts": _EPOCH_S, "interval_s": _PERIOD_S, "keepalive_s": Bound(0, 86_400, "s"), "agent_version": _SHORT_TEXT,
-    "schema_version": _SCHEMA}))
+    "activity": _SHORT_TEXT, "schema_version": _SCHEMA}))
 set_bounds(BoardCaps, bounds_for(BoardCaps, {
     "board_id": _BOARD_ID, "machine": _SHORT_TEXT, "accelerator": _SHORT_TEXT, "power_source": _SHORT_TEXT,
     "agent_version": _SHORT_TEXT, "python_version": _SHORT_TEXT,
@@ -206,12 +214,15 @@ set_bounds(TelemetrySample, bounds_for(TelemetrySample, {
     "gpu_load_percent": _PERCENT, "gpu_mem_used_bytes": _BYTES, "gpu_mem_total_bytes": _BYTES,
     "throttled_bits": Bound(0, 0xFFFF_FFFF, "(a 32-bit field)"),
     "disk_data_used_bytes": _DISK, "disk_data_total_bytes": _DISK, "disk_run_used_bytes": _DISK, "disk_run_total_bytes": _DISK,
+    "energy_wh": Bound(0, MAX_ENERGY_WH, "Wh"), "job_steps_done": Bound(0, (1 << 63) - 1), "job_total_steps": Bound(0, (1 << 63) - 1),
     "schema_version": _SCHEMA}))
 
 
 __all__ = [
+    "ACTIVITIES",
     "MAX_CORES",
     "MAX_DISK_BYTES",
+    "MAX_ENERGY_WH",
     "MAX_MEMORY_BYTES",
     "MAX_POWER_W",
     "MESSAGE_SCHEMA_VERSION",

@@ -17,6 +17,7 @@ Layout under a configurable prefix (default ``edgefleet/v1``)::
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -81,6 +82,20 @@ def valid_discovery_id(text: str) -> bool:
     return bool(_DISCOVERY_ID.fullmatch(text))
 
 
+def discovery_node_id(board_id: str) -> str:
+    """A board's Home Assistant discovery node_id: its id, or (ids with a '.') the id made valid plus a short
+    hash, so two boards never share one. The agent announces under it and ``forget`` clears it."""
+    if valid_discovery_id(board_id):
+        return board_id
+    digest = hashlib.sha256(board_id.encode()).hexdigest()[:6]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', board_id)}_{digest}"
+
+
+def discovery_device_id(node_id: str) -> str:
+    """The identifier of a board's Home Assistant device (``device.identifiers`` in each of its discovery configs)."""
+    return f"edgefleet_{node_id}"
+
+
 def discovery_topic(discovery_prefix: str, component: str, node_id: str, object_id: str) -> str:
     """``<discovery_prefix>/<component>/<node_id>/<object_id>/config``, Home Assistant's MQTT discovery topic.
 
@@ -131,6 +146,8 @@ __all__ = [
     "board_topic",
     "caps_topic",
     "cmd_topic",
+    "discovery_device_id",
+    "discovery_node_id",
     "discovery_topic",
     "events_json_topic",
     "events_topic",

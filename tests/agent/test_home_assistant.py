@@ -32,14 +32,20 @@ from tests.helpers import wait_until
 # - a sensor device class's allowed units and state classes (sensor/const.py DEVICE_CLASS_UNITS and
 #   DEVICE_CLASS_STATE_CLASSES; UnitOfInformation / UnitOfDataRate in const.py);
 # - binary sensor device classes (binary_sensor/__init__.py BinarySensorDeviceClass);
-# - entity_category is "config" or "diagnostic", and a sensor cannot be "config" (helpers/entity.py).
+# - entity_category is "config" or "diagnostic", and a sensor cannot be "config" (helpers/entity.py);
+# - an "enum" sensor has options and neither unit nor state_class (mqtt/sensor.py
+#   validate_sensor_state_and_device_class_config); json_attributes_template reads json_attributes_topic;
+# - suggested_unit_of_measurement is a unit the device class converts to (sensor/__init__.py; an MQTT
+#   discovery schema that does not list it drops it, extra=REMOVE_EXTRA, so the native unit still stands);
+# - the Energy dashboard takes a sensor of device_class energy, state_class total or total_increasing,
+#   in an energy unit (energy/validate.py).
 TOPIC = re.compile(r"^(?P<prefix>.+)/(?P<component>sensor|binary_sensor)/(?P<node>[a-zA-Z0-9_-]+)/(?P<object>[a-zA-Z0-9_-]+)/config$")
 COMMON_KEYS = {"name", "unique_id", "state_topic", "value_template", "availability_topic", "availability_template",
                "payload_available", "payload_not_available", "availability", "availability_mode", "device", "origin",
                "entity_category", "icon", "qos", "expire_after", "force_update", "json_attributes_topic",
                "json_attributes_template", "enabled_by_default", "object_id", "encoding", "device_class"}
 COMPONENT_KEYS = {"sensor": COMMON_KEYS | {"unit_of_measurement", "state_class", "suggested_display_precision",
-                                           "last_reset_value_template", "options"},
+                                           "suggested_unit_of_measurement", "last_reset_value_template", "options"},
                   "binary_sensor": COMMON_KEYS | {"payload_on", "payload_off", "off_delay"}}
 DEVICE_KEYS = {"identifiers", "connections", "manufacturer", "model", "model_id", "name", "hw_version", "serial_number",
                "sw_version", "via_device", "suggested_area", "configuration_url"}
@@ -70,9 +76,11 @@ def schema_problems(topic: str, config: Any, discovery_prefix: str = "homeassist
         return ["payload is not a JSON object"]
     component, problems = m["component"], []
     problems += [f"unknown key {k!r}" for k in sorted(set(config) - COMPONENT_KEYS[component])]
-    for key in ("state_topic", "unique_id", "device", "availability_topic"):
+    for key in ("state_topic", "unique_id", "device"):
         if not config.get(key):
             problems.append(f"{key} missing")
+    if "json_attributes_template" in config and not config.get("json_attributes_topic"):
+        problems.append("json_attributes_template without json_attributes_topic")
     device = config.get("device") or {}
     problems += [f"unknown device key {k!r}" for k in sorted(set(device) - DEVICE_KEYS)]
     ids = device.get("identifiers")
@@ -80,10 +88,22 @@ def schema_problems(topic: str, config: Any, discovery_prefix: str = "homeassist
         problems.append("device has no identifiers")
     cls, unit, state_class = config.get("device_class"), config.get("unit_of_measurement"), config.get("state_class")
     if component == "sensor":
-        if cls is not None and (cls not in SENSOR_DEVICE_CLASS_UNITS or unit not in SENSOR_DEVICE_CLASS_UNITS[cls]):
+        options = config.get("options")
+        if cls == "enum" or options is not None:
+            if cls != "enum" or unit is not None or state_class is not None:
+                problems.append(f"options with device_class {cls!r}, unit {unit!r}, state_class {state_class!r}")
+            if not (isinstance(options, list) and options and all(isinstance(o, str) for o in options)):
+                problems.append(f"enum options {options!r}")
+        elif cls is not None and (cls not in SENSOR_DEVICE_CLASS_UNITS or unit not in SENSOR_DEVICE_CLASS_UNITS[cls]):
             problems.append(f"device_class {cls!r} with unit {unit!r}")
+        suggested = config.get("suggested_unit_of_measurement")
+        if suggested is not None and (unit is None or suggested not in SENSOR_DEVICE_CLASS_UNITS.get(cls or "", set())):
+            problems.append(f"suggested unit {suggested!r} for device_class {cls!r} in {unit!r}")
+        precision = config.get("suggested_display_precision")
+        if precision is not None and (not isinstance(precision, int) or precision < 0):
+            problems.append(f"suggested_display_precision {precision!r}")
         if state_class is not None and (state_class not in STATE_CLASSES or
-                                        (cls is not None and state_class not in DEVICE_CLASS_STATE_CLASSES[cls])):
+                                        (cls is not None and state_class not in DEVICE_CLASS_STATE_CLASSES.get(cls, set()))):
             problems.append(f"state_class {state_class!r} with device_class {cls!r}")
         if config.get("entity_category") not in (None, "diagnostic"):
             problems.append(f"entity_category {config.get('entity_category')!r}")
@@ -108,7 +128,7 @@ RICH = TelemetrySample(
     swap_used_bytes=0, net_rx_bytes_per_s=812.0, net_tx_bytes_per_s=960.0, temp_c=51.3, power_w=3.05, power_source="rpi5-pmic",
     gpu_load_percent=4.8, gpu_mem_used_bytes=36904 * 1024, gpu_mem_total_bytes=3688892 * 1024,
     disk_data_used_bytes=3 << 30, disk_data_total_bytes=12 << 30, disk_run_used_bytes=3 << 30, disk_run_total_bytes=12 << 30,
-    **throttle_fields(parse_throttled("throttled=0x50000")))
+    energy_wh=12.3456, job_steps_done=13, job_total_steps=40, **throttle_fields(parse_throttled("throttled=0x50000")))
 
 
 def _messages(discovery: HomeAssistantDiscovery, samples: Iterable[TelemetrySample]) -> dict[str, dict[str, Any]]:
@@ -126,10 +146,27 @@ def test_every_config_of_a_rich_board_passes_the_documented_schema() -> None:
     assert {json.dumps(c["device"], sort_keys=True) for c in configs.values()} == {json.dumps(
         {"identifiers": ["edgefleet_pi-5"], "name": "pi-5", "manufacturer": "Raspberry Pi Ltd",
          "model": "Raspberry Pi 5 Model B Rev 1.0", "sw_version": "edgefleet 0.1.0"}, sort_keys=True)}  # one device
+    state = configs.pop("homeassistant/sensor/pi-5/state/config")  # the one entity that reads the status itself
     assert {c["state_topic"] for c in configs.values()} == {telemetry_topic(PREFIX, "pi-5")}
     assert {c["availability_topic"] for c in configs.values()} == {status_topic(PREFIX, "pi-5")}
     assert configs["homeassistant/sensor/pi-5/power_w/config"]["device_class"] == "power"
     assert configs["homeassistant/binary_sensor/pi-5/under_voltage_now/config"]["device_class"] == "problem"
+    # The Energy dashboard's requirements (energy/validate.py): energy, total_increasing, an energy unit.
+    energy = configs["homeassistant/sensor/pi-5/energy_wh/config"]
+    assert (energy["device_class"], energy["state_class"], energy["unit_of_measurement"]) == ("energy", "total_increasing", "Wh")
+    assert energy["name"] == "Energy" and energy["json_attributes_topic"] == telemetry_topic(PREFIX, "pi-5")
+    # The board's state: from the retained status, an enum, never unavailable (offline is a state) and never expired.
+    assert state["state_topic"] == status_topic(PREFIX, "pi-5") and state["device_class"] == "enum"
+    assert state["options"] == ["offline", "idle", "training", "profiling"]
+    assert not {"availability_topic", "expire_after", "state_class", "unit_of_measurement"} & set(state)
+    progress = configs["homeassistant/sensor/pi-5/job_progress_percent/config"]
+    assert (progress["unit_of_measurement"], progress["state_class"]) == ("%", "measurement")
+    # Bytes stay the native unit; Home Assistant is told which unit to show.
+    shown = {t.split("/")[-2]: (c["unit_of_measurement"], c.get("suggested_unit_of_measurement")) for t, c in configs.items()
+             if c.get("device_class") in ("data_size", "data_rate")}
+    assert shown == {"mem_used_bytes": ("B", "GiB"), "swap_used_bytes": ("B", "MiB"), "gpu_mem_used_bytes": ("B", "MiB"),
+                     "disk_data_used_bytes": ("B", "GB"), "disk_run_used_bytes": ("B", "GB"),
+                     "net_rx_bytes_per_s": ("B/s", "kB/s"), "net_tx_bytes_per_s": ("B/s", "kB/s")}
 
 
 def test_the_schema_check_itself_catches_what_home_assistant_refuses() -> None:
@@ -139,6 +176,19 @@ def test_the_schema_check_itself_catches_what_home_assistant_refuses() -> None:
     assert schema_problems("homeassistant/sensor/pi-5/cpu_percent/config", good | {"device_class": "power"})  # unit %
     assert schema_problems("homeassistant/sensor/pi-5/cpu_percent/config", good | {"device": {"name": "x"}})
     assert schema_problems("homeassistant/sensor/pi-5/cpu_percent/config", good | {"state_klass": "measurement"})
+    bytes_used = entity_config(next(e for e in ENTITIES if e.object_id == "mem_used_bytes"), caps=CAPS, topic_prefix=PREFIX,
+                               interval_s=1.0)
+    assert schema_problems("homeassistant/sensor/pi-5/mem_used_bytes/config", bytes_used) == []
+    assert schema_problems("homeassistant/sensor/pi-5/mem_used_bytes/config", bytes_used | {"suggested_unit_of_measurement": "W"})
+    energy = entity_config(next(e for e in ENTITIES if e.object_id == "energy_wh"), caps=CAPS, topic_prefix=PREFIX,
+                           interval_s=1.0)
+    assert schema_problems("homeassistant/sensor/pi-5/energy_wh/config", energy) == []
+    assert schema_problems("homeassistant/sensor/pi-5/energy_wh/config", energy | {"state_class": "measurement"})
+    assert schema_problems("homeassistant/sensor/pi-5/energy_wh/config", energy | {"unit_of_measurement": "W"})
+    state = entity_config(ENTITIES[0], caps=CAPS, topic_prefix=PREFIX, interval_s=1.0)
+    assert schema_problems("homeassistant/sensor/pi-5/state/config", state) == []
+    assert schema_problems("homeassistant/sensor/pi-5/state/config", state | {"state_class": "measurement"})
+    assert schema_problems("homeassistant/sensor/pi-5/state/config", state | {"options": []})
 
 
 def test_templates_pick_the_field_and_availability_follows_the_status() -> None:
@@ -153,6 +203,23 @@ def test_templates_pick_the_field_and_availability_follows_the_status() -> None:
     availability = configs["cpu_percent"]["availability_template"]
     for state, expected in (("online", "payload_available"), ("busy", "payload_available"), ("offline", "payload_not_available")):
         assert render(availability, BoardStatus(state=state).to_json()) == configs["cpu_percent"][expected]
+    assert float(render(configs["energy_wh"]["value_template"], payload)) == 12.3456
+    assert json.loads(render(configs["energy_wh"]["json_attributes_template"], payload)) == {"power_source": "rpi5-pmic",
+                                                                                          "measured": True}
+    assert float(render(configs["job_progress_percent"]["value_template"], payload)) == 32.5  # 13 of 40 steps
+    assert json.loads(render(configs["job_progress_percent"]["json_attributes_template"], payload)) == {"steps_done": 13,
+                                                                                                     "total_steps": 40}
+    idle = TelemetrySample(board_id="pi-5", ts=1.7e9, seq=3, interval_s=1.0, cpu_percent=3.0).to_json()
+    assert render(configs["job_progress_percent"]["value_template"], idle) == "None"  # Home Assistant: unknown
+    board_state = configs["state"]
+    for status, shown in ((BoardStatus(state="online"), "idle"), (BoardStatus(state="busy", activity="training"), "training"),
+                          (BoardStatus(state="busy", activity="profiling"), "profiling"),
+                          (BoardStatus(state="busy"), "training"),  # an older agent's busy
+                          (BoardStatus(state="offline", reason="connection lost"), "offline")):
+        assert render(board_state["value_template"], status.to_json()) == shown
+        assert shown in board_state["options"]
+    assert json.loads(render(board_state["json_attributes_template"], BoardStatus(state="offline", reason="stopped").to_json())) == {
+        "reason": "stopped"}
 
 
 def test_sensors_appear_as_their_fields_get_values_and_estimates_say_so() -> None:
@@ -160,15 +227,18 @@ def test_sensors_appear_as_their_fields_get_values_and_estimates_say_so() -> Non
     discovery = HomeAssistantDiscovery(caps=caps, topic_prefix=PREFIX, discovery_prefix="ha", interval_s=0.2)
     first = TelemetrySample(board_id="x86.lab", ts=1.0, seq=1, interval_s=0.2, cpu_percent=5.0, power_w=20.0, power_source="estimated")
     objects = {t.split("/")[-2] for t in _messages(discovery, [first])}
-    assert objects == {"cpu_percent", "power_w", "power_source"}  # no GPU, no throttling, no network rate yet
+    # no GPU, no throttling, no network rate and no energy total yet; the state and progress from the start
+    assert objects == {"cpu_percent", "power_w", "power_source", "state", "job_progress_percent"}
     second = TelemetrySample(board_id="x86.lab", ts=2.0, seq=2, interval_s=0.2, cpu_percent=5.0, net_rx_bytes_per_s=1.0,
-                             power_w=20.0, power_source="estimated")
-    assert {t.split("/")[-2] for t in _messages(discovery, [second])} == {"net_rx_bytes_per_s"}  # only what is new
+                             power_w=20.0, power_source="estimated", energy_wh=0.0)
+    assert {t.split("/")[-2] for t in _messages(discovery, [second])} == {"net_rx_bytes_per_s", "energy_wh"}  # only what is new
     configs = {t: json.loads(p) for t, p in discovery.configs()}
-    assert len(configs) == 4 and all(schema_problems(t, c, "ha") == [] for t, c in configs.items())
+    assert len(configs) == 7 and all(schema_problems(t, c, "ha") == [] for t, c in configs.items())
     power = next(c for t, c in configs.items() if t.endswith("/power_w/config"))
     assert power["name"] == "Power (estimated)" and power["expire_after"] == 10
     assert "manufacturer" not in power["device"] and power["device"]["model"] == "PowerEdge R640"
+    energy = next(c for t, c in configs.items() if t.endswith("/energy_wh/config"))
+    assert energy["name"] == "Energy (estimated)"  # integrated from an estimate: said so, as for the power
 
 
 def test_node_ids_are_valid_and_never_shared() -> None:
@@ -184,7 +254,8 @@ def test_a_real_agent_publishes_retained_discovery_configs(mosquitto: LocalBroke
                  config=f'board_id = "{board}"\n[telemetry]\ninterval_s = 0.2\nhome_assistant = true\n')
     watch = BoardWatch(mosquitto, board)
     live = _Collector(mosquitto, f"homeassistant/+/{board}/+/config")
-    expected = {"cpu_percent", "mem_used_bytes", "net_rx_bytes_per_s", "power_source", "disk_run_used_bytes", "disk_data_used_percent"}
+    expected = {"cpu_percent", "mem_used_bytes", "net_rx_bytes_per_s", "power_source", "disk_run_used_bytes", "disk_data_used_percent",
+                "state", "energy_wh", "job_progress_percent"}
     try:
         watch.wait_state("online")
         wait_until(lambda: expected <= {t.split("/")[-2] for t in live.snapshot()}, timeout_s=15, what="discovery configs")
@@ -196,13 +267,32 @@ def test_a_real_agent_publishes_retained_discovery_configs(mosquitto: LocalBroke
         for topic, payload in announced.items():
             config = json.loads(payload)
             assert schema_problems(topic, config) == [], topic
-            assert config["state_topic"] == telemetry_topic(PREFIX, board)
+            assert config["state_topic"] == (status_topic if topic.endswith("/state/config") else telemetry_topic)(PREFIX, board)
+        # What Home Assistant would show from the board's own messages: idle, a growing energy total, no job.
+        configs = {t.split("/")[-2]: json.loads(p) for t, p in announced.items()}
+        status = late_message(mosquitto, status_topic(PREFIX, board))
+        assert render(configs["state"]["value_template"], status) == "idle"
+        first = late_message(mosquitto, telemetry_topic(PREFIX, board))
+        later = wait_until(lambda: (m := late_message(mosquitto, telemetry_topic(PREFIX, board)))
+                           and json.loads(m)["seq"] > json.loads(first)["seq"] + 2 and m, timeout_s=10, what="later samples")
+        energy = [float(render(configs["energy_wh"]["value_template"], m)) for m in (first, later)]
+        assert 0 <= energy[0] < energy[1]  # an estimated power above 0 W, integrated
+        assert render(configs["job_progress_percent"]["value_template"], later) == "None"
         late.close()
     finally:
         watch.close()
         for topic in live.snapshot():  # leave the session's broker as we found it
             live.client.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
         live.close()
+
+
+def late_message(broker: LocalBroker, topic: str) -> bytes:
+    """The next message on ``topic`` (the retained one at once, else the next published)."""
+    collector = _Collector(broker, topic)
+    try:
+        return wait_until(lambda: collector.snapshot().get(topic, b""), timeout_s=10, what=f"a message on {topic}")
+    finally:
+        collector.close()
 
 
 class _Collector:

@@ -1,18 +1,23 @@
 """Home Assistant discovery under the Ansible role's ACL for a board whose id holds a '.': its node_id is the
 id made valid plus a short hash, which the ACL's ``%u`` pattern does not match, so the role gives such a
 board its own line. The role rendered by Ansible itself, Debian's Mosquitto, a real agent logging in with
-the role's password, and Home Assistant's read-only user reading the retained discovery configs."""
+the role's password, and Home Assistant's read-only user reading the retained discovery configs. Then
+``edge-coordinator forget`` with the role's coordinator credentials clears them all, discovery included."""
 
 from __future__ import annotations
 
 import importlib.util
+import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
 from edgefleet.agent.home_assistant import node_id_for
 from edgefleet.brokers.ports import free_port
+from edgefleet.coordinator.cli.main import main
+from edgefleet.transport.mqtt_link import CLIENT_ID_PREFIX
 from tests.conftest import AgentFactory
-from tests.deploy.test_mosquitto_examples import ROLE, Client, debian_layout, into_temp, render_role, start
+from tests.deploy.test_mosquitto_examples import ROLE, Broker, Client, debian_layout, into_temp, render_role, start
 from tests.helpers import wait_until
 
 BOARD = "pi.1"
@@ -58,6 +63,33 @@ def test_a_board_with_a_dot_in_its_id_announces_itself_to_home_assistant(tmp_pat
         assert found and all(t.endswith("/config") for t in found)
         assert f"topic write homeassistant/+/{node}/+/config" in (tmp_path / "etc" / "edgefleet.acl").read_text()
         assert node in agent.log()
+
+        # Retired: its agent stopped, forget with the coordinator's credentials leaves nothing of it on the broker.
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=20) == 0
+        coordinator_secret = (tmp_path / "credentials" / "mqtt" / "coordinator.password").read_text().strip()
+        conf = tmp_path / "coordinator.toml"
+        conf.write_text(f'[broker]\nusername = "coordinator"\npassword = "{coordinator_secret}"\n')
+        assert main(["--config", str(conf), "--broker", f"127.0.0.1:{coordinator_port}", "forget", BOARD, "--yes"]) == 0
+        left = _retained(broker, coordinator_port, coordinator_secret)  # as Home Assistant's user sees the broker
+        assert [t for t in left if f"/{BOARD}/" in t or f"/{node}/" in t] == []
     finally:
         reader.close()
         broker.stop()
+
+
+def _retained(broker: Broker, port: int, coordinator_secret: str) -> list[str]:
+    """Every retained topic Home Assistant's read-only user sees (``#``: the boards and the discovery configs), read
+    until a marker the coordinator publishes on a status topic comes back after them (the broker queues a
+    subscription's retained messages before anything published later)."""
+    reader = Client(broker, port, f"{CLIENT_ID_PREFIX}ha-{uuid.uuid4().hex[:6]}", "homeassistant", "ha-secret")
+    coordinator = Client(broker, port, f"{CLIENT_ID_PREFIX}check-{uuid.uuid4().hex[:6]}", "coordinator", coordinator_secret)
+    marker = f"edgefleet/v1/boards/_marker-{uuid.uuid4().hex[:8]}/status"
+    try:
+        reader.subscribe("#")
+        coordinator.mqtt.publish(marker, b"m", qos=1)
+        assert reader.wait_for(marker, b"m"), broker.log[-2000:]
+        return [t for t, _ in reader.messages if t != marker]
+    finally:
+        reader.close()
+        coordinator.close()
