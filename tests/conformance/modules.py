@@ -503,6 +503,34 @@ class DropoutNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+class BatchNormDropoutNet(pl.LightningModule):
+    """BatchNorm (split-dependent statistics), dropout (seeded draws) and a validation_step (the replica's threads):
+    everything in a run that a busy host could disturb, if anything did."""
+
+    def __init__(self, lr: float = 0.1, p: float = 0.3) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(p), nn.Linear(32, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(dim=1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
 class ParamGroupsNet(_Classifier):
     """One AdamW, two parameter groups: weight decay on the weights only, and the biases at another lr
     (the split nanoGPT and Hugging Face's examples make)."""
