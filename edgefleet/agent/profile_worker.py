@@ -1,10 +1,13 @@
 """The board's side of ``edge-coordinator profile``: measure one model variant for the planner.
 
 For each batch size, in ascending order, a fresh copy of the model trains ``warmup_steps +
-timed_steps`` real steps with the same Trainer settings as a training job. A callback notes the
-time of every ``on_train_batch_start``; the period between two of them is the whole step (data,
-forward, backward, optimizer step, Lightning's overhead) and the median over the timed steps is
-the step time. Once per batch size it reads the process's peak resident memory (reset at the
+timed_steps`` real steps with the same Trainer settings as a training job: the job's data as the
+job loads it (a dataset, or a DataModule with its collate and its batch-transfer hooks), its
+precision (16-mixed with the loss-scaling plugin a board trains with) and its gradient
+accumulation. A callback notes the time of every ``on_train_batch_start`` that opens an
+accumulation window (every batch without accumulation); the period between two of them is the
+whole step (data, forward and backward of K batches, optimizer step, Lightning's overhead) and the
+median over the timed steps is the step time. Once per batch size it reads the process's peak resident memory (reset at the
 start of the job, so a kept worker's earlier jobs do not count; ascending order makes each
 reading that batch size's peak) and the power drawn during the timed steps: the board's sensor
 sampled in a thread, or, with no sensor, ``idle_w + (max_w - idle_w) x`` the share of the CPU
@@ -27,7 +30,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from edgefleet import __version__
 from edgefleet.agent.board_resources import (
@@ -40,12 +42,13 @@ from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
 from edgefleet.protocol.profile_report import LinkReport, MeasuredPoint, ProfileReport, RoundsReport
-from edgefleet.workloads.fleet_trainer import board_accelerator
+from edgefleet.workloads.fleet_trainer import TrainerOptions, board_accelerator, make_trainer
 from edgefleet.workloads.lightning_api import callback_class, package_of
-from edgefleet.workloads.module_setup import RunFigures, prepare_module
+from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
 from edgefleet.workloads.params import param_count, trainable_params
 from edgefleet.workloads.preflight import optimizer_setup
-from edgefleet.workloads.registry import build_dataset_cached, build_model
+from edgefleet.workloads.registry import build_model
+from edgefleet.workloads.training_data import TrainingData, load_training_data
 
 if TYPE_CHECKING:
     from edgefleet.agent.job_runner import WorkerContext
@@ -63,17 +66,21 @@ class _Measured(Exception):
 
 
 class StepClock:
-    """Notes every ``on_train_batch_start``; runs the power meter over the timed steps.
+    """Notes every ``on_train_batch_start`` that opens an optimizer step; runs the power meter over the timed steps.
 
-    Its hooks are a Callback of the model's own Lightning package (``workloads.lightning_api``).
+    With ``accumulate`` K a step is K batches (Lightning's accumulation window): only the batches
+    with ``batch_idx % K == 0`` open one. Its hooks are a Callback of the model's own Lightning
+    package (``workloads.lightning_api``).
     """
 
-    def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter) -> None:
-        self.warmup, self.timed, self.meter = warmup_steps, timed_steps, meter
+    def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter, accumulate: int = 1) -> None:
+        self.warmup, self.timed, self.meter, self.accumulate = warmup_steps, timed_steps, meter, accumulate
         self.starts: list[float] = []
         self.power_w: float | None = None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx % self.accumulate:  # inside a window: the step goes on
+            return
         if pl_module.device.type == "cuda":  # a GPU runs ahead of Python: a step ends when its kernels do
             torch.cuda.synchronize(pl_module.device)
         self.starts.append(time.perf_counter())
@@ -95,20 +102,23 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
     return torch.randint(n, (count, batch_size), generator=generator).tolist()
 
 
-def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
+def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
     torch.manual_seed(job.seed)
-    model = build_model(job.model, job.model_options, data=dataset)
+    model = build_model(job.model, job.model_options, data=data.train)
     package = package_of(model)
-    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter)
-    batches = _batches(len(dataset), batch_size, job.warmup_steps + job.timed_steps + 1, job.seed)
-    trainer = package.Trainer(accelerator=board_accelerator(), devices=1, max_epochs=1, logger=False,
-                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                              num_sanity_val_steps=0, limit_val_batches=0, use_distributed_sampler=False,
-                              callbacks=[clock])
-    collate = getattr(dataset, "collate_fn", None)  # the dataset's own batching, as training uses it
+    accumulate = job.accumulate_grad_batches
+    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter, accumulate)
+    callbacks = [clock]
+    if data.datamodule is not None:  # its batch-transfer hooks run on every batch, as in training
+        callbacks.append(callback_class(package, DataModuleHooks, "DataModuleHooks")(data.datamodule))
+    # the steps' batches, and one more to open the window that ends the last timed step
+    batches = _batches(len(data.train), batch_size, (job.warmup_steps + job.timed_steps) * accumulate + 1, job.seed)
+    options = TrainerOptions(accumulate_grad_batches=accumulate, precision=job.precision)
+    # one epoch over these batches: 16-mixed gets the loss-scaling plugin a board trains with
+    trainer = make_trainer(package, options=options, total_steps=len(batches), callbacks=callbacks,
+                           accelerator=board_accelerator(), max_epochs=1)
     try:
-        trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_sampler=batches,
-                                                        collate_fn=collate if callable(collate) else None))
+        trainer.fit(model, train_dataloaders=data.train_loader(batches))
     except _Measured:
         pass
     except (MemoryError, RuntimeError) as exc:
@@ -118,13 +128,22 @@ def _measure(job: ProfileCommand, dataset: Any, batch_size: int, meter: PowerMet
         raise
     periods = clock.periods_s
     if clock.power_w is None or len(periods) < job.timed_steps:
-        raise ProfileError(f"the model trained only {len(clock.starts)} of {len(batches)} steps at batch size "
-                           f"{batch_size}; does its training_step skip batches?")
+        raise ProfileError(f"the model trained only {len(clock.starts)} of {job.warmup_steps + job.timed_steps + 1} "
+                           f"steps at batch size {batch_size}; does its training_step skip batches?")
     median = statistics.median(periods)
     spread = MAD_TO_SIGMA * statistics.median(abs(p - median) for p in periods)
     return MeasuredPoint(batch_size=batch_size, step_time_s=median, step_time_min_s=min(periods),
-                         step_time_max_s=max(periods), step_time_spread_s=spread, samples_per_s=batch_size / median,
+                         step_time_max_s=max(periods), step_time_spread_s=spread,
+                         samples_per_s=batch_size * job.accumulate_grad_batches / median,  # a step is K batches
                          peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w)
+
+
+def _settings_text(job: ProfileCommand) -> str:
+    """``", bf16-mixed, 2 batches per step"``: the job's settings that are not the defaults, or ""."""
+    parts = [job.precision] if job.precision != "32-true" else []
+    if job.accumulate_grad_batches != 1:
+        parts.append(f"{job.accumulate_grad_batches} batches per step")
+    return "".join(f", {part}" for part in parts)
 
 
 def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext) -> int:
@@ -137,21 +156,26 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     if not reset_peak_rss():
         log.warning("cannot reset the peak RSS (/proc/self/clear_refs); memory figures include earlier jobs")
     pid = os.getpid()
-    dataset = build_dataset_cached(job.dataset, "train", job.dataset_options)
-    model = build_model(job.model, job.model_options, data=dataset)
+    data = load_training_data(dataset=job.dataset, dataset_options=job.dataset_options, datamodule=job.datamodule,
+                              datamodule_options=job.datamodule_options, cached=True, with_val=False)
+    model = build_model(job.model, job.model_options, data=data.train)
     # layers built in setup/configure_model count too; a profile has no run yet: one step's figures
-    figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1))
+    options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches, precision=job.precision)
+    figures = prepare_module(model, RunFigures(batches_per_epoch=job.accumulate_grad_batches, total_steps=1,
+                                               options=options), data.datamodule)
     count = param_count(trainable_params(optimizer_setup(model, figures).optimizer))
     del model
-    events.emit("running", f"profiling {job.model} (worker pid {pid})", data={"worker_pid": pid})
+    events.emit("running", f"profiling {job.model} on {data.source}{_settings_text(job)} (worker pid {pid})",
+                data={"worker_pid": pid})
     meter = PowerMeter(context)
     try:
         idle_w = meter.idle_w()
         points = []
         for batch_size in sorted(set(job.batch_sizes)):
-            point = _measure(job, dataset, batch_size, meter)
+            point = _measure(job, data, batch_size, meter)
             points.append(point)
-            events.emit("progress", f"batch {batch_size}: {point.step_time_s * 1000:.1f} ms/step, "
+            per_step = f"{batch_size} x {job.accumulate_grad_batches}" if job.accumulate_grad_batches > 1 else batch_size
+            events.emit("progress", f"batch {per_step}: {point.step_time_s * 1000:.1f} ms/step, "
                                     f"{point.samples_per_s:.0f} samples/s, peak {point.peak_memory_bytes / 1e6:.0f} MB, "
                                     f"{point.power_w:.2f} W ({meter.label})")
         link = rounds = None
@@ -179,14 +203,14 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
                                                   nbytes=job.probe_bytes, power_w=link.power_w),
         link_rounds=None if rounds is None else RoundsReport(round_bytes=rounds.round_bytes, rounds=rounds.rounds,
                                                              round_s=rounds.round_s, power_w=rounds.power_w))
-    data = report.to_wire()
+    wire = report.to_wire()
     try:
-        size = len(json.dumps(data, allow_nan=False))  # the coordinator refuses non-finite numbers
+        size = len(json.dumps(wire, allow_nan=False))  # the coordinator refuses non-finite numbers
     except ValueError:
         raise ProfileError("a profile figure is not a finite number (a clock or sensor misbehaved); profile again") from None
     if size > MAX_EVENT_BYTES // 2:
         raise ProfileError(f"the profile result is {size} bytes, over {MAX_EVENT_BYTES // 2}; profile fewer batch sizes")
-    events.emit("finished", f"profiled {len(points)} batch sizes", data=data)
+    events.emit("finished", f"profiled {len(points)} batch sizes", data=wire)
     return 0
 
 

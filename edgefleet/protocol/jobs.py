@@ -48,6 +48,13 @@ TRAIN_SCHEMA_VERSION = 7  # what every train command is sent as
 PLACED_TRAIN_SCHEMA_VERSION = 7  # a command of an older version cannot ask for ``placement`` (refused)
 OVERLAP_TRAIN_SCHEMA_VERSION = 5  # a command of an older version cannot ask for ``overlap`` (refused)
 PERIODIC_TRAIN_SCHEMA_VERSION = 4  # a command of an older version cannot ask for ``sync_every`` > 1 (refused)
+# Version 2 of the profile command may ask to measure the job as it will train: its DataModule
+# (``datamodule``), precision and gradient accumulation. A version-1 agent ignores fields it does not
+# know and would time fp32 steps of single batches of a dataset without a word, so such a command is
+# version 2 and that agent refuses it as too new. A plain profile stays version 1, which every agent
+# takes (:func:`profile_schema_version`).
+PROFILE_COMMAND_SCHEMA_VERSION = 2  # the newest profile command this side understands
+JOB_SETTINGS_PROFILE_SCHEMA_VERSION = 2  # an older profile command cannot ask for a datamodule, precision or accumulation
 DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
 MAX_EVENT_BYTES = 64 * 1024
@@ -182,7 +189,10 @@ class ProfileCommand:
 
     The board trains ``model`` for ``warmup_steps + timed_steps`` real steps at each batch size
     (ascending), then reports one ``finished`` event whose ``data`` holds the step times, peak
-    memory, power and link throughput. With ``probe_bytes`` > 0 it then uploads and downloads
+    memory, power and link throughput. It loads the data and builds the Trainer as the job will
+    (the dataset or the DataModule with its collate and batch-transfer hooks, the precision); with
+    ``accumulate_grad_batches`` K a step is K batches of the batch size and one optimizer step,
+    timed whole. With ``probe_bytes`` > 0 it then uploads and downloads
     that many bytes to the coordinator's probe endpoint; with ``probe_rounds`` it moves a
     gradient-sized ``probe_round_bytes`` up and back that many times, as a training step does.
     """
@@ -192,9 +202,9 @@ class ProfileCommand:
     board_id: str                   # the addressee: a board refuses a command meant for another
     model: str                      # built-in name, import path "pkg.mod:Class" or entry point
     model_options: dict[str, Any] = field(default_factory=dict)
-    dataset: str
+    dataset: str                    # a dataset spec, or "" with a datamodule
     dataset_options: dict[str, Any] = field(default_factory=dict)
-    batch_sizes: list[int]          # at least two distinct sizes; measured in ascending order
+    batch_sizes: list[int]          # at least two distinct sizes, each a batch (a micro-batch with accumulation); ascending
     warmup_steps: int = 3           # steps run before timing starts, at each batch size
     timed_steps: int = 8            # steps whose median period is the step time
     seed: int = 0                   # initial weights and the sampled batches
@@ -205,11 +215,29 @@ class ProfileCommand:
     probe_bytes: int = 4_000_000    # bytes up and then down in one go; 0 = none (a later variant's job)
     probe_round_bytes: int = 0      # the gradient's size on the wire: rounds of it up and back; 0 = none
     probe_rounds: int = 0           # how many rounds of probe_round_bytes (the first is not timed)
-    schema_version: int = JOB_SCHEMA_VERSION
+    datamodule: str = ""            # "pkg.mod:Class", a LightningDataModule, instead of a dataset (version 2)
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = "32-true"      # Lightning's precision the job trains at (version 2 unless 32-true)
+    accumulate_grad_batches: int = 1  # batches per optimizer step: a timed step is this many (version 2 unless 1)
+    schema_version: int = JOB_SCHEMA_VERSION  # profile_schema_version(): 1 for a plain profile, else 2
 
     def __post_init__(self) -> None:
         if self.kind != "profile":
             raise ValueError(f"kind {self.kind!r} is not 'profile'")
+        if bool(self.dataset) == bool(self.datamodule):
+            raise ValueError("give exactly one of dataset and datamodule")
+        if self.datamodule_options and not self.datamodule:
+            raise ValueError("datamodule_options need a datamodule")
+        if type(self.accumulate_grad_batches) is not int or not 1 <= self.accumulate_grad_batches <= 10_000:
+            raise ValueError(f"accumulate_grad_batches = {self.accumulate_grad_batches!r:.20} must be 1-10000")
+        if not self.precision or len(self.precision) > 20:
+            raise ValueError(f"precision {self.precision!r:.30} is not a Lightning precision")
+        needed = profile_schema_version(datamodule=self.datamodule, precision=self.precision,
+                                        accumulate_grad_batches=self.accumulate_grad_batches)
+        if self.schema_version < needed:
+            raise ValueError(f"datamodule, precision {self.precision!r} and accumulate_grad_batches "
+                             f"{self.accumulate_grad_batches} need schema_version {needed}, the command says "
+                             f"{self.schema_version}")
         if any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) < 2:
             raise ValueError(f"batch_sizes {self.batch_sizes} must hold at least two distinct sizes, each >= 1 "
                              "(a line is fitted through them)")
@@ -235,7 +263,15 @@ class ProfileCommand:
 
     @classmethod
     def from_dict(cls, data: Any) -> ProfileCommand:
-        return message_from_dict(cls, data, schema_version=JOB_SCHEMA_VERSION)
+        return message_from_dict(cls, data, schema_version=PROFILE_COMMAND_SCHEMA_VERSION)
+
+
+def profile_schema_version(*, datamodule: str = "", precision: str = "32-true", accumulate_grad_batches: int = 1) -> int:
+    """The version a profile command is sent as: 1 for a plain profile, which every agent takes; 2 when it
+    measures a DataModule, a precision other than ``32-true`` or gradient accumulation, which a version-1
+    agent would leave out without a word (it refuses the command as too new instead)."""
+    plain = not datamodule and precision == "32-true" and accumulate_grad_batches == 1
+    return JOB_SCHEMA_VERSION if plain else JOB_SETTINGS_PROFILE_SCHEMA_VERSION
 
 
 Command = TrainCommand | ProfileCommand | StopCommand
@@ -331,11 +367,13 @@ __all__ = [
     "COMMAND_KINDS",
     "DATA_MODES",
     "JOB_SCHEMA_VERSION",
+    "JOB_SETTINGS_PROFILE_SCHEMA_VERSION",
     "MAX_EVENT_BYTES",
     "MAX_PROBE_BYTES",
     "MAX_PROBE_ROUNDS",
     "OVERLAP_TRAIN_SCHEMA_VERSION",
     "PERIODIC_TRAIN_SCHEMA_VERSION",
+    "PROFILE_COMMAND_SCHEMA_VERSION",
     "TRAIN_SCHEMA_VERSION",
     "Command",
     "JobEvent",
@@ -343,4 +381,5 @@ __all__ = [
     "StopCommand",
     "TrainCommand",
     "command_from_dict",
+    "profile_schema_version",
 ]

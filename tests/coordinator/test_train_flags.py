@@ -19,7 +19,7 @@ from tests.helpers import train_args
     (("--datamodule", "tests.conformance.data:ClassificationDataModule", "--dataset-options", "n=5"),
      "--dataset-options belong to --dataset"),
     (("--datamodule", "tests.conformance.data:make_tokens"), "not a LightningDataModule subclass"),
-    (("--auto", "--accumulate-grad-batches", "2"), "--accumulate-grad-batches not with --auto yet"),
+    (("--auto", "--sync-every", "2"), "--sync-every 2 with --auto: the planner chooses the training mode"),
 ])
 def test_bad_lightning_flags_stop_before_any_board(fleet_key: Path, flags: tuple[str, ...], fragment: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,8 +20,11 @@ Formulas (units in brackets):
   overlap the boards' own uploads, already in ready_i)
 * step_time = max_i ready_i + tail                         [s]  the last gradient to arrive gates the step
 * exchange = step_time - max_i compute_i                   [s]  the time not spent computing (reported)
-* samples_per_s = (sum_i b_i) / step_time                  [samples/s]
+* samples_per_s = K * (sum_i b_i) / step_time              [samples/s]
 * epoch_time = D / samples_per_s                           [s]
+  K is the profile's gradient accumulation (``FleetProfile.accumulate``, 1 without): the boards were
+  timed over whole optimizer steps of K batches of b_i each, one exchange per step, so the lines t_i
+  and m_i stay per batch size b_i (the memory of one batch) and a step trains K x the global batch
 * power = sum_{i in S} P_i(active)  (+ sum_{j not in S} P_j(idle) with count_idle)  [W]
   the draw while every participant computes: the peak, and what --max-power caps
 * mean_power = sum_{i in S} ( P_i(idle) + (P_i(active) - P_i(idle)) * compute_i / step_time
@@ -320,6 +323,7 @@ class FleetArrays:
     dataset_len: int
     host_a: float = 0.0      # a step's serial work on the coordinator: host_a + host_c * global batch, s (layer placement)
     host_c: float = 0.0
+    accumulate: int = 1      # batches per optimizer step (FleetProfile.accumulate): a step trains this x the global batch
     grids: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def grid(self, global_batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -351,6 +355,7 @@ class FleetArrays:
             dataset_len=fleet.dataset_len,
             host_a=mode.host_a_s,
             host_c=mode.host_c_s + 2 * per_sample / fleet.coordinator_link_bytes_per_s,  # and every slice over its link
+            accumulate=fleet.accumulate,
         )
 
     @property
@@ -579,7 +584,7 @@ def _row_figures(fa: FleetArrays, stats: SubsetStats, makespan: np.ndarray, glob
              count_idle: bool, rows: np.ndarray | slice, busy_j: np.ndarray | None) -> dict[str, np.ndarray]:
     exchange = np.maximum(stats.link_max[rows], fa.coord_s * stats.members[rows]) + fa.host_a + fa.host_c * global_batch
     step = makespan + exchange
-    samples_per_s = global_batch / step
+    samples_per_s = fa.accumulate * global_batch / step  # a step is accumulate batches of the global batch
     epoch = fa.dataset_len / samples_per_s
     idle_out = stats.idle_out_w[rows] if count_idle else 0.0
     power = stats.active_w[rows] + idle_out

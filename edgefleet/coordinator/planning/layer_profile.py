@@ -83,13 +83,14 @@ def profile_cuts(model: torch.nn.Module, sample: Callable[[int], torch.Tensor]) 
 
 
 def with_cuts(profiles: dict[str, FleetProfile], *, model: str, dataset: str, dataset_options: dict[str, Any],
-              on_note: Callable[[str], None]) -> dict[str, FleetProfile]:
+              on_note: Callable[[str], None], datamodule: str = "",
+              datamodule_options: dict[str, Any] | None = None) -> dict[str, FleetProfile]:
     """``profiles`` (by variant label) with each variant's cuts measured here (``FleetProfile.cuts``); a variant
-    that admits none keeps none, and ``on_note`` says why."""
+    that admits none keeps none, and ``on_note`` says why. The data is the dataset's or the DataModule's."""
     from edgefleet.workloads.registry import build_model  # Lightning and the models: only when profiling
 
-    data = load_training_data(dataset=dataset, dataset_options=dataset_options, datamodule="", datamodule_options={},
-                              cached=True, with_val=False)
+    data = load_training_data(dataset=dataset, dataset_options=dataset_options, datamodule=datamodule,
+                              datamodule_options=datamodule_options or {}, cached=True, with_val=False)
 
     def sample(n: int) -> torch.Tensor:
         batch = data.collate_fn([data.train[i % len(data.train)] for i in range(n)])

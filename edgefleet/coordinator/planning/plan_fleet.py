@@ -59,9 +59,18 @@ def _profile_hint(model: str, variants: Sequence[Mapping[str, Any]]) -> str:
     return " ".join([f"edge-coordinator profile --model {model}", *flags])
 
 
+def _data_text(dataset: str, dataset_options: Mapping[str, Any], datamodule: str,
+               datamodule_options: Mapping[str, Any], *, kind: bool = True) -> str:
+    """``dataset digits``, ``DataModule pkg.mod:Class (n=64)``; without the kind with ``kind=False``."""
+    if datamodule:
+        return ("DataModule " if kind else "") + _describe(datamodule, datamodule_options)
+    return ("dataset " if kind else "") + _describe(dataset, dataset_options)
+
+
 def select_variants(profiles: Mapping[str, FleetProfile], *, meta: ProfileMeta | None, model: str | None,
                     variants: list[dict[str, Any]] | None, dataset: str | None = None,
-                    dataset_options: dict[str, Any] | None = None) -> dict[str, FleetProfile]:
+                    dataset_options: dict[str, Any] | None = None, datamodule: str | None = None,
+                    datamodule_options: dict[str, Any] | None = None) -> dict[str, FleetProfile]:
     """The profiled variants to plan over.
 
     Args:
@@ -71,21 +80,30 @@ def select_variants(profiles: Mapping[str, FleetProfile], *, meta: ProfileMeta |
         variants: The model-option dicts asked for (``--model-options`` and ``--layers`` …);
             None = every profiled variant of the model. A variant found in the profile is
             returned with these options (its ``variant``), so a candidate trains with the job's own.
-        dataset: The job's dataset; None = the profile's.
+        dataset: The job's dataset ("" with a DataModule); None = the profile's data.
         dataset_options: The job's dataset options; None = the profile's.
+        datamodule: The job's LightningDataModule ("" with a dataset); None = the profile's data when
+            ``dataset`` is None too, else none.
+        datamodule_options: The DataModule's options; None = the profile's.
 
     Raises:
-        PlanError: the profile was measured for another model or dataset, or lacks a variant
+        PlanError: the profile was measured for another model or data, or lacks a variant
             asked for; the message names the ``profile`` command that fixes it.
     """
     model = model or (meta.model if meta is not None else None)
-    if meta is not None and dataset is not None:
-        theirs = (meta.dataset, dict(meta.dataset_options or {}))
+    if meta is not None and (dataset is not None or datamodule is not None):
+        theirs = (meta.dataset, dict(meta.dataset_options or {}), meta.datamodule, dict(meta.datamodule_options or {}))
+        dataset, datamodule = dataset or "", datamodule or ""
         ours = (dataset, dict(dataset_options if dataset_options is not None else
-                              (meta.dataset_options if dataset == meta.dataset else {})))
+                              (meta.dataset_options if dataset == meta.dataset else {})),
+                datamodule, dict(datamodule_options if datamodule_options is not None else
+                                 (meta.datamodule_options if datamodule == meta.datamodule else {})))
         if ours != theirs:
-            raise PlanError(f"the profile was measured on dataset {_describe(*theirs)}, this job uses {_describe(*ours)}; "
-                            f"profile this job: edge-coordinator profile --model {model} --dataset {dataset}")
+            fix = ("profile the job's DataModule: train --auto does" if datamodule else
+                   f"profile this job: edge-coordinator profile --model {model} --dataset {dataset}")
+            same_kind = bool(ours[2]) == bool(theirs[2])
+            raise PlanError(f"the profile was measured on {_data_text(*theirs)}, this job uses "
+                            f"{_data_text(*ours, kind=not same_kind)}; {fix}")
     keys = sorted(fp.model_key for fp in profiles.values())
     if model is None:  # neither the flags nor the file name the model: the profile stands for itself
         if variants is None:

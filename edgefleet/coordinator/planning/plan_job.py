@@ -168,21 +168,30 @@ def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes:
 
 def job_to_verify(meta: ProfileMeta | None, *, model: str | None, model_options: dict[str, Any] | None,
                   dataset: str | None, dataset_options: dict[str, Any] | None, allow_token_boards: bool = False) -> JobSpec:
-    """The job a plan's candidates are pre-trained on: the one given, else the one the profile measured.
+    """The job a plan's candidates are pre-trained on: the one given, else the one the profile measured
+    (its DataModule when it measured one and no dataset is given); with the profile's wire dtype,
+    precision and accumulation, which its step times are of.
 
     ``allow_token_boards``: boards without a key of their own may join with a token (``--allow-token-boards``).
 
     Raises:
-        PlanError: neither the arguments nor the profile say which model and dataset.
+        PlanError: neither the arguments nor the profile say which model and data.
     """
     model = model or (meta.model if meta is not None else None)
+    datamodule = meta.datamodule if meta is not None and not dataset else ""
     dataset = dataset or (meta.dataset if meta is not None else None)
-    if model is None or dataset is None:
+    if model is None or not (dataset or datamodule):
         raise PlanError("--verify needs to know what to train: the profile does not say, so give --model and --dataset")
     if dataset_options is None and meta is not None and dataset == meta.dataset:
         dataset_options = dict(meta.dataset_options)
-    return JobSpec(model=model, model_options=model_options or {}, dataset=dataset, dataset_options=dataset_options or {},
-                   wire_dtype=meta.wire_dtype if meta is not None else "float32", allow_token_boards=allow_token_boards)
+    if meta is None:
+        return JobSpec(model=model, model_options=model_options or {}, dataset=dataset or "",
+                       dataset_options=dataset_options or {}, allow_token_boards=allow_token_boards)
+    return JobSpec(model=model, model_options=model_options or {}, dataset="" if datamodule else dataset or "",
+                   dataset_options={} if datamodule else dataset_options or {}, datamodule=datamodule,
+                   datamodule_options=dict(meta.datamodule_options) if datamodule else {}, wire_dtype=meta.wire_dtype,
+                   precision=meta.precision, accumulate_grad_batches=meta.accumulate_grad_batches,
+                   allow_token_boards=allow_token_boards)
 
 
 def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.control.fleet_select import fleet_snapshot
-from edgefleet.coordinator.planning.profiles import ProfileMeta, save_profiles
+from edgefleet.coordinator.planning.profiles import ProfileMeta, save_profiles, settings_flags
 from edgefleet.coordinator.planning.profiling import profile_fleet
 from edgefleet.protocol.errors import ConfigError
 
@@ -59,13 +59,20 @@ def profile(request: ProfileRequest, *, broker: BrokerSettings, fleet_key: bytes
     if not chosen:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     profiles = asyncio.run(profile_fleet(broker, fleet_key, chosen, request, on_note=on_note))
-    from edgefleet.coordinator.planning.layer_profile import with_cuts  # torch and the model: once the boards are done
+    settings = settings_flags(precision=request.precision, accumulate_grad_batches=request.accumulate_grad_batches)
+    if settings:  # job_spec.JobSpec refuses layer placement with these: no cut to weigh
+        on_note(f"layer placement not profiled: it does not train with {settings} yet")
+    else:
+        from edgefleet.coordinator.planning.layer_profile import with_cuts  # torch and the model: once the boards are done
 
-    profiles = with_cuts(profiles, model=request.model, dataset=request.dataset, dataset_options=request.dataset_options,
-                         on_note=on_note)
+        profiles = with_cuts(profiles, model=request.model, dataset=request.dataset,
+                             dataset_options=request.dataset_options, datamodule=request.datamodule,
+                             datamodule_options=request.datamodule_options, on_note=on_note)
     meta = ProfileMeta(model=request.model, dataset=request.dataset, dataset_options=request.dataset_options,
                        wire_dtype=request.wire_dtype, batch_sizes=sorted(set(request.batch_sizes)),
-                       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       datamodule=request.datamodule, datamodule_options=dict(request.datamodule_options),
+                       precision=request.precision, accumulate_grad_batches=request.accumulate_grad_batches)
     save_profiles(path, profiles, meta)
     return profiles
 

@@ -238,10 +238,16 @@ class FleetProfile:
     boards: dict[str, BoardProfile]      # by board id
     variant: dict[str, Any] = field(default_factory=dict)  # the model options this variant sets, e.g. {"layers": 3}
     cuts: tuple[CutProfile, ...] = ()    # layer placement's cuts, measured on the coordinator (planning.layer_profile)
+    # Batches per optimizer step the boards were timed with (--accumulate-grad-batches): a step is this many
+    # batches of each board's batch size, so it trains accumulate x the global batch (1: no accumulation).
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
         if not self.boards:
             raise PlanError("the fleet profile has no boards; " + REPROFILE_HINT)
+        if type(self.accumulate) is not int or self.accumulate < 1:
+            raise PlanError(f"fleet profile for {self.model_key}: accumulate = {self.accumulate!r:.20} must be a whole "
+                            f"number >= 1; {REPROFILE_HINT}")
         if self.grad_bytes < 1 or not self.coordinator_link_bytes_per_s > 0 or self.dataset_len < 1:
             raise PlanError(f"fleet profile for {self.model_key}: grad_bytes = {self.grad_bytes}, "
                             f"coordinator_link_bytes_per_s = {self.coordinator_link_bytes_per_s}, "
@@ -267,18 +273,20 @@ class FleetProfile:
         return FleetProfile(model_key=self.model_key, grad_bytes=self.grad_bytes,
                             coordinator_link_bytes_per_s=self.coordinator_link_bytes_per_s,
                             dataset_len=self.dataset_len, boards={b: self.boards[b] for b in wanted},
-                            variant=dict(self.variant), cuts=self.cuts)
+                            variant=dict(self.variant), cuts=self.cuts, accumulate=self.accumulate)
 
     def to_json(self) -> dict[str, Any]:
+        # accumulate only when not 1: a file without accumulation stays readable by an edgefleet before it
         return {"model_key": self.model_key, "variant": dict(self.variant), "grad_bytes": self.grad_bytes,
                 "coordinator_link_bytes_per_s": self.coordinator_link_bytes_per_s, "dataset_len": self.dataset_len,
                 "agent_versions": self.agent_versions, "boards": [b.to_json() for b in self.boards.values()],
-                **({"cuts": [c.to_json() for c in self.cuts]} if self.cuts else {})}
+                **({"cuts": [c.to_json() for c in self.cuts]} if self.cuts else {}),
+                **({"accumulate": self.accumulate} if self.accumulate != 1 else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FleetProfile:
         fields = _known(data, ("model_key", "variant", "grad_bytes", "coordinator_link_bytes_per_s", "dataset_len",
-                               "agent_versions", "boards", "cuts"), "a fleet profile")
+                               "agent_versions", "boards", "cuts", "accumulate"), "a fleet profile")
         boards = [BoardProfile.from_json(b) for b in fields.pop("boards")]
         cuts = fields.pop("cuts", [])
         if not isinstance(cuts, list):
@@ -338,24 +346,68 @@ def check_compatible(profile: FleetProfile, model_key: str, agent_versions: Mapp
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileMeta:
-    """What a profile file as a whole measured; saved next to its variants."""
+    """What a profile file as a whole measured; saved next to its variants.
+
+    The job's settings that change a step's cost (``datamodule``, ``precision``,
+    ``accumulate_grad_batches``) are written only when not the default, so that a plain profile's
+    file stays readable by an edgefleet from before they were kept; a file without them was
+    measured with the defaults.
+    """
 
     model: str                       # the model spec, as given to `edge-coordinator profile --model`
-    dataset: str
+    dataset: str                     # a dataset spec, or "" with a datamodule
     dataset_options: dict[str, Any] = field(default_factory=dict)
     wire_dtype: str = "float32"      # the gradient dtype grad_bytes was counted for
     batch_sizes: list[int] = field(default_factory=list)  # the batch sizes every board was measured at
     created: str = ""                # ISO 8601 time the profile was taken, e.g. "2026-11-21T10:15:00+00:00"
+    datamodule: str = ""             # "pkg.mod:Class", the LightningDataModule measured instead of a dataset
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = "32-true"       # Lightning's precision the steps were timed at
+    accumulate_grad_batches: int = 1  # batches per timed step (gradient accumulation)
 
     def to_json(self) -> dict[str, Any]:
+        settings = {name: value for name, value, default in (
+            ("datamodule", self.datamodule, ""), ("datamodule_options", dict(self.datamodule_options), {}),
+            ("precision", self.precision, "32-true"), ("accumulate_grad_batches", self.accumulate_grad_batches, 1))
+            if value != default}
         return {"model": self.model, "dataset": self.dataset, "dataset_options": dict(self.dataset_options),
-                "wire_dtype": self.wire_dtype, "batch_sizes": list(self.batch_sizes), "created": self.created}
+                "wire_dtype": self.wire_dtype, "batch_sizes": list(self.batch_sizes), "created": self.created, **settings}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProfileMeta:
-        fields = _known(data, ("model", "dataset", "dataset_options", "wire_dtype", "batch_sizes", "created"),
+        fields = _known(data, ("model", "dataset", "dataset_options", "wire_dtype", "batch_sizes", "created",
+                               "datamodule", "datamodule_options", "precision", "accumulate_grad_batches"),
                         "the profile's meta")
         return cls(**fields)
+
+    @property
+    def settings_text(self) -> str:
+        """``--precision bf16-mixed --accumulate-grad-batches 2``: the measured settings as flags ("" for the defaults)."""
+        return settings_flags(precision=self.precision, accumulate_grad_batches=self.accumulate_grad_batches)
+
+
+def settings_flags(*, precision: str, accumulate_grad_batches: int) -> str:
+    """The flags that give ``precision`` and ``accumulate_grad_batches``, leaving out the defaults ("" for both)."""
+    flags = [f"--precision {precision}"] if precision != "32-true" else []
+    if accumulate_grad_batches != 1:
+        flags.append(f"--accumulate-grad-batches {accumulate_grad_batches}")
+    return " ".join(flags)
+
+
+def check_settings(meta: ProfileMeta | None, *, precision: str, accumulate_grad_batches: int) -> None:
+    """Refuse a profile whose steps were timed with another precision or accumulation than the job's.
+
+    A file without meta (or from before these were kept) was measured with the defaults.
+
+    Raises:
+        PlanError: naming both settings and the fix.
+    """
+    theirs = ("32-true", 1) if meta is None else (meta.precision, meta.accumulate_grad_batches)
+    if theirs != (precision, accumulate_grad_batches):
+        measured = settings_flags(precision=theirs[0], accumulate_grad_batches=theirs[1]) or "fp32 without accumulation"
+        ours = settings_flags(precision=precision, accumulate_grad_batches=accumulate_grad_batches)
+        raise PlanError(f"its steps were timed with {measured}, this job trains with "
+                        f"{ours or 'fp32 without accumulation'}; {REPROFILE_HINT} with the job's settings")
 
 
 def save_profiles(path: Path, profiles_by_variant: Mapping[str, FleetProfile], meta: ProfileMeta | None = None) -> None:

@@ -40,6 +40,7 @@ from edgefleet.protocol.jobs import (
     ProfileCommand,
     StopCommand,
     probe_rounds_ok,
+    profile_schema_version,
 )
 from edgefleet.protocol.profile_report import LinkReport, ProfileReport, ProfileReportVersionError
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
@@ -52,12 +53,16 @@ JOB_TIMEOUT_S = 1800.0      # one variant on one board: the worker's import (~20
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileRequest:
-    """What to profile: one model, its variants, the dataset and how to measure."""
+    """What to profile: one model, its variants, the data, the job's Trainer settings and how to measure."""
 
     model: str
     variants: list[dict[str, Any]]       # model options per variant (coordinator.planning.variants.variants_from_args)
-    dataset: str
+    dataset: str                         # a dataset spec, or "" with a datamodule
     dataset_options: dict[str, Any]
+    datamodule: str = ""                 # "pkg.mod:Class", a LightningDataModule, instead of a dataset
+    datamodule_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = "32-true"           # the job's precision: the boards time its steps at it
+    accumulate_grad_batches: int = 1     # the job's accumulation: a timed step is this many batches
     batch_sizes: list[int] = field(default_factory=lambda: [16, 32, 64])
     warmup_steps: int = 3
     timed_steps: int = 8
@@ -77,6 +82,10 @@ class ProfileRequest:
                               "each at least 1, e.g. --batch 16,32,64 (a line is fitted through them)")
         if not self.variants:
             raise ConfigError("no model variant to profile")
+        if bool(self.dataset) == bool(self.datamodule):
+            raise ConfigError("name the data once: a dataset (--dataset) or a LightningDataModule (--datamodule)")
+        if self.accumulate_grad_batches < 1:
+            raise ConfigError(f"--accumulate-grad-batches {self.accumulate_grad_batches} must be at least 1")
         if not 0 <= self.warmup_steps <= 10_000 or not 1 <= self.timed_steps <= 10_000:
             raise ConfigError(f"--warmup {self.warmup_steps} / --steps {self.timed_steps}: use 0-10000 warm-up "
                               "and 1-10000 timed steps")
@@ -109,18 +118,34 @@ def _prepare(request: ProfileRequest) -> tuple[list[_Variant], int]:
     from edgefleet.workloads.module_setup import RunFigures, prepare_module
     from edgefleet.workloads.params import param_count, trainable_params
     from edgefleet.workloads.preflight import check_trainable
-    from edgefleet.workloads.registry import build_dataset, build_model, dataset_attribute
+    from edgefleet.workloads.registry import build_model
+    from edgefleet.workloads.training_data import load_training_data
 
-    dataset = build_dataset(request.dataset, "train", request.dataset_options)
-    shape = dataset_attribute(dataset, "input_shape", f"dataset {request.dataset!r}")
+    data = load_training_data(dataset=request.dataset, dataset_options=request.dataset_options,
+                              datamodule=request.datamodule, datamodule_options=request.datamodule_options,
+                              with_val=False)
+    shape = sample_shape(data.train, data.source)
     variants = []
     for options in request.variants:
         torch.manual_seed(request.seed)
-        model = build_model(request.model, options, data=dataset)
-        figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1))  # layers of setup/configure_model
+        model = build_model(request.model, options, data=data.train)
+        figures = prepare_module(model, RunFigures(batches_per_epoch=1, total_steps=1),  # layers of setup/configure_model
+                                 data.datamodule)
         count = param_count(trainable_params(check_trainable(model, figures).optimizer))
         variants.append(_Variant(variant_label(options), dict(options), model_key(request.model, options, shape), count))
-    return variants, len(dataset)
+    return variants, len(data.train)
+
+
+def sample_shape(dataset: Any, what: str) -> tuple[int, ...]:
+    """One sample's input shape, for the profile's model key: the dataset's ``input_shape``, else the first
+    sample's input; ``()`` when its samples are not ``(input, target)`` pairs (a DataModule's dicts, say)."""
+    from edgefleet.workloads.registry import dataset_attribute  # torch: only where the coordinator builds the variants
+
+    try:
+        shape: tuple[int, ...] = dataset_attribute(dataset, "input_shape", what)
+    except ConfigError:
+        return ()
+    return shape
 
 
 class ProfileFailed(EdgeTrainError):
@@ -264,7 +289,11 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
                     threads=request.threads, probe_host=advertised, probe_port=port, probe_token=token,
                     probe_bytes=request.probe_bytes if i == 0 else 0,
                     probe_round_bytes=grad_bytes[variant.label] if request.probe_rounds else 0,
-                    probe_rounds=request.probe_rounds)
+                    probe_rounds=request.probe_rounds, datamodule=request.datamodule,
+                    datamodule_options=request.datamodule_options, precision=request.precision,
+                    accumulate_grad_batches=request.accumulate_grad_batches,
+                    schema_version=profile_schema_version(datamodule=request.datamodule, precision=request.precision,
+                                                          accumulate_grad_batches=request.accumulate_grad_batches))
                 try:
                     async with slots:
                         results.append(await jobs.run(board, command, variant.label))
@@ -301,8 +330,8 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
     return {v.label: FleetProfile(model_key=v.model_key, grad_bytes=grad_bytes[v.label],
                                   coordinator_link_bytes_per_s=coordinator_link, dataset_len=dataset_len,
                                   boards={b: _board_profile(b, v, per_board[b][i], links[b]) for b in boards},
-                                  variant=dict(v.options))
+                                  variant=dict(v.options), accumulate=request.accumulate_grad_batches)
             for i, v in enumerate(variants)}
 
 
-__all__ = ["ProfileFailed", "ProfileRequest", "profile_fleet"]
+__all__ = ["ProfileFailed", "ProfileRequest", "profile_fleet", "sample_shape"]

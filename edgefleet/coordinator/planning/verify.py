@@ -94,11 +94,13 @@ def step_intervals(elapsed_s: Sequence[float], *, warmup_steps: int, exclude: Se
 
 
 def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, boards: Sequence[str],
-            global_batch: int, dataset_len: int, count_idle: bool = False, period: int = 1) -> Measurement:
+            global_batch: int, dataset_len: int, count_idle: bool = False, period: int = 1,
+            accumulate: int = 1) -> Measurement:
     """Measured figures from step intervals (s) and power readings of the fleet's boards.
 
     ``period``: the training mode's steps per full exchange (local SGD's H): the step time is the
     median over consecutive groups of ``period`` intervals of their mean (1: the median interval).
+    ``accumulate``: the job's ``--accumulate-grad-batches``: a step trains that many global batches.
     """
     if not intervals:
         raise EdgeTrainError("no step was timed after the warm-up; give more steps")
@@ -111,7 +113,7 @@ def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, bo
         intervals = intervals[:groups * period]
     else:
         step = statistics.median(intervals)
-    samples_per_s = global_batch / step
+    samples_per_s = accumulate * global_batch / step
     epoch = dataset_len / samples_per_s
     counted = [r for b, r in readings.items() if b in boards or count_idle]
     known = [r for r in counted if r.mean_power_w is not None]
@@ -190,7 +192,7 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
     readings = meter.average(window.get("start", done[0]), window["end"])
     intervals = step_intervals(done[:-1], warmup_steps=warmup_steps)
     return measure(intervals, readings, boards=c.boards, global_batch=c.global_batch, dataset_len=dataset_len,
-                   count_idle=count_idle, period=period)
+                   count_idle=count_idle, period=period, accumulate=spec.accumulate_grad_batches)
 
 
 def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,

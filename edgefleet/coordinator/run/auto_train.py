@@ -1,9 +1,12 @@
 """Train with an automatic configuration (``edge-coordinator train --auto``): profile (or reuse a
 profile), plan, train the chosen configuration, and measure it against the plan's prediction.
 
-1. Profile: a saved profile is reused when it was measured for this model, dataset, wire dtype
-   and the agent versions the boards run now; otherwise (or with ``reprofile``) the online
-   boards are profiled again and the file rewritten, with a note saying why.
+1. Profile: a saved profile is reused when it was measured for this model, data (dataset or
+   DataModule), wire dtype, precision, gradient accumulation and the agent versions the boards run
+   now; otherwise (or with ``reprofile``) the online boards are profiled again, timing the job's own
+   steps (its data, precision and K batches per step), and the file rewritten, with a note saying why.
+   The plan then counts K x the global batch per step; its batch sizes are per batch and the job
+   keeps its K, precision and DataModule.
 2. Plan over the boards that are online (the job's ``boards`` narrow them); ``verify=K``
    pre-trains the best K and takes the best measured.
 3. Just before training the fleet is looked at again: a planned board that went offline is left
@@ -33,6 +36,7 @@ from edgefleet.coordinator.planning.plan_fleet import check_fleet, load_profile_
 from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options, placement_modes
 from edgefleet.coordinator.planning.plan_summary import estimate_json, fewer_boards_line, summary_of
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
+from edgefleet.coordinator.planning.profiles import check_settings, settings_flags
 from edgefleet.coordinator.planning.profiling import ProfileRequest
 from edgefleet.coordinator.planning.verify import WARMUP_STEPS, measure, step_intervals, verify_candidates
 from edgefleet.coordinator.run.job_spec import JobSpec
@@ -81,10 +85,12 @@ class AutoTrainOutcome:
 def check_auto_job(spec: JobSpec, request: PlanRequest) -> None:
     """Refuse what the planner cannot plan for.
 
+    A DataModule, gradient accumulation and a precision are planned for: the profile measures the
+    job's own steps (``planning.profiling.ProfileRequest``).
+
     Raises:
-        ConfigError: the job fixes something the profile does not measure (a DataModule,
-            gradient accumulation, mixed precision), has a deadline with a step count, or fixes
-            the training mode (``--sync-every``: with ``--auto`` the planner chooses it).
+        ConfigError: the job has a deadline with a step count, or fixes the training mode
+            (``--sync-every``: with ``--auto`` the planner chooses it).
     """
     if request.deadline_s is not None and spec.steps is not None:
         raise ConfigError("--deadline is per run of --epochs epochs; give --epochs instead of --steps")
@@ -93,13 +99,35 @@ def check_auto_job(spec: JobSpec, request: PlanRequest) -> None:
         raise ConfigError(f"--sync-every {sync_every} with --auto: the planner chooses the training mode; "
                           "add --allow-inexact (instead of --sync-every) to let it consider local SGD, or train "
                           "without --auto")
-    # These change what a step computes, which the profile does not measure: its step times would be wrong.
-    unplanned = [flag for flag, given in (("--datamodule", bool(spec.datamodule)),
-                                          ("--accumulate-grad-batches", spec.accumulate_grad_batches != 1),
-                                          ("--precision", spec.precision != "32-true")) if given]
-    if unplanned:
-        raise ConfigError(f"{', '.join(unplanned)} not with --auto yet: the profile times steps of a dataset's "
-                          "batches in fp32; run `plan`, then `train` with the plan's --boards and --batch and these flags")
+
+
+def _job_settings(spec: JobSpec) -> str:
+    """The job's settings that change what a step computes, as flags ("" for the defaults)."""
+    return settings_flags(precision=spec.precision, accumulate_grad_batches=spec.accumulate_grad_batches)
+
+
+def _modes_for(spec: JobSpec, request: PlanRequest, placement: str,
+               note: Callable[[str], None]) -> tuple[PlanRequest, str]:
+    """The request and placement the job's settings allow: ``job_spec.JobSpec`` refuses layer placement with
+    accumulation or mixed precision, and local SGD with accumulation or 16-mixed; those are not weighed.
+
+    Raises:
+        ConfigError: ``--placement`` names a cut with such a setting.
+    """
+    settings = _job_settings(spec)
+    if settings and placement != "none":
+        if placement != "auto":
+            raise ConfigError(f"--placement {placement} cannot be combined with {settings} yet (the tail host would see "
+                              "another step than the boards): leave it out, or train with --placement none")
+        note(f"layer placement not weighed: it does not train with {settings} yet")
+        placement = "none"
+    no_local_sgd = [flag for flag, given in ((f"--accumulate-grad-batches {spec.accumulate_grad_batches}",
+                                              spec.accumulate_grad_batches != 1),
+                                             ("--precision 16-mixed", spec.precision == "16-mixed")) if given]
+    if request.allow_inexact and no_local_sgd:
+        note(f"local SGD not weighed (--allow-inexact): it does not train with {' '.join(no_local_sgd)}")
+        request = replace(request, allow_inexact=False)
+    return request, placement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,11 +147,15 @@ def _profiles(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, snap
         try:
             profiles, meta = load_profile_file(path)
             selected = select_variants(profiles, meta=meta, model=spec.model, variants=variants, dataset=spec.dataset,
-                                       dataset_options=spec.dataset_options)
+                                       dataset_options=spec.dataset_options, datamodule=spec.datamodule,
+                                       datamodule_options=spec.datamodule_options)
             if meta is not None and meta.wire_dtype != spec.wire_dtype:
                 raise PlanError(f"it was measured with --wire-dtype {meta.wire_dtype}, this run uses {spec.wire_dtype}")
+            check_settings(meta, precision=spec.precision, accumulate_grad_batches=spec.accumulate_grad_batches)
             check_fleet(selected, snapshot.rows, wanted=fleet.wanted)
-            note(f"reusing the profile {path} (it fits this model, dataset and the agents' versions)")
+            settings = _job_settings(spec)
+            note(f"reusing the profile {path} (it fits this model, {'DataModule' if spec.datamodule else 'dataset'}"
+                 f"{', ' + settings if settings else ''} and the agents' versions)")
             return selected, 0.0
         except PlanError as exc:
             reason = str(exc)
@@ -139,6 +171,8 @@ def _profile_now(spec: JobSpec, variants: list[dict[str, Any]], fleet: _Fleet, s
                           + (f" among --boards {','.join(wanted)}" if wanted else "") + "; start edge-agent on the boards")
     note(f"profiling {', '.join(boards)}: {reason}")
     request = ProfileRequest(model=spec.model, variants=variants, dataset=spec.dataset, dataset_options=spec.dataset_options,
+                             datamodule=spec.datamodule, datamodule_options=spec.datamodule_options,
+                             precision=spec.precision, accumulate_grad_batches=spec.accumulate_grad_batches,
                              wire_dtype=spec.wire_dtype, threads=spec.threads, seed=spec.seed,
                              exchange_host=spec.exchange_host)
     started = time.monotonic()
@@ -184,7 +218,8 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
 
 def job_for(spec: JobSpec, chosen: Estimate, dataset_len: int) -> JobSpec:
     """The resolved job that trains ``chosen``: its boards, batch sizes, variant and training mode,
-    for the spec's epochs or steps."""
+    for the spec's epochs or steps. The chosen batch sizes are per batch (micro-batches with
+    accumulation); the spec keeps its data, ``accumulate_grad_batches`` and ``precision``."""
     c = chosen.candidate
     options = {"placement": c.mode.placement, **mode_job_options(c.mode.job_options)}  # data-parallel unless placed
     planned = replace(spec, boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
@@ -228,6 +263,7 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     if verify < 0 or verify_steps < 1:
         raise ConfigError("--verify K needs K >= 1 (0 = no pre-training) and --verify-steps N >= 1")
     observer = observer or AutoTrainObserver()
+    request, placement = _modes_for(spec, request, placement, observer.note)
     fleet = _Fleet(broker=broker, fleet_key=fleet_key, wanted=list(spec.boards) or None)
     wanted_variants = [dict(v) for v in variants] if variants else [dict(spec.model_options)]
 
@@ -261,7 +297,7 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
         training = train(job, broker=broker, fleet_key=fleet_key, run_dir=run_dir, observer=observer, power_view=view)
         ended = time.monotonic()
         measured, note = _measure_run(training, ended, meter, chosen, dataset_len, request.count_idle,
-                                      warmup_steps=mode_warmup_steps(job))
+                                      warmup_steps=mode_warmup_steps(job), accumulate=job.accumulate_grad_batches)
     atomic_write_json(training.run_dir / "plan.json", {
         "objective": request.objective, "predicted": estimate_json(chosen), "profile_s": profile_s, "verify_s": verify_s,
         "measured": None if measured is None else {k: getattr(measured, k) for k in (
@@ -291,12 +327,13 @@ def mode_warmup_steps(job: JobSpec) -> int:
 
 
 def _measure_run(training: TrainOutcome, ended: float, meter: PowerMeter, chosen: Estimate, dataset_len: int,
-                 count_idle: bool, *, warmup_steps: int = 0) -> tuple[Measurement | None, str]:
+                 count_idle: bool, *, warmup_steps: int = 0, accumulate: int = 1) -> tuple[Measurement | None, str]:
     """The run's measured figures from metrics.jsonl and the power seen while it stepped; or None and why not.
 
     ``warmup_steps``: the training mode's exact steps (:func:`mode_warmup_steps`), left out with the
     usual warm-up: the prediction is the mode's steady state. An inexact mode's steps are timed in
-    whole periods of its ``sync_every`` steps.
+    whole periods of its ``sync_every`` steps. ``accumulate``: the job's batches per optimizer step
+    (a step trains that many global batches).
     """
     lines = (training.run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line]
@@ -313,7 +350,7 @@ def _measure_run(training: TrainOutcome, ended: float, meter: PowerMeter, chosen
     try:
         measured = measure(intervals, readings, boards=chosen.candidate.boards,
                            global_batch=chosen.candidate.global_batch, dataset_len=dataset_len, count_idle=count_idle,
-                           period=period)
+                           period=period, accumulate=accumulate)
     except EdgeTrainError as exc:
         return None, str(exc)
     how = f"{measured.steps} steps timed after {WARMUP_STEPS} warm-up steps"
