@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -189,6 +190,8 @@ def _wait_connected(agents: list[AgentProcess]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fleet(boards=..., **options): the module's shared fleet (tests/conftest.py start_fleet)")
+    # `status` keeps the board ids it saw for shell completion in the user's cache: the tests' go to a folder of their own
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="edgefleet-test-cache-")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ examples:
   edge-agent --config /etc/edge-agent/agent.toml        run as configured (what systemd does)
   edge-agent --id pi-1 --broker 192.168.1.10:1883       try a board without writing a file
   edge-agent --id pi-1 --broker mqtts://mqtt.lan        the same over TLS (port 8883, the system's CA bundle)
-  edge-agent --config agent.toml --check-config         validate the file and exit
+  edge-agent --config agent.toml --check-config         validate the file, print what is in effect as TOML, exit
 
 precedence: the config file, then ${BROKER_ENV}=HOST:PORT, then --id/--broker/--interval.
 exit codes: 0 stopped cleanly, 2 bad usage, 78 bad configuration (systemd does not restart).
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"MQTT broker: HOST:PORT, mqtt://HOST[:PORT] or mqtts://HOST[:PORT] for TLS (default: the file, "
                              f"${BROKER_ENV}, or localhost:1883)")
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between telemetry samples (default 1)")
-    parser.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the configuration, print it as TOML (the values in effect; never the password) and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     return parser

@@ -19,6 +19,7 @@ from edgefleet.protocol.messages import POWER_SOURCES
 from edgefleet.protocol.topics import valid_board_id, valid_prefix
 from edgefleet.transport.fleet_key import load_board_key, read_key_file
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
+from edgefleet.transport.toml_text import toml_document
 
 DEFAULT_DISCOVERY_PREFIX = "homeassistant"  # Home Assistant's own default
 POWER_KINDS = ("auto", *POWER_SOURCES)  # power.source: a source of protocol.messages, or "auto" (the first found)
@@ -173,11 +174,15 @@ def nonce_file_path(cfg: AgentConfig) -> Path | None:
 
 
 def describe(cfg: AgentConfig) -> str:
-    """A human summary for ``--check-config`` (the password is never shown)."""
-    broker = dataclasses.replace(cfg.broker, password="***" if cfg.broker.password else "")
-    lines = [f"config OK ({cfg.source})", f"board_id = {cfg.board_id}", f"state_dir = {cfg.state_dir!r}"]
-    for name, section in (("broker", broker), ("telemetry", cfg.telemetry), ("power", cfg.power),
-                          ("security", cfg.security), ("training", cfg.training)):
-        lines.append(f"[{name}]")
-        lines += [f"  {f.name} = {getattr(section, f.name)!r}" for f in dataclasses.fields(section)]
-    return "\n".join(lines)
+    """The configuration in effect as TOML for ``--check-config``: ``tomllib`` reads it back to the same values, and
+    ``edge-agent --config`` takes it as a file. The password is never shown (a comment says whether one is set)."""
+    tables = {name: {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+              for name, section in (("broker", cfg.broker), ("telemetry", cfg.telemetry), ("power", cfg.power),
+                                    ("security", cfg.security), ("training", cfg.training))}
+    notes: dict[str, str] = {}
+    if tables["broker"].pop("password"):
+        notes["broker.password"] = ("password: set (not shown; from password_file)" if cfg.broker.password_file
+                                    else "password: set in the file (not shown here)")
+    header = f"config OK ({cfg.source})\nthe configuration in effect (the file, $EDGEFLEET_BROKER, the flags), as TOML"
+    return toml_document({"board_id": cfg.board_id, "state_dir": cfg.state_dir}, tables, header=header,
+                         notes=notes).rstrip("\n")

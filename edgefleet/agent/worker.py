@@ -34,6 +34,7 @@ from edgefleet.protocol.sync_schedule import SyncSchedule
 from edgefleet.workloads.device_errors import explain_device_error
 from edgefleet.workloads.lightning_api import callback_class, package_of
 from edgefleet.workloads.module_checkpoint import extra_from_wire, restore_extra
+from edgefleet.workloads.quiet_lightning import quiet_lightning
 from edgefleet.workloads.seeding import BatchSeeder, StepSeeding
 
 
@@ -225,6 +226,9 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
     try:
         job, context = _read_job(line)
         defaults.restore()
+        # Lightning's INFO lines (each twice) and the libraries' deprecation warnings filled the stderr tail the agent
+        # reports when a job fails; the user's module's warnings still show there
+        quiet_lightning()
         if isinstance(job, ProfileCommand):
             from edgefleet.agent.profile_worker import run_profile  # torch and Lightning: only for a profile job
 

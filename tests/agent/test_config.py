@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,11 @@ import pytest
 from edgefleet.agent.config import load_agent_config
 from edgefleet.protocol.address import HostPort
 from edgefleet.protocol.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: the base dependency tomli
+    import tomli as tomllib
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -117,3 +124,46 @@ def test_the_example_config_lists_every_key_and_loads(tmp_path: Path) -> None:
     text = example.read_text().replace('fleet_key_file = ""', f'fleet_key_file = "{key}"', 1)
     path = _write(tmp_path, text)
     assert load_agent_config(path).security.fleet_key_file == str(key)
+
+
+def test_check_config_prints_toml_that_reads_back_to_the_same_configuration(tmp_path: Path) -> None:
+    """--check-config's output is TOML (it was `board_id = vm`, `net_interfaces = ()`, `True`): tomllib reads it back
+    to every value in effect, and edge-agent takes it as a config file giving the same configuration."""
+    # Prepare: strings that need escaping, a list, booleans, floats and an inline password (never shown)
+    (tmp_path / "pw").write_text("s3cret\n")
+    path = _write(tmp_path, 'board_id = "pi-7"\nstate_dir = "/var/lib/a \\"quoted\\" dir\\\\x"\n'
+                            f'[broker]\nhost = "10.0.0.2"\nport = 1884\nusername = "pi"\npassword_file = "{tmp_path / "pw"}"\n'
+                            '[telemetry]\ninterval_s = 2.5\nnet_interfaces = ["eth0", "wlan0"]\nhome_assistant = true\n'
+                            '[power]\nsource = "estimated"\nidle_w = 3\n[training]\nkeep_worker = true\n')
+    env = {**os.environ, "EDGEFLEET_BROKER": ""}
+
+    # Execute
+    done = subprocess.run([sys.executable, "-m", "edgefleet.agent", "--config", str(path), "--check-config"],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+    # Assert: valid TOML with the values in effect, the password left out
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("# config OK") and "s3cret" not in done.stdout
+    data = tomllib.loads(done.stdout)
+    cfg = load_agent_config(path)
+    assert (data["board_id"], data["state_dir"]) == (cfg.board_id, cfg.state_dir)
+    for name in ("broker", "telemetry", "power", "security", "training"):
+        section = dataclasses.asdict(getattr(cfg, name))
+        section.pop("password", None)
+        section = {k: list(v) if isinstance(v, tuple) else v for k, v in section.items()}
+        assert data[name] == section, name
+    assert data["telemetry"]["net_interfaces"] == ["eth0", "wlan0"] and data["training"]["keep_worker"] is True
+    # ... and the output is a config file that gives the same configuration again
+    (tmp_path / "again").mkdir()
+    again = _write(tmp_path / "again", done.stdout)
+    assert dataclasses.replace(load_agent_config(again), source="") == dataclasses.replace(cfg, source="")
+
+
+@pytest.mark.parametrize("value", ["plain", 'a "quoted" \\ back\\slash', "tab\tnew\nline\r\x00\x1b\x7f", "ünïcødé 🐍",
+                                   0, -7, 2**62, 1.0, 0.1, 1e-300, 1e16, -2.5, float("inf"), True, False, [],
+                                   ["eth0", "wlan0"], [1, 2.5, "x"]])
+def test_a_value_written_as_toml_reads_back_the_same(value: object) -> None:
+    from edgefleet.transport.toml_text import toml_document
+
+    text = toml_document({"key": value}, {"table": {"dotted.key": value}}, header="a header\nover two lines")
+    assert tomllib.loads(text) == {"key": value, "table": {"dotted.key": value}}, text

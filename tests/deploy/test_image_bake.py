@@ -227,7 +227,7 @@ def test_agent_config_checks_out_inside_the_image_as_the_service_user(image: Ima
     result = run(["chroot", "--userspec=edge-agent:edge-agent", str(image.root), "/opt/edge-agent/venv/bin/edge-agent",
                   "--config", "/etc/edge-agent/agent.toml", "--check-config"], timeout_s=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("config OK") and f"board_id = {BOARD_ID}" in result.stdout
+    assert result.stdout.startswith("# config OK") and f'board_id = "{BOARD_ID}"' in result.stdout
     assert image.secret(f"mqtt/{BOARD_ID}.password") not in result.stdout  # shown as ***
 
 

@@ -46,6 +46,7 @@ def test_a_board_that_lies_in_its_gradient_is_found_and_changes_the_model_by_not
     out, result = _train(fleet, run_dir, f"h1,h2,{liar}", "8,8,16", "--audit-every", "2")
     assert f"board {liar} failed its audit at step" in out, out
     assert "rolled the run back to step 0" in out, out
+    assert out.count("\naudits:") == 1, out  # the attempt after the rollback does not say it again
     rollback = result["audits"]["rollbacks"][0]
     assert rollback["boards_left"] == ["h1", "h2"] and rollback["batch_sizes"] == [16, 16], rollback
     failure = rollback["failures"][0]

@@ -18,6 +18,7 @@ from edgefleet.coordinator.planning.plan_job import DEFAULT_FEWER_BOARDS_PCT, DE
 from edgefleet.coordinator.run.auto_train import auto_train, check_auto_job
 from edgefleet.coordinator.run.job_spec import DEFAULT_BATCH, DEFAULT_EPOCHS
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.quiet_lightning import quiet_lightning
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.exporter.training_metrics import TrainingMetrics
@@ -82,7 +83,7 @@ def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None
     # rich: only when --auto runs, not when the parser is built
     from edgefleet.coordinator.cli.auto_progress import AutoProgress, print_report
     from edgefleet.coordinator.cli.render import make_console
-    from edgefleet.coordinator.cli.train_progress import INTERRUPTED, print_outcome
+    from edgefleet.coordinator.cli.train_progress import INTERRUPTED, display_options, print_json_outcome, print_outcome
 
     if args.resume is not None:
         raise ConfigError("--auto starts a new run; continue an interrupted one with plain `train --resume RUN_DIR`")
@@ -94,8 +95,10 @@ def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None
     check_auto_job(spec, request)
     cfg = load_config(args)
     fleet_key = coordinator_keys(args, cfg)
-    console = make_console()
-    display = AutoProgress(console, metrics=metrics)
+    options = display_options(args)
+    quiet_lightning(verbose=options.verbose)
+    console = make_console(stderr=options.json)
+    display = AutoProgress(console, metrics=metrics, every_s=options.every_s)
     try:
         outcome = auto_train(spec, request, broker=cfg.broker, fleet_key=fleet_key, profile_path=args.profile,
                              variants=variants_from_args(args, dict(spec.model_options)), reprofile=args.reprofile,
@@ -104,6 +107,9 @@ def run_auto(args: argparse.Namespace, *, metrics: TrainingMetrics | None = None
     except KeyboardInterrupt:
         display.stopped_before_training()
         return INTERRUPTED
+    if options.json:  # the report of predicted against measured goes to stderr with the progress
+        print_report(console, outcome)
+        return print_json_outcome(outcome.training)
     code = print_outcome(console, outcome.training)
     print_report(console, outcome)
     return code

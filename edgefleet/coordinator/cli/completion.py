@@ -3,18 +3,50 @@
 The script is generated from the argparse parsers themselves, so a new command or flag completes
 without anyone editing a shell file, and nothing new is installed (argcomplete would be a
 dependency and a hook in every start-up). zsh runs the same bash function through ``bashcompinit``.
+
+``--boards ID,ID,…`` completes the board ids the last ``status`` saw (:func:`remember_boards` keeps
+them in ``$XDG_CACHE_HOME/edgefleet/boards``, else ``~/.cache/edgefleet/boards``), after each comma too.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SHELLS = ("bash", "zsh")
 _WORD = re.compile(r"^[A-Za-z0-9_.:/@+,=%-]+$")  # what may stand unquoted in a compgen word list
 _PATH_METAVARS = ("FILE", "DIR", "PATH", "RUN_DIR", "FOLDER")
+BOARD_CACHE_SHELL = '"${XDG_CACHE_HOME:-$HOME/.cache}/edgefleet/boards"'  # board_cache_path() as the shell finds it
+# the ids after the last comma of the word, each offered with what comes before it
+_BOARD_OFFER = ('COMPREPLY=($(compgen -P "${cur%"${cur##*,}"}" -W "$(cat ' + BOARD_CACHE_SHELL
+                + ' 2>/dev/null)" -- "${cur##*,}"))')
+
+
+def board_cache_path() -> Path:
+    """Where ``status`` leaves the board ids it saw, for completing ``--boards``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "edgefleet" / "boards"
+
+
+def remember_boards(board_ids: Iterable[str]) -> None:
+    """Keep ``board_ids`` (those ``status`` just showed) for completing ``--boards``; a cache that cannot be
+    written is skipped (logged at DEBUG): completion is a convenience."""
+    ids = sorted({b for b in board_ids if _WORD.match(b) and "," not in b})
+    path = board_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        temp.write_text("".join(f"{b}\n" for b in ids))
+        temp.replace(path)
+    except OSError as exc:
+        log.debug("cannot keep the board ids for completion in %s: %s", path, exc)
 
 
 def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +71,7 @@ class _Level:
     """One parser's completions: its flags, its positional choices and its sub-commands."""
 
     flags: list[str] = field(default_factory=list)
-    value_flags: dict[str, str] = field(default_factory=dict)   # flag -> "choices ..." / "file" / "dir" / "any"
+    value_flags: dict[str, str] = field(default_factory=dict)   # flag -> "choices ..." / "file" / "dir" / "boards" / "any"
     positional: list[str] = field(default_factory=list)          # words a positional argument can be
     positional_files: bool = False
     commands: dict[str, _Level] = field(default_factory=dict)
@@ -53,6 +85,8 @@ def _value_kind(action: argparse.Action) -> str:
     if action.choices is not None:
         return "choices " + " ".join(_words(list(action.choices)))
     metavar = str(action.metavar or "")
+    if action.dest == "boards" and metavar.startswith("ID"):
+        return "boards"
     if "DIR" in metavar or metavar == "FOLDER":
         return "dir"
     if any(word in metavar for word in _PATH_METAVARS) or getattr(action.type, "__name__", "") in ("Path", "PosixPath"):
@@ -90,7 +124,7 @@ def _case_arms(path: str, level: _Level, levels: list[str], values: list[str]) -
     """Shell ``case`` arms for the command path ``path`` (" train" etc.) and below: what each level
     offers (``levels``) and what the word after each of its valued flags can be (``values``)."""
     offers = {"dir": 'COMPREPLY=($(compgen -d -- "$cur"))', "file": 'COMPREPLY=($(compgen -f -- "$cur"))',
-              "any": ":"}  # a free value (a number, an address): nothing to offer
+              "boards": _BOARD_OFFER, "any": ":"}  # any: a free value (a number, an address), nothing to offer
     for flag, kind in level.value_flags.items():
         offer = f'COMPREPLY=($(compgen -W "{kind[8:]}" -- "$cur"))' if kind.startswith("choices ") else offers[kind]
         values.append(f'        "{path}|{flag}") {offer}; return;;')
@@ -156,4 +190,5 @@ def completion_script(parsers: list[argparse.ArgumentParser], *, shell: str) -> 
     return "\n".join(header) + "\n" + "".join(bash_function(p) for p in parsers)
 
 
-__all__ = ["SHELLS", "add_completion_parser", "bash_function", "cmd_completion", "completion_script", "describe_parser"]
+__all__ = ["SHELLS", "add_completion_parser", "bash_function", "board_cache_path", "cmd_completion", "completion_script",
+           "describe_parser", "remember_boards"]

@@ -98,10 +98,22 @@ def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet", note: str = "
     return table
 
 
-def make_console() -> Console:
-    """A console as wide as the terminal, or 120 columns when output goes to a file or pipe."""
-    console = Console()
-    return console if console.is_terminal else Console(width=120)
+def fleet_power_text(rows: list[BoardRow]) -> str:
+    """The fleet's total power now: the sum over the boards online or busy with a reading, e.g. ``23.4 W``
+    (``W*`` when part of it is estimated from CPU load), or ``-`` when none has one."""
+    readings = [r.sample for r in rows if r.sample is not None and r.sample.power_w is not None
+                and r.state in ("online", "busy") and r.health == "ok"]
+    if not readings:
+        return "-"
+    total = sum(float(s.power_w or 0.0) for s in readings)
+    estimated = any(s.power_source == "estimated" for s in readings)
+    return _num(total, ".1f", " W*" if estimated else " W")
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (``stderr``: on stderr) as wide as the terminal, or 120 columns when it goes to a file or pipe."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(width=120, stderr=stderr)
 
 
 def summary_line(result: dict[str, Any]) -> str:

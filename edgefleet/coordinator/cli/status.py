@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefleet.coordinator.cli.completion import remember_boards
 from edgefleet.coordinator.cli.shared import board_count, load_config, require_rich
 from edgefleet.coordinator.control.fleet import DEFAULT_MAX_BOARDS
 from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
@@ -63,6 +64,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         wait_for_snapshot(view, timeout_s=args.wait)
         rows = view.rows()
         note = limit_note(view.ignored_boards(), view.max_boards)
+    remember_boards(r.board_id for r in rows)  # for completing --boards
     if args.json:
         json.dump([r.to_dict() for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -76,14 +78,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
-    """Show the fleet's table live for ``seconds`` (0: until Ctrl-C)."""
+    """Show the fleet's table live for ``seconds`` (0: until Ctrl-C), its title with the time and the fleet's total
+    power; the board ids seen are kept for completing ``--boards``."""
     # rich: only for a live table, not with the parser
     from rich.live import Live
 
-    from edgefleet.coordinator.cli.render import fleet_table, limit_note, make_console
+    from edgefleet.coordinator.cli.render import fleet_power_text, fleet_table, limit_note, make_console
 
     def table() -> Table:
-        return fleet_table(view.rows(), title=title, note=limit_note(view.ignored_boards(), view.max_boards))
+        rows = view.rows()
+        heading = f"{title}  {time.strftime('%Y-%m-%d %H:%M:%S')}  fleet power {fleet_power_text(rows)}"
+        return fleet_table(rows, title=heading, note=limit_note(view.ignored_boards(), view.max_boards))
 
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
     # Ctrl-C only sets a flag, so it ends the view cleanly wherever it lands (even mid-draw).
@@ -95,6 +100,7 @@ def watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
                 live.update(table())
     finally:
         signal.signal(signal.SIGINT, previous)
+        remember_boards(r.board_id for r in view.rows())
 
 
 __all__ = ["add_status_parser", "cmd_status", "watch"]

@@ -7,6 +7,7 @@ The job itself runs in :func:`edgefleet.coordinator.run.train_job.train` (with `
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,11 +192,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``edge-coordinator train``; returns the exit status."""
     # numpy, rich and torch: only when a run starts
     from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
-    from edgefleet.coordinator.cli.train_progress import run_training_ui
+    from edgefleet.coordinator.cli.train_progress import display_options, run_training_ui
     from edgefleet.coordinator.run.checkpoints import check_new_run_dir
 
     if args.resume is None and args.run_dir is not None:
         check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
+    options = display_options(args)
     if args.auto:
         with served_metrics(args) as metrics:
             return run_auto(args, metrics=metrics)
@@ -210,7 +212,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = args.resume or args.run_dir or default_run_dir(spec)
     with served_metrics(args) as metrics:
         return run_training_ui(spec, run_dir, broker=cfg.broker, fleet_key=fleet_key, resume=args.resume is not None,
-                               metrics=metrics)
+                               metrics=metrics, options=options)
 
 
 @contextmanager
@@ -225,7 +227,7 @@ def served_metrics(args: argparse.Namespace) -> Iterator[TrainingMetrics | None]
 
     metrics = TrainingMetrics()
     with serve_fleet_metrics(load_config(args).broker, listen, collectors=[metrics]) as endpoint:
-        print(f"metrics: {endpoint.url}", flush=True)
+        print(f"metrics: {endpoint.url}", flush=True, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
         yield metrics
         metrics.linger(getattr(args, "metrics_grace", 30.0))  # so that Prometheus sees the run end
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from edgefleet.coordinator.control.board_channel import BoardChannel
 from edgefleet.coordinator.control.fleet import BoardRow
 from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
-from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,27 @@ class FleetSnapshot:
     def trainers(self) -> list[str]:
         """Every board that is online and has torch and Lightning (or has not said otherwise yet)."""
         return [r.board_id for r in self.rows if r.state == "online" and (r.caps is None or r.caps.training_available)]
+
+    def check_named(self, boards: Sequence[str]) -> None:
+        """Refuse boards named for a job (``--boards``) that never reported on this broker or are offline, before
+        anything is loaded or built; the message names them and the boards online now.
+
+        Raises:
+            ConfigError: naming each such board, what it is, and the boards that can train now.
+        """
+        states = {r.board_id: r for r in self.rows}
+        problems = []
+        for board in boards:
+            row = states.get(board)
+            if row is None:
+                problems.append(f"board {board} has never reported on this broker (a typo, or its agent runs with "
+                                "another board id or broker?)")
+            elif row.state == "offline":
+                problems.append(f"board {board} is offline ({row.offline_reason or 'unknown reason'})")
+        if problems:
+            online = self.trainers()
+            raise ConfigError(f"--boards: {'; '.join(problems)}. Online now: {', '.join(online) if online else 'none'}; "
+                              "edge-coordinator status lists every board")
 
 
 def fleet_snapshot(broker: BrokerSettings, *, wait_s: float = SNAPSHOT_WAIT_S, settle: Sequence[str] = (),

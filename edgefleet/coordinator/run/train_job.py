@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,10 @@ class TrainObserver:
     def note(self, text: str) -> None:
         """A line for the user: the exchange's address, a board left out, a re-balance."""
         log.info("%s", text)
+
+    def joined(self, board: str, joined: int, boards: int) -> None:
+        """``board`` joined the exchange, the ``joined``-th of the job's ``boards``."""
+        self.note(f"board {board} joined ({joined}/{boards})")
 
     def stopped(self) -> None:
         """The run ended, completed or not (called whatever happened once ``started`` was)."""
@@ -101,26 +106,30 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
 
     Args:
         spec: The job.
-        broker: Where to find the online boards when the spec names none.
+        broker: Where to find the online boards when the spec names none (and to check those it names).
         dataset_len: The training set's size if known (else the data is loaded to count it).
 
     Raises:
-        ConfigError: no board to train on, a batch size per board that does not match the boards,
-            a bad forced split, or data that cannot be loaded.
+        ConfigError: no board to train on, a named board that never reported or is offline, a batch size per
+            board that does not match the boards, a bad forced split, or data that cannot be loaded.
     """
     if spec.resolved:
         return spec
     from edgefleet.workloads.fleet_trainer import steps_per_epoch  # torch: only for a job to resolve
 
+    size = dataset_len if dataset_len is not None else training_set_size(spec)  # the data's own errors first
     boards = spec.boards
-    if not boards and broker is not None:
-        boards = tuple(fleet_snapshot(broker).trainers())
+    if broker is not None:  # one look at the fleet: the online boards, or a check of those named, before any model
+        snapshot = fleet_snapshot(broker, preferred=boards)
+        if boards:
+            snapshot.check_named(boards)
+        else:
+            boards = tuple(snapshot.trainers())
     if not boards:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
     batch_sizes = per_board_batches(spec.batch_sizes, boards)
     if spec.force_split is not None:
         check_force_split(spec.force_split, batch_sizes)
-    size = dataset_len if dataset_len is not None else training_set_size(spec)
     batches = batches_per_epoch(spec, size, batch_sizes)
     per_epoch = steps_per_epoch(batches, spec.accumulate_grad_batches)
     total = spec.steps if spec.steps is not None else max(1, round((spec.epochs or DEFAULT_EPOCHS) * per_epoch))
@@ -180,8 +189,9 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
     spec = resolve_job(spec, broker=broker)
     run_dir = run_dir or default_run_dir(spec)
     observer = observer or TrainObserver()
+    note = _RunNotes(observer.note)  # a rollback's new attempt would say the same warnings again: once is enough
     run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
-                      on_note=observer.note, resume=resume)
+                      on_note=note, resume=resume, on_join=observer.joined)
     observer.started(spec, run_dir, run.replica.step)
     try:
         with ExitStack() as stack:
@@ -192,12 +202,29 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                     return outcome
                 # a board failed its audit: back to the run's start, on without it (coordinator.audit.rollback)
                 spec = roll_back(run_dir, spec, outcome.rolled_back)
+                note.after_rollback = True
                 observer.note(f"rolled the run back to step 0: it goes on with {', '.join(spec.boards)} (batch sizes "
                               f"{','.join(map(str, spec.batch_sizes))}), the global batch unchanged")
                 run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
-                                  on_note=observer.note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S)
+                                  on_note=note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S, on_join=observer.joined)
     finally:
         observer.stopped()
+
+
+class _RunNotes:
+    """A run's notes to the user; after a rollback, the new attempt's notes that the run gave already (its security
+    warnings, the audits) are not given again."""
+
+    def __init__(self, note: Callable[[str], None]) -> None:
+        self.note = note
+        self.said: set[str] = set()
+        self.after_rollback = False
+
+    def __call__(self, text: str) -> None:
+        if self.after_rollback and text in self.said:
+            return
+        self.said.add(text)
+        self.note(text)
 
 
 def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSettings, view: FleetView | None,

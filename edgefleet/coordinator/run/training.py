@@ -270,7 +270,7 @@ class TrainingRun:
 
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False,
-                 busy_wait_s: float = 0.0) -> None:
+                 busy_wait_s: float = 0.0, on_join: Callable[[str, int, int], None] | None = None) -> None:
         from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
@@ -283,6 +283,7 @@ class TrainingRun:
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.on_step, self.on_note = on_step, on_note
+        self.on_join = on_join  # (board, boards joined so far, boards of the job) as each joins the exchange
         self.data = load_training_data(dataset=spec.dataset, dataset_options=spec.dataset_options,
                                        datamodule=spec.datamodule, datamodule_options=spec.datamodule_options)
         options = dict(spec.model_options) | ({"lr": spec.lr} if spec.lr is not None else {})
@@ -576,7 +577,16 @@ class TrainingRun:
         # must not fail a board that accepts the real one.
         accepted: set[str] = set()
         refused: dict[str, tuple[float, str]] = {}
+        joined: set[str] = set()
+
+        def announce() -> None:  # each board once, as it joins (a Pi takes tens of seconds to load torch)
+            for board in sorted(need.intersection(exchange.connected) - joined):
+                joined.add(board)
+                if self.on_join is not None:
+                    self.on_join(board, len(joined), len(need))
+
         while not waiter.done():
+            announce()
             event = await channel.next_event(0.2)
             if event is not None and event.job_id == self.spec.run_id:
                 if event.phase == "failed":
@@ -600,6 +610,7 @@ class TrainingRun:
                 waiter.cancel()
                 raise KeyboardInterrupt
         waiter.result()
+        announce()
         if self.placed is not None and self.placed.server is not None:  # boards join the exchange, then the tail host
             await self.placed.server.wait_for(need, JOIN_TIMEOUT_S)
 
