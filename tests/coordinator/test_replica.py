@@ -3,6 +3,7 @@ it ends with that run's parameters, also when stopped mid-epoch and resumed from
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -108,3 +109,39 @@ def test_a_failing_hook_of_the_module_is_reported_not_hung() -> None:
     with pytest.raises(ReplicaError, match="the module.s own hook failed"):
         replica.apply(np.zeros(3, dtype=np.float32))
     replica.close()
+
+
+def test_a_replica_that_may_lag_returns_before_its_step_is_done_and_drain_waits_for_it() -> None:
+    release = threading.Event()
+
+    class Slow(pl.LightningModule):
+        """Its optimizer step waits for the test: an audit or a slow step on the coordinator."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+        def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+            assert release.wait(timeout=60), "never released"
+
+    replica = Replica(Slow(), batches_per_epoch=10, total_steps=10)
+    try:
+        assert replica.may_lag
+        grad = np.ones(3, dtype=np.float32)
+        replica.apply(grad, wait=False)
+        replica.apply(grad, wait=False)
+        grad[:] = 100.0  # the exchange reuses its buffer: the replica took a copy
+        assert replica.step == 2  # both queued, neither done: the calls returned while the first one waits
+        weights = replica.model.layer.weight.detach().clone()
+        release.set()
+        replica.drain()
+        assert torch.allclose(replica.model.layer.weight, weights - 2 * 0.5 * torch.ones_like(weights))
+    finally:
+        release.set()
+        replica.close()

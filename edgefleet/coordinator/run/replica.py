@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 # host arrays, and the coordinator is a laptop or a server, not a training board.
 REPLICA_ACCELERATOR = "cpu"
 _STOP = object()
+# Steps the replica may trail the exchange by where nothing waits for it (``apply(wait=False)``): an audit or a slow
+# optimizer step on the coordinator is absorbed over the next steps instead of lengthening the one it lands on.
+LAG_STEPS = 4
 
 
 class ReplicaError(EdgeTrainError):
@@ -137,11 +140,11 @@ class _ReplicaDriver:
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         replica = self.replica
-        avg, result = replica._next_gradient()
-        kind = replica.sync.kind(replica.step) if replica.sync is not None else EXACT
+        step, avg, result = replica._next_gradient()
+        kind = replica.sync.kind(step) if replica.sync is not None else EXACT
         if kind == EXACT:
             if replica.auditor is not None and result is not None:  # before the step: the boards' model, as they began it
-                replica.auditor.check(replica.step, pl_module, replica.exchanged, [*result.contributors, *result.refused])
+                replica.auditor.check(step, pl_module, replica.exchanged, [*result.contributors, *result.refused])
             assign_grads(replica.exchanged, avg)
             if replica.scaler is not None:  # 16-mixed: skipped here exactly where the boards skip it
                 loss_scaling.mark_overflow(replica.scaler, optimizer, loss_scaling.overflowed(avg[:replica._grad_elements]))
@@ -264,8 +267,12 @@ class Replica:
         self._validated_at = -1
         self.validation_s = 0.0  # seconds of validation since take_validation_s() last read it
         self._saved: dict[str, Any] | None = None
-        self._gradients: queue.Queue[Any] = queue.Queue(maxsize=1)
-        self._waiting = threading.Event()   # the Trainer waits for the next gradient, or has ended
+        self._gradients: queue.Queue[Any] = queue.Queue(maxsize=LAG_STEPS)  # (step, average, result), in step order
+        self._waiting = threading.Event()   # the Trainer waits for its first gradient, or has ended
+        self._progress = threading.Condition()  # the Trainer finished a step, or ended
+        self._taken = 0                     # gradients the Trainer took since it started (its thread's count)
+        self._done = 0                      # ... and finished with (validation and hooks included)
+        self._first_step = 0                # self.step when the Trainer started
         self._ended = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -289,6 +296,7 @@ class Replica:
             self._replay = PlaceholderBatches(self.model)
         self._replay.install()
         self.logged.install()
+        self._first_step = self.step
         self._thread = threading.Thread(target=self._fit, name="edgefleet-replica", daemon=True)
         self._thread.start()
         self._wait()
@@ -324,7 +332,10 @@ class Replica:
             log.exception("the replica's Trainer failed")
             self._error = exc
         finally:
-            self._ended = True
+            with self._progress:
+                self._ended = True
+                self._done = self._taken
+                self._progress.notify_all()
             self._waiting.set()
 
     def _precision_plugin(self) -> Any:
@@ -365,39 +376,72 @@ class Replica:
                     values[key] = float(value)
         return values
 
-    def _next_gradient(self) -> tuple[np.ndarray, Any]:
-        """In the Trainer's thread: say it waits, then take the next averaged gradient (or stop)."""
+    def _next_gradient(self) -> tuple[int, np.ndarray, Any]:
+        """In the Trainer's thread: every gradient taken so far is done with; take the next (its step, the average,
+        the exchange's result), or stop."""
+        with self._progress:
+            self._done = self._taken
+            self._progress.notify_all()
         self._waiting.set()
         item = self._gradients.get()
         if item is _STOP:
             raise _Stopped
-        return typing.cast(tuple[np.ndarray, Any], item)
+        self._taken += 1
+        return typing.cast(tuple[int, np.ndarray, Any], item)
 
     def _wait(self) -> None:
         self._waiting.wait()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise ReplicaError(f"the coordinator's replica failed: {type(self._error).__name__}: {self._error}")
 
-    def apply(self, avg: np.ndarray, result: Any = None) -> None:
+    @property
+    def may_lag(self) -> bool:
+        """Whether :meth:`apply` may return before the step is done: every step exact (periodic averaging reads the
+        replica after each average), no ReduceLROnPlateau (its learning rates go out with the next result) and no
+        logger (the run logs the fleet's loss into it beside the replica's own values)."""
+        return self.sync is None and not self.plateau and not self.logger
+
+    def apply(self, avg: np.ndarray, result: Any = None, *, wait: bool = True) -> None:
         """One optimizer step with the fleet's average gradient (the same step every board takes).
 
         ``result`` (the exchange's ``StepResult``) brings what the boards logged in training_step.
 
-        Returns when the step, the schedulers and (at an epoch's end) validation are done.
+        ``wait``: return when the step, the schedulers and (at an epoch's end) validation are done; False (only
+        where :attr:`may_lag`): return once the step is queued, its average copied, while the Trainer works through
+        up to :data:`LAG_STEPS` queued steps (an audit runs inside a step); :meth:`drain` waits for them.
 
         Raises:
             ReplicaError: the replica's Trainer failed or has already ended.
         """
         if self._thread is None:
             self.start()
+        self._raise_if_failed()
         if self._ended:
             raise ReplicaError(f"the coordinator's replica ended before step {self.step}")
-        self._waiting.clear()
-        self._gradients.put((avg, result))
-        self._wait()
+        if not wait:
+            if not self.may_lag:
+                raise ValueError("apply(wait=False) needs a replica that may lag (exact steps, no ReduceLROnPlateau)")
+            avg = np.array(avg, dtype=np.float32, copy=True)  # the exchange reuses its buffer for the next step
+        self._gradients.put((self.step, avg, result))  # waits while LAG_STEPS steps are queued: the lag's bound
         self.step += 1
+        if wait:
+            self.drain()
         if self.sync is not None and self.sync.averaged_after(self.step - 1):
             self._note_average()
+
+    def drain(self) -> None:
+        """Wait until the Trainer has done every step given to it (at once where it does not lag).
+
+        Raises:
+            ReplicaError: the replica's Trainer failed.
+        """
+        if self._thread is not None:
+            with self._progress:
+                self._progress.wait_for(lambda: self._first_step + self._done >= self.step or self._ended)
+        self._raise_if_failed()
 
     def _note_average(self) -> None:
         """Before a local step: keep what a checkpoint between averages needs (the model and optimizer state keep)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import json
 import logging
 import math
@@ -382,6 +383,16 @@ class TrainingRun:
             self.target_reached = {"step": step, "epoch": (step + 1) // self.spec.steps_per_epoch,
                                    "val_accuracy": self.val_accuracy, "elapsed_s": round(elapsed_s, 3)}
 
+    def _rolled_back(self, exchange: ExchangeServer) -> TrainOutcome | None:
+        """A board failed an audit (its verdict may come a few steps late): the run ends to roll back; else None."""
+        failures = self.audits.failures()
+        if not failures:
+            return None
+        exchange.finished = True  # the model every board holds may carry its lies: back to before them, without it
+        for failure in failures:
+            self.on_note(failure.describe())
+        return TrainOutcome(self.run_dir, {}, interrupted=False, rolled_back=failures)
+
     def _evaluate(self) -> None:
         """The epoch's validation figures: the module's own (its validation_step ran in the replica), else accuracy."""
         if self.replica.validates:
@@ -421,6 +432,7 @@ class TrainingRun:
         self.checkpointed_step = int(state["replica"]["step"])
 
     def _checkpoint_state(self, elapsed_s: float) -> dict[str, Any]:
+        self.replica.drain()  # every step given to it is done (it may trail the exchange)
         replica = self.replica.state_dict()  # between averages: the last average's (its step is the one resumed)
         return {"replica": replica, "torch_rng": torch.get_rng_state(), "val_accuracy": self.val_accuracy,
                 "val_loss": self.val_loss, "val_metrics": self.val_metrics, "train_metrics": self.train_metrics,
@@ -443,6 +455,7 @@ class TrainingRun:
         return None
 
     def _welcome_state(self) -> tuple[int, Any, Any]:
+        self.replica.drain()  # a joining board starts from the model every board holds now
         step, model_state, optimizer_state = self.replica.wire_state()
         return step, encode_value(model_state), encode_value(optimizer_state)
 
@@ -650,25 +663,26 @@ class TrainingRun:
         spec, started = self.spec, time.monotonic()
         samples = 0
         first_step = self.replica.step
+        lags = self.placed is None and self.replica.may_lag  # the tail host reads the replica's tail at every step
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
-            apply: Callable[[Any, StepResult], None] = self.replica.apply
+            epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
+            # The replica may trail the exchange by a few steps (an audit, a slow optimizer step on the coordinator,
+            # absorbed while the boards compute), except where the run reads it: validation, a checkpoint, the end.
+            wait = not lags or epoch_end or (step + 1) % spec.checkpoint_every == 0
+            apply: Callable[[Any, StepResult], None] = functools.partial(self.replica.apply, wait=wait)
             if self.placed is not None and self.placed.server is not None:  # the tail's rounds, then the head's exchange
                 self.placed.fit_threads(step)
                 tail = await self.placed.server.run_step(step, dict(zip(spec.boards, exchange.batch_sizes_at(step))),
                                                          exchange.deadline_for_next_step(spec.step_timeout_s))
-                apply = self.placed.apply_with(tail, self.replica.apply)
+                apply = self.placed.apply_with(tail, apply)
             result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
-            failures = self.audits.failures()
-            if failures:  # the model every board holds may carry its lies: back to before them, without it
-                exchange.finished = True
-                for failure in failures:
-                    self.on_note(failure.describe())
-                return TrainOutcome(self.run_dir, {}, interrupted=False, rolled_back=failures)
+            rolled_back = self._rolled_back(exchange)
+            if rolled_back is not None:
+                return rolled_back
             samples += result.n_total
             elapsed = time.monotonic() - started
-            epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
             self._log_fleet_loss(step, result.loss)
             self._follow_plateau(exchange)
             val_s = None
@@ -694,6 +708,10 @@ class TrainingRun:
                 self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
                              f"{spec.target_accuracy:g}; the run is complete")
                 break
+        self.replica.drain()  # an interrupted run: the steps the replica trailed by, and their audits
+        rolled_back = self._rolled_back(exchange)
+        if rolled_back is not None:
+            return rolled_back
         elapsed = time.monotonic() - started
         exchange.finished = True
         self.flags = exchange.flags()
@@ -707,6 +725,7 @@ class TrainingRun:
             self.on_note(f"stopped between averages: the checkpoint holds the last average, and --resume continues "
                          f"from step {self.checkpointed_step} (the boards' local steps since then are trained again)")
         if not interrupted:
+            self.replica.drain()
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
         summary = self._result(elapsed, samples, exchange, interrupted)
         atomic_write_json(self.run_dir / "result.json", summary)
