@@ -38,8 +38,17 @@ def test_each_board_is_audited_within_every_window_of_steps() -> None:
 def test_the_audit_rate_is_fitted_to_the_share_of_time_given() -> None:
     schedule = AuditSchedule(["a", "b"], share=0.25, start_step=0)
     for _ in range(5):
-        schedule.fit(0.010, 0.020)  # 2 boards x 10 ms per audit, 20 ms steps: 25% allows one audit every 2 steps
-    assert schedule.every == 4
+        schedule.fit(0.010, 0.020)  # 2 boards x 10 ms per audit, 20 ms steps: 25% allows an audit every 2 steps
+    assert schedule.every == 7  # each board's audits 1-7 steps apart, 4 on average: 0.5 audits a step
+    # Over a long run the audits take the share asked, not up to twice it (gaps drawn 1..every average (every+1)/2).
+    steps = 20_000
+    audits = 0
+    for step in range(steps):
+        for board in ("a", "b"):
+            if schedule.due(board, step):
+                schedule.done(board, step)
+                audits += 1
+    assert 0.22 <= audits * 0.010 / (steps * 0.020) <= 0.26
     schedule.fit(None, 0.2)
     for _ in range(30):
         schedule.fit(0.001, 0.2)

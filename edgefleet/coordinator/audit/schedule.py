@@ -5,12 +5,14 @@ seeded ones) uniformly from the ``every`` steps after its last one, when that on
 about the draw leaves the coordinator, so a board that lies at any step risks being recomputed at
 it, and one that lies at ``m`` steps escapes with probability at most ``(1 - 1/every)**m``.
 
-``every`` is fitted to the cost: an audit computes one board's slice again on the coordinator,
-so with ``b`` boards an audit every ``every`` steps each costs ``b / every`` audits a step. After
-each audit :meth:`AuditSchedule.fit` takes the median audit's CPU time ``a`` (the coordinator
-process's, torch's threads included) and the median step period ``p`` (the last :data:`WINDOW` of
-each) and sets ``every = ceil(b * a / (share * p))`` (at least 1), so that audits take at most
-``share`` of one of the coordinator's cores.
+``every`` is fitted to the cost: an audit computes one board's slice again on the coordinator.
+A board's audits lie 1 to ``every`` steps apart, uniformly, so ``(every + 1) / 2`` on average: with
+``b`` boards that is ``2 b / (every + 1)`` audits a step (not ``b / every``: that counted each gap as
+the longest, and the audits took up to twice the share). After each audit :meth:`AuditSchedule.fit`
+takes the median audit's CPU time ``a`` (the coordinator process's, torch's threads included) and
+the median step period ``p`` (the last :data:`WINDOW` of each) and sets
+``every = ceil(2 b a / (share p) - 1)`` (at least 1), so that audits take at most ``share`` of one
+of the coordinator's cores on average.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ class AuditSchedule:
             self._period_s.append(period_s)
         if self.fixed is not None or not self._audit_s or not self._period_s:
             return
-        cost = self._boards * statistics.median(self._audit_s)
-        every = max(1, math.ceil(cost / (self.share * statistics.median(self._period_s))))
+        cost = self._boards * statistics.median(self._audit_s)  # CPU seconds were every board audited at every step
+        every = max(1, math.ceil(2 * cost / (self.share * statistics.median(self._period_s)) - 1))
         if every != self.every:
             log.debug("audits: each board once every %d steps at most (was %d)", every, self.every)
             self.every = every
