@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The README's set-up, run verbatim on a fresh Debian 12 root, as a new user would run it; then the
-# README's demo, a few of the tests, and a wheel and an sdist built from the folder and installed as
-# the Ansible rollout installs them. A manual check, not part of the test suite: it downloads several
-# hundred MB and takes about five minutes. tests/packaging/test_setup_commands.py checks the same
-# block quickly.
+# The README's set-up, run as a new user would run it on a fresh Debian 12 root: scripts/setup (the
+# venv, CPU torch, [demo], and the demo), scripts/setup again (it must do nothing), checks of what it
+# installed, scripts/test with a few of the tests, and a wheel and an sdist built from the folder and
+# installed as the Ansible rollout installs them. A manual check, not part of the test suite: it
+# downloads about 2 GB (the [test] extra brings Ansible) and takes about ten minutes.
+# tests/packaging/test_setup_commands.py checks the scripts quickly.
 #
 # Usage, as root:
 #   scripts/check_fresh_install.sh [--keep] [-- PYTEST_ARGS...]   # default tests: see DEFAULT_TESTS
@@ -19,8 +20,8 @@
 # - the host's resolver and local CA certificates (a TLS-inspecting proxy's);
 # - the host's pip settings as the root's /etc/pip.conf, with the folders they name bound read-only
 #   (scripts/fresh_root.py): pip in the root reaches the registries the way the host's pip does.
-#   Where download.pytorch.org cannot be reached, pip retries it, says so, and takes torch from the
-#   other places those settings name (here: a folder holding the CPU wheel).
+#   Where download.pytorch.org does not answer, scripts/setup says so and takes torch from the
+#   places those settings name (here: a folder holding the CPU wheel).
 # Needs: root, systemd-nspawn and debootstrap (bash .ci/install-deploy-tools), git, the registries.
 set -euo pipefail
 
@@ -56,7 +57,9 @@ done
 
 setup=$(readme_block setup)
 [ -n "$setup" ] || die "README.md has no set-up block: a bash block between <!-- setup:begin --> and <!-- setup:end -->"
-demo=$(grep -m1 -E '^edge-coordinator demo' "$README") || die "README.md's quick start has no 'edge-coordinator demo' line"
+mapfile -t setup_lines <<< "$setup"
+[ ${#setup_lines[@]} -eq 2 ] && [[ ${setup_lines[0]} == scripts/setup* ]] && [[ ${setup_lines[1]} == scripts/test* ]] \
+  || die "README.md's set-up block is not the two commands scripts/setup and scripts/test: $setup"
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, systemd-nspawn): sudo $0"
 nspawn=$(command -v systemd-nspawn || echo /usr/bin/systemd-nspawn)
 [ -x "$nspawn" ] || die "systemd-nspawn is not installed: bash .ci/install-deploy-tools (as root)"
@@ -99,27 +102,23 @@ mkdir -p "$root$CHECKOUT"
   while IFS= read -r -d '' file; do { [ -e "$file" ] || [ -L "$file" ]; } && printf '%s\0' "$file"; done |
   xargs -0 cp -P --parents -t "$root$CHECKOUT")
 
-# One shell for all of it, as a user's terminal: the README's venv stays active after its commands.
+# One shell for all of it, as a user's terminal with no venv active. The set-up block's first command
+# (scripts/setup) installs and runs the demo; its second (scripts/test) runs the tests given here.
 session=$root$BOARD_HOME/session.sh
 {
   echo 'set -eo pipefail'
   echo 'phase() { printf "\n== %s (%d s in the root)\n" "$1" "$SECONDS"; }'
   echo "cd $CHECKOUT"
-  echo 'phase "the README'"'"'s set-up commands, verbatim"'
-  while IFS= read -r line; do
-    printf 'echo %q\n' "\$ $line"  # each command as the log's reader would type it, then the command
-    printf '%s\n' "$line"
-  done <<< "$setup"
-  echo 'phase "the README'"'"'s demo"'
-  printf 'echo %q\n' "\$ $demo"
+  echo 'phase "the README'"'"'s set-up and demo: its first command, verbatim"'
+  printf 'echo %q\n' "\$ ${setup_lines[0]}"
   echo '{'
-  printf '%s\n' "$demo"
+  printf '%s\n' "${setup_lines[0]}"
   echo '} 2>&1 | tee ~/demo.log'
   echo 'grep -q "val accuracy" ~/demo.log || { echo "the demo printed no validation accuracy" >&2; exit 1; }'
   cat <<'CHECKS'
 phase "what the set-up installed"
-cd ~  # away from the checkout: the installed package, not the folder
-python - <<'PY'
+cd ~  # away from the checkout: the venv's package, not the folder
+~/edgefleet/.venv/bin/python - <<'PY'
 import importlib.metadata as metadata
 import sys
 
@@ -129,28 +128,23 @@ import torch
 names = {dist.metadata["Name"].lower() for dist in metadata.distributions()}
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, edgefleet {edgefleet.__version__} "
       f"from {edgefleet.__file__}, {len(names)} distributions")
-assert "site-packages" in edgefleet.__file__, "edgefleet is not installed in the venv"
+assert sys.prefix.endswith("/edgefleet/.venv"), f"not the set-up's venv: {sys.prefix}"
 assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build (CUDA {torch.version.cuda})"
 cuda = sorted(name for name in names if name.startswith(("nvidia-", "cuda-")))
 assert not cuda, f"CUDA libraries were installed: {cuda}"
 tools = sorted(names & {"ansible", "ansible-core", "ansible-lint", "pytest"})
 assert not tools, f"the set-up installed test or rollout tools: {tools}"
 PY
-pip check
-du -sh "$VIRTUAL_ENV"
+~/edgefleet/.venv/bin/python -m pip check
+du -sh ~/edgefleet/.venv
 CHECKS
-  echo 'phase "a few of the tests"'
   echo "cd $CHECKOUT"
-  cat <<'TOOLS'
-# The [test] extra's own packages (pytest, Lightning's new name, ...), without the rollout tools and linters.
-python - > ~/test-tools.txt <<'PY'
-import tomllib
-extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]
-print("\n".join(r for r in extra if not r.startswith(("edgefleet", "ruff", "mypy"))))
-PY
-pip install -q -r ~/test-tools.txt
-TOOLS
-  printf 'python -m pytest -q -p no:cacheprovider'; printf ' %q' "${tests[@]}"; echo
+  echo 'phase "the set-up again: nothing left to do"'
+  echo 'scripts/setup --no-demo 2>&1 | tee ~/setup-again.log'
+  echo 'grep -q "nothing to do" ~/setup-again.log || { echo "a second scripts/setup installed something" >&2; exit 1; }'
+  echo 'phase "a few of the tests: the set-up block'"'"'s second command, with them"'
+  printf 'echo %q\n' "\$ ${setup_lines[1]%%#*}-p no:cacheprovider ${tests[*]}"
+  printf '%s -p no:cacheprovider' "${setup_lines[1]%%#*}"; printf ' %q' "${tests[@]}"; echo
   cat <<'WHEEL'
 phase "a wheel and an sdist from the folder, the wheel installed as the rollout does"
 python3 -m venv ~/build-venv && ~/build-venv/bin/pip install -q build

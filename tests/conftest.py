@@ -241,6 +241,8 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
 # fleet is started once), and the tests that take the machine's network namespaces (the lab) or its containers
 # (the image bake) run one after the other on one worker each.
 _SERIAL_GROUPS = {"lab": "lab", "deploy": "deploy"}
+# Every test of these folders carries the folder's marker (registered in pyproject.toml).
+_FOLDER_MARKERS = ("lab", "deploy")
 # The lab's tests time steps under CPU quotas: while one runs, no test runs on the other worker. Every test holds
 # a shared lock on this file while it runs, a lab test an exclusive one; a turnstile lock taken before either
 # keeps a worker that runs test after test from starving a lab test that waits.
@@ -254,6 +256,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath)).resolve().relative_to(REPO)
         group = _SERIAL_GROUPS.get(path.parts[1], str(path)) if len(path.parts) > 2 else str(path)
         item.add_marker(pytest.mark.xdist_group(name=group))
+        if len(path.parts) > 2 and path.parts[1] in _FOLDER_MARKERS:  # -m "not lab and not deploy": scripts/test --quick
+            item.add_marker(path.parts[1])
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,7 @@ A key file says what it holds, one key a line (``#`` starts a comment)::
 A file of hex digits alone (64 or more), or of 32+ raw bytes, is a legacy shared HMAC fleet key: it
 still works on both sides, with a warning, since any board holding it can command the whole fleet.
 
-    python -m edgefleet.transport.fleet_key --generate > fleet.key && chmod 600 fleet.key   # the coordinator's
+    python -m edgefleet.transport.fleet_key --generate --output fleet.key                  # the coordinator's
     python -m edgefleet.transport.fleet_key --public fleet.key > fleet.pub                 # for every board
 """
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m edgefleet.transport.fleet_key", description="Key files for signed commands and signed job events.",
         epilog="examples:\n"
-               "  python -m edgefleet.transport.fleet_key --generate > fleet.key && chmod 600 fleet.key   # the coordinator's\n"
+               "  python -m edgefleet.transport.fleet_key --generate --output fleet.key                  # the coordinator's\n"
                "  python -m edgefleet.transport.fleet_key --public fleet.key > fleet.pub                 # for every board\n"
                "  python -m edgefleet.transport.fleet_key --generate --output /etc/edge-agent/board.key  # a board's own\n"
                "  python -m edgefleet.transport.fleet_key --public /etc/edge-agent/board.key > pi-1.pub  # for --board-keys",

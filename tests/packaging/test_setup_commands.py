@@ -1,24 +1,20 @@
-"""The README's set-up block, checked in a second on every run.
+"""What the set-up installs, checked in a second on every run.
 
-scripts/check_fresh_install.sh runs the same block verbatim on a fresh Debian 12 root (by hand: it
-downloads several hundred MB). These tests check what can be read without installing anything: the block
-uses a virtual environment, installs the pinned CPU torch before edgefleet, and the ``[demo]``
-extra it installs covers every third-party import of the demo's code and nothing of the test tools.
+scripts/setup installs the ``[demo]`` extra (tests/packaging/test_setup_scripts.py checks the scripts and the
+README's two commands; scripts/check_fresh_install.sh runs them on a fresh Debian 12 root, by hand). These tests
+check that the extra covers every third-party import of the demo's code and nothing of the test tools.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-import shlex
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 if sys.version_info >= (3, 11):
@@ -27,66 +23,11 @@ else:  # pragma: no cover - Python 3.10: the base dependency tomli
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-CHECK_SCRIPT = REPO / "scripts" / "check_fresh_install.sh"
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # What `edge-coordinator demo` runs: the command, the agents it spawns and their training workers,
 # and the built-in models and datasets they load by name.
 DEMO_MODULES = ("edgefleet.coordinator.cli.demo", "edgefleet.agent.__main__", "edgefleet.agent.worker",
                 "edgefleet.workloads.models", "edgefleet.workloads.datasets")
 TOOLS = {"ansible", "ansible-core", "ansible-lint", "pytest", "hypothesis", "mypy", "ruff"}
-
-
-def _setup_commands() -> list[list[str]]:
-    """The README's set-up block as the fresh-install check runs it, one argument vector per command."""
-    done = subprocess.run(["bash", str(CHECK_SCRIPT), "--print-setup"], capture_output=True, text=True, timeout=30,
-                          check=False)
-    assert done.returncode == 0 and done.stdout.strip(), f"--print-setup failed:\n{done.stdout}{done.stderr}"
-    commands = []
-    for line in done.stdout.splitlines():
-        for part in re.split(r"&&|;", line):
-            words = shlex.split(part, comments=True)
-            if words:
-                commands.append(words)
-    return commands
-
-
-def _pip_installs(commands: list[list[str]]) -> list[tuple[int, list[str]]]:
-    return [(i, words) for i, words in enumerate(commands) if words[:2] == ["pip", "install"]]
-
-
-def test_the_setup_installs_venv_and_mosquitto_first_and_pip_only_inside_a_venv() -> None:
-    commands = _setup_commands()
-    apt = [i for i, words in enumerate(commands) if "apt" in words[:2] or "apt-get" in words[:2]]
-    assert apt and "python3-venv" in commands[apt[-1]] and "mosquitto" in commands[apt[-1]], commands
-    venv = next((i for i, words in enumerate(commands) if words[:3] == ["python3", "-m", "venv"]), None)
-    assert venv is not None, f"the set-up makes no virtual environment: {commands}"
-    folder = commands[venv][3]
-    activate = next((i for i, words in enumerate(commands) if words in ([".", f"{folder}/bin/activate"],
-                                                                        ["source", f"{folder}/bin/activate"])), None)
-    assert activate is not None and activate > venv, f"the set-up does not activate {folder}: {commands}"
-    installs = _pip_installs(commands)
-    assert installs and all(i > activate for i, _ in installs), f"pip runs before the venv is active: {commands}"
-    assert all("sudo" not in words and "pip3" not in words[:1] for words in commands if "pip" in " ".join(words))
-    assert not [words for _, words in installs if {"--user", "--break-system-packages"} & set(words)]
-    assert apt[-1] < venv, "install python3-venv before making the venv"
-
-
-def test_torch_is_pinned_from_the_cpu_index_before_edgefleet_installs() -> None:
-    installs = _pip_installs(_setup_commands())
-    torch = [(i, words) for i, words in installs if any(w.startswith("torch") for w in words[2:])]
-    assert len(torch) == 1, f"expected one pip install of torch: {installs}"
-    torch_at, words = torch[0]
-    (pin,) = [w for w in words if w.startswith("torch")]
-    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", pin), f"torch is not pinned to one release: {pin}"
-    assert words[words.index("--index-url") + 1] == CPU_INDEX, f"torch does not come from the CPU index: {words}"
-    train = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
-    (wanted,) = [Requirement(r) for r in train if canonicalize_name(Requirement(r).name) == "torch"]
-    assert SpecifierSet(str(wanted.specifier)).contains(pin.split("==")[1]), f"{pin} does not satisfy the train extra's {wanted}"
-    ours = [(i, words) for i, words in installs if any(w.startswith(".[") or w == "." for w in words[2:])]
-    assert ours, f"the set-up does not install this checkout: {installs}"
-    for i, words in ours:
-        assert i > torch_at, "torch must come first: the extra would pull PyPI's CUDA build"
-        assert [w for w in words[2:] if w.startswith(".")] == [".[demo]"], f"the set-up installs {words}, not .[demo]"
 
 
 def _guarded(parents: list[ast.AST]) -> bool:

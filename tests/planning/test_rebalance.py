@@ -20,7 +20,7 @@ def _times(batches: dict[str, int], per_sample: dict[str, float], rng: np.random
 
 
 def test_a_board_that_slows_40_percent_gets_a_smaller_batch_within_a_few_steps(caplog: pytest.LogCaptureFixture) -> None:
-    rebalancer = Rebalancer(BATCHES, threshold=0.15, window=5)
+    rebalancer = Rebalancer(BATCHES, threshold=0.15, window=5, explain=lambda board: f"hot: 84 °C on {board}")
     rng = np.random.default_rng(0)
     for step in range(10):
         assert rebalancer.observe(_times(rebalancer.batch_sizes, PER_SAMPLE, rng, 0.03), step=step) is None
@@ -37,7 +37,7 @@ def test_a_board_that_slows_40_percent_gets_a_smaller_batch_within_a_few_steps(c
     assert new["pi4-1"] < 16 and sum(new.values()) == sum(BATCHES.values()) == rebalancer.global_batch
     assert new == {"pi4-1": 12, "pi5-1": 17, "x86-1": 51}         # 80 samples in proportion 1/0.042 : 1/0.03 : 1/0.01
     assert decision.predicted_step_s < decision.current_step_s
-    assert re.fullmatch(r"pi4-1 slowed (3[5-9]|4[0-5])% \(thermal\?\): batches 16,16,48 -> 12,17,51", decision.message)
+    assert re.fullmatch(r"pi4-1 slowed (3[5-9]|4[0-5])% \(hot: 84 °C on pi4-1\): batches 16,16,48 -> 12,17,51", decision.message)
     assert any(decision.message in r.getMessage() for r in caplog.records)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from edgefleet.protocol.errors import BrokerError, ConfigError, DecodeError
 from edgefleet.protocol.jobs import JobEvent
-from edgefleet.protocol.messages import BoardCaps, BoardStatus
+from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample
 from edgefleet.protocol.signing import (
     GENERATE_HINT,
     CoordinatorKeys,
@@ -36,7 +36,7 @@ from edgefleet.protocol.signing import (
     check_event_signature,
     sign_command,
 )
-from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic
+from edgefleet.protocol.topics import caps_topic, cmd_topic, events_topic, parse_board_topic, status_topic, telemetry_topic
 from edgefleet.transport.log_limit import LogLimiter, suppressed_text
 from edgefleet.transport.mqtt_link import MqttLink, coordinator_client_id
 from edgefleet.transport.settings import BrokerSettings
@@ -69,6 +69,7 @@ class BoardChannel:
     boards: list[str]
     status: dict[str, BoardStatus] = field(default_factory=dict)
     caps: dict[str, BoardCaps] = field(default_factory=dict)
+    telemetry: dict[str, TelemetrySample] = field(default_factory=dict)  # each board's latest (why a board slowed)
     # Boards whose live (not retained) offline status is waiting for OFFLINE_CONFIRM_S: (when it came, why).
     _offline: dict[str, tuple[float, str]] = field(default_factory=dict)
     # (board, job id) -> (when, reason) of the first event that failed verification; (board, job id) that verified.
@@ -117,6 +118,7 @@ class BoardChannel:
             for board in self.boards:
                 for topic in (status_topic(prefix, board), caps_topic(prefix, board), events_topic(prefix, board)):
                     link.subscribe(topic, qos=1)
+                link.subscribe(telemetry_topic(prefix, board), qos=0)
 
         self._link = MqttLink(self.settings, client_id=coordinator_client_id("train"),
                               on_connect=subscribe, on_message=self._on_message)
@@ -141,6 +143,10 @@ class BoardChannel:
                     self._offline.pop(parsed.board_id, None)
             elif parsed.kind == "caps":
                 self.caps[parsed.board_id] = BoardCaps.from_json(payload)
+            elif parsed.kind == "telemetry":
+                sample = TelemetrySample.from_json(payload)
+                if sample.board_id == parsed.board_id:
+                    self.telemetry[parsed.board_id] = sample
             elif parsed.kind == "events":
                 event = JobEvent.from_msgpack(payload, check=self._event_check(parsed.board_id))
                 if event.board_id == parsed.board_id and self._loop is not None and self._events is not None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import logging
 from typing import Any
 
+from edgefleet.coordinator.report.hyperparams import hyperparameters
 from edgefleet.coordinator.report.plots import PLAN_KEYS, Plot, measured_compute_s
-from edgefleet.coordinator.report.power_stats import board_energy
+from edgefleet.coordinator.report.power_stats import board_energy, board_load
 from edgefleet.coordinator.report.run_data import RunData, number
 
 log = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 DASH = "\u2013"    # a figure that is not there
 TIMES = "\u00d7"   # measured / predicted
 
-_STYLE = """
+STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1150px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: .5em 0; font-size: .9em; }
@@ -29,6 +31,7 @@ th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; } td.num
 img.plot { max-width: 100%; display: block; }
 .missing { background: #fff4e0; border: 1px solid #e0b060; padding: .5em 1em; }
 .none { color: #a05000; font-style: italic; } .caption { color: #555; font-size: .85em; }
+tr.differs td { background: #fff8d0; }
 """
 
 
@@ -47,7 +50,7 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _table(head: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
+def table(head: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
     """A table of already escaped cells; columns from ``numeric_from`` on are right-aligned."""
     th = "".join(f"<th>{h}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td class=\"num\">{c}</td>" if i >= numeric_from else f"<td>{c}</td>"
@@ -55,7 +58,7 @@ def _table(head: list[str], rows: list[list[str]], numeric_from: int = 1) -> str
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
-def _plot(plot: Plot) -> str:
+def plot_section(plot: Plot) -> str:
     parts = [f'<section id="sec-{esc(plot.key)}"><h2>{esc(plot.title)}</h2>']
     if plot.png is not None:
         data = base64.b64encode(plot.png).decode("ascii")
@@ -88,11 +91,21 @@ def _summary(run: RunData) -> str:
             ["plan", esc(f"planned by train --auto (objective {run.plan.get('objective', '?')})" if run.plan is not None
                          else "none: the run was not planned (train --auto writes plan.json)")]]
     rows += [[f"final {esc(k)}", fmt(v)] for k, v in sorted((val or {}).items())]
-    return "<h2>Summary</h2>" + _table(["", ""], rows, numeric_from=2)
+    return "<h2>Summary</h2>" + table(["", ""], rows, numeric_from=2)
+
+
+def _hyperparameters(run: RunData) -> str:
+    """The run's hyperparameters, and every setting of its config.json under a fold."""
+    rows = [[esc(name), esc(value)] for name, value in hyperparameters(run.config)]
+    every = [[esc(k), esc(v if isinstance(v, str) else json.dumps(v))] for k, v in sorted(run.config.items())]
+    fold = (f"<details><summary>every setting in config.json ({len(every)})</summary>"
+            f"{table(['setting', 'value'], every, numeric_from=2)}</details>") if every else ""
+    return (f'<section id="sec-hyperparameters"><h2>Hyperparameters</h2>'
+            f"{table(['', ''], rows, numeric_from=2)}{fold}</section>")
 
 
 def _boards(run: RunData) -> str:
-    energy, compute = board_energy(run.power), measured_compute_s(run)
+    energy, compute, load = board_energy(run.power), measured_compute_s(run), board_load(run.power)
     per_board = (run.result or {}).get("boards")
     per_board = per_board if isinstance(per_board, dict) else {}
     rows = []
@@ -100,15 +113,17 @@ def _boards(run: RunData) -> str:
         mine = [s for s in run.steps if board in s.batch_sizes or board in s.compute_s]
         sizes = [s.batch_sizes[board] for s in mine if board in s.batch_sizes]
         missed = sum(1 for s in run.steps if board in s.late or board in s.refused)
-        e = energy.get(board)
+        e, cpu_temp = energy.get(board), load.get(board)
         flags = _list(per_board[board].get("flags")) if isinstance(per_board.get(board), dict) else []
         rows.append([esc(board), fmt(sizes[0] if sizes else None), fmt(sizes[-1] if sizes else None), str(len(mine)),
                      fmt(compute[board] * 1000 if board in compute else None), str(missed),
                      DASH if e is None else fmt(e.mean_power_w, 3), DASH if e is None else fmt(e.energy_j, 4),
-                     DASH if e is None else esc(", ".join(e.sources)), esc("; ".join(map(str, flags)) or DASH)])
+                     DASH if e is None else esc(", ".join(e.sources)),
+                     fmt(cpu_temp.mean_cpu_percent if cpu_temp else None, 3), fmt(cpu_temp.max_temp_c if cpu_temp else None),
+                     esc("; ".join(map(str, flags)) or DASH)])
     head = ["board", "first batch", "last batch", "steps", "median compute (ms)", "steps missed", "mean power (W)",
-            "energy (J)", "power source", "flags"]
-    return "<h2>Boards</h2>" + _table(head, rows, numeric_from=1)
+            "energy (J)", "power source", "mean CPU (%)", "max temp (°C)", "flags"]
+    return "<h2>Boards</h2>" + table(head, rows, numeric_from=1)
 
 
 def _rebalances(run: RunData) -> str:
@@ -119,9 +134,9 @@ def _rebalances(run: RunData) -> str:
     rows = [[str(e.step), str(e.from_step), fmt(e.elapsed_s),
              esc(", ".join(f"{b} {e.old_batch_sizes.get(b, '?')} → {n}" for b, n in e.new_batch_sizes.items())),
              esc(e.message)] for e in run.rebalances]
-    table = _table(["decided at step", "from step", "at time (s)", "batch sizes", "why"], rows, numeric_from=0)
+    events = table(["decided at step", "from step", "at time (s)", "batch sizes", "why"], rows, numeric_from=0)
     return (f'<section id="sec-rebalances"><h2>Re-balancing</h2><p>{len(run.rebalances)} re-balance(s), drawn as dotted '
-            f"lines on the plots where the new sizes take effect.</p>{table}</section>")
+            f"lines on the plots where the new sizes take effect.</p>{events}</section>")
 
 
 def _plan(run: RunData) -> str:
@@ -142,13 +157,13 @@ def _plan(run: RunData) -> str:
         notes.append("the run was not measured (too few steps after the warm-up, or no telemetry)")
     elif measured.get("power_measured") is False:
         notes.append("the measured power includes estimates (some board has no power sensor)")
-    return "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" + _table(
+    return "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" + table(
         ["figure", "predicted", "measured", "measured / predicted"], rows)
 
 
 def _files(run: RunData) -> str:
     rows = [[esc(name), "yes" if present else "no"] for name, present in run.files.items()]
-    return "<h2>Files</h2>" + _table(["file", "present"], rows, numeric_from=2)
+    return "<h2>Files</h2>" + table(["file", "present"], rows, numeric_from=2)
 
 
 def render_page(run: RunData, plots: list[Plot]) -> str:
@@ -157,18 +172,19 @@ def render_page(run: RunData, plots: list[Plot]) -> str:
     missing = "" if not run.missing else (
         '<div class="missing" id="missing"><strong>Missing from this run directory:</strong><ul>'
         + "".join(f"<li>{esc(m)}</li>" for m in run.missing) + "</ul></div>")
-    sections = [_plot(p) for p in plots if p.key not in ("power", "plan")]
+    sections = [_hyperparameters(run)] + [plot_section(p) for p in plots if p.key not in ("power", "board_load", "plan")]
     sections.append(_rebalances(run))
     sections.append(_boards(run))
-    if "power" in by_key:
-        sections.append(_plot(by_key["power"]))
+    for key in ("power", "board_load"):
+        if key in by_key:
+            sections.append(plot_section(by_key[key]))
     if "plan" in by_key:
-        sections.append(_plot(by_key["plan"]) + _plan(run))
+        sections.append(plot_section(by_key["plan"]) + _plan(run))
     title = f"Run report: {run.run_id}"
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
-            f"<style>{_STYLE}</style></head><body><h1>{esc(title)}</h1>"
+            f"<style>{STYLE}</style></head><body><h1>{esc(title)}</h1>"
             f"<p>Run directory: <code>{esc(run.run_dir)}</code></p>{missing}{_summary(run)}"
             + "".join(sections) + _files(run) + "</body></html>\n")
 
 
-__all__ = ["esc", "fmt", "render_page"]
+__all__ = ["DASH", "STYLE", "esc", "fmt", "plot_section", "render_page", "table"]

@@ -1,102 +1,37 @@
 """The report's PNG plots, drawn with matplotlib's Agg renderer (no display, no pyplot state).
 
 Each plot is a :class:`Plot`: its PNG, or the reason there is nothing to draw (the page shows
-that sentence instead). Every board keeps its colour across the plots, and re-balances are drawn
-as dotted vertical lines where the new batch sizes take effect.
+that sentence instead). Every board keeps its colour, dash pattern and marker across the plots
+(:mod:`.figure_kit`), and re-balances are drawn as dotted vertical lines where the new batch sizes take effect.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-
+from edgefleet.coordinator.report.board_plots import board_load_plot, lr_plot
+from edgefleet.coordinator.report.figure_kit import (
+    Plot,
+    colours,
+    figure,
+    label,
+    legend,
+    line_styles,
+    mark_rebalances,
+    png,
+    series,
+    two_axes,
+)
 from edgefleet.coordinator.report.power_stats import board_energy
 from edgefleet.coordinator.report.run_data import RunData, StepRecord, number
 
 log = logging.getLogger(__name__)
 
-DPI = 100
-WIDTH_IN = 11.0
-MAX_LEGEND = 12          # more boards than this: no legend (the tables name them)
 PLAN_KEYS = (("step_time_s", "step time (s)"), ("samples_per_s", "samples/s"), ("epoch_time_s", "epoch time (s)"),
              ("power_w", "power (W)"), ("energy_per_epoch_j", "energy per epoch (J)"), ("edp_j_s", "EDP (J·s)"))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plot:
-    """One figure of the page."""
-
-    key: str                 # the image's id on the page: plot-<key>
-    title: str
-    caption: str             # what it shows, under the image
-    png: bytes | None        # None: nothing to draw
-    why_not: str = ""        # when png is None: what is missing
-
-
-def label(text: str) -> str:
-    """``text`` as matplotlib shows it literally: a ``$`` would start mathematics (and can fail to parse)."""
-    return text.replace("\\", "\\\\").replace("$", r"\$")
-
-
-def _png(fig: Figure) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
-    return buffer.getvalue()
-
-
-def _colours(boards: Sequence[str]) -> dict[str, str]:
-    palette = [f"C{i}" for i in range(10)]
-    return {b: palette[i % len(palette)] for i, b in enumerate(boards)}
-
-
-def _legend(ax: Axes) -> None:
-    handles, _ = ax.get_legend_handles_labels()
-    if handles and len(handles) <= MAX_LEGEND:
-        ax.legend(fontsize=8, loc="best")
-
-
-def _mark_rebalances(ax: Axes, run: RunData, *, by_time: bool) -> None:
-    elapsed = {s.step: s.elapsed_s for s in run.steps}
-    for i, event in enumerate(run.rebalances):
-        x = elapsed.get(event.from_step, event.elapsed_s) if by_time else event.from_step
-        if x is not None:
-            ax.axvline(x, color="0.35", linestyle=":", linewidth=1.4, label="re-balance" if i == 0 else None)
-
-
-def _figure(title: str, height_in: float, *, bottom: float = 0.14, wspace: float = 0.2) -> Figure:
-    """A figure with fixed margins: a layout engine (constrained, tight) would double the drawing time."""
-    fig = Figure(figsize=(WIDTH_IN, height_in))
-    fig.subplots_adjust(left=0.065, right=0.985, top=1 - 0.55 / height_in, bottom=bottom, wspace=wspace)
-    fig.suptitle(title)
-    return fig
-
-
-def _two_axes(title: str) -> tuple[Figure, Axes, Axes]:
-    fig = _figure(title, 3.6)
-    by_step, by_time = fig.subplots(1, 2)
-    by_step.set_xlabel("step")
-    by_time.set_xlabel("time since the first step (s)")
-    for ax in (by_step, by_time):
-        ax.grid(True, alpha=0.3)
-    return fig, by_step, by_time
-
-
-def _series(steps: Sequence[StepRecord], value: Callable[[StepRecord], float | None], *,
-            by_time: bool) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for s in steps:
-        y, x = value(s), (s.elapsed_s if by_time else float(s.step))
-        if y is not None and x is not None:
-            xs.append(x)
-            ys.append(y)
-    return xs, ys
 
 
 def _list(value: object) -> list[object]:
@@ -121,18 +56,18 @@ def loss_plot(run: RunData) -> Plot:
     if not any(s.loss is not None for s in run.steps):
         return Plot(key="loss", title=title, caption=caption, png=None, why_not="No step logged a loss (metrics.jsonl).")
     val_keys = sorted({k for s in run.steps for k in s.val_metrics if "loss" in k})
-    fig, by_step, by_time = _two_axes(title)
+    fig, by_step, by_time = two_axes(title)
     for ax, by_t in ((by_step, False), (by_time, True)):
-        ax.plot(*_series(run.steps, lambda s: s.loss, by_time=by_t), color="C0", linewidth=1.2, label="training loss")
+        ax.plot(*series(run.steps, lambda s: s.loss, by_time=by_t), color="C0", linewidth=1.2, label="training loss")
         for i, key in enumerate(val_keys):
-            ax.plot(*_series(run.steps, _val(key), by_time=by_t), marker="o", linestyle="--",
+            ax.plot(*series(run.steps, _val(key), by_time=by_t), marker="o", linestyle="--",
                     color=f"C{(i + 1) % 10}", label=label(key))
-        _mark_rebalances(ax, run, by_time=by_t)
+        mark_rebalances(ax, run, by_time=by_t)
         ax.set_ylabel("loss")
-        if all(y > 0 for y in _series(run.steps, lambda s: s.loss, by_time=False)[1]):
+        if all(y > 0 for y in series(run.steps, lambda s: s.loss, by_time=False)[1]):
             ax.set_yscale("log")
-        _legend(ax)
-    return Plot(key="loss", title=title, caption=caption, png=_png(fig))
+        legend(ax)
+    return Plot(key="loss", title=title, caption=caption, png=png(fig))
 
 
 def validation_plot(run: RunData) -> Plot:
@@ -142,14 +77,14 @@ def validation_plot(run: RunData) -> Plot:
     if not keys:
         return Plot(key="validation", title=title, caption=caption, png=None,
                     why_not="No validation metrics were logged: no epoch ended, or the model has no validation_step.")
-    fig, by_step, by_time = _two_axes(title)
+    fig, by_step, by_time = two_axes(title)
     for ax, by_t in ((by_step, False), (by_time, True)):
         for i, key in enumerate(keys):
-            ax.plot(*_series(run.steps, _val(key), by_time=by_t), marker="o",
+            ax.plot(*series(run.steps, _val(key), by_time=by_t), marker="o",
                     color=f"C{i % 10}", label=label(key))
-        _mark_rebalances(ax, run, by_time=by_t)
-        _legend(ax)
-    return Plot(key="validation", title=title, caption=caption, png=_png(fig))
+        mark_rebalances(ax, run, by_time=by_t)
+        legend(ax)
+    return Plot(key="validation", title=title, caption=caption, png=png(fig))
 
 
 def step_time_plot(run: RunData) -> Plot:
@@ -160,13 +95,13 @@ def step_time_plot(run: RunData) -> Plot:
     boards = run.boards
     if not any(s.compute_s for s in run.steps):
         return Plot(key="step_time", title=title, caption=caption, png=None, why_not="No step logged compute times.")
-    colour = _colours(boards)
-    fig = _figure(title, 3.8)
+    style = line_styles(boards)
+    fig = figure(title, 3.8)
     ax = fig.subplots()
     for board in boards:
-        xs, ys = _series(run.steps, _compute(board), by_time=False)
+        xs, ys = series(run.steps, _compute(board), by_time=False)
         if xs:
-            ax.plot(xs, [y * 1000 for y in ys], color=colour[board], linewidth=1.1, label=label(board))
+            ax.plot(xs, [y * 1000 for y in ys], linewidth=1.1, label=label(board), **style[board])
     timed = [(s.step, s.elapsed_s) for s in run.steps if s.elapsed_s is not None]
     gaps = [(b_step, (b_s - a_s) * 1000) for (a_step, a_s), (b_step, b_s) in itertools.pairwise(timed) if b_step == a_step + 1]
     if gaps:
@@ -175,14 +110,14 @@ def step_time_plot(run: RunData) -> Plot:
     if missed:
         top = max((max(s.compute_s.values(), default=0.0) for s in run.steps), default=0.0) * 1000
         ax.plot(missed, [top] * len(missed), "x", color="red", label="a board late or refused")
-    _mark_rebalances(ax, run, by_time=False)
+    mark_rebalances(ax, run, by_time=False)
     if gaps:
         ax.set_ylim(0, 1.15 * sorted(g[1] for g in gaps)[int(0.98 * (len(gaps) - 1))] + 1)  # a validation step's gap stays off-scale
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.grid(True, alpha=0.3)
-    _legend(ax)
-    return Plot(key="step_time", title=title, caption=caption, png=_png(fig))
+    legend(ax)
+    return Plot(key="step_time", title=title, caption=caption, png=png(fig))
 
 
 def batch_plot(run: RunData) -> Plot:
@@ -190,20 +125,20 @@ def batch_plot(run: RunData) -> Plot:
     title, caption = "Batch size per board", "The samples each board took per step."
     if not any(s.batch_sizes for s in run.steps):
         return Plot(key="batch", title=title, caption=caption, png=None, why_not="No step logged batch sizes.")
-    colour = _colours(run.boards)
-    fig = _figure(title, 3.2, bottom=0.16)
+    style = line_styles(run.boards)
+    fig = figure(title, 3.2, bottom=0.16)
     ax = fig.subplots()
     for board in run.boards:
-        xs, ys = _series(run.steps, _batch(board), by_time=False)
+        xs, ys = series(run.steps, _batch(board), by_time=False)
         if xs:
-            ax.step(xs, ys, where="post", color=colour[board], linewidth=1.6, label=label(board))
-    _mark_rebalances(ax, run, by_time=False)
+            ax.step(xs, ys, where="post", linewidth=1.6, label=label(board), **style[board])
+    mark_rebalances(ax, run, by_time=False)
     ax.set_xlabel("step")
     ax.set_ylabel("samples per step")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    _legend(ax)
-    return Plot(key="batch", title=title, caption=caption, png=_png(fig))
+    legend(ax)
+    return Plot(key="batch", title=title, caption=caption, png=png(fig))
 
 
 def power_plot(run: RunData) -> Plot:
@@ -216,17 +151,18 @@ def power_plot(run: RunData) -> Plot:
         return Plot(key="power", title=title, caption=caption, png=None,
                     why_not="No power readings were logged for this run (no power.jsonl with power figures).")
     boards = [b for b in run.boards if b in energy]
-    colour = _colours(run.boards)
-    fig = _figure(title, 3.8, bottom=0.2)
+    colour = colours(run.boards)
+    style = line_styles(run.boards)
+    fig = figure(title, 3.8, bottom=0.2)
     over_time, bars = fig.subplots(1, 2, width_ratios=(2, 1))
     for board in boards:
         seen = sorted((s.seen_s, s.power_w) for s in run.power if s.board_id == board and s.power_w is not None)
-        over_time.plot([t for t, _ in seen], [w for _, w in seen], marker=".", color=colour[board], label=label(board))
+        over_time.plot([t for t, _ in seen], [w for _, w in seen], label=label(board), **style[board])
     over_time.set_xlabel("time since the power log began (s)")
     over_time.set_ylabel("W")
-    over_time.set_ylim(bottom=0)
+    over_time.set_ylim(0, 1.08 * max((s.power_w or 0.0 for s in run.power), default=1.0) + 0.01)  # a line at the top shows
     over_time.grid(True, alpha=0.3)
-    _legend(over_time)
+    legend(over_time)
     drawn = bars.bar(range(len(boards)), [energy[b].energy_j for b in boards], color=[colour[b] for b in boards])
     for bar, board in zip(drawn, boards):
         if not energy[board].measured:
@@ -234,7 +170,7 @@ def power_plot(run: RunData) -> Plot:
     bars.set_xticks(range(len(boards)), [label(b) for b in boards], rotation=30, ha="right", fontsize=8)
     bars.set_ylabel("energy (J)")
     bars.grid(True, axis="y", alpha=0.3)
-    return Plot(key="power", title=title, caption=caption, png=_png(fig))
+    return Plot(key="power", title=title, caption=caption, png=png(fig))
 
 
 def measured_compute_s(run: RunData) -> dict[str, float]:
@@ -260,7 +196,7 @@ def plan_plot(run: RunData) -> Plot:
     measured = plan.get("measured") if plan else None
     measured = measured if isinstance(measured, dict) else {}
     keys = [(k, name) for k, name in PLAN_KEYS if number(predicted.get(k)) is not None]
-    fig = _figure(title, 3.6, bottom=0.2, wspace=0.55)
+    fig = figure(title, 3.6, bottom=0.2, wspace=0.55)
     axes = fig.subplots(1, len(keys) + 1, width_ratios=[1] * len(keys) + [1.6], squeeze=False)[0]
     for ax, (key, name) in zip(axes, keys):
         values = [number(predicted.get(key)), number(measured.get(key))]
@@ -282,11 +218,12 @@ def plan_plot(run: RunData) -> Plot:
     ax.margins(y=0.35)  # room for the legend above the bars
     ax.set_ylim(bottom=0)
     ax.tick_params(axis="y", labelsize=7)
-    _legend(ax)
-    return Plot(key="plan", title=title, caption=caption, png=_png(fig))
+    legend(ax)
+    return Plot(key="plan", title=title, caption=caption, png=png(fig))
 
 
-PLOTS: tuple[Callable[[RunData], Plot], ...] = (loss_plot, validation_plot, step_time_plot, batch_plot, power_plot, plan_plot)
+PLOTS: tuple[Callable[[RunData], Plot], ...] = (loss_plot, validation_plot, lr_plot, step_time_plot, batch_plot, power_plot,
+                                                board_load_plot, plan_plot)
 
 
 def draw_plots(run: RunData) -> list[Plot]:

@@ -1,4 +1,4 @@
-"""Each board's power and energy over a run, from its logged power samples."""
+"""Each board's power and energy, CPU load and temperature over a run, from its logged telemetry samples."""
 
 from __future__ import annotations
 
@@ -47,4 +47,26 @@ def board_energy(samples: Iterable[PowerSample]) -> dict[str, BoardEnergy]:
     return out
 
 
-__all__ = ["BoardEnergy", "board_energy"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoardLoad:
+    """One board's CPU load and temperature over the time its telemetry was logged."""
+
+    board_id: str
+    mean_cpu_percent: float | None   # the plain mean of its samples (None: none reported CPU)
+    max_temp_c: float | None         # the hottest reading
+
+
+def board_load(samples: Iterable[PowerSample]) -> dict[str, BoardLoad]:
+    """Per board that reported either: its mean CPU load and its highest temperature."""
+    cpu: dict[str, list[float]] = {}
+    temp: dict[str, list[float]] = {}
+    for s in samples:
+        if s.cpu_percent is not None:
+            cpu.setdefault(s.board_id, []).append(s.cpu_percent)
+        if s.temp_c is not None:
+            temp.setdefault(s.board_id, []).append(s.temp_c)
+    return {b: BoardLoad(board_id=b, mean_cpu_percent=sum(cpu[b]) / len(cpu[b]) if b in cpu else None,
+                         max_temp_c=max(temp[b]) if b in temp else None) for b in (*cpu, *temp)}
+
+
+__all__ = ["BoardEnergy", "BoardLoad", "board_energy", "board_load"]

@@ -53,6 +53,8 @@ class StepRecord:
     refused: list[str]                 # boards whose gradients were refused
     logs: dict[str, float]             # what training_step logged
     val_metrics: dict[str, float]      # the validation at an epoch's end ({} on other steps)
+    lr: list[float] = field(default_factory=list)  # the learning rate of each param group ([] in older runs)
+    samples: int | None = None         # samples in the step's average (n)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +65,8 @@ class PowerSample:
     seen_s: float                      # coordinator seconds since the power log was opened
     power_w: float | None
     power_source: str
+    cpu_percent: float | None = None   # all cores, 0-100 (None: not reported, or an older log)
+    temp_c: float | None = None        # the board's hottest sensor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,7 +183,18 @@ def _step(raw: dict[str, Any]) -> StepRecord | None:
     return StepRecord(step=int(step), elapsed_s=reading(raw.get("elapsed_s")), loss=reading(raw.get("loss")),
                       compute_s=_numbers(raw.get("compute_s")), batch_sizes=_ints(raw.get("batch_sizes")),
                       late=_names(raw.get("late")), refused=_names(raw.get("refused")), logs=_numbers(raw.get("logs")),
-                      val_metrics=val)
+                      val_metrics=val, lr=_rates(raw.get("lr")), samples=_count(raw.get("n")))
+
+
+def _rates(value: Any) -> list[float]:
+    """Learning rates, one per param group: a list of numbers, or [] for anything else."""
+    rates = [reading(v) for v in value] if isinstance(value, list) else []
+    return [] if None in rates else [r for r in rates if r is not None]
+
+
+def _count(value: Any) -> int | None:
+    n = reading(value)
+    return int(n) if n is not None and n >= 0 else None
 
 
 def _rebalance(raw: Any, elapsed_s: float | None) -> Rebalance | None:
@@ -196,7 +211,8 @@ def _power(raw: dict[str, Any]) -> PowerSample | None:
     if seen is None or not isinstance(board, str):
         return None
     return PowerSample(board_id=board, seen_s=seen, power_w=reading(raw.get("power_w")),
-                       power_source=str(raw.get("power_source", "none")))
+                       power_source=str(raw.get("power_source", "none")), cpu_percent=reading(raw.get("cpu_percent")),
+                       temp_c=reading(raw.get("temp_c")))
 
 
 def check_run_dir(run_dir: Path) -> dict[str, bool]:

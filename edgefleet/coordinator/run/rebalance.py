@@ -52,7 +52,7 @@ import logging
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +81,7 @@ class RebalanceDecision:
     drift: dict[str, float]           # boards past the threshold: recent / reference time per sample - 1
     current_step_s: float             # predicted compute time of a step at current speeds, old sizes
     predicted_step_s: float           # ... with the new sizes
-    message: str                      # the log line, e.g. "pi4-1 slowed 38% (thermal?): batches 16,16,48 -> 10,18,52"
+    message: str                      # the log line, e.g. "pi4-1 slowed 38% (hot: 84 °C): batches 16,16,48 -> 10,18,52"
 
 
 class Rebalancer:
@@ -94,15 +94,19 @@ class Rebalancer:
         max_batch: Optional per-board caps (e.g. the planner's memory limits).
         min_gain: Smallest predicted fall of the step's compute time worth a change
             (default ``threshold / 3``).
+        explain: The likely cause of a board's slowdown, for the message (``run.slowdown.slowdown_cause``
+            over the board's telemetry); without it the message names none.
     """
 
     def __init__(self, batch_sizes: Mapping[str, int], *, threshold: float = 0.15, window: int = 5,
-                 max_batch: Mapping[str, int] | None = None, min_gain: float | None = None) -> None:
+                 max_batch: Mapping[str, int] | None = None, min_gain: float | None = None,
+                 explain: Callable[[str], str] | None = None) -> None:
         if not batch_sizes or min(batch_sizes.values()) < 1:
             raise ValueError(f"batch sizes must be positive for at least one board, got {dict(batch_sizes)}")
         if not threshold > 0 or window < 1:
             raise ValueError(f"threshold = {threshold} must be > 0 and window = {window} >= 1")
         self.threshold, self.window = threshold, window
+        self._explain = explain
         self.min_gain = threshold / 3 if min_gain is None else min_gain
         self._batches = dict(batch_sizes)
         self._caps = {b: (max_batch or {}).get(b, sum(batch_sizes.values())) for b in batch_sizes}
@@ -238,11 +242,11 @@ class Rebalancer:
             log.debug("drift %s needs no re-balance (predicted %.4f s vs %.4f s, %s steps left)", drift, predicted, current,
                       steps_left)
             return None
+        why = _describe(drift, self._explain) if drift else _describe_imbalance(boards, per_sample_s * old)
         decision = RebalanceDecision(
             step=step, old_batch_sizes=dict(self._batches), new_batch_sizes=dict(zip(boards, map(int, new))),
             drift=drift, current_step_s=current, predicted_step_s=predicted,
-            message=f"{_describe(drift) if drift else _describe_imbalance(boards, per_sample_s * old)}: batches {','.join(map(str, old))} "
-                    f"-> {','.join(map(str, new))}")
+            message=f"{why}: batches {','.join(map(str, old))} -> {','.join(map(str, new))}")
         self._batches = decision.new_batch_sizes
         for q in self._since.values():
             q.clear()
@@ -272,11 +276,11 @@ def _describe_imbalance(boards: list[str], step_s: np.ndarray) -> str:
             f"({step_s[slowest]:.3f} s a step, the others {others.max() if len(others) else 0.0:.3f} s)")
 
 
-def _describe(drift: Mapping[str, float]) -> str:
+def _describe(drift: Mapping[str, float], explain: Callable[[str], str] | None) -> str:
     parts = []
     for board, d in sorted(drift.items(), key=lambda item: -abs(item[1])):
         if d > 0:
-            parts.append(f"{board} slowed {d:.0%} (thermal?)")
+            parts.append(f"{board} slowed {d:.0%}" + (f" ({explain(board)})" if explain is not None else ""))
         else:
             parts.append(f"{board} sped up ({d:+.0%} time per sample)")
     return ", ".join(parts)

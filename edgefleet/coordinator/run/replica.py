@@ -141,6 +141,7 @@ class _ReplicaDriver:
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         replica = self.replica
         step, avg, result = replica._next_gradient()
+        replica.step_lrs[step] = [float(group["lr"]) for group in optimizer.param_groups]  # what this step uses
         kind = replica.sync.kind(step) if replica.sync is not None else EXACT
         if kind == EXACT:
             if replica.auditor is not None and result is not None:  # before the step: the boards' model, as they began it
@@ -264,6 +265,7 @@ class Replica:
         self.log_every_n_steps = log_every_n_steps
         self.step = 0  # the next global step
         self.val_metrics: dict[str, float] = {}
+        self.step_lrs: dict[int, list[float]] = {}  # each taken step's learning rates, until learning_rates_at reads them
         self._validated_at = -1
         self.validation_s = 0.0  # seconds of validation since take_validation_s() last read it
         self._saved: dict[str, Any] | None = None
@@ -485,6 +487,10 @@ class Replica:
     def learning_rates(self) -> list[float]:
         """The optimizer's learning rate of each param group, now."""
         return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def learning_rates_at(self, step: int) -> list[float] | None:
+        """The learning rates (one per param group) ``step`` was taken with, once the Trainer has taken it; read once."""
+        return self.step_lrs.pop(step, None)
 
     def scheduler_wire_state(self) -> list[Any]:
         """The LR schedulers' states as numpy trees, in Lightning's order, for the exchange's welcome."""

@@ -31,6 +31,7 @@ from edgefleet.protocol.split_schedule import SPLIT_LEAD_STEPS
 if TYPE_CHECKING:
     from edgefleet.coordinator.control.fleet import FleetView
     from edgefleet.coordinator.run.training import StepView, TrainOutcome
+    from edgefleet.protocol.messages import TelemetrySample
     from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,9 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
     observer.started(spec, run_dir, run.replica.step)
     try:
         with ExitStack() as stack:
-            _log_power(stack, spec, run_dir, broker, power_view, observer)
+            # the samples go to the current attempt's logger too (a rollback replaces ``run``)
+            _log_power(stack, spec, run_dir, broker, power_view, observer,
+                       lambda board, s: run.log_board_sample(board, s.power_w, s.cpu_percent, s.temp_c))
             while True:
                 outcome = asyncio.run(run.run())
                 if not outcome.rolled_back:
@@ -228,12 +231,13 @@ class _RunNotes:
 
 
 def _log_power(stack: ExitStack, spec: JobSpec, run_dir: Path, broker: BrokerSettings, view: FleetView | None,
-               observer: TrainObserver) -> None:
-    """Record the boards' power readings in the run directory while it trains (``report``'s power plot)."""
+               observer: TrainObserver, on_sample: Callable[[str, TelemetrySample], None]) -> None:
+    """Record the boards' power, CPU and temperature in the run directory while it trains (``report``'s plots), and
+    hand each sample to ``on_sample`` (the run's logger)."""
     try:
         if view is None:
             view = stack.enter_context(monitor_fleet(broker, preferred=spec.boards))
-        stack.enter_context(PowerLog(view, spec.boards, run_dir / POWER_FILE))
+        stack.enter_context(PowerLog(view, spec.boards, run_dir / POWER_FILE, on_sample=on_sample))
     except (BrokerError, OSError) as exc:
         observer.note(f"the boards' power is not recorded for this run ({exc}); the report will have no power plot")
 

@@ -63,7 +63,8 @@ from edgefleet.coordinator.run.rebalance import Rebalancer
 from edgefleet.coordinator.run.replica import Replica
 from edgefleet.coordinator.run.replica_replay import ReplayData
 from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
-from edgefleet.coordinator.run.run_logger import make_logger
+from edgefleet.coordinator.run.run_logger import PendingLines, board_scalars, close_logger, lr_scalars, make_logger, step_scalars
+from edgefleet.coordinator.run.slowdown import slowdown_cause
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
@@ -192,11 +193,13 @@ class _Adaptation:
         # (the boards translate the step into its first batch).
         self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
         self.watch_from = first_step + REBALANCE_WARMUP_STEPS
+        self.explain: Callable[[str], str] | None = None  # a slowed board's likely cause (set once the channel is open)
         self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
         self.records: list[dict[str, Any]] = []
 
     def _rebalancer(self, sizes: list[int]) -> Rebalancer:
-        return Rebalancer(dict(zip(self.spec.boards, sizes)), threshold=self.spec.rebalance_threshold)
+        return Rebalancer(dict(zip(self.spec.boards, sizes)), threshold=self.spec.rebalance_threshold,
+                          explain=lambda board: self.explain(board) if self.explain is not None else "cause unknown")
 
     @property
     def splits(self) -> list[BatchSplit]:
@@ -336,6 +339,7 @@ class TrainingRun:
                 make_run_dir(run_dir)
                 atomic_write_json(run_dir / "config.json", spec.to_json())
             self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+            self.lines = PendingLines(self.metrics.write, self.replica.learning_rates_at)  # each line with its step's lr
         except RunDirError as exc:
             raise exc.with_advice(self._next_move()) from None
         self.adapt = _Adaptation(spec, splits, self.replica.step)
@@ -419,13 +423,25 @@ class TrainingRun:
             exchange.announce_lrs(lrs)
             self._announced_lrs = lrs
 
-    def _log_fleet_loss(self, step: int, loss: float | None) -> None:
-        """The step's loss (the boards' training_step losses, weighted by their samples) in the run's logger."""
+    def _log_step(self, r: StepResult, interval_s: float | None) -> None:
+        """The step in the run's logger: the fleet's loss (the boards' training_step losses, weighted by their samples)
+        and samples/s, each board's compute time and samples/s, the learning rates (``run_logger``)."""
         logger = self.replica.logger
-        if logger and loss is not None:
-            logger.log_metrics({"fleet_loss": loss}, step=step)  # the replica's thread waits meanwhile
+        if logger:  # a logger keeps the replica from lagging: the step is taken, its rates are known
+            lrs = self.replica.step_lrs.get(r.step)
+            logger.log_metrics(step_scalars(loss=r.loss, samples=r.n_total, interval_s=interval_s, compute_s=r.compute_s,
+                                            batch_sizes=r.batch_sizes,
+                                            lrs=lr_scalars(type(self.replica.optimizer).__name__, lrs) if lrs else {}),
+                               step=r.step)
+
+    def log_board_sample(self, board: str, power_w: float | None, cpu_percent: float | None, temp_c: float | None) -> None:
+        """A board's telemetry sample in the run's logger, at the step the run is at (called from the power log's thread)."""
+        if self.replica.logger:
+            self.replica.logger.log_metrics(board_scalars(board, power_w=power_w, cpu_percent=cpu_percent, temp_c=temp_c),
+                                            step=self.replica.step)
 
     def _checkpoint(self, elapsed_s: float) -> None:
+        self.lines.flush()  # the replica has taken every step so far
         self.metrics.sync()  # every step the checkpoint covers is in metrics.jsonl on disk first
         state = self._checkpoint_state(elapsed_s)
         save_checkpoint(self.run_dir, state)
@@ -520,6 +536,7 @@ class TrainingRun:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
         channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
+        self.adapt.explain = functools.partial(slowdown_cause, telemetry=channel.telemetry, caps=channel.caps)
         checker, tls = self._exchange_security()
         buffers = self.replica.buffers if self.placed is None else self.placed.head_buffers  # placed: the head's layers'
         exchange = ExchangeServer(job_id=self.spec.run_id, token="", tls=tls, checker=checker,
@@ -579,8 +596,10 @@ class TrainingRun:
             for board in self.spec.boards:
                 channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
             channel.close()
+            self.lines.close()
             self.metrics.close()
             self.replica.close()
+            close_logger(self.replica.logger)
 
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         need = set(self.spec.boards)
@@ -661,7 +680,7 @@ class TrainingRun:
 
     async def _steps(self, channel: BoardChannel, exchange: ExchangeServer) -> TrainOutcome:
         spec, started = self.spec, time.monotonic()
-        samples = 0
+        samples, last_elapsed = 0, 0.0
         first_step = self.replica.step
         lags = self.placed is None and self.replica.may_lag  # the tail host reads the replica's tail at every step
         while self.replica.step < spec.total_steps and not self._stop.is_set():
@@ -683,7 +702,8 @@ class TrainingRun:
                 return rolled_back
             samples += result.n_total
             elapsed = time.monotonic() - started
-            self._log_fleet_loss(step, result.loss)
+            self._log_step(result, elapsed - last_elapsed if step > first_step else None)
+            last_elapsed = elapsed
             self._follow_plateau(exchange)
             val_s = None
             if epoch_end:
@@ -754,7 +774,7 @@ class TrainingRun:
             record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
         if self.spec.sync_every > 1:
             record["kind"] = r.kind  # exact, local or sync (periodic averaging)
-        self.metrics.write(record)
+        self.lines.add(record)
         self.history.append(record)
 
     def _result(self, elapsed: float, samples: int, exchange: ExchangeServer, interrupted: bool) -> dict[str, Any]:
