@@ -200,9 +200,13 @@ def check_new_run_dir(run_dir: Path) -> None:
 
     Raises:
         ConfigError: naming what is there, with ``--resume`` and ``--run-dir`` as the ways out.
+        RunDirError: a file stands where one of its parent folders would go (it cannot be created).
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is a file, not a folder; choose another --run-dir")
+    ancestor = next((parent for parent in run_dir.parents if parent.exists()), None)
+    if not run_dir.exists() and ancestor is not None and not ancestor.is_dir():  # make_run_dir would fail: say it now
+        raise RunDirError(run_dir, f"cannot create the folder ({ancestor} is a file)", advice="choose another --run-dir")
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
     if found:
         raise ConfigError(f"{run_dir} already holds a run ({', '.join(found)}); pass --resume {run_dir} to continue it, "

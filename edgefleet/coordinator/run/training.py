@@ -256,9 +256,9 @@ def check_board_credentials(spec: JobSpec, fleet_key: bytes) -> None:
     Raises:
         ConfigError: naming those boards and the two ways on.
     """
-    if spec.allow_token_boards:
-        return
     keys = CoordinatorKeys.from_bytes(fleet_key)
+    if spec.allow_token_boards or keys.board_keys:  # with --board-keys, a board missing there is refused by name later
+        return
     checker = HelloChecker(board_keys=keys.board_keys, hmac_key=keys.secret if keys.algorithm == HMAC_ALGORITHM else None)
     tokens = [board for board in spec.boards if not checker.proves_with_key(board)]
     if tokens:
