@@ -10,6 +10,7 @@ device from the model or the batch (``device=``, ``type_as``), never the CPU def
 from __future__ import annotations
 
 import math
+import time
 
 import lightning.pytorch as L
 import pytorch_lightning as pl
@@ -529,6 +530,32 @@ class BatchNormDropoutNet(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class SlowValidationNet(pl.LightningModule):
+    """A validation that takes ``val_s`` seconds (a large validation set on a slow coordinator)."""
+
+    def __init__(self, lr: float = 0.1, val_s: float = 0.8) -> None:
+        super().__init__()
+        self.lr, self.val_s = lr, val_s
+        self.net = _mlp(8, 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_validation_epoch_start(self) -> None:
+        time.sleep(self.val_s)  # the validation's own cost, not a synchronisation
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(dim=1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
 class ParamGroupsNet(_Classifier):

@@ -434,6 +434,10 @@ class Replica:
         if self.sync is not None and self.sync.averaged_after(self.step - 1):
             self._note_average()
 
+    def done_through(self, step: int) -> bool:
+        """Whether the Trainer has finished ``step`` (its validation and hooks included); never blocks."""
+        return self._thread is None or self._ended or self._first_step + self._done > step
+
     def drain(self) -> None:
         """Wait until the Trainer has done every step given to it (at once where it does not lag).
 

@@ -31,6 +31,7 @@ import socket
 import ssl
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,7 @@ from edgefleet.coordinator.run.checkpoints import (
 )
 from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
 from edgefleet.coordinator.run.rebalance import Rebalancer
-from edgefleet.coordinator.run.replica import Replica
+from edgefleet.coordinator.run.replica import LAG_STEPS, Replica
 from edgefleet.coordinator.run.replica_replay import ReplayData
 from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run.run_logger import PendingLines, board_scalars, close_logger, lr_scalars, make_logger, step_scalars
@@ -161,14 +162,18 @@ class SteadyRate:
         self._validating_s = 0.0
         self._now = 0.0
 
-    def add(self, index: int, samples: int, now: float, validating_s: float) -> None:
-        """Step ``index`` (0 = the run's first) of ``samples`` ended at ``now``, after ``validating_s`` of validation."""
+    def add(self, index: int, samples: int, now: float) -> None:
+        """Step ``index`` (0 = the run's first) of ``samples`` ended at ``now``."""
         if index + 1 == self.skip_steps or (self._since is None and index + 1 > self.skip_steps):
             self._since, self._samples, self._validating_s = now, 0, 0.0
         elif self._since is not None:
             self._samples += samples
-            self._validating_s += validating_s
         self._now = now
+
+    def exclude(self, validating_s: float) -> None:
+        """A validation held up the steps for ``validating_s``: not training time."""
+        if self._since is not None:
+            self._validating_s += validating_s
 
     def samples_per_s(self) -> float | None:
         if self._since is None or self._samples == 0:
@@ -269,6 +274,18 @@ def check_board_credentials(spec: JobSpec, fleet_key: bytes) -> None:
                           "public keys with --board-keys (docs/security.md), or pass --allow-token-boards to accept the risk")
 
 
+@dataclass(frozen=True, slots=True)
+class _HeldStep:
+    """A step the exchange has done whose record waits for the replica (its validation, at an epoch's end)."""
+
+    result: StepResult
+    elapsed: float                  # seconds since this attempt started, when the step's result was in
+    rebalance: dict[str, Any] | None
+    samples: int                    # samples trained in this attempt up to this step
+    epoch_end: bool
+    waited: bool                    # the exchange waited for the replica's step (its validation on the critical path)
+
+
 class TrainingRun:
     """One run, fresh or resumed."""
 
@@ -308,6 +325,7 @@ class TrainingRun:
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
         self.history: list[dict[str, Any]] = []
+        self._held: deque[_HeldStep] = deque()  # steps done whose record waits for the replica's validation
         self.val_accuracy: float | None = None
         self.val_loss: float | None = None
         self.val_metrics: dict[str, float] = {}
@@ -386,6 +404,39 @@ class TrainingRun:
         if self.val_accuracy >= target:
             self.target_reached = {"step": step, "epoch": (step + 1) // self.spec.steps_per_epoch,
                                    "val_accuracy": self.val_accuracy, "elapsed_s": round(elapsed_s, 3)}
+
+    def _flush_steps(self, *, wait: bool) -> None:
+        """Record the held steps in order: an epoch's last step once the replica has validated it (``wait``: wait for it).
+
+        A step is held from its result until its figures are all there: only an epoch's last one waits (for its
+        validation, which the replica may run while the boards go on); the steps after it wait behind it so that
+        metrics.jsonl stays in step order.
+        """
+        while self._held:
+            held = self._held[0]
+            step = held.result.step
+            val_s = None
+            if held.epoch_end:
+                if not wait and not self.replica.done_through(step):
+                    return
+                if wait:
+                    self.replica.drain()
+                evaluating = time.monotonic()
+                self._evaluate()  # the replica's validation_step ran in its thread: its time is added
+                val_s = time.monotonic() - evaluating + self.replica.take_validation_s()
+                if held.waited:  # it held up the steps: the steady rate leaves it out
+                    self._steady.exclude(val_s)
+                self._check_target(step, self.elapsed_before_s + held.elapsed)
+            self._held.popleft()
+            result, elapsed = held.result, held.elapsed
+            self._record(result, elapsed, held.rebalance, val_s)
+            self.on_step(StepView(step=step, total_steps=self.spec.total_steps, loss=result.loss,
+                                  val_accuracy=self.val_accuracy,
+                                  samples_per_s=held.samples / elapsed if elapsed > 0 else 0.0,
+                                  board_compute_s=result.compute_s, late=result.late, refused=result.refused,
+                                  batch_sizes=result.batch_sizes,
+                                  shown={name: value for name, value in result.logs.items()
+                                         if result.log_flags[name][2]}))
 
     def _rolled_back(self, exchange: ExchangeServer) -> TrainOutcome | None:
         """A board failed an audit (its verdict may come a few steps late): the run ends to roll back; else None."""
@@ -683,13 +734,21 @@ class TrainingRun:
         samples, last_elapsed = 0, 0.0
         first_step = self.replica.step
         lags = self.placed is None and self.replica.may_lag  # the tail host reads the replica's tail at every step
+        # Validation off the critical path: the boards go on with the next epoch while the replica validates, unless
+        # a decision waits on the figures (--target-accuracy; a ReduceLROnPlateau never lags) or epochs are so short
+        # that two validations could overlap in the replica's lag.
+        # (A module without a validation_step is measured by the run itself on the replica's model: that waits too.)
+        validation_lags = (lags and self.replica.validates and spec.target_accuracy is None
+                           and spec.steps_per_epoch > LAG_STEPS + 1)
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
             # The replica may trail the exchange by a few steps (an audit, a slow optimizer step on the coordinator,
-            # absorbed while the boards compute), except where the run reads it: validation, a checkpoint, the end.
-            wait = not lags or epoch_end or (step + 1) % spec.checkpoint_every == 0
+            # validation, absorbed while the boards compute), except where the run reads it at once: a checkpoint,
+            # the end, and a validation whose figures decide something.
+            wait = (not lags or (epoch_end and not validation_lags) or (step + 1) % spec.checkpoint_every == 0
+                    or step + 1 == spec.total_steps)
             apply: Callable[[Any, StepResult], None] = functools.partial(self.replica.apply, wait=wait)
             if self.placed is not None and self.placed.server is not None:  # the tail's rounds, then the head's exchange
                 self.placed.fit_threads(step)
@@ -705,23 +764,12 @@ class TrainingRun:
             self._log_step(result, elapsed - last_elapsed if step > first_step else None)
             last_elapsed = elapsed
             self._follow_plateau(exchange)
-            val_s = None
-            if epoch_end:
-                evaluating = time.monotonic()
-                self._evaluate()  # the replica's validation_step ran inside this step's apply: its time is added
-                val_s = time.monotonic() - evaluating + self.replica.take_validation_s()
-                self._check_target(step, self.elapsed_before_s + time.monotonic() - started)
-            self._steady.add(step - first_step, result.n_total, time.monotonic(), val_s or 0.0)
+            self._steady.add(step - first_step, result.n_total, time.monotonic())
             rebalance = self.adapt.after_step(result, exchange)
             if rebalance is not None:
                 self.on_note(_rebalance_note(rebalance))
-            self._record(result, elapsed, rebalance, val_s)
-            self.on_step(StepView(step=step, total_steps=spec.total_steps, loss=result.loss, val_accuracy=self.val_accuracy,
-                                  samples_per_s=samples / elapsed if elapsed > 0 else 0.0,
-                                  board_compute_s=result.compute_s, late=result.late, refused=result.refused,
-                                  batch_sizes=result.batch_sizes,
-                                  shown={name: value for name, value in result.logs.items()
-                                         if result.log_flags[name][2]}))
+            self._held.append(_HeldStep(result, elapsed, rebalance, samples, epoch_end, wait))
+            self._flush_steps(wait=wait)  # the steps whose figures are all there, in order (an epoch's end: validated)
             if (step + 1) % spec.checkpoint_every == 0:
                 self._checkpoint(self.elapsed_before_s + elapsed)
             if self.target_reached is not None:
@@ -729,6 +777,7 @@ class TrainingRun:
                              f"{spec.target_accuracy:g}; the run is complete")
                 break
         self.replica.drain()  # an interrupted run: the steps the replica trailed by, and their audits
+        self._flush_steps(wait=True)
         rolled_back = self._rolled_back(exchange)
         if rolled_back is not None:
             return rolled_back
