@@ -62,9 +62,11 @@ def test_train_json_prints_the_result_as_one_json_document_and_the_progress_on_s
     assert "board w1 joined" in done.stderr and f"step {STEPS}/{STEPS}" in done.stderr
 
 
-def test_boards_that_are_not_there_are_refused_before_anything_is_built(fleet: Fleet, tmp_path: Path) -> None:
+@pytest.mark.parametrize("auto", [(), ("--auto",)], ids=["train", "train --auto"])
+def test_boards_that_are_not_there_are_refused_before_anything_is_built(fleet: Fleet, tmp_path: Path,
+                                                                         auto: tuple[str, ...]) -> None:
     started = time.monotonic()
-    done = fleet.train(steps=STEPS, run_dir=tmp_path / "run", **{**JOB, "boards": "w1,nosuch"}, timeout_s=120)
+    done = fleet.train(*auto, steps=STEPS, run_dir=tmp_path / "run", **{**JOB, "boards": "w1,nosuch"}, timeout_s=120)
     took_s = time.monotonic() - started
 
     assert done.returncode == 1, done.stderr[-3000:]

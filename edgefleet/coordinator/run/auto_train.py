@@ -267,7 +267,9 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     fleet = _Fleet(broker=broker, fleet_key=fleet_key, wanted=list(spec.boards) or None)
     wanted_variants = [dict(v) for v in variants] if variants else [dict(spec.model_options)]
 
-    snapshot = fleet_snapshot(broker)
+    snapshot = fleet_snapshot(broker, preferred=tuple(spec.boards))
+    if fleet.wanted:  # a board named that never reported or is offline: refused before anything is profiled or built
+        snapshot.check_named(fleet.wanted)
     selected, profile_s = _profiles(spec, wanted_variants, fleet, snapshot, profile_path, reprofile, observer.note)
     if profile_s:  # profiling took a while: look again (a board may have gone, or still be ending its job)
         snapshot = fleet_snapshot(broker, settle=sorted({b for fp in selected.values() for b in fp.boards}), settle_s=READY_WAIT_S)
