@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -278,7 +279,7 @@ class Prometheus:
     url: str
     log_path: Path
 
-    def query(self, expr: str) -> list[dict[str, object]]:
+    def query(self, expr: str) -> list[dict[str, Any]]:
         answer = get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
         data = answer.get("data")
         return list(data.get("result", [])) if answer.get("status") == "success" and isinstance(data, dict) else []
@@ -344,7 +345,7 @@ def test_a_real_prometheus_scrapes_every_boards_power(mosquitto: LocalBroker, ag
         wait_until(exporter_shows_every_board, timeout_s=10, what="the exporter to show every board")
 
         # Execute: Prometheus scrapes the exporter every second; ask its query API.
-        def every_power_queried() -> list[dict[str, object]]:
+        def every_power_queried() -> list[dict[str, Any]]:
             assert server.proc.poll() is None, server.log_path.read_text()
             result = server.query('edgefleet_board_power_watts{job="edgefleet"}')
             return result if len(result) == len(BOARDS) else []
@@ -352,12 +353,12 @@ def test_a_real_prometheus_scrapes_every_boards_power(mosquitto: LocalBroker, ag
         result = wait_until(every_power_queried, timeout_s=15, interval_s=0.2, what="Prometheus to return every board's power")
 
         # Assert: each board's power with its board_id, and where the reading came from joined in from the info metric.
-        got = {r["metric"]["board_id"]: float(r["value"][1]) for r in result}  # type: ignore[index]
+        got = {r["metric"]["board_id"]: float(r["value"][1]) for r in result}
         assert got == {board_id: watts for board_id, _, watts, _ in BOARDS}
         joined = server.query("edgefleet_board_power_watts * on(board_id) group_left(power_source) edgefleet_board_power_info")
-        sources = {r["metric"]["board_id"]: r["metric"]["power_source"] for r in joined}  # type: ignore[index]
+        sources = {r["metric"]["board_id"]: r["metric"]["power_source"] for r in joined}
         assert sources == {board_id: source for board_id, source, _, _ in BOARDS}
-        measured = {r["metric"]["board_id"]: r["value"][1] for r in server.query("edgefleet_board_power_measured")}  # type: ignore[index]
+        measured = {r["metric"]["board_id"]: r["value"][1] for r in server.query("edgefleet_board_power_measured")}
         assert measured == {"pi-1": "1", "orin-1": "1", "nuc-1": "0"}
     finally:
         exporter.send_signal(signal.SIGTERM)

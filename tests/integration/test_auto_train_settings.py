@@ -65,4 +65,5 @@ def test_auto_profiles_plans_and_trains_with_accumulation_bf16_and_a_datamodule(
     assert code == 0, out
     assert ("profiling as-a, as-b: its steps were timed with --precision bf16-mixed --accumulate-grad-batches 2, "
             "this job trains with --accumulate-grad-batches 2") in out
-    assert load_profile_meta(profile).precision == "32-true"  # type: ignore[union-attr]
+    meta = load_profile_meta(profile)
+    assert meta is not None and meta.precision == "32-true"

@@ -34,7 +34,12 @@ MAX_PENDING_LINES = 8   # beyond the replica's lag (replica.LAG_STEPS): a step w
 
 
 class _SharedWriter:
-    """Mixed in before a Lightning logger class: one lock around its writes, and no close before the run's end."""
+    """Mixed in before a Lightning logger class: one lock around its writes, and no close before the run's end.
+
+    Its ``super()`` is that logger class, chosen at run time from the module's Lightning package
+    (``make_logger``): mypy sees ``object`` there, hence the ``type: ignore[misc]`` on each call into it.
+    Typing the base as Lightning's abstract ``Logger`` instead is refused too (its abstract methods).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
