@@ -241,6 +241,18 @@ def integer_mismatches(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
             and (key not in a or a[key].dtype != ref.dtype or not torch.equal(a[key].cpu(), ref))]
 
 
+def global_batches(sampler: GlobalBatchSampler, steps: int) -> Iterator[tuple[int, list[int]]]:
+    """``steps`` global batches from ``sampler`` as (batch within its epoch, sample indices), epoch after epoch."""
+    step = 0
+    while True:
+        for batch_idx, indices in enumerate(sampler):
+            if step == steps:
+                return
+            yield batch_idx, indices
+            step += 1
+        sampler.set_epoch(sampler.epoch + 1)
+
+
 def ddp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) -> dict[str, torch.Tensor]:
     """DDP's rule for a module with BatchNorm, in one process: the reference where a split batch cannot match a whole one.
 
@@ -261,33 +273,27 @@ def ddp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: int) 
     buffers = [b for _, b in model.named_buffers()]  # DDP broadcasts every buffer, num_batches_tracked too
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
-    step = 0
-    while step < steps:
-        for batch_idx, indices in enumerate(sampler):
-            if step == steps:
-                break
-            rank0 = [b.detach().clone() for b in buffers]
-            after_rank0: list[torch.Tensor] = []
-            summed = [torch.zeros_like(p) for p in params]
-            start = 0
-            for rank, size in enumerate(batch_sizes):
-                for buffer, value in zip(buffers, rank0):
-                    buffer.data.copy_(value)
-                batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
-                model.zero_grad(set_to_none=True)
-                model.training_step(batch, batch_idx).backward()
-                for acc, p in zip(summed, params):
-                    acc.add_(p.grad, alpha=size / total)
-                if rank == 0:
-                    after_rank0 = [b.detach().clone() for b in buffers]
-                start += size
-            for p, grad in zip(params, summed):
-                p.grad = grad
-            for buffer, value in zip(buffers, after_rank0):
+    for batch_idx, indices in global_batches(sampler, steps):
+        rank0 = [b.detach().clone() for b in buffers]
+        after_rank0: list[torch.Tensor] = []
+        summed = [torch.zeros_like(p) for p in params]
+        start = 0
+        for rank, size in enumerate(batch_sizes):
+            for buffer, value in zip(buffers, rank0):
                 buffer.data.copy_(value)
-            optimizer.step()
-            step += 1
-        sampler.set_epoch(sampler.epoch + 1)
+            batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
+            model.zero_grad(set_to_none=True)
+            model.training_step(batch, batch_idx).backward()
+            for acc, p in zip(summed, params):
+                acc.add_(p.grad, alpha=size / total)
+            if rank == 0:
+                after_rank0 = [b.detach().clone() for b in buffers]
+            start += size
+        for p, grad in zip(params, summed):
+            p.grad = grad
+        for buffer, value in zip(buffers, after_rank0):
+            buffer.data.copy_(value)
+        optimizer.step()
     return state_of(model)
 
 
@@ -320,30 +326,24 @@ def ddp_amp_reference(case: Case, *, steps: int, batch_sizes: list[int], seed: i
     params = [p for p in model.parameters() if p.requires_grad]
     skipped: list[int] = []
     model.train()
-    step = 0
-    while step < steps:
-        for batch_idx, indices in enumerate(sampler):
-            if step == steps:
-                break
-            summed = [torch.zeros_like(p) for p in params]
-            start = 0
-            for size in batch_sizes:
-                batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
-                model.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
-                    loss = model.training_step(batch, batch_idx)
-                scaler.scale(loss).backward()
-                for acc, p in zip(summed, params):
-                    acc.add_(p.grad, alpha=size / total)
-                start += size
-            for p, grad in zip(params, summed):
-                p.grad = grad
-            scale = scaler.get_scale()
-            scaler.unscale_(optimizer)
-            scaler.step(optimizer)
-            scaler.update()
-            if scaler.get_scale() < scale:
-                skipped.append(step)
-            step += 1
-        sampler.set_epoch(sampler.epoch + 1)
+    for step, (batch_idx, indices) in enumerate(global_batches(sampler, steps)):
+        summed = [torch.zeros_like(p) for p in params]
+        start = 0
+        for size in batch_sizes:
+            batch = data.collate_fn([data.train_set[i] for i in indices[start:start + size]])
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+                loss = model.training_step(batch, batch_idx)
+            scaler.scale(loss).backward()
+            for acc, p in zip(summed, params):
+                acc.add_(p.grad, alpha=size / total)
+            start += size
+        for p, grad in zip(params, summed):
+            p.grad = grad
+        scale = scaler.get_scale()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        if scaler.get_scale() < scale:
+            skipped.append(step)
     return AmpReference(state_of(model), skipped, scaler.state_dict())
