@@ -55,6 +55,19 @@ def test_the_audit_rate_is_fitted_to_the_share_of_time_given() -> None:
     assert schedule.every == 1
 
 
+def test_the_audits_fit_takes_the_exchanges_step_period_not_the_gap_between_checks() -> None:
+    """The replica may trail the exchange and then checks queued steps back to back: the gap between two checks says
+    nothing of the fleet's step period. The step's own wall time (``StepResult.wall_s``) does."""
+    schedule = AuditSchedule(["a", "b"], share=0.25, start_step=0)
+    data = AuditData(dataset=[], collate_fn=list, plan=GlobalBatchPlan(64, [8, 8], 0), seed=0, batches_per_epoch=8)
+    auditor = Auditor(["a", "b"], data, schedule, wire_dtype="float32", grad_elements=100, float_buffer_elements=0,
+                      sizes_at=lambda step: [8, 8])
+    schedule.fit(0.010, None)  # one audit timed: 10 ms
+    for step in range(5):  # checked back to back, microseconds apart, for steps the exchange ran 20 ms each
+        auditor.check(step, None, [], [], period_s=0.020)
+    assert schedule.every == 7  # as fitted on 20 ms steps (test above), not on the checks' microsecond gaps
+
+
 def _auditor(wire: str = "float32", floats: int = 0) -> Auditor:
     schedule = AuditSchedule(["a"], share=1.0, start_step=0, every=1)
     data = AuditData(dataset=[], collate_fn=list, plan=GlobalBatchPlan(64, [8], 0), seed=0, batches_per_epoch=8)

@@ -117,7 +117,6 @@ class Auditor:
         self.failures: list[AuditFailure] = []
         self.audits: dict[str, int] = dict.fromkeys(boards, 0)  # passed audits per board
         self.audit_s = 0.0  # CPU time spent recomputing (this process's, all its threads)
-        self._last_check: float | None = None
         self.disabled = ""  # why audits stopped: the module could not be stepped again here (no board is blamed)
 
     # ------------------------------------------------------------------------ the exchange's thread
@@ -133,12 +132,15 @@ class Auditor:
                 self._sizes[step] = list(self._sizes_at(step))
 
     # ------------------------------------------------------------------------ the replica's thread
-    def check(self, step: int, model: Any, exchanged: list[torch.nn.Parameter], boards: list[str]) -> None:
+    def check(self, step: int, model: Any, exchanged: list[torch.nn.Parameter], boards: list[str],
+              period_s: float | None = None) -> None:
         """Before ``step``'s average is applied: audit the copied vectors of ``boards`` (the step's contributors and
-        the boards whose vector the reduce refused)."""
-        now = time.monotonic()
-        period = now - self._last_check if self._last_check is not None else None
-        self._last_check = now
+        the boards whose vector the reduce refused).
+
+        ``period_s`` is the step's wall time as the exchange saw it (``StepResult.wall_s``), which the schedule's fit
+        takes as the step period. Not the time between two calls here: the replica may trail the exchange by a few
+        steps and then works through the queued ones back to back, so that gap shrinks after every audit, and a fit
+        on it chose ever more audits (0.55 of a core where 0.25 was asked)."""
         with self._lock:
             copies = self._copies.pop(step, {})
             sizes = self._sizes.pop(step, None)
@@ -170,7 +172,7 @@ class Auditor:
             else:
                 log.warning("audit: %s", failure.describe())
                 self.failures.append(failure)
-        self.schedule.fit(audit_s, period)
+        self.schedule.fit(audit_s, period_s)
 
     def _compare(self, board: str, step: int, sent: np.ndarray, ref: np.ndarray) -> AuditFailure | None:
         g, f = self._grad_elements, self._float_end

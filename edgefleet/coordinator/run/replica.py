@@ -145,7 +145,8 @@ class _ReplicaDriver:
         kind = replica.sync.kind(step) if replica.sync is not None else EXACT
         if kind == EXACT:
             if replica.auditor is not None and result is not None:  # before the step: the boards' model, as they began it
-                replica.auditor.check(step, pl_module, replica.exchanged, [*result.contributors, *result.refused])
+                replica.auditor.check(step, pl_module, replica.exchanged, [*result.contributors, *result.refused],
+                                      period_s=result.wall_s)
             assign_grads(replica.exchanged, avg)
             if replica.scaler is not None:  # 16-mixed: skipped here exactly where the boards skip it
                 loss_scaling.mark_overflow(replica.scaler, optimizer, loss_scaling.overflowed(avg[:replica._grad_elements]))
