@@ -68,6 +68,19 @@ def test_the_audits_fit_takes_the_exchanges_step_period_not_the_gap_between_chec
     assert schedule.every == 7  # as fitted on 20 ms steps (test above), not on the checks' microsecond gaps
 
 
+def test_a_lagging_replica_does_not_make_every_step_an_audit() -> None:
+    """The exchange taps step after step while the replica trails: a board's next audit is drawn when its due vector is
+    copied, not when the replica checks it (else every step until the check was copied and audited: twice the share)."""
+    schedule = AuditSchedule(["a"], share=0.25, start_step=0, every=4)
+    data = AuditData(dataset=[], collate_fn=list, plan=GlobalBatchPlan(64, [8], 0), seed=0, batches_per_epoch=8)
+    auditor = Auditor(["a"], data, schedule, wire_dtype="float32", grad_elements=4, float_buffer_elements=0,
+                      sizes_at=lambda step: [8])
+    for step in range(40):  # the replica checks none of them yet
+        auditor.tap("a", step, np.zeros(4, dtype=np.float32))
+    copied = len(auditor._copies)
+    assert 10 <= copied <= 30  # gaps of 1-4 steps: 16 on average; all 37 or so steps after the first one before the fix
+
+
 def _auditor(wire: str = "float32", floats: int = 0) -> Auditor:
     schedule = AuditSchedule(["a"], share=1.0, start_step=0, every=1)
     data = AuditData(dataset=[], collate_fn=list, plan=GlobalBatchPlan(64, [8], 0), seed=0, batches_per_epoch=8)

@@ -4,7 +4,8 @@ Two threads take part:
 
 * the exchange's (the event loop): :meth:`Auditor.tap` sees every vector the exchange keeps for a
   step (``ExchangeMode.vector_kept``) and copies those of the boards due for an audit at that step
-  (``coordinator.audit.schedule``), with every board's batch size at that step; and it copies every
+  (``coordinator.audit.schedule``, whose next audit of the board it draws there and then), with every
+  board's batch size at that step; and it copies every
   vector the reduce refuses (an implausible norm), due or not: such a refusal is rare, and a board
   that lied at a step no audit drew must not escape by lying louder afterwards;
 * the replica's Trainer: :meth:`Auditor.check` runs before the step's average is applied, computes
@@ -36,6 +37,11 @@ from edgefleet.coordinator.audit.schedule import AuditSchedule
 log = logging.getLogger(__name__)
 
 RTOL = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}  # relative L2 an honest board's vector stays within
+# An audit recomputes with one torch thread. With more, OpenMP's idle workers spin after every parallel region, on a
+# coordinator whose cores the boards' processes (or the lab's) already share: on the lab, audits at 0.25 of a core
+# by the fit's own CPU count cost the coordinator 0.5 of a core in all. One thread is the cheapest per audit and
+# keeps the CPU the fit counts the CPU the audits take.
+AUDIT_THREADS = 1
 ATOL_PER_ELEMENT = 1e-7  # an all-but-zero gradient: the distance allowed is this times sqrt(elements) at least
 
 
@@ -123,8 +129,11 @@ class Auditor:
     def tap(self, board_id: str, step: int, vector: np.ndarray, refused: bool = False) -> None:
         """The exchange keeps ``board_id``'s ``vector`` for ``step`` (or refused it): copy it if the board is due for
         an audit, or if it was refused."""
-        if not refused and not self.schedule.due(board_id, step):
+        due = self.schedule.due(board_id, step)
+        if not refused and not due:
             return
+        if due:  # the next audit is drawn now, not when the replica checks this one: it may trail by a few steps, and
+            self.schedule.done(board_id, step)  # until it checks, every step of the board would come up as due
         copy = np.array(vector, dtype=np.float32, copy=True)
         with self._lock:
             self._copies.setdefault(step, {})[board_id] = copy
@@ -147,6 +156,19 @@ class Auditor:
             for stale in [s for s in self._copies if s < step]:  # steps that ended without an average
                 del self._copies[stale]
                 self._sizes.pop(stale, None)
+        threads = torch.get_num_threads()
+        if threads != AUDIT_THREADS and any(board in copies for board in boards):
+            torch.set_num_threads(AUDIT_THREADS)  # this thread's only (torch's count is per thread): see AUDIT_THREADS
+        try:
+            audit_s = self._check_boards(step, model, exchanged, boards, copies, sizes)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        self.schedule.fit(audit_s, period_s)
+
+    def _check_boards(self, step: int, model: Any, exchanged: list[torch.nn.Parameter], boards: list[str],
+                      copies: dict[str, np.ndarray], sizes: list[int] | None) -> float | None:
+        """Recompute and compare each of ``boards``' copied vectors; the longest recomputation's CPU time (or None)."""
         audit_s: float | None = None
         for board in boards:
             sent = copies.get(board)
@@ -164,7 +186,6 @@ class Auditor:
             spent = time.process_time() - started
             self.audit_s += spent
             audit_s = spent if audit_s is None else max(audit_s, spent)
-            self.schedule.done(board, step)
             failure = self._compare(board, step, sent, ref)
             if failure is None:
                 self.audits[board] += 1
@@ -172,7 +193,7 @@ class Auditor:
             else:
                 log.warning("audit: %s", failure.describe())
                 self.failures.append(failure)
-        self.schedule.fit(audit_s, period_s)
+        return audit_s
 
     def _compare(self, board: str, step: int, sent: np.ndarray, ref: np.ndarray) -> AuditFailure | None:
         g, f = self._grad_elements, self._float_end
@@ -202,4 +223,4 @@ class Auditor:
                 "gradient differs is left out and the run starts again from step 0 without it")
 
 
-__all__ = ["ATOL_PER_ELEMENT", "RTOL", "AuditFailure", "Auditor", "tolerance"]
+__all__ = ["ATOL_PER_ELEMENT", "AUDIT_THREADS", "RTOL", "AuditFailure", "Auditor", "tolerance"]

@@ -1,8 +1,8 @@
 """When each board is audited: at least once every ``every`` steps, at steps no board can predict.
 
 Each board's next audit is drawn (``secrets``: the operating system's generator, not the run's
-seeded ones) uniformly from the ``every`` steps after its last one, when that one is made. Nothing
-about the draw leaves the coordinator, so a board that lies at any step risks being recomputed at
+seeded ones) uniformly from the ``every`` steps after its last one, when that one's vector is copied
+(in the exchange's thread, ahead of the replica, which may trail by a few steps). Nothing about the draw leaves the coordinator, so a board that lies at any step risks being recomputed at
 it, and one that lies at ``m`` steps escapes with probability at most ``(1 - 1/every)**m``.
 
 ``every`` is fitted to the cost: an audit computes one board's slice again on the coordinator.
