@@ -2,8 +2,9 @@
 
 Each board's next audit is drawn (``secrets``: the operating system's generator, not the run's
 seeded ones) uniformly from the ``every`` steps after its last one, when that one's vector is copied
-(in the exchange's thread, ahead of the replica, which may trail by a few steps). Nothing about the draw leaves the coordinator, so a board that lies at any step risks being recomputed at
-it, and one that lies at ``m`` steps escapes with probability at most ``(1 - 1/every)**m``.
+(in the exchange's thread, ahead of the replica, which may trail by a few steps). Nothing about the
+draw leaves the coordinator, so a board that lies at any step risks being recomputed at it, and one
+that lies at ``m`` steps escapes with probability at most ``(1 - 1/every)**m``.
 
 ``every`` is fitted to the cost: an audit computes one board's slice again on the coordinator.
 A board's audits lie 1 to ``every`` steps apart, uniformly, so ``(every + 1) / 2`` on average: with
