@@ -1,0 +1,263 @@
+"""The cost of one pipeline plan: step time, energy, EDP, each board's memory and link bytes (issue 35).
+
+Notation: stages s = 1..S, stage s trains layers [i_s, j_s) on the boards of its group G_s; the
+global batch B is split into M micro-batches of b = B / M samples; board k of G_s takes m_k samples
+of each micro-batch (summing to b over G_s), so M * m_k per optimizer step. Per stage:
+
+* w_s = the layers' forward + backward seconds per sample on a board of speed 1; P_s their parameter
+  bytes; h_s the bytes per sample they hold from forward to backward;
+* x_in = the activation bytes per sample entering the stage (0 for the first), x_out leaving it (0
+  for the last: the loss is computed there);
+* c_k = w_s / speed_k + (x_in + x_out) * (1 / up_k + 1 / down_k)     [s per sample on board k]
+  (the input comes down and the output goes up; in backward their gradients go the other way);
+* t_k = overhead_k + c_k * m_k, and the stage's time per micro-batch t_s = max_k t_k: the split
+  minimises it over integers 1 <= m_k <= cap_k, cap_k being the most samples board k's memory holds
+  (proportional to each board's speed, links included, as far as integers and memory allow);
+* allreduce_s = 0 for a group of one board, else max_k P_s / up_k + max(max_k P_s / down_k, |G_s| P_s / L):
+  the group's gradients up to the exchange and the average back, as the data-parallel cost model
+  charges them (L: the coordinator's link, when given).
+
+A step, GPipe or 1F1B alike (both take M + S - 1 slots of the slowest stage):
+
+* T = (M + S - 1) * max_s t_s + max_s allreduce_s                  [s]
+* bubble = (S - 1) / (M + S - 1)                                   [share of the pipeline a stage idles]
+* memory_k = base_k + P_s * (2 + o) + h_s * m_k * f_s              [bytes] parameters, gradients, optimizer
+  state (o bytes per parameter byte) and the activations of f_s micro-batches: f_s = M in GPipe (every
+  forward before any backward), min(M, S - s + 1) in 1F1B (stage s holds one per stage after it);
+* power = sum over the taking-part boards of their active power (+ the others' idle power, count_idle)
+* energy per step = sum_k idle_k * T + sum_k (active_k - idle_k) * M * (overhead_k + m_k * w_s / speed_k)
+  (+ the others' idle power * T, count_idle): a board draws its active power while it computes;
+* epoch time = T * D / B, energy per epoch = energy per step * D / B, EDP = their product (D: samples per epoch).
+
+Assumptions, each erring on the slow side: a board does not overlap computing with moving activations;
+the groups' gradient exchanges run after the flush, in parallel with each other, so the longest counts;
+a stage's micro-batches all take as long as its slowest board's; boards send activations to each
+other directly (over their own links; the coordinator's link carries only the groups' gradients);
+moving bytes draws idle power; the last stage's boards hold their samples' labels; a stage of one board
+sends no gradient anywhere (the coordinator's replica is brought up to date at checkpoints, a choice the
+runtime has still to make: a replica kept in step would add P_s / up_k to each such stage).
+
+A plan is ruled out, in this order, by ``batch`` (a group has more boards than a micro-batch has
+samples), ``memory`` (some board's memory_k over its limit, the board named) and ``power`` (over
+``max_power_w``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgefleet.coordinator.planning.pipeline_model import (
+    SCHEDULES,
+    BoardMemory,
+    LinkLoad,
+    PipelineBoard,
+    PipelinePlan,
+    PipelineProblem,
+    Stage,
+    StageSpec,
+)
+from edgefleet.protocol.errors import PlanError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """One stage's figures on a group of boards (module doc); the search sums and maxes these."""
+
+    micro_batch_sizes: tuple[int, ...]   # per board; () when the group has more boards than samples
+    micro_batch_s: float
+    allreduce_s: float
+    busy_j: float                        # (active - idle) x compute time, summed over the group, per step
+    memory_bytes: tuple[int, ...]        # per board
+    up_bytes: tuple[int, ...]            # per board, per step
+    down_bytes: tuple[int, ...]
+    over: int                            # the index in the group of the board most over its memory; -1 if none
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.micro_batch_sizes) and self.over < 0
+
+
+class StageCoster:
+    """Costs stages of one problem: the layers' running sums, computed once."""
+
+    def __init__(self, problem: PipelineProblem) -> None:
+        self.problem = problem
+        layers = problem.layers
+        self.work = [0.0, *itertools.accumulate(layer.work_s_per_sample for layer in layers)]
+        self.params = [0, *itertools.accumulate(layer.param_bytes for layer in layers)]
+        self.held = [0, *itertools.accumulate(layer.held_bytes_per_sample for layer in layers)]
+        self.state_factor = 2.0 + problem.optimizer_bytes_per_param_byte
+
+    def cost(self, first: int, stop: int, boards: Sequence[PipelineBoard], micro_batches: int, in_flight: int) -> StageCost:
+        """Layers [first, stop) on ``boards``, M = ``micro_batches``, holding ``in_flight`` micro-batches' activations."""
+        layers, problem = self.problem.layers, self.problem
+        b = problem.global_batch // micro_batches
+        n = len(boards)
+        if n > b:
+            return StageCost((), math.inf, math.inf, math.inf, (0,) * n, (0,) * n, (0,) * n, -1)
+        work, params, held = self.work[stop] - self.work[first], self.params[stop] - self.params[first], \
+            self.held[stop] - self.held[first]
+        x = (layers[first - 1].activation_bytes_per_sample if first > 0 else 0) + \
+            (layers[stop - 1].activation_bytes_per_sample if stop < len(layers) else 0)
+        per_sample = [work / k.speed + x * (1 / k.link_up_bytes_per_s + 1 / k.link_down_bytes_per_s) for k in boards]
+        static = [k.base_memory_bytes + params * self.state_factor for k in boards]
+        caps = [b if held == 0 else max(0, min(b, math.floor((k.memory_limit_bytes - s) / (held * in_flight))))
+                for k, s in zip(boards, static)]
+        split = split_micro_batch(b, [k.overhead_s for k in boards], per_sample, caps)
+        over = -1
+        if split is None:  # memory cannot hold it: the split memory aside, to report how far over
+            split = split_micro_batch(b, [k.overhead_s for k in boards], per_sample, [b] * n)
+            assert split is not None
+        memory = tuple(math.ceil(s + held * m * in_flight) for s, m in zip(static, split))
+        excess = [(used - k.memory_limit_bytes) / k.memory_limit_bytes for used, k in zip(memory, boards)]
+        if max(excess) > 0:
+            over = max(range(n), key=excess.__getitem__)
+        time = max(k.overhead_s + c * m for k, c, m in zip(boards, per_sample, split))
+        allreduce = 0.0
+        if n > 1:
+            down = max(params / k.link_down_bytes_per_s for k in boards)
+            if problem.coordinator_link_bytes_per_s:
+                down = max(down, n * params / problem.coordinator_link_bytes_per_s)
+            allreduce = max(params / k.link_up_bytes_per_s for k in boards) + down
+        busy = sum((k.active_power_w - k.idle_power_w) * micro_batches * (k.overhead_s + m * work / k.speed)
+                   for k, m in zip(boards, split))
+        moved = tuple(micro_batches * m * x + (params if n > 1 else 0) for m in split)
+        return StageCost(tuple(split), time, allreduce, busy, memory, moved, moved, over)
+
+
+def split_micro_batch(total: int, overhead_s: Sequence[float], per_sample_s: Sequence[float],
+                      caps: Sequence[int]) -> list[int] | None:
+    """Integers 1 <= m_k <= caps_k summing to ``total`` that minimise max_k overhead_k + per_sample_k * m_k.
+
+    None when they cannot (a cap below 1, or the caps summing to less than ``total``). Filled from the
+    continuous water level, then one sample at a time to the board that would finish first.
+    """
+    n = len(caps)
+    if min(caps) < 1 or sum(caps) < total or n > total:
+        return None
+    rate = sum(1 / c for c in per_sample_s)
+    level = (total + sum(o / c for o, c in zip(overhead_s, per_sample_s))) / rate
+    m = [max(1, min(cap, math.floor((level - o) / c))) for o, c, cap in zip(overhead_s, per_sample_s, caps)]
+    while sum(m) > total:  # the floor of the level can still overshoot where the 1-sample floor binds
+        k = max((k for k in range(n) if m[k] > 1), key=lambda k: overhead_s[k] + per_sample_s[k] * m[k])
+        m[k] -= 1
+    heap = [(overhead_s[k] + per_sample_s[k] * (m[k] + 1), k) for k in range(n) if m[k] < caps[k]]
+    heapq.heapify(heap)
+    for _ in range(total - sum(m)):
+        _, k = heapq.heappop(heap)
+        m[k] += 1
+        if m[k] < caps[k]:
+            heapq.heappush(heap, (overhead_s[k] + per_sample_s[k] * (m[k] + 1), k))
+    return m
+
+
+def in_flight(schedule: str, micro_batches: int, stages: int, position: int) -> int:
+    """Micro-batches whose activations stage ``position`` (0-based) of ``stages`` holds at once."""
+    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - position)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """A plan's whole-step figures from its stages' maxima and sums (module doc)."""
+
+    step_time_s: float
+    power_w: float
+    energy_per_step_j: float
+    epoch_time_s: float
+    energy_per_epoch_j: float
+    edp_j_s: float
+
+
+def step_figures(problem: PipelineProblem, *, micro_batches: int, stages: int, slowest_s: float, allreduce_s: float,
+                 busy_j: float, active_w: float, idle_w: float) -> StepFigures:
+    """The figures of a step; ``active_w``/``idle_w``: the taking-part boards' summed power."""
+    step = (micro_batches + stages - 1) * slowest_s + allreduce_s
+    left_out = sum(b.idle_power_w for b in problem.boards) - idle_w if problem.count_idle else 0.0
+    energy = (idle_w + left_out) * step + busy_j
+    steps_per_epoch = problem.dataset_len / problem.global_batch
+    epoch = step * steps_per_epoch
+    energy_epoch = energy * steps_per_epoch
+    return StepFigures(step, active_w + left_out, energy, epoch, energy_epoch, energy_epoch * epoch)
+
+
+def evaluate_plan(problem: PipelineProblem, specs: Sequence[StageSpec], *, micro_batches: int,
+                  schedule: str) -> PipelinePlan:
+    """Cost the plan ``specs`` (its stages in order) with M = ``micro_batches`` under ``schedule``.
+
+    Returns:
+        The plan; ``constraint``/``ruled_out`` say what rules it out, if anything.
+
+    Raises:
+        PlanError: the specs are not a plan (layers not covered in order, a board twice or unknown, M not
+            dividing the global batch, an unknown schedule).
+    """
+    _check_specs(problem, specs, micro_batches, schedule)
+    coster = StageCoster(problem)
+    S = len(specs)
+    stages, costs = [], []
+    for position, spec in enumerate(specs):
+        boards = [problem.board(b) for b in spec.boards]
+        flight = in_flight(schedule, micro_batches, S, position)
+        cost = coster.cost(spec.first_layer, spec.stop_layer, boards, micro_batches, flight)
+        costs.append((spec, boards, cost))
+        stages.append(Stage(first_layer=spec.first_layer, stop_layer=spec.stop_layer, boards=spec.boards,
+                            micro_batch_sizes=cost.micro_batch_sizes, micro_batch_s=cost.micro_batch_s,
+                            allreduce_s=cost.allreduce_s, in_flight=flight))
+    used = [k for _, boards, _ in costs for k in boards]
+    figures = step_figures(problem, micro_batches=micro_batches, stages=S,
+                           slowest_s=max(c.micro_batch_s for _, _, c in costs),
+                           allreduce_s=max(c.allreduce_s for _, _, c in costs), busy_j=sum(c.busy_j for _, _, c in costs),
+                           active_w=sum(k.active_power_w for k in used), idle_w=sum(k.idle_power_w for k in used))
+    memory = tuple(BoardMemory(board_id=k.board_id, used_bytes=m, limit_bytes=k.memory_limit_bytes)
+                   for _, boards, c in costs for k, m in zip(boards, c.memory_bytes))
+    links = tuple(LinkLoad(board_id=k.board_id, up_bytes=u, down_bytes=d)
+                  for _, boards, c in costs for k, u, d in zip(boards, c.up_bytes, c.down_bytes))
+    constraint, why = _ruled_out(problem, costs, micro_batches, figures.power_w)
+    return PipelinePlan(stages=tuple(stages), micro_batches=micro_batches, schedule=schedule,
+                        global_batch=problem.global_batch, step_time_s=figures.step_time_s,
+                        bubble_fraction=(S - 1) / (micro_batches + S - 1), power_w=figures.power_w,
+                        energy_per_step_j=figures.energy_per_step_j, epoch_time_s=figures.epoch_time_s,
+                        energy_per_epoch_j=figures.energy_per_epoch_j, edp_j_s=figures.edp_j_s, memory=memory,
+                        links=links, constraint=constraint, ruled_out=why)
+
+
+def _ruled_out(problem: PipelineProblem, costs: list[tuple[StageSpec, list[PipelineBoard], StageCost]],
+               micro_batches: int, power_w: float) -> tuple[str, str]:
+    for spec, boards, cost in costs:
+        if not cost.micro_batch_sizes:
+            return "batch", (f"stage of layers {spec.first_layer}..{spec.stop_layer - 1} has {len(boards)} boards but a "
+                             f"micro-batch only {problem.global_batch // micro_batches} samples")
+    for spec, boards, cost in costs:
+        if cost.over >= 0:
+            k, used = boards[cost.over], cost.memory_bytes[cost.over]
+            return "memory", (f"{k.board_id} needs ~{used / 1e6:.0f} MB for layers {spec.first_layer}.."
+                              f"{spec.stop_layer - 1}, over its limit of {k.memory_limit_bytes / 1e6:.0f} MB")
+    if problem.max_power_w is not None and power_w > problem.max_power_w:
+        return "power", f"draws {power_w:.1f} W, over --max-power {problem.max_power_w:g} W"
+    return "", ""
+
+
+def _check_specs(problem: PipelineProblem, specs: Sequence[StageSpec], micro_batches: int, schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise PlanError(f"schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if micro_batches < 1 or problem.global_batch % micro_batches:
+        raise PlanError(f"{micro_batches} micro-batches do not divide the global batch {problem.global_batch}")
+    edges = [(s.first_layer, s.stop_layer) for s in specs]
+    if not specs or edges[0][0] != 0 or edges[-1][1] != len(problem.layers) or any(
+            a >= b for a, b in edges) or any(edges[i][1] != edges[i + 1][0] for i in range(len(edges) - 1)):
+        raise PlanError(f"stages {edges} do not cover layers 0..{len(problem.layers) - 1} in order without gaps")
+    ids = [b for s in specs for b in s.boards]
+    if any(not s.boards for s in specs) or len(set(ids)) != len(ids):
+        raise PlanError(f"each stage needs boards of its own; got {[list(s.boards) for s in specs]}")
+    for b in ids:
+        problem.board(b)
+
+
+__all__ = ["StageCost", "StageCoster", "StepFigures", "evaluate_plan", "in_flight", "split_micro_batch", "step_figures"]

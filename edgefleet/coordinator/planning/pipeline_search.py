@@ -1,0 +1,344 @@
+"""Searching pipeline plans: dynamic programming over layers x boards used, exhaustive search, greedy baselines.
+
+**The dynamic programme** (after Asteroid and HeterPS; issue 35). Boards with identical figures are
+one *kind* and interchangeable, so a set of boards is a vector of counts per kind (for a fleet of all
+different boards, a subset). For each micro-batch count M and schedule, the programme builds plans
+from the last layer backwards: its state is (j, u, r), the layers from j on already planned as r
+stages on the boards counted by u. A step prepends a stage: layers [i, j) on a group g of the boards
+not in u, giving (i, u + g, r + 1). Building backwards makes a stage's 1F1B activations known when it
+is costed: it holds min(M, r + 1) micro-batches. Peak power depends on u alone, so ``max_power_w``
+prunes states, and memory prunes stages.
+
+The step time (``pipeline_cost``) is (M + S - 1) x the slowest stage + the longest group exchange,
+and energy adds the boards' idle power over the step to their summed busy energy: neither a sum nor a
+max of stage figures. So a state keeps every label (slowest stage, longest exchange, busy energy)
+that no other label beats on all three (a Pareto front; two figures for the time objective): the
+objective is monotone in each, so a dominated label never ends in a better plan, and the programme
+is exact over its plan space. At the end (j = 0) each label gives its plan's figures directly.
+
+Its plan space is the exhaustive search's (every split into contiguous stages, every ordered choice
+of disjoint groups, every M and schedule); the tests check the two agree on small cases. When the
+counts per kind would give more than :data:`MAX_PAIRS` (boards used, group added) pairs, boards whose
+figures lie within a widening tolerance are merged into one kind (failing that, the boards sorted by
+speed are cut into runs), costed once as its least capable member and once as its typical (median)
+one; the few best plans of each are costed again on the real boards, the baselines join them, and the
+best plan of each M and schedule is improved by local search on the real boards (``pipeline_improve``).
+The result is then a heuristic, and says so in a note.
+
+**Baselines**: an equal split of the layers over the fastest boards, one board per stage; plain data
+parallelism, all layers on the k fastest boards; and, for models no board holds, the roomiest boards
+packed with as many layers as fit in turn. Each picks its best M, schedule and size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import operator
+import statistics
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from edgefleet.coordinator.planning.pipeline_cost import StageCoster, evaluate_plan, in_flight, step_figures
+from edgefleet.coordinator.planning.pipeline_improve import improve_plan
+from edgefleet.coordinator.planning.pipeline_model import PipelineBoard, PipelinePlan, PipelineProblem, StageSpec
+
+log = logging.getLogger(__name__)
+
+MAX_PAIRS = 400            # (boards used, group added) pairs the programme may step through before merging kinds
+MERGE_TOLERANCES = (0.05, 0.1, 0.25)   # relative: boards whose figures all agree this closely merge
+RECOST_BEST = 8            # plans costed again on the real boards after merging kinds
+
+
+@dataclass(frozen=True, slots=True)
+class BoardKinds:
+    """The boards as kinds: each kind's costing representative and its members' ids (fastest first)."""
+
+    representatives: tuple[PipelineBoard, ...]
+    members: tuple[tuple[str, ...], ...]
+    exact: bool                            # every member of a kind has the representative's figures
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(len(m) for m in self.members)
+
+
+@dataclass(slots=True)
+class _Label:
+    slowest_s: float
+    allreduce_s: float
+    busy_j: float
+    stage: tuple[int, int, tuple[int, ...]]   # first layer, stop layer, boards per kind
+    rest: _Label | None                       # the plan of the layers after this stage
+
+
+def search_pipeline(problem: PipelineProblem, objective: str = "edp", *,
+                    max_pairs: int = MAX_PAIRS) -> tuple[PipelinePlan | None, tuple[str, ...]]:
+    """The best feasible plan for ``objective`` (time, energy, edp; or power, the least peak draw), or None.
+
+    ``max_pairs``: the programme's size before boards merge into kinds (:data:`MAX_PAIRS`; tests lower it).
+
+    Returns:
+        The plan (None when none fits) and notes (kinds merged to keep the search small).
+    """
+    kinds = board_kinds(problem.boards, max_pairs)
+    notes: tuple[str, ...] = ()
+    if not kinds.exact:
+        notes = (f"{len(problem.boards)} boards searched as {len(kinds.members)} kinds of similar boards: the plan is "
+                 "a heuristic, costed on the real boards",)
+    coster = StageCoster(problem)
+    starts: dict[tuple[int, str, str], PipelinePlan] = {}   # the best plan for each M, schedule and where it came from
+    # merged kinds: costed as their least capable member (plans that fit), and as their typical one (plans that
+    # may not fit every member, but find the shape a fleet of such boards wants)
+    views = [kinds] if kinds.exact else [kinds, dataclasses.replace(kinds, representatives=tuple(
+        _typical([problem.board(b) for b in members]) for members in kinds.members))]
+    for micro_batches in problem.micro_batch_counts:
+        for schedule in problem.schedules:
+            for source, view in zip(("least capable", "typical"), views):
+                ranked = _programme(problem, view, coster, micro_batches, schedule, objective)
+                for _, specs in ranked[:1 if kinds.exact else RECOST_BEST]:
+                    _keep_better(starts, evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule),
+                                 objective, source)
+    if not kinds.exact and objective != "power":  # a heuristic now: the baselines too, and local search from each
+        for baseline in (equal_layers_baseline(problem, objective), data_parallel_baseline(problem, objective),
+                         memory_packing_baseline(problem, objective)):
+            if baseline is not None:
+                _keep_better(starts, baseline, objective, "baseline")
+        for (_, _, source), plan in list(starts.items()):  # local optima differ by start: climb from each
+            _keep_better(starts, improve_plan(problem, plan, objective), objective, source)
+    return min(starts.values(), key=lambda plan: plan.objective_value(objective), default=None), notes
+
+
+def _keep_better(plans: dict[tuple[int, str, str], PipelinePlan], plan: PipelinePlan, objective: str,
+                 source: str = "") -> None:
+    """Keep ``plan`` as the best of its M, schedule and source if it is feasible and better than the one kept."""
+    key = (plan.micro_batches, plan.schedule, source)
+    if plan.feasible and (key not in plans or plan.objective_value(objective) < plans[key].objective_value(objective)):
+        plans[key] = plan
+
+
+def board_kinds(boards: Sequence[PipelineBoard], max_pairs: int = MAX_PAIRS) -> BoardKinds:
+    """Boards as kinds: identical figures where the search allows, else merged within a widening tolerance, else
+    the fastest, the next fastest, ... cut into as many runs as the search allows (each costed as its least capable)."""
+    for tolerance in (0.0, *MERGE_TOLERANCES):
+        buckets: dict[tuple[float, ...], list[PipelineBoard]] = {}
+        for b in boards:
+            buckets.setdefault(_bucket(b.kind, tolerance), []).append(b)
+        if _pairs(len(g) for g in buckets.values()) <= max_pairs:
+            break
+    else:
+        fastest = sorted(boards, key=lambda b: -b.speed)
+        runs = max(k for k in range(1, len(fastest) + 1)
+                   if k == 1 or _pairs(len(r) for r in _runs(fastest, k)) <= max_pairs)
+        buckets = {(float(i),): run for i, run in enumerate(_runs(fastest, runs))}
+        tolerance = math.inf
+    kinds = [sorted(g, key=lambda b: -b.speed) for g in buckets.values()]
+    reps = tuple(g[0] if tolerance == 0.0 else _least_capable(g) for g in kinds)
+    return BoardKinds(reps, tuple(tuple(b.board_id for b in g) for g in kinds), tolerance == 0.0)
+
+
+def _pairs(sizes: Iterable[int]) -> int:
+    """(boards used, group added) pairs of kinds of these sizes: what the programme steps through per layer pair."""
+    return math.prod((n + 1) * (n + 2) // 2 for n in sizes)
+
+
+def _runs(boards: list[PipelineBoard], k: int) -> list[list[PipelineBoard]]:
+    edges = [round(i * len(boards) / k) for i in range(k + 1)]
+    return [boards[edges[i]:edges[i + 1]] for i in range(k)]
+
+
+def _bucket(figures: tuple[float, ...], tolerance: float) -> tuple[float, ...]:
+    if tolerance == 0.0:
+        return figures
+    return tuple(round(math.log(x) / math.log1p(tolerance)) if x > 0 else -math.inf for x in figures)
+
+
+def _typical(group: list[PipelineBoard]) -> PipelineBoard:
+    """A board with the median of each figure of ``group``."""
+    figures = [statistics.median(values) for values in zip(*(b.kind for b in group))]
+    speed, memory, up, down, active, idle, base, overhead = figures
+    return PipelineBoard(board_id=group[0].board_id, speed=speed, memory_limit_bytes=int(memory), link_up_bytes_per_s=up,
+                         link_down_bytes_per_s=down, active_power_w=max(active, idle), idle_power_w=idle,
+                         base_memory_bytes=int(base), overhead_s=overhead)
+
+
+def _least_capable(group: list[PipelineBoard]) -> PipelineBoard:
+    return PipelineBoard(board_id=group[0].board_id, speed=min(b.speed for b in group),
+                         memory_limit_bytes=min(b.memory_limit_bytes for b in group),
+                         link_up_bytes_per_s=min(b.link_up_bytes_per_s for b in group),
+                         link_down_bytes_per_s=min(b.link_down_bytes_per_s for b in group),
+                         active_power_w=max(b.active_power_w for b in group), idle_power_w=max(b.idle_power_w for b in group),
+                         base_memory_bytes=max(b.base_memory_bytes for b in group),
+                         overhead_s=max(b.overhead_s for b in group))
+
+
+def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster, micro_batches: int, schedule: str,
+               objective: str) -> list[tuple[float, tuple[StageSpec, ...]]]:
+    """The dynamic programme for one M and schedule: its best complete plans, best first, with their objective.
+
+    A vector of board counts is coded as one mixed-radix integer, so that adding a group is an addition.
+    """
+    L, counts, reps = len(problem.layers), kinds.counts, kinds.representatives
+    per_micro = problem.global_batch // micro_batches
+    radix = list(itertools.accumulate((c + 1 for c in counts[:-1]), operator.mul, initial=1))
+    vectors = {sum(x * r for x, r in zip(v, radix)): v for v in itertools.product(*(range(c + 1) for c in counts))}
+    full = max(vectors)
+    active = [r.active_power_w for r in reps]
+    idle = [r.idle_power_w for r in reps]
+    allowed = {code: _power_ok(problem, v, counts, active, idle) for code, v in vectors.items()}
+    within: dict[int, list[int]] = {}   # the groups that fit in what is left, by what is left
+    dims = {"time": (1, 1, 0), "power": (0, 0, 0)}.get(objective, (1, 1, 1))
+    fronts: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(L + 1)]
+    fronts[L][(0, 0)] = [_Label(0.0, 0.0, 0.0, (L, L, ()), None)]
+    cache: dict[tuple[int, int, int, int], tuple[float, float, float] | None] = {}
+    for j in range(L, 0, -1):
+        for (used, r), front in fronts[j].items():
+            flight = in_flight(schedule, micro_batches, r + 1, 0)
+            left = full - used
+            if left not in within:
+                within[left] = [code for code, v in vectors.items() if 0 < sum(v) <= per_micro
+                                and all(x <= y for x, y in zip(v, vectors[left]))]
+            for g in within[left]:
+                if not allowed[used + g]:
+                    continue
+                for i in range(j - 1, -1, -1):
+                    key = (i, j, g, flight)
+                    if key not in cache:
+                        boards = [reps[k] for k, x in enumerate(vectors[g]) for _ in range(x)]
+                        cost = coster.cost(i, j, boards, micro_batches, flight)
+                        cache[key] = (cost.micro_batch_s, cost.allreduce_s, cost.busy_j) if cost.fits else None
+                    figures = cache[key]
+                    if figures is None:
+                        continue
+                    t, a, e = figures
+                    target = fronts[i].setdefault((used + g, r + 1), [])
+                    for label in front:
+                        _insert(target, _Label(max(label.slowest_s, t) * dims[0], max(label.allreduce_s, a) * dims[1],
+                                               (label.busy_j + e) * dims[2], (i, j, vectors[g]), label))
+    ranked = []
+    for (used, r), front in fronts[0].items():
+        active_w = sum(u * w for u, w in zip(vectors[used], active))
+        idle_w = sum(u * w for u, w in zip(vectors[used], idle))
+        for label in front:
+            f = step_figures(problem, micro_batches=micro_batches, stages=r, slowest_s=label.slowest_s,
+                             allreduce_s=label.allreduce_s, busy_j=label.busy_j, active_w=active_w, idle_w=idle_w)
+            value = {"time": f.epoch_time_s, "energy": f.energy_per_epoch_j, "edp": f.edp_j_s, "power": f.power_w}[objective]
+            ranked.append((value, label))
+    ranked.sort(key=lambda item: item[0])
+    return [(value, _specs(label, kinds)) for value, label in ranked[:RECOST_BEST]]
+
+
+def _power_ok(problem: PipelineProblem, used: tuple[int, ...], counts: tuple[int, ...], active: list[float],
+              idle: list[float]) -> bool:
+    if problem.max_power_w is None:
+        return True
+    power = sum(u * w for u, w in zip(used, active))
+    if problem.count_idle:
+        power += sum((c - u) * w for u, c, w in zip(used, counts, idle))
+    return power <= problem.max_power_w * (1 + 1e-9)
+
+
+def _insert(front: list[_Label], new: _Label) -> None:
+    """Add ``new`` to a Pareto front unless a label there is at least as good on every figure."""
+    for old in front:
+        if old.slowest_s <= new.slowest_s and old.allreduce_s <= new.allreduce_s and old.busy_j <= new.busy_j:
+            return
+    front[:] = [old for old in front if not (new.slowest_s <= old.slowest_s and new.allreduce_s <= old.allreduce_s
+                                             and new.busy_j <= old.busy_j)]
+    front.append(new)
+
+
+def _specs(label: _Label, kinds: BoardKinds) -> tuple[StageSpec, ...]:
+    """The plan a label ends: its stages front to back, each kind's members handed out in order."""
+    taken = [0] * len(kinds.members)
+    specs = []
+    node: _Label | None = label
+    while node is not None and node.rest is not None:
+        first, stop, g = node.stage
+        boards: list[str] = []
+        for k, x in enumerate(g):
+            boards += kinds.members[k][taken[k]:taken[k] + x]
+            taken[k] += x
+        specs.append(StageSpec(first, stop, tuple(boards)))
+        node = node.rest
+    return tuple(specs)
+
+
+def exhaustive_search(problem: PipelineProblem, objective: str = "edp") -> PipelinePlan | None:
+    """The best feasible plan by costing every plan (small problems only: it grows as (S + 1)^boards)."""
+    best = None
+    for plan in _every_plan(problem):
+        if plan.feasible and (best is None or plan.objective_value(objective) < best.objective_value(objective)):
+            best = plan
+    return best
+
+
+def _every_plan(problem: PipelineProblem) -> Iterator[PipelinePlan]:
+    L, ids = len(problem.layers), [b.board_id for b in problem.boards]
+    for S in range(1, min(L, len(ids)) + 1):
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            edges = (0, *cuts, L)
+            for owner in itertools.product(range(S + 1), repeat=len(ids)):  # 0: left out, s: stage s
+                if len(set(owner) - {0}) < S:
+                    continue
+                specs = tuple(StageSpec(edges[s], edges[s + 1], tuple(b for b, o in zip(ids, owner) if o == s + 1))
+                              for s in range(S))
+                for micro_batches in problem.micro_batch_counts:
+                    for schedule in problem.schedules:
+                        yield evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule)
+
+
+def equal_layers_baseline(problem: PipelineProblem, objective: str = "edp") -> PipelinePlan | None:
+    """Greedy: the layers split evenly in count over the S fastest boards, one board a stage; the best S, M, schedule."""
+    L = len(problem.layers)
+    fastest = [b.board_id for b in sorted(problem.boards, key=lambda b: -b.speed)]
+    options = []
+    for S in range(1, min(L, len(fastest)) + 1):
+        edges = [round(s * L / S) for s in range(S + 1)]
+        options.append(tuple(StageSpec(edges[s], edges[s + 1], (fastest[s],)) for s in range(S)))
+    return _best_of(problem, options, objective)
+
+
+def data_parallel_baseline(problem: PipelineProblem, objective: str = "edp") -> PipelinePlan | None:
+    """Greedy: every layer on the k fastest boards (plain data parallelism, micro-batches as accumulation); the best k, M."""
+    fastest = [b.board_id for b in sorted(problem.boards, key=lambda b: -b.speed)]
+    options = [(StageSpec(0, len(problem.layers), tuple(fastest[:k])),) for k in range(1, len(fastest) + 1)]
+    return _best_of(problem, options, objective)
+
+
+def memory_packing_baseline(problem: PipelineProblem, objective: str = "edp") -> PipelinePlan | None:
+    """Greedy for models no board holds: the roomiest board takes as many layers as fit, the next roomiest the
+    next, one board a stage (activations of all M micro-batches counted, as GPipe holds them); the best M, schedule."""
+    coster = StageCoster(problem)
+    roomiest = sorted(problem.boards, key=lambda b: -(b.memory_limit_bytes - b.base_memory_bytes))
+    L, options = len(problem.layers), []
+    for micro_batches in problem.micro_batch_counts:
+        specs, first = [], 0
+        for board in roomiest:
+            stop = first
+            while stop < L and coster.cost(first, stop + 1, [board], micro_batches, micro_batches).fits:
+                stop += 1
+            if stop > first:
+                specs.append(StageSpec(first, stop, (board.board_id,)))
+                first = stop
+            if first == L:
+                options.append(tuple(specs))
+                break
+    return _best_of(problem, options, objective)
+
+
+def _best_of(problem: PipelineProblem, options: Sequence[tuple[StageSpec, ...]], objective: str) -> PipelinePlan | None:
+    best = None
+    for specs in options:
+        for micro_batches in problem.micro_batch_counts:
+            for schedule in problem.schedules:
+                plan = evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule)
+                if plan.feasible and (best is None or plan.objective_value(objective) < best.objective_value(objective)):
+                    best = plan
+    return best
+
+
+__all__ = ["MAX_PAIRS", "BoardKinds", "board_kinds", "data_parallel_baseline", "equal_layers_baseline",
+           "exhaustive_search", "memory_packing_baseline", "search_pipeline"]

@@ -1,0 +1,306 @@
+"""The pipeline planner (issue 35): a plan's cost by hand, the dynamic programme against exhaustive search and the
+greedy baselines on seeded random cases, memory as a constraint (a model no board holds, the no-fit line, 1F1B
+against GPipe), the builder from a profile file and the text table. Pure computation: no boards, no sockets."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from edgefleet.coordinator.planning.cut_profile import CutProfile
+from edgefleet.coordinator.planning.pipeline_cost import evaluate_plan, split_micro_batch
+from edgefleet.coordinator.planning.pipeline_model import (
+    LayerCost,
+    PipelineBoard,
+    PipelineProblem,
+    StageSpec,
+    problem_from_fleet,
+)
+from edgefleet.coordinator.planning.pipeline_planner import plan_pipeline
+from edgefleet.coordinator.planning.pipeline_render import render_plan, render_result
+from edgefleet.coordinator.planning.pipeline_search import (
+    board_kinds,
+    data_parallel_baseline,
+    equal_layers_baseline,
+    exhaustive_search,
+    search_pipeline,
+)
+from edgefleet.protocol.errors import PlanError
+from tests.planning import GB, MB, board, fleet
+
+OBJECTIVES = ("time", "energy", "edp")
+
+
+def _layer(name: str, *, fwd: float = 0.01, bwd: float = 0.02, params: float = 0.1 * MB, act: int = 1000,
+           held: float = 1 * MB) -> LayerCost:
+    return LayerCost(name=name, forward_s_per_sample=fwd, backward_s_per_sample=bwd, param_bytes=int(params),
+                     activation_bytes_per_sample=act, held_bytes_per_sample=int(held))
+
+
+def _board(board_id: str, *, speed: float = 1.0, memory: float = 100 * MB, link: float = 1 * MB, active: float = 10.0,
+           idle: float = 2.0, base: float = 10 * MB, overhead: float = 0.0) -> PipelineBoard:
+    return PipelineBoard(board_id=board_id, speed=speed, memory_limit_bytes=int(memory), link_up_bytes_per_s=link,
+                         link_down_bytes_per_s=link, active_power_w=active, idle_power_w=idle,
+                         base_memory_bytes=int(base), overhead_s=overhead)
+
+
+def _hand_problem(**overrides: object) -> PipelineProblem:
+    layers = (_layer("conv", fwd=0.01, bwd=0.02, params=1 * MB, act=1000, held=1 * MB),
+              _layer("dense", fwd=0.02, bwd=0.04, params=2 * MB, act=10, held=2 * MB))
+    boards = (_board("a", speed=1.0, active=10.0), _board("b", speed=2.0, active=8.0))
+    problem = PipelineProblem(layers=layers, boards=boards, global_batch=8, dataset_len=800, micro_batches=(2,))
+    return dataclasses.replace(problem, **overrides)  # type: ignore[arg-type]
+
+
+TWO_STAGES = (StageSpec(0, 1, ("a",)), StageSpec(1, 2, ("b",)))
+
+
+def test_a_two_stage_plan_by_hand() -> None:
+    plan = evaluate_plan(_hand_problem(), TWO_STAGES, micro_batches=2, schedule="gpipe")
+    # per sample: a 0.03 s of compute + 1000 B out and its gradient back at 1 MB/s each way = 0.032 s;
+    # b 0.06 s / speed 2 + the same bytes in = 0.032 s; a micro-batch of 4 samples: 0.128 s on each stage
+    assert [s.micro_batch_s for s in plan.stages] == pytest.approx([0.128, 0.128])
+    assert plan.step_time_s == pytest.approx((2 + 2 - 1) * 0.128)            # no group exchange: one board a stage
+    assert plan.bubble_fraction == pytest.approx(1 / 3)
+    # memory: base 10 MB + parameters x 3 (weights, gradients, momentum) + held per sample x 4 samples x 2 in flight
+    assert [m.used_bytes for m in plan.memory] == [10 * MB + 3 * MB + 8 * MB, 10 * MB + 6 * MB + 16 * MB]
+    assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(8000, 8000), (8000, 8000)]
+    assert plan.power_w == pytest.approx(18.0)
+    # idle 4 W over the step + (active - idle) while computing: a 8 W x 0.24 s, b 6 W x 0.24 s
+    energy = 4.0 * 0.384 + 8.0 * 0.24 + 6.0 * 0.24
+    assert plan.energy_per_step_j == pytest.approx(energy)
+    assert plan.epoch_time_s == pytest.approx(38.4)                          # 100 steps
+    assert plan.energy_per_epoch_j == pytest.approx(100 * energy)
+    assert plan.edp_j_s == pytest.approx(100 * energy * 38.4)
+    assert plan.feasible and plan.board_batches() == {"a": 8, "b": 8}
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe_at_the_same_speed() -> None:
+    problem = _hand_problem(global_batch=16, micro_batches=(8,))
+    gpipe = evaluate_plan(problem, TWO_STAGES, micro_batches=8, schedule="gpipe")
+    one_f_one_b = evaluate_plan(problem, TWO_STAGES, micro_batches=8, schedule="1f1b")
+    assert [s.in_flight for s in gpipe.stages] == [8, 8]
+    assert [s.in_flight for s in one_f_one_b.stages] == [2, 1]              # one per stage from it to the last
+    assert [m.used_bytes for m in one_f_one_b.memory] == [10 * MB + 3 * MB + 2 * 2 * MB, 10 * MB + 6 * MB + 2 * 2 * MB]
+    assert all(x.used_bytes < y.used_bytes for x, y in zip(one_f_one_b.memory, gpipe.memory))
+    assert one_f_one_b.step_time_s == pytest.approx(gpipe.step_time_s)
+
+
+def test_a_group_splits_each_micro_batch_by_speed_and_exchanges_its_gradient() -> None:
+    problem = PipelineProblem(layers=(_layer("all", fwd=0.01, bwd=0.02, params=1 * MB, act=0),),
+                              boards=(_board("fast", speed=3.0), _board("slow", speed=1.0)), global_batch=8,
+                              dataset_len=8, micro_batches=(1,), coordinator_link_bytes_per_s=100 * MB)
+    plan = evaluate_plan(problem, (StageSpec(0, 1, ("fast", "slow")),), micro_batches=1, schedule="gpipe")
+    assert plan.stages[0].micro_batch_sizes == (6, 2)                        # 0.06 s each
+    assert plan.stages[0].allreduce_s == pytest.approx(1.0 + 1.0)           # 1 MB up, then the average down
+    assert plan.step_time_s == pytest.approx(0.06 + 2.0)
+    assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(MB, MB), (MB, MB)]
+
+
+def test_the_split_is_the_best_integer_split() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        n, total = rng.randint(1, 3), rng.randint(3, 9)
+        overhead = [rng.choice([0.0, rng.uniform(0, 0.05)]) for _ in range(n)]
+        per_sample = [rng.uniform(0.01, 0.1) for _ in range(n)]
+        caps = [rng.randint(1, total) for _ in range(n)]
+        got = split_micro_batch(total, overhead, per_sample, caps)
+        options = [m for m in itertools.product(*(range(1, c + 1) for c in caps)) if sum(m) == total]
+        if not options:
+            assert got is None
+            continue
+        assert got is not None and sum(got) == total and all(1 <= m <= c for m, c in zip(got, caps))
+        best = min(max(o + c * m for o, c, m in zip(overhead, per_sample, ms)) for ms in options)
+        assert max(o + c * m for o, c, m in zip(overhead, per_sample, got)) == pytest.approx(best)
+
+
+def _random_problem(rng: random.Random, *, tight: bool = False) -> PipelineProblem:
+    """2-4 layers, 2-4 boards (every other case drawn from two kinds, so that groups pay off); ``tight``: memory
+    so short that often nothing fits."""
+    layers = tuple(_layer(f"l{i}", fwd=rng.uniform(2e-3, 2e-2), bwd=rng.uniform(4e-3, 4e-2),
+                          params=rng.uniform(0.05, 8) * MB, act=int(rng.uniform(1e3, 1e5)), held=rng.uniform(0.1, 4) * MB)
+                   for i in range(rng.randint(2, 4)))
+
+    def drawn(board_id: str) -> PipelineBoard:
+        return _board(board_id, speed=rng.uniform(0.5, 4), memory=rng.uniform(30, 60 if tight else 300) * MB,
+                      link=rng.uniform(5, 100) * MB, active=rng.uniform(5, 20), idle=rng.uniform(1, 4),
+                      base=rng.uniform(20, 50) * MB, overhead=rng.uniform(0, 0.005))
+
+    n = rng.randint(2, 4)
+    if rng.random() < 0.5:
+        boards = tuple(drawn(f"b{k}") for k in range(n))
+    else:
+        kinds = [drawn("kind0"), drawn("kind1")]
+        boards = tuple(dataclasses.replace(rng.choice(kinds), board_id=f"b{k}") for k in range(n))
+    return PipelineProblem(layers=layers, boards=boards, global_batch=rng.choice([8, 12]), dataset_len=10_000,
+                           micro_batches=(1, 2, 4), max_power_w=rng.choice([None, 40.0]), count_idle=rng.random() < 0.3)
+
+
+def test_the_programme_matches_exhaustive_search_and_beats_the_baselines() -> None:
+    rng = random.Random(35)
+    gaps, pipelines, groups, none_fit = [], 0, 0, 0
+    for case in range(66):
+        problem, objective = _random_problem(rng, tight=case % 11 == 0), OBJECTIVES[case % 3]
+        found, notes = search_pipeline(problem, objective)
+        optimum = exhaustive_search(problem, objective)
+        assert not notes                                                     # small cases: exact kinds
+        if optimum is None:
+            assert found is None, f"case {case}: the programme found a plan exhaustive search calls infeasible"
+            none_fit += 1
+            continue
+        assert found is not None, f"case {case}: exhaustive search found a plan, the programme none"
+        assert found.feasible and all(m.used_bytes <= m.limit_bytes for m in found.memory)
+        assert problem.max_power_w is None or found.power_w <= problem.max_power_w
+        gap = found.objective_value(objective) / optimum.objective_value(objective) - 1
+        assert -1e-9 <= gap <= 0.01, f"case {case} ({objective}): {gap:.2%} from the optimum"
+        gaps.append(gap)
+        for baseline in (equal_layers_baseline(problem, objective), data_parallel_baseline(problem, objective)):
+            if baseline is not None:
+                assert found.objective_value(objective) <= baseline.objective_value(objective) * (1 + 1e-9)
+        pipelines += len(found.stages) > 1
+        groups += any(len(s.boards) > 1 for s in found.stages)
+    assert len(gaps) >= 50 and max(gaps) <= 0.01
+    assert pipelines and groups and none_fit                                # the cases exercise every shape
+
+
+def test_a_pipeline_fits_where_no_board_holds_the_model() -> None:
+    # four layers of 20 MB: 60 MB each with gradients and momentum, 240 MB the model; a board allows 150 MB
+    layers = tuple(_layer(f"l{i}", params=20 * MB, held=0.5 * MB) for i in range(4))
+    boards = tuple(_board(f"b{k}", memory=150 * MB, link=50 * MB, speed=1.0 + k) for k in range(3))
+    problem = PipelineProblem(layers=layers, boards=boards, global_batch=16, dataset_len=1600)
+    assert data_parallel_baseline(problem, "time") is None
+    plan = plan_pipeline(problem, "time").require()
+    assert len(plan.stages) >= 2 and all(m.used_bytes <= m.limit_bytes for m in plan.memory)
+
+
+def _no_fit(problem: PipelineProblem) -> str:
+    result = plan_pipeline(problem, "time")
+    assert result.plan is None and "\n" not in result.no_fit
+    with pytest.raises(PlanError) as raised:
+        result.require()
+    assert str(raised.value) == result.no_fit
+    return result.no_fit
+
+
+def test_no_fit_names_a_layer_too_big_for_any_board() -> None:
+    problem = PipelineProblem(layers=(_layer("embed", params=100 * MB), _layer("head")),
+                              boards=(_board("a", memory=200 * MB), _board("b", memory=250 * MB)), global_batch=8,
+                              dataset_len=80)
+    line = _no_fit(problem)
+    assert "layer 'embed' alone needs ~311 MB on the roomiest board, b" in line and "smaller variant" in line
+
+
+def test_no_fit_names_the_power_a_plan_needs() -> None:
+    problem = _hand_problem(max_power_w=5.0)
+    assert "raise --max-power to 8 W" in _no_fit(problem)                    # b alone draws 8 W
+
+
+def test_no_fit_names_more_micro_batches_under_1f1b() -> None:
+    # 10 MB a sample held: GPipe holds the whole batch's activations; 1F1B with 8 micro-batches two at most
+    layers = (_layer("l0", held=10 * MB), _layer("l1", held=10 * MB))
+    problem = PipelineProblem(layers=layers, boards=(_board("a", base=0), _board("b", base=0)), global_batch=16,
+                              dataset_len=160, micro_batches=(1,), schedules=("gpipe",))
+    line = _no_fit(problem)
+    assert "with 1 micro-batches and gpipe: more micro-batches would fit" in line and "--schedule 1f1b" in line
+
+
+def test_no_fit_names_fewer_micro_batches_for_wider_groups() -> None:
+    # 8 micro-batches of one sample leave one board a stage, holding all 8; one micro-batch spreads over 4 boards
+    problem = PipelineProblem(layers=(_layer("l0", held=10 * MB),), boards=tuple(_board(f"b{k}", memory=25 * MB, base=0)
+                                                                                  for k in range(4)),
+                              global_batch=8, dataset_len=80, micro_batches=(8,), schedules=("gpipe",))
+    assert "fewer micro-batches would fit" in _no_fit(problem)
+
+
+def test_no_fit_names_more_boards() -> None:
+    layers = tuple(_layer(f"l{i}", params=40 * MB) for i in range(3))      # 120 MB a layer with its states
+    problem = PipelineProblem(layers=layers, boards=(_board("a", memory=150 * MB), _board("b", memory=150 * MB)),
+                              global_batch=8, dataset_len=80)
+    line = _no_fit(problem)
+    assert "the model needs at least 363 MB" in line and "add boards with about" in line
+
+
+def test_many_boards_merge_into_kinds_and_stay_feasible() -> None:
+    rng = random.Random(3)
+    layers = tuple(_layer(f"l{i}", fwd=rng.uniform(2e-3, 2e-2), params=rng.uniform(0.1, 4) * MB) for i in range(6))
+    boards = tuple(_board(f"b{k}", speed=rng.uniform(0.5, 4), memory=rng.uniform(100, 300) * MB,
+                          link=rng.uniform(5, 100) * MB, active=rng.uniform(5, 20)) for k in range(12))
+    problem = PipelineProblem(layers=layers, boards=boards, global_batch=32, dataset_len=3200)
+    assert not board_kinds(boards).exact
+    plan, notes = search_pipeline(problem, "edp")
+    assert plan is not None and plan.feasible and notes and "heuristic" in notes[0]
+    for baseline in (equal_layers_baseline(problem, "edp"), data_parallel_baseline(problem, "edp")):
+        assert baseline is None or plan.edp_j_s <= baseline.edp_j_s
+
+
+def test_merged_kinds_find_a_plan_whenever_one_fits() -> None:
+    # the heuristic forced on small fleets (all boards one or two kinds) against exhaustive search
+    rng = random.Random(36)
+    gaps = []
+    for case in range(12):
+        problem = _random_problem(rng)
+        first = problem.boards[0]
+        twin = dataclasses.replace(first, board_id="twin", speed=first.speed * rng.uniform(0.7, 1.3))
+        problem = dataclasses.replace(problem, boards=(*problem.boards, twin))
+        objective = OBJECTIVES[case % 3]
+        found, notes = search_pipeline(problem, objective, max_pairs=12)
+        optimum = exhaustive_search(problem, objective)
+        assert notes and "heuristic" in notes[0]
+        assert (found is None) == (optimum is None), f"case {case}"
+        if found is not None and optimum is not None:
+            assert found.feasible and all(m.used_bytes <= m.limit_bytes for m in found.memory)
+            gaps.append(found.objective_value(objective) / optimum.objective_value(objective) - 1)
+            for baseline in (equal_layers_baseline(problem, objective), data_parallel_baseline(problem, objective)):
+                assert baseline is None or found.objective_value(objective) <= baseline.objective_value(objective)
+    assert len(gaps) >= 10 and min(gaps) >= -1e-9
+
+
+def test_the_problem_from_a_profile_file() -> None:
+    cuts = (CutProfile(name="net.3", boundary_elements=1000, output_elements=10, head_params=1000, tail_params=9000,
+                       head_share=0.6, host_a_s=0.0, host_c_s=0.0),
+            CutProfile(name="net.6", boundary_elements=400, output_elements=10, head_params=3000, tail_params=7000,
+                       head_share=0.9, host_a_s=0.0, host_c_s=0.0))
+    profile = dataclasses.replace(fleet(board("pi-1", c=0.01, memory=1 * GB), board("pi-2", c=0.02, memory=2 * GB)),
+                                  cuts=cuts)
+    problem, missing = problem_from_fleet(profile, global_batch=32)
+    assert [layer.name for layer in problem.layers] == ["net.3", "net.6", "output"]
+    assert [layer.work_s_per_sample for layer in problem.layers] == pytest.approx([0.6, 0.3, 0.1])
+    assert [layer.param_bytes for layer in problem.layers] == [4000, 8000, 28000]
+    assert [layer.activation_bytes_per_sample for layer in problem.layers] == [4000, 1600, 0]
+    assert [b.speed for b in problem.boards] == pytest.approx([100.0, 50.0])
+    assert [b.memory_limit_bytes for b in problem.boards] == [int(0.9 * GB), int(1.8 * GB)]
+    assert len(missing) == 5 and all(missing)
+    assert plan_pipeline(problem, "edp").require().feasible
+    with pytest.raises(PlanError, match="holds no cut of this model"):
+        problem_from_fleet(fleet(board("pi-1")), global_batch=32)
+
+
+def test_bad_input_is_one_clear_line() -> None:
+    with pytest.raises(PlanError, match="do not divide the global batch 8"):
+        _hand_problem(micro_batches=(3,))
+    with pytest.raises(PlanError, match="do not cover layers 0..1"):
+        evaluate_plan(_hand_problem(), (StageSpec(0, 1, ("a",)),), micro_batches=2, schedule="gpipe")
+    with pytest.raises(PlanError, match="each stage needs boards of its own"):
+        evaluate_plan(_hand_problem(), (StageSpec(0, 1, ("a",)), StageSpec(1, 2, ("a",))), micro_batches=2,
+                      schedule="gpipe")
+    with pytest.raises(PlanError, match="objective 'speed'"):
+        plan_pipeline(_hand_problem(), "speed")
+
+
+def test_the_table() -> None:
+    problem = _hand_problem()
+    text = render_plan(problem, evaluate_plan(problem, TWO_STAGES, micro_batches=2, schedule="gpipe"))
+    lines = text.splitlines()
+    assert lines[0] == "pipeline: 2 stages, 2 micro-batches of 4 samples, gpipe, global batch 8"
+    assert lines[1].split() == ["stage", "layers", "board", "batch", "micro", "memory", "used", "/", "limit", "up", "/",
+                                "step", "down", "/", "step"]
+    assert lines[2].split() == ["1", "0", "conv", "a", "8", "4", "21", "MB", "/", "100", "MB", "(21%)", "8", "kB", "8", "kB"]
+    assert lines[3].split()[:6] == ["2", "1", "dense", "b", "8", "4"]
+    assert lines[4].startswith("step 384.0 ms (bubble 33%), 20.8 samples/s; peak 18.0 W; energy 4.9 J per step")
+    result = plan_pipeline(problem, "time")
+    assert render_result(problem, result).endswith("chosen for the least time per epoch")
+    no_fit = plan_pipeline(dataclasses.replace(problem, max_power_w=5.0), "time")
+    assert render_result(problem, no_fit) == no_fit.no_fit
