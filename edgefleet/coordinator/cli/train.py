@@ -156,7 +156,7 @@ def add_train_parser(sub: Any) -> None:
     audits.add_argument("--aggregate", choices=AGGREGATES, default="mean",
                         help="how each step's gradients are reduced: mean (exact, the default), or a robust rule for "
                              "--data-mode local, where boards cannot be audited: trimmed-mean, median (per coordinate, "
-                             "unweighted) or clip (each gradient cut to 3x the median norm); a robust rule bounds what one "
+                             "unweighted) or clip (each gradient cut to the boards' median norm); a robust rule bounds what one "
                              "lying board can do to a step and CHANGES THE MATHEMATICS (docs/security.md)")
     audits.add_argument("--audit-every", type=int, metavar="STEPS",
                         help="audit each board once within every STEPS steps (at a random one of them) instead of the "
