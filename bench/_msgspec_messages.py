@@ -199,6 +199,9 @@ class TrainCommand(msgspec.Struct, kw_only=True, frozen=True):
     exchange_tls_sha256: str = ""
     sync_every: int = 1
     sync_warmup: int = 0
+    outer_optimizer: str = "average"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
     overlap: bool = False
     placement: str = ""
     tail_port: int = 0

@@ -28,6 +28,10 @@ loops (no Lightning, no sockets: the mathematics only, fast enough for several s
     (its step counters are equal on all boards: checked), SGD's momentum buffers. Bytes: the
     parameters, and with ``opt`` the states (Adam: 2 more vectors, SGD momentum: 1), up and down at
     each average.
+  - ``diloco:H[:W[:LR:MU]]`` (DiLoCo, Douillard et al. 2023; ``train --outer-optimizer diloco``): local
+    SGD's schedule and bytes, but at each average the sample-weighted average change D of the boards
+    is the gradient of an outer SGD with Nesterov momentum on the last average (outer lr LR = 0.7,
+    momentum MU = 0.9 by default, the paper's), computed by the fleet's own ``workloads.outer_step``.
 
 * Figures per model, mode and seed: validation accuracy after every epoch (on the parameters every
   board holds then), the first epoch (1-based) reaching the target (LeNet-5 95%, resnet_small 40%:
@@ -68,6 +72,15 @@ Reference, averaging the optimizer state (2026-11-26; 16 epochs, 3 seeds; modes 
 * Wall time at nice 19 on this 2-core machine, shared with other sessions: 12.8 min for resnet_small
   (7 min of CPU, 26-30 s a run), 2.5 and 3 min for the LeNet-5 runs (0.9 and 1.4 min of CPU).
 
+DiLoCo, measured on 2026-11-29 (default split, 10 epochs, 3 seeds; final accuracy against exact, in
+points; bytes per step against exact over the run, one exact epoch included): LeNet-5 (exact 96.8%)
+diloco:4, :8, :16 -2.73, -1.40, -0.47 at 0.345, 0.264, 0.182 (local-sgd:4, :8, :16 -0.57, -1.10,
+-0.97); with momentum 0.5 (``diloco:H::0.7:0.5``) -0.48, -0.39, -0.48; ``diloco:8::1:0.5`` -2.99.
+resnet_small (exact 38.9%) diloco:4, :8, :16 -23.5, -2.69, -6.68 at 0.345, 0.223, 0.182 (local-sgd
+-1.95, -2.87, -7.80); with momentum 0.5 :8 -0.83 (last three epochs -3.33) and :16 -6.40. The paper's
+momentum 0.9 multiplies each average's change by up to lr / (1 - mu) = 7, too much at small H here.
+Each resnet_small run took 22-28 s of CPU (3-5 min of wall time on this loaded machine).
+
 Run from the repository root, niced: ``nice -n 19 python bench/inexact_accuracy.py`` (both models,
 four modes, 10 epochs, 3 seeds: 8.4 min of CPU, LeNet-5 1 min of it; 35 min of wall time on this
 2-core machine at nice 19 while a lab benchmark and three other sessions kept its load at 5-10),
@@ -91,9 +104,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.outer_optimizer import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, DILOCO, OuterOptimizer, outer_problem
+from edgefleet.workloads.outer_step import OuterStep
 from edgefleet.workloads.registry import build_dataset, build_model, parse_options
 from edgefleet.workloads.sharding import GlobalBatchPlan
 
@@ -113,7 +129,7 @@ class Workload:
 
 
 WORKLOADS = {"lenet5": Workload(128, 0.95), "resnet_small": Workload(64, 0.40)}
-DEFAULT_MODES = ("exact", "local-sgd:2", "local-sgd:4", "local-sgd:8")
+DEFAULT_MODES = ("exact", "local-sgd:2", "local-sgd:4", "local-sgd:8", "diloco:4", "diloco:8")
 QUICK_EPOCHS = 6
 POINT = 0.01  # one point of accuracy
 
@@ -127,6 +143,8 @@ class Mode:
     period: int = 1              # local-sgd: steps between averages
     warmup_steps: int | None = None  # exact steps first; None = one epoch
     average_optimizer: bool = False  # local-sgd: the optimizers' states are averaged with the parameters
+    outer_lr: float = 1.0        # diloco: the outer optimizer's learning rate
+    outer_momentum: float = 0.0  # diloco: its Nesterov momentum
 
 
 def parse_mode(text: str) -> Mode:
@@ -142,10 +160,17 @@ def parse_mode(text: str) -> Mode:
             warmup = None if not rest or (average_optimizer and rest[0] == "") else int(rest[0])
             if len(rest) <= 1 and period >= 1 and (warmup is None or warmup >= 0):
                 return Mode(text, "local-sgd", period=period, warmup_steps=warmup, average_optimizer=average_optimizer)
+        if parts[0] == "diloco" and len(parts) in (2, 3, 5):
+            period = int(parts[1])
+            warmup = int(parts[2]) if len(parts) >= 3 and parts[2] != "" else None
+            lr, mu = (float(parts[3]), float(parts[4])) if len(parts) == 5 else (DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM)
+            if period >= 2 and (warmup is None or warmup >= 0) and not outer_problem(DILOCO, lr, mu):
+                return Mode(text, "diloco", period=period, warmup_steps=warmup, outer_lr=lr, outer_momentum=mu)
     except ValueError:
         pass
     raise ValueError(f"mode {text!r} is not one of: exact, local-sgd:H[:W][:opt] (H >= 1 steps, W >= 0 warm-up steps, "
-                     f"opt: average the optimizers' states too)")
+                     f"opt: average the optimizers' states too), diloco:H[:W[:LR:MU]] (H >= 2; outer lr in (0, 10], "
+                     f"momentum in [0, 1))")
 
 
 @dataclass
@@ -190,6 +215,9 @@ class Simulation:
         self.up_bytes = self.down_bytes = 0.0  # summed over steps, relative to one dense float32 vector
         self.boards: list[tuple[Any, Any]] = []  # local-sgd: each board's (model, optimizer)
         self.since_average = 0
+        self.outer = None  # diloco: the outer optimizer over the flat parameters (the fleet's own code)
+        if mode.kind == "diloco":
+            self.outer = OuterStep(OuterOptimizer(name=DILOCO, lr=mode.outer_lr, momentum=mode.outer_momentum), self.length)
 
     def board_batch(self, step: int, board: int) -> tuple[torch.Tensor, torch.Tensor]:
         indices = torch.tensor(self.plan.indices(step, board))
@@ -237,15 +265,34 @@ class Simulation:
         """
         samples = [count * self.since_average for count in self.batch_sizes]
         weights = [n / sum(samples) for n in samples]
-        with torch.no_grad():
-            for group in zip(self.model.parameters(), *(m.parameters() for m, _ in self.boards)):
-                average = sum(w * p for w, p in zip(weights, group[1:]))
-                for p in group:
-                    p.copy_(average)
+        if self.outer is not None:
+            self.outer_step(weights)
+        else:
+            with torch.no_grad():
+                for group in zip(self.model.parameters(), *(m.parameters() for m, _ in self.boards)):
+                    average = sum(w * p for w, p in zip(weights, group[1:]))
+                    for p in group:
+                        p.copy_(average)
         vectors = 1.0 + (self.average_optimizer_states(weights) if self.mode.average_optimizer else 0.0)
         self.since_average = 0
         self.up_bytes += len(self.batch_sizes) * vectors
         self.down_bytes += vectors
+
+    @torch.no_grad()
+    def outer_step(self, weights: Sequence[float]) -> None:
+        """DiLoCo: the anchor (``self.model``, the last average) moved by the outer step with the boards' weighted
+        average change as its gradient, as the fleet's boards and replica move it; every board then starts from it."""
+        anchor = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).numpy().copy()
+        moved = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]).numpy() for m, _ in self.boards]
+        delta = sum(w * (anchor - flat) for w, flat in zip(weights, moved)).astype(np.float32)
+        assert self.outer is not None
+        self.outer.apply(anchor, delta)
+        new = torch.from_numpy(anchor)
+        for model in (self.model, *(m for m, _ in self.boards)):
+            at = 0
+            for p in model.parameters():  # copied into each model's own tensors (vector_to_parameters would share them)
+                p.copy_(new[at:at + p.numel()].view_as(p))
+                at += p.numel()
 
     def average_optimizer_states(self, weights: Sequence[float]) -> float:
         """Every board's per-parameter optimizer state replaced by the weighted average; the floats sent per board / parameters.
@@ -379,7 +426,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(WORKLOADS), help="comma-separated: lenet5, resnet_small")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                        help="comma-separated: exact, local-sgd:H[:W][:opt] "
+                        help="comma-separated: exact, local-sgd:H[:W][:opt], diloco:H[:W[:LR:MU]] "
                              "(exact is always added)")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (single runs are noisy)")

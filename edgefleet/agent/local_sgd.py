@@ -21,6 +21,7 @@ import logging
 import numpy as np
 import torch
 
+from edgefleet.workloads.outer_step import OuterStep
 from edgefleet.workloads.params import assign_values, flatten_values, int_buffer_bytes, pack_int_buffers, unpack_int_buffers
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,13 @@ class ParameterAnchor:
     Args:
         tensors: The trainable parameters, then the float buffers, in the exchange's order.
         int_buffers: The integer buffers, whose bytes end the exchanged vector (never a delta).
+        outer: DiLoCo's outer step over the trainable parameters at the tensors' head; None: the plain average.
     """
 
-    def __init__(self, tensors: list[torch.Tensor], int_buffers: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, tensors: list[torch.Tensor], int_buffers: list[torch.Tensor] | None = None,
+                 outer: OuterStep | None = None) -> None:
         self.tensors = tensors
+        self.outer = outer
         self.int_buffers = int_buffers or []
         self.values = np.zeros(sum(t.numel() for t in tensors), dtype=np.float32)
         self.size = self.values.size + int_buffer_bytes(self.int_buffers)  # the exchanged vector's
@@ -58,9 +62,13 @@ class ParameterAnchor:
 
     @torch.no_grad()
     def apply(self, average_delta: np.ndarray) -> None:
-        """The model and the anchor become anchor - ``average_delta`` (the fleet's average), the integer buffers the
-        first contributing board's (the result's last elements); the sample count restarts."""
-        np.subtract(self.values, average_delta[:self.values.size], out=self.values)
+        """The model and the anchor become anchor - ``average_delta`` (the fleet's average), or with DiLoCo the anchor
+        moved by the outer step; the integer buffers the first contributing board's (the result's last elements); the
+        sample count restarts."""
+        if self.outer is not None:
+            self.outer.apply(self.values, average_delta)
+        else:
+            np.subtract(self.values, average_delta[:self.values.size], out=self.values)
         assign_values(self.tensors, self.values)
         unpack_int_buffers(self.int_buffers, average_delta[self.values.size:self.size])
         self.samples = 0

@@ -29,6 +29,7 @@ from edgefleet.agent.worker_events import EventWriter
 from edgefleet.protocol.codec import decode_value
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
+from edgefleet.protocol.outer_optimizer import OuterOptimizer
 from edgefleet.protocol.split_schedule import SplitSchedule
 from edgefleet.protocol.sync_schedule import SyncSchedule
 from edgefleet.workloads.device_errors import explain_device_error
@@ -121,13 +122,15 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
         position = position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches)
         sync = SyncSchedule(every=job.sync_every, warmup=job.sync_warmup, total_steps=job.total_steps,
-                            steps_per_epoch=steps_per_epoch(batches_per_epoch, trainer_options.accumulate_grad_batches))
+                            steps_per_epoch=steps_per_epoch(batches_per_epoch, trainer_options.accumulate_grad_batches),
+                            outer=OuterOptimizer(name=job.outer_optimizer, lr=job.outer_lr, momentum=job.outer_momentum))
         package = package_of(model)
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
-            only=cut.head_params if cut is not None else None, buffers=cut.head_layers() if cut is not None else None)
+            only=cut.head_params if cut is not None else None, buffers=cut.head_layers() if cut is not None else None,
+            outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
         callbacks = [positioner, callback_class(package, StepSeeding, "StepSeeding")(seeder)]

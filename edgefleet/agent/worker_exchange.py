@@ -37,6 +37,7 @@ from edgefleet.protocol.wire_dtype import numpy_dtype, wire_dtype_of
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
 from edgefleet.transport.frame_io import FrameReceiver, send_frame, send_segments, set_os_timeouts
 from edgefleet.workloads.loss_scaling import mark_overflow, overflowed, unscaled
+from edgefleet.workloads.outer_step import OuterStep
 from edgefleet.workloads.params import (
     BufferSet,
     FlatGradients,
@@ -302,7 +303,8 @@ class GradientExchange:
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
     ``on_train_batch_end``: an empty vector at a local step, at a sync step the distance moved since
-    the last average (``agent.local_sgd``), whose fleet average sets the model.
+    the last average (``agent.local_sgd``), whose fleet average sets the model (with DiLoCo through the
+    outer optimizer, whose momentum a joining board takes from ``outer_state``, the welcome's).
 
     Overlap (``--overlap``): ``on_before_backward`` sends the frame's head and arms the hooks of
     ``agent.grad_stream``, which send the gradient in buckets as backward produces it;
@@ -317,8 +319,10 @@ class GradientExchange:
                  on_split: Callable[[int, list[int]], object] | None = None,
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
-                 only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None) -> None:
+                 only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None,
+                 outer_state: Any = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._outer_state = outer_state
         self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
         self.overlap = client.overlap if overlap is None else overlap
@@ -374,7 +378,15 @@ class GradientExchange:
                 self.stream = GradientStream(self._params, self._flat, self._wire, self.client.send_bytes)
                 log.info("overlap: the gradient goes out in buckets of %d KiB during backward", self.stream.bucket_bytes // 1024)
         if self._sync is not None:
-            self._anchor = ParameterAnchor([*self._params, *self._buffers.floats], self._buffers.ints)
+            outer = None
+            if self._sync.outer.stepped:  # DiLoCo: the fleet's momentum so far (zeros at the run's start)
+                outer = OuterStep(self._sync.outer, self._grad_elements)
+                if self._outer_state is not None:
+                    outer.load_state(self._outer_state)
+                elif self.step > 0:
+                    raise DecodeError("the welcome carries no outer optimizer state for this DiLoCo job, joined at step "
+                                      f"{self.step}: upgrade edge-coordinator to this board's edgefleet version")
+            self._anchor = ParameterAnchor([*self._params, *self._buffers.floats], self._buffers.ints, outer)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._started is None:

@@ -314,6 +314,7 @@ class Welcome:
     overlap: bool = False                # the vector's gradient is in reversed parameter order (``--overlap``)
     module_state: Any = None             # what the module's on_save_checkpoint added (a board joining mid-run loads it)
     loss_scale: dict[str, float] | None = None  # 16-mixed: the fleet's GradScaler state now (``workloads.loss_scaling``)
+    outer_state: Any = None              # DiLoCo: encode_value tree of the outer optimizer's momentum (``workloads.outer_step``)
     v: int = EXCHANGE_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -322,6 +323,8 @@ class Welcome:
             frame["module_state"] = self.module_state
         if self.loss_scale is not None:
             frame["loss_scale"] = self.loss_scale
+        if self.outer_state is not None:
+            frame["outer_state"] = self.outer_state
         if self.schedulers:
             frame["schedulers"] = self.schedulers
         if self.splits:
@@ -336,7 +339,7 @@ class Welcome:
         Raises:
             ValueError: a name that is not an optional field of the welcome.
         """
-        unknown = set(extra) - {"schedulers", "module_state", "loss_scale"}
+        unknown = set(extra) - {"schedulers", "module_state", "loss_scale", "outer_state"}
         if unknown:
             raise ValueError(f"a welcome has no field(s) {sorted(unknown)}")
         return dataclasses.replace(self, **extra) if extra else self
@@ -367,9 +370,12 @@ class Welcome:
         module_state = d.get("module_state")
         if module_state is not None and not isinstance(module_state, dict):
             raise DecodeError(f"welcome frame: module_state is a {type(module_state).__name__}, not a map")
+        outer_state = d.get("outer_state")
+        if outer_state is not None and not isinstance(outer_state, dict):
+            raise DecodeError(f"welcome frame: outer_state is a {type(outer_state).__name__}, not a map")
         return cls(step=_whole(d, WELCOME, "step"), model=d["model"], optimizer=d["optimizer"], schedulers=schedulers,
                    splits=tuple(BatchSplit.from_wire(split) for split in splits), overlap=overlap,
-                   module_state=module_state, loss_scale=_loss_scale(d.get("loss_scale")), v=v)
+                   module_state=module_state, loss_scale=_loss_scale(d.get("loss_scale")), outer_state=outer_state, v=v)
 
 
 LOSS_SCALE_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")

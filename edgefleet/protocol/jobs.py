@@ -21,6 +21,7 @@ import msgpack
 
 from edgefleet.protocol._validate import message_from_dict
 from edgefleet.protocol.errors import DecodeError
+from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, outer_problem
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 JOB_SCHEMA_VERSION = 1
@@ -43,8 +44,12 @@ JOB_SCHEMA_VERSION = 1
 # Version 7 may ask for layer placement (``placement``: the cut, ``tail_port``: the tail host's
 # activation endpoint on the exchange's host): a version-6 agent would train the whole model on its
 # own (:data:`PLACED_TRAIN_SCHEMA_VERSION`).
+# Version 8 may ask for DiLoCo's outer optimizer (``outer_optimizer``, ``outer_lr``, ``outer_momentum``): a
+# version-7 agent would ignore it and plainly average at each sync step while the coordinator's replica
+# stepped the outer optimizer (:data:`OUTER_TRAIN_SCHEMA_VERSION`).
 # The versioning rule of every message and file: docs/protocol.md.
-TRAIN_SCHEMA_VERSION = 7  # what every train command is sent as
+TRAIN_SCHEMA_VERSION = 8  # what every train command is sent as
+OUTER_TRAIN_SCHEMA_VERSION = 8  # a command of an older version cannot ask for an ``outer_optimizer`` (refused)
 PLACED_TRAIN_SCHEMA_VERSION = 7  # a command of an older version cannot ask for ``placement`` (refused)
 OVERLAP_TRAIN_SCHEMA_VERSION = 5  # a command of an older version cannot ask for ``overlap`` (refused)
 PERIODIC_TRAIN_SCHEMA_VERSION = 4  # a command of an older version cannot ask for ``sync_every`` > 1 (refused)
@@ -72,6 +77,19 @@ def _is_sha256_hex(text: str) -> bool:
 def probe_rounds_ok(rounds: int) -> bool:
     """A link probe's round count: 0 (no rounds) or 2 to :data:`MAX_PROBE_ROUNDS` (the first is not timed)."""
     return rounds == 0 or 2 <= rounds <= MAX_PROBE_ROUNDS
+
+
+def _check_outer(name: str, lr: float, momentum: float, *, sync_every: int, schema_version: int) -> None:
+    """A train command's outer optimizer settings. Raises ValueError: out of range, or asked for where they cannot apply."""
+    problem = outer_problem(name, lr, momentum)
+    if problem:
+        raise ValueError(problem.replace("--outer-optimizer", "outer_optimizer").replace("--outer-lr", "outer_lr")
+                         .replace("--outer-momentum", "outer_momentum"))
+    if name != AVERAGE and sync_every <= 1:
+        raise ValueError(f"outer_optimizer {name} needs sync_every > 1")
+    if name != AVERAGE and schema_version < OUTER_TRAIN_SCHEMA_VERSION:
+        raise ValueError(f"outer_optimizer {name} needs schema_version {OUTER_TRAIN_SCHEMA_VERSION}, the command says "
+                         f"{schema_version}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +126,9 @@ class TrainCommand:
     exchange_tls_sha256: str = ""   # the exchange's certificate (hex SHA-256) the board must find; "": plain TCP
     sync_every: int = 1             # average the boards' parameters every this many local steps; 1 = exact (protocol.sync_schedule)
     sync_warmup: int = 0            # exact steps before the first local one
+    outer_optimizer: str = AVERAGE  # what a sync step does with the average: average, diloco, sgd (protocol.outer_optimizer)
+    outer_lr: float = DEFAULT_OUTER_LR              # the outer optimizer's learning rate (diloco, sgd)
+    outer_momentum: float = DEFAULT_OUTER_MOMENTUM  # ... and its momentum
     overlap: bool = False           # the gradient vector in reversed parameter order, sent as backward produces it
     placement: str = ""             # layer placement: the cut (a layer's name); "": data-parallel (workloads.layer_cut)
     tail_port: int = 0              # the tail host's activation endpoint, on exchange_host (placement only)
@@ -141,6 +162,8 @@ class TrainCommand:
                              f"command says {self.schema_version}")
         if self.sync_every > 1 and self.accumulate_grad_batches != 1:
             raise ValueError("sync_every > 1 needs accumulate_grad_batches 1")
+        _check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum, sync_every=self.sync_every,
+                     schema_version=self.schema_version)
         if type(self.overlap) is not bool:
             raise ValueError(f"overlap {self.overlap!r:.20} is not true or false")
         if self.overlap and self.schema_version < OVERLAP_TRAIN_SCHEMA_VERSION:

@@ -12,13 +12,17 @@ only every ``every`` steps. A step is one of three kinds:
 A step ``s >= warmup`` is a sync step when ``(s - warmup + 1) % every == 0``, when it is the last step of
 an epoch (validation and checkpoints see an averaged model) or the last step of the run. The board's
 worker and the coordinator (exchange and replica) both decide with :func:`is_sync_step`, so they never
-disagree on what a frame of a given step must hold. No torch, no numpy: the protocol's rules only.
+disagree on what a frame of a given step must hold. What a sync step does with the average is the
+schedule's ``outer`` optimizer (``protocol.outer_optimizer``: the plain average, or DiLoCo's outer SGD).
+No torch, no numpy: the protocol's rules only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final, Literal
+
+from edgefleet.protocol.outer_optimizer import PLAIN_AVERAGE, OuterOptimizer
 
 StepKind = Literal["exact", "local", "sync"]
 EXACT: Final = "exact"
@@ -55,11 +59,14 @@ class SyncSchedule:
     warmup: int = 0          # exact steps first (post-local SGD's warm-up)
     steps_per_epoch: int = 0  # an epoch's last step always averages (0: no epochs to honour)
     total_steps: int = 0     # the run's last step always averages
+    outer: OuterOptimizer = PLAIN_AVERAGE  # what a sync step does with the average (DiLoCo's outer SGD, or nothing)
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.warmup < 0 or self.steps_per_epoch < 0 or self.total_steps < 0:
             raise ValueError(f"sync schedule every={self.every} warmup={self.warmup} steps_per_epoch="
                              f"{self.steps_per_epoch} total_steps={self.total_steps} is out of range")
+        if self.outer.stepped and self.every <= 1:
+            raise ValueError(f"outer optimizer {self.outer.name} needs every > 1 (a sync step to take it at)")
 
     @property
     def periodic(self) -> bool:
@@ -83,6 +90,9 @@ class SyncSchedule:
         """The mode in words, for notes and ``result.json``."""
         if not self.periodic:
             return "exact (gradients averaged every step)"
+        if self.outer.stepped:
+            return (f"DiLoCo, every {self.every} steps after {self.warmup} exact steps: "
+                    f"{self.outer.describe()}")
         return f"local SGD, averaging every {self.every} steps after {self.warmup} exact steps"
 
 

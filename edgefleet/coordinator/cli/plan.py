@@ -103,6 +103,10 @@ def add_plan_parser(sub: Any) -> None:
                                    "the constraints, and draw the time/energy Pareto front.",
                        epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_objective_args(p)
+    p.add_argument("--outer-optimizer", choices=("average", "diloco"), default="average",
+                   help="with --allow-inexact, diloco weighs DiLoCo too (train --sync-every H --outer-optimizer diloco, "
+                        "H = 8 or 16: local SGD's bytes, an outer Nesterov SGD on each average); opt-in, as its accuracy "
+                        "depends on the model (docs/training.md)")
     p.add_argument("--epochs", type=float, default=1.0, metavar="E", help="epochs the --deadline covers (default 1)")
     p.add_argument("--batch", default=global_batches, metavar="B,B,…",
                    help=f"global batch sizes to consider, split among the boards (default {global_batches})")
@@ -140,11 +144,16 @@ def request_from_args(args: argparse.Namespace, global_batches: list[int], epoch
     if not 0 <= args.fewer_boards_within < 100:
         raise ConfigError(f"--fewer-boards-within {args.fewer_boards_within:g}: give a percentage from 0 (always the "
                           f"best estimate) to under 100; the default is {DEFAULT_FEWER_BOARDS_PCT:g}")
+    outer = getattr(args, "outer_optimizer", "average")
+    if outer == "diloco" and not args.allow_inexact:
+        raise ConfigError("--outer-optimizer diloco asks the plan to weigh DiLoCo, a mode that changes the mathematics: "
+                          "add --allow-inexact")
     return PlanRequest(objective=args.objective, max_power_w=args.max_power, deadline_s=deadline_s,
                        global_batches=tuple(global_batches), count_idle=args.count_idle,
                        max_memory_fraction=args.max_memory_fraction, top=max(1, getattr(args, "top", DEFAULT_TOP)),
                        fewer_boards_within=args.fewer_boards_within / 100,
-                       deadline_text=deadline_text(args.deadline, epochs), allow_inexact=args.allow_inexact)
+                       deadline_text=deadline_text(args.deadline, epochs), allow_inexact=args.allow_inexact,
+                       outer_optimizer=outer)
 
 
 def requested_variants(args: argparse.Namespace, base_options: dict[str, Any] | None) -> list[dict[str, Any]] | None:

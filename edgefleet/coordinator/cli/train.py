@@ -23,6 +23,7 @@ from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resol
 from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import DATA_MODES
+from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, OUTER_OPTIMIZERS
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 if TYPE_CHECKING:
@@ -133,6 +134,17 @@ def add_train_parser(sub: Any) -> None:
                                "(default 1: the exact mode, DDP's mathematics)")
     periodic.add_argument("--sync-warmup", type=int, metavar="STEPS",
                           help="exact steps (gradients averaged) before the first local one (default: the first epoch)")
+    periodic.add_argument("--outer-optimizer", choices=OUTER_OPTIMIZERS, default=AVERAGE,
+                          help="what each average does (only with --sync-every > 1): average (the default) sets every "
+                               "model to the boards' weighted average; diloco (DiLoCo, arXiv 2311.08105) treats the "
+                               "averaged change as a gradient for SGD with Nesterov momentum; sgd the same with "
+                               "heavy-ball momentum. The boards' own optimizer stays the module's; no extra bytes")
+    periodic.add_argument("--outer-lr", type=float, default=DEFAULT_OUTER_LR, metavar="LR",
+                          help=f"the outer optimizer's learning rate (default {DEFAULT_OUTER_LR}, the paper's); 1 with "
+                               "--outer-momentum 0 is the plain average")
+    periodic.add_argument("--outer-momentum", type=float, default=DEFAULT_OUTER_MOMENTUM, metavar="MU",
+                          help=f"the outer optimizer's momentum in [0, 1) (default {DEFAULT_OUTER_MOMENTUM}, the paper's); "
+                               "if the loss jumps after each average (the notes' sync steps), lower it or --outer-lr")
     p.add_argument("--overlap", action="store_true",
                    help="send each board's gradient in buckets as backward produces it, hiding the upload behind "
                         "backward (the same mathematics and result; opt-in for now, recorded in config.json). Boards "

@@ -8,6 +8,7 @@ import argparse
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import BatchSplit
+from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -55,6 +56,9 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    exchange_tls=args.exchange_tls,
                    rebalance=args.rebalance, rebalance_threshold=args.rebalance_threshold,
                    sync_every=getattr(args, "sync_every", 1), sync_warmup=getattr(args, "sync_warmup", None),
+                   outer_optimizer=getattr(args, "outer_optimizer", AVERAGE),
+                   outer_lr=getattr(args, "outer_lr", DEFAULT_OUTER_LR),
+                   outer_momentum=getattr(args, "outer_momentum", DEFAULT_OUTER_MOMENTUM),
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),

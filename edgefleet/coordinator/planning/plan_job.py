@@ -54,6 +54,7 @@ class PlanRequest:
             with the fewest boards is chosen.
         allow_inexact: Also consider training modes that change the mathematics (local SGD every
             2, 4 or 8 steps: ``planning.modes``); one is chosen only when clearly better than exact.
+        outer_optimizer: ``diloco``: with ``allow_inexact``, DiLoCo (``planning.modes.diloco``) is weighed too.
         deadline_text: How the deadline was asked for (e.g. ``--deadline 30 min over 5 epochs = 6.0
             min per epoch``), added to a refusal that names it.
     """
@@ -68,6 +69,7 @@ class PlanRequest:
     fewer_boards_within: float = DEFAULT_FEWER_BOARDS_PCT / 100
     deadline_text: str = ""
     allow_inexact: bool = False
+    outer_optimizer: str = "average"
 
     def run(self, profiles: Mapping[str, FleetProfile], *, deadline_text: str = "",
             placements: tuple[TrainingMode, ...] = ()) -> PlanResult:
@@ -79,7 +81,8 @@ class PlanRequest:
                                global_batches=self.global_batches, count_idle=self.count_idle,
                                max_memory_fraction=self.max_memory_fraction, top=self.top,
                                fewer_boards_within=self.fewer_boards_within,
-                               modes=candidate_modes(allow_inexact=self.allow_inexact, placements=placements))
+                               modes=candidate_modes(allow_inexact=self.allow_inexact, placements=placements,
+                                                     outer_optimizer=self.outer_optimizer))
         except PlanError as exc:
             if deadline_text and "--deadline" in str(exc):
                 raise PlanError(f"{exc} ({deadline_text})") from None

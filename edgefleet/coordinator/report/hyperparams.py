@@ -58,6 +58,10 @@ def _mode(config: dict[str, Any]) -> str:
     if isinstance(every, int) and every > 1:
         warmup = config.get("sync_warmup")
         words = [f"periodic averaging every {every} steps" + (f" after {warmup} exact steps" if _given(warmup) else "")]
+        outer = config.get("outer_optimizer")
+        if _given(outer) and outer != "average":  # DiLoCo: the outer optimizer steps on each average
+            words.append(f"outer optimizer {outer} (lr {_number(config.get('outer_lr'))}, "
+                         f"momentum {_number(config.get('outer_momentum'))})")
     if config.get("overlap") is True:
         words.append("gradients sent during backward (--overlap)")
     if _given(config.get("placement")):

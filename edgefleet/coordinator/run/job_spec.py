@@ -22,6 +22,7 @@ from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import DATA_MODES
+from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, OuterOptimizer, outer_problem
 from edgefleet.protocol.sync_schedule import SyncSchedule
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
@@ -78,6 +79,12 @@ class JobSpec:
             mathematics change (the model differs from single-process Lightning's) for 1/H the bytes.
         sync_warmup: Exact steps before the first local one; None = the first epoch's steps
             (``resolve_job`` sets it to ``steps_per_epoch`` when ``sync_every`` > 1).
+        outer_optimizer: What a sync step of periodic averaging does with the fleet's average change
+            (``protocol.outer_optimizer``): ``average`` (the default: the boards' parameters averaged),
+            ``diloco`` (DiLoCo: SGD with Nesterov momentum on the averaged change) or ``sgd`` (heavy-ball
+            momentum). Only with ``sync_every`` > 1.
+        outer_lr: The outer optimizer's learning rate (DiLoCo's paper: 0.7).
+        outer_momentum: The outer optimizer's momentum (DiLoCo's paper: 0.9).
         overlap: Send each board's gradient as backward produces it (the vector in reversed parameter
             order, streamed in buckets), hiding the upload behind backward; the same mathematics, the
             same result as without it. Not with ``sync_every`` > 1.
@@ -134,6 +141,9 @@ class JobSpec:
     rebalance_threshold: float = 0.15
     sync_every: int = 1
     sync_warmup: int | None = None
+    outer_optimizer: str = AVERAGE
+    outer_lr: float = DEFAULT_OUTER_LR
+    outer_momentum: float = DEFAULT_OUTER_MOMENTUM
     overlap: bool = False
     placement: str = ""
     aggregate: str = "mean"
@@ -211,6 +221,12 @@ class JobSpec:
                               f"{self.accumulate_grad_batches}: periodic averaging steps each board on each of its "
                               "batches; use one or the other (a larger --batch or a larger --sync-every instead of "
                               "accumulation)")
+        problem = outer_problem(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+        if problem:
+            raise ConfigError(problem)
+        if self.outer_optimizer != AVERAGE and self.sync_every <= 1:
+            raise ConfigError(f"--outer-optimizer {self.outer_optimizer} steps on the boards' averaged change every H "
+                              "steps: add --sync-every H (H > 1, e.g. 8), or leave --outer-optimizer out for the exact mode")
         if type(self.overlap) is not bool:
             raise ConfigError(f"overlap {self.overlap!r:.20} in config.json is not true or false")
         if self.overlap and self.sync_every > 1:
@@ -262,7 +278,12 @@ class JobSpec:
         """Which steps average gradients, parameters or nothing (``protocol.sync_schedule``); needs a resolved spec."""
         warmup = self.sync_warmup if self.sync_warmup is not None else self.steps_per_epoch
         return SyncSchedule(every=self.sync_every, warmup=warmup, steps_per_epoch=self.steps_per_epoch,
-                            total_steps=self.total_steps)
+                            total_steps=self.total_steps, outer=self.outer)
+
+    @property
+    def outer(self) -> OuterOptimizer:
+        """What a sync step does with the fleet's average change (``protocol.outer_optimizer``)."""
+        return OuterOptimizer(name=self.outer_optimizer, lr=float(self.outer_lr), momentum=float(self.outer_momentum))
 
     @property
     def trainer_options(self) -> TrainerOptions:

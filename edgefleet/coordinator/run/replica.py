@@ -19,7 +19,9 @@ replica seeds its generators before every batch from the run's seed (``workloads
 Periodic averaging (``protocol.sync_schedule``): at a local step the replica takes no optimizer
 step (its gradients are None, so its optimizer moves nothing; its LR schedulers step as the
 boards' do); at a sync step its parameters and float buffers become themselves minus the fleet's
-average delta, as every board's do, so it always holds the last average. A checkpoint written
+average delta (with DiLoCo: moved by the outer optimizer, ``workloads.outer_step``, whose momentum
+buffer the replica keeps, checkpoints and hands to joining boards), as every board's do, so it always
+holds the last average. A checkpoint written
 between averages is that of the last average: its step, and the schedulers and learning rates as
 they were then (:meth:`Replica.state_dict`).
 """
@@ -41,13 +43,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from edgefleet.coordinator.run.replica_replay import PlaceholderBatches, Replay, ReplayData, replay_reason
-from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
 from edgefleet.workloads import loss_scaling
 from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPositioner, TrainerOptions, make_trainer, position_of
 from edgefleet.workloads.lightning_api import callback_class, overrides, package_of
 from edgefleet.workloads.module_checkpoint import extra_for_wire, module_extra, restore_extra, saves_extra
 from edgefleet.workloads.module_setup import DataModuleHooks, Placeholders, RunFigures, prepare_module
+from edgefleet.workloads.outer_step import OuterStep
 from edgefleet.workloads.params import (
     BufferSet,
     assign_grads,
@@ -260,6 +263,9 @@ class Replica:
                               "after validation, and between averages its learning rate would reach the boards a step "
                               "late; use --sync-every 1, or a scheduler that steps on its own (StepLR, CosineAnnealingLR)")
         self._anchor: np.ndarray | None = None  # sync steps: parameters and float buffers, flat, as the boards hold them
+        # DiLoCo: the outer optimizer's momentum, the same on every board (computed from the same averages)
+        self._outer = OuterStep(self.sync.outer, self._grad_elements) if self.sync is not None and self.sync.outer.stepped \
+            else None
         self._averaged: tuple[int, list[Any], list[dict[str, Any]]] | None = None  # the last average: step, schedulers, groups
         self._val_loader = val_loader if self.validates else None
         self.logger = logger
@@ -467,7 +473,10 @@ class Replica:
         if self._anchor is None:
             self._anchor = np.zeros(deltas, dtype=np.float32)
         flatten_values(tensors, self._anchor)
-        np.subtract(self._anchor, delta[:deltas], out=self._anchor)
+        if self._outer is not None:  # DiLoCo: the outer optimizer's step with the average delta as its gradient
+            self._outer.apply(self._anchor, delta)
+        else:
+            np.subtract(self._anchor, delta[:deltas], out=self._anchor)
         assign_values(tensors, self._anchor)
         unpack_int_buffers(self.buffers.ints, delta[deltas:])
 
@@ -510,12 +519,23 @@ class Replica:
         if averaged is None or self.sync is None or self.sync.kind(self.step - 1) != LOCAL:
             return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "schedulers": [config.scheduler.state_dict() for config in self.schedulers],
-                    "module": self._module_extra(self.step), **self._loss_scale_state()}
+                    "module": self._module_extra(self.step), **self._loss_scale_state(), **self._outer_state()}
         step, schedulers, groups = averaged  # the model and the optimizer's state have not moved since
         optimizer = self.optimizer.state_dict()
         optimizer["param_groups"] = [{**group, **saved} for group, saved in zip(optimizer["param_groups"], groups)]
         return {"step": step, "model": self.model.state_dict(), "optimizer": optimizer, "schedulers": schedulers,
-                "module": self._module_extra(step), **self._loss_scale_state()}
+                "module": self._module_extra(step), **self._loss_scale_state(), **self._outer_state()}
+
+    def _outer_state(self) -> dict[str, Any]:
+        """DiLoCo: ``{"outer": the momentum buffer}`` for the checkpoint (it moves only at sync steps, so between
+        averages it is the last average's, like the model); else nothing."""
+        if self._outer is None:
+            return {}
+        return {"outer": {name: torch.from_numpy(value) for name, value in self._outer.state().items()}}
+
+    def outer_wire_state(self) -> dict[str, np.ndarray] | None:
+        """DiLoCo: the outer optimizer's momentum now, for the welcome of a joining board; else None."""
+        return self._outer.state() if self._outer is not None else None
 
     def _loss_scale_state(self) -> dict[str, Any]:
         """16-mixed: ``{"loss_scale": the scaler's state}`` for the checkpoint; else nothing."""
@@ -550,6 +570,14 @@ class Replica:
                 raise ConfigError("the checkpoint holds no loss scale: it was not written by a --precision 16-mixed run; "
                                   "resume it with the --precision it was trained with")
             self.scaler.load_state_dict(dict(state["loss_scale"]))
+        if self._outer is not None:
+            if "outer" not in state:
+                raise ConfigError("the checkpoint holds no outer optimizer state: it was not written by an "
+                                  "--outer-optimizer run; resume it with the --outer-optimizer it was trained with")
+            try:
+                self._outer.load_state(dict(state["outer"]))
+            except DecodeError as exc:
+                raise ConfigError(f"the checkpoint's outer optimizer state does not fit this run: {exc}") from None
         self._saved = {"optimizer": state["optimizer"],
                        "schedulers": [to_numpy_tree(s) for s in state.get("schedulers", [])]}
         restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))  # wire_state before start

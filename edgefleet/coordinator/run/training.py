@@ -535,6 +535,9 @@ class TrainingRun:
         loss_scale = self.replica.loss_scale_wire_state()  # 16-mixed: a joining board starts at the fleet's scale
         if loss_scale is not None:
             extra["loss_scale"] = loss_scale
+        outer = self.replica.outer_wire_state()  # DiLoCo: a joining board steps on with the fleet's outer momentum
+        if outer is not None:
+            extra["outer_state"] = encode_value(outer)
         return extra
 
     def _exchange_security(self) -> tuple[HelloChecker, ssl.SSLContext | None]:
@@ -578,7 +581,9 @@ class TrainingRun:
                                     gradient_clip_val=s.gradient_clip_val,
                                     gradient_clip_algorithm=s.gradient_clip_algorithm,
                                     deterministic=s.deterministic, precision=s.precision, sync_every=s.sync_every,
-                                    sync_warmup=s.sync_schedule.warmup, overlap=s.overlap, placement=s.placement,
+                                    sync_warmup=s.sync_schedule.warmup, outer_optimizer=s.outer.name,
+                                    outer_lr=s.outer.lr, outer_momentum=s.outer.momentum, overlap=s.overlap,
+                                    placement=s.placement,
                                     tail_port=tail_port).to_dict()  # TRAIN_SCHEMA_VERSION
                 for i, board in enumerate(s.boards)}
 
@@ -851,10 +856,18 @@ class TrainingRun:
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,
+                **self._outer_result(),
                 "mode": self.spec.sync_schedule.describe(),
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
                                for r in self.adapt.records]}
 
+
+    def _outer_result(self) -> dict[str, Any]:
+        """DiLoCo: the outer optimizer's settings for ``result.json``; nothing for the plain average."""
+        outer = self.spec.outer
+        if not outer.stepped:
+            return {}
+        return {"outer_optimizer": outer.name, "outer_lr": outer.lr, "outer_momentum": outer.momentum}
 
     def _placement_result(self) -> dict[str, Any]:
         """A placed run's cut and the activation rounds' bytes (both ways, all boards); nothing for data-parallel."""
