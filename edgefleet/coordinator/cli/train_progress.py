@@ -35,6 +35,7 @@ from edgefleet.coordinator.cli.render import make_console, summary_line, summary
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.coordinator.run.train_job import TrainObserver, train
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.outer_optimizer import AVERAGE, DILOCO, SGD
 from edgefleet.workloads.quiet_lightning import quiet_lightning
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class TrainProgress(TrainObserver):
                        + f"; a progress line every {self.every_s:g} s (--progress-every)")
             return
         waiting = f"waiting for {len(spec.boards)} board(s) to join" if spec.boards else ""
-        label = "train" if spec.sync_every <= 1 else f"train (local SGD, averaging every {spec.sync_every})"
+        label = "train" if spec.sync_every <= 1 else f"train ({_periodic_name(spec.outer_optimizer)}, averaging every {spec.sync_every})"
         self._progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                   TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console,
                                   transient=False)
@@ -255,6 +256,12 @@ def run_training_ui(spec: JobSpec, run_dir: Path, *, broker: BrokerSettings, fle
         return print_json_outcome(outcome)
     return print_outcome(console, outcome)
 
+
+
+def _periodic_name(outer_optimizer: str) -> str:
+    """How the progress bar names a periodic-averaging run: local SGD (plain averages) or its outer optimizer."""
+    names = {AVERAGE: "local SGD", DILOCO: "DiLoCo", SGD: "local SGD, outer SGD"}
+    return names.get(outer_optimizer, outer_optimizer)
 
 __all__ = [
     "DEFAULT_PROGRESS_EVERY_S",
