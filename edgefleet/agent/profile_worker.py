@@ -15,6 +15,12 @@ this board may use (its cgroup quota, else its cores) that the agent's cgroup fi
 probes the board's link to the coordinator: in bulk with ``probe_bytes`` set (a board's first
 job), and with ``probe_rounds`` set in rounds of the variant's gradient, as a training step moves it.
 
+Between the steps and the probe it times the model's pipeline units for the pipeline planner
+(``workloads.layer_timing``: each run of layers between two admissible cuts, forward and backward,
+at the two smallest batch sizes, on a fresh copy of the model with the job's threads, device and
+autocast), cheap next to the steps (LeNet-5: about 0.1 s). A model that cannot be cut is reported
+without units, with a note in the job's progress, never as a failure.
+
 The memory and power figures come from ``agent.board_resources``, the link probe from
 ``agent.link_probe``; neither needs torch. This module is imported only by the worker (it needs
 torch and Lightning).
@@ -22,6 +28,7 @@ torch and Lightning).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -41,8 +48,17 @@ from edgefleet.agent.board_resources import (
 from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
-from edgefleet.protocol.profile_report import LinkReport, MeasuredPoint, ProfileReport, RoundsReport
+from edgefleet.protocol.profile_report import (
+    MAX_UNITS,
+    LinkReport,
+    MeasuredPoint,
+    ProfileReport,
+    RoundsReport,
+    UnitReport,
+)
 from edgefleet.workloads.fleet_trainer import TrainerOptions, board_accelerator, make_trainer
+from edgefleet.workloads.layer_cut import CutRefused
+from edgefleet.workloads.layer_timing import input_sampler, time_units
 from edgefleet.workloads.lightning_api import callback_class, package_of
 from edgefleet.workloads.module_setup import DataModuleHooks, RunFigures, prepare_module
 from edgefleet.workloads.params import param_count, trainable_params
@@ -138,6 +154,34 @@ def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: Po
                          peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w)
 
 
+def _time_layers(job: ProfileCommand, data: TrainingData) -> tuple[tuple[UnitReport, ...], str]:
+    """The model's pipeline units timed at the two smallest batch sizes, and a line saying how it went.
+
+    Never raises for the model's sake: a model that cannot be cut (or whose units cannot be timed) gives
+    no units and a line saying why; the rest of the profile stands.
+    """
+    sizes = sorted(set(job.batch_sizes))[:2]
+    device = torch.device("cuda" if board_accelerator() == "gpu" else "cpu")
+    started = time.perf_counter()
+    try:
+        torch.manual_seed(job.seed)
+        model = build_model(job.model, job.model_options, data=data.train)  # built after the steps: not in their peak memory
+        options = TrainerOptions(accumulate_grad_batches=job.accumulate_grad_batches, precision=job.precision)
+        prepare_module(model, RunFigures(batches_per_epoch=job.accumulate_grad_batches, total_steps=1, options=options),
+                       data.datamodule)
+        units = time_units(model, input_sampler(data.train, data.collate_fn), (sizes[0], sizes[1]), device=device,
+                           precision=job.precision)
+    except CutRefused as exc:
+        return (), f"per-layer timing skipped: {exc}"
+    except Exception as exc:  # the profile stands whatever the model does under fx or autograd's hooks
+        log.debug("timing the pipeline units of %s failed", job.model, exc_info=True)
+        return (), f"per-layer timing skipped: {type(exc).__name__}: {str(exc)[:200]}"
+    if len(units) > MAX_UNITS:
+        return (), f"per-layer timing skipped: {len(units)} pipeline units, more than a report holds ({MAX_UNITS})"
+    return units, (f"per-layer timing: {len(units)} pipeline units at batch sizes {sizes[0]} and {sizes[1]} "
+                   f"in {time.perf_counter() - started:.2f} s")
+
+
 def _settings_text(job: ProfileCommand) -> str:
     """``", bf16-mixed, 2 batches per step"``: the job's settings that are not the defaults, or ""."""
     parts = [job.precision] if job.precision != "32-true" else []
@@ -178,6 +222,8 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
             events.emit("progress", f"batch {per_step}: {point.step_time_s * 1000:.1f} ms/step, "
                                     f"{point.samples_per_s:.0f} samples/s, peak {point.peak_memory_bytes / 1e6:.0f} MB, "
                                     f"{point.power_w:.2f} W ({meter.label})")
+        units, note = _time_layers(job, data)
+        events.emit("progress", note)
         link = rounds = None
         if job.probe_bytes or job.probe_rounds:  # after the steps: another board's probe traffic must not slow them
             probed = probe_link(host=job.probe_host, port=job.probe_port, token=job.probe_token, job_id=job.job_id,
@@ -202,16 +248,30 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
         link=None if link is None else LinkReport(up_bytes_per_s=link.up_bytes_per_s, down_bytes_per_s=link.down_bytes_per_s,
                                                   nbytes=job.probe_bytes, power_w=link.power_w),
         link_rounds=None if rounds is None else RoundsReport(round_bytes=rounds.round_bytes, rounds=rounds.rounds,
-                                                             round_s=rounds.round_s, power_w=rounds.power_w))
-    wire = report.to_wire()
-    try:
-        size = len(json.dumps(wire, allow_nan=False))  # the coordinator refuses non-finite numbers
-    except ValueError:
-        raise ProfileError("a profile figure is not a finite number (a clock or sensor misbehaved); profile again") from None
+                                                             round_s=rounds.round_s, power_w=rounds.power_w),
+        units=units)
+    size = _wire_size(report)
+    if size > MAX_EVENT_BYTES // 2 and report.units:  # the units are what the planner can do without
+        events.emit("progress", f"per-layer figures left out: with them the result is {size} bytes, over "
+                                f"{MAX_EVENT_BYTES // 2}")
+        report = dataclasses.replace(report, units=())
+        size = _wire_size(report)
     if size > MAX_EVENT_BYTES // 2:
         raise ProfileError(f"the profile result is {size} bytes, over {MAX_EVENT_BYTES // 2}; profile fewer batch sizes")
-    events.emit("finished", f"profiled {len(points)} batch sizes", data=wire)
+    events.emit("finished", f"profiled {len(points)} batch sizes", data=report.to_wire())
     return 0
+
+
+def _wire_size(report: ProfileReport) -> int:
+    """The report's size as the event carries it.
+
+    Raises:
+        ProfileError: a figure is not a finite number (the coordinator refuses those).
+    """
+    try:
+        return len(json.dumps(report.to_wire(), allow_nan=False))
+    except ValueError:
+        raise ProfileError("a profile figure is not a finite number (a clock or sensor misbehaved); profile again") from None
 
 
 __all__ = ["ProfileError", "StepClock", "run_profile"]

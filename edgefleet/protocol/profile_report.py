@@ -3,13 +3,19 @@
 One :class:`ProfileReport` per model variant and board: the step times, peak memory and power at
 each batch size profiled (:class:`MeasuredPoint`), the board's power and memory, and the link
 probe's figures (:class:`LinkReport` for the bulk transfers of a board's first job,
-:class:`RoundsReport` for the gradient-sized rounds). ``to_wire()`` gives the plain map the event
-carries (msgpack, finite numbers only); ``from_wire(d)`` validates one and raises ``DecodeError``
-naming the field.
+:class:`RoundsReport` for the gradient-sized rounds) and, where the model can be cut, each pipeline
+unit's forward and backward times and bytes (:class:`UnitReport`, ``units``). ``to_wire()``
+gives the plain map the event carries (msgpack, finite numbers only); ``from_wire(d)`` validates
+one and raises ``DecodeError`` naming the field.
 
 :data:`PROFILE_REPORT_VERSION` is the one version of this layout; the report carries it as ``v``.
 A report of another version is refused with :class:`ProfileReportVersionError`, whose message says
 which side to upgrade. A report without ``v`` is version 1.
+
+``units`` was added without a new version: it is optional (absent when empty, so an older agent's
+report reads as no units), and a coordinator from before it ignores the key, as it ignores any key
+it does not know, and plans with the stand-ins it always used; no figure it does read changes
+meaning. A new version would only make such a coordinator refuse every newer board's profile.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from edgefleet.protocol.frame_fields import is_int
 
 PROFILE_REPORT_VERSION: Final = 1
 MAX_POINTS = 64  # batch sizes in one report (a profile command allows fewer)
+MAX_UNITS = 64   # pipeline units in one report: a model cut in more is reported without them (the event's size)
 
 
 class ProfileReportVersionError(ProtocolError):
@@ -133,6 +140,44 @@ class RoundsReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnitReport:
+    """One pipeline unit (the layers between two admissible cuts of the model) as the board timed it.
+
+    Its times are lines ``intercept + per_sample * n`` through the unit's median forward (and
+    backward) at two batch sizes; its bytes are per sample (the growth from one batch size to the
+    other), so a tensor kept whatever the batch is not counted.
+    """
+
+    name: str                         # the unit's last layer: the cut that ends it, or the model's last one
+    forward_intercept_s: float
+    forward_s_per_sample: float
+    backward_intercept_s: float       # backward from the unit's output gradient to its input's (and parameters')
+    backward_s_per_sample: float
+    param_bytes: int
+    activation_bytes_per_sample: int  # its output: what crosses the cut after it
+    held_bytes_per_sample: int        # what its forward saves for its backward (its parameters left out)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "forward_intercept_s": self.forward_intercept_s,
+                "forward_s_per_sample": self.forward_s_per_sample, "backward_intercept_s": self.backward_intercept_s,
+                "backward_s_per_sample": self.backward_s_per_sample, "param_bytes": self.param_bytes,
+                "activation_bytes_per_sample": self.activation_bytes_per_sample,
+                "held_bytes_per_sample": self.held_bytes_per_sample}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> UnitReport:
+        what = "a pipeline unit"
+        d = _map(d, what)
+        return cls(name=_text(d, what, "name"), forward_intercept_s=_number(d, what, "forward_intercept_s"),
+                   forward_s_per_sample=_number(d, what, "forward_s_per_sample"),
+                   backward_intercept_s=_number(d, what, "backward_intercept_s"),
+                   backward_s_per_sample=_number(d, what, "backward_s_per_sample"),
+                   param_bytes=_whole(d, what, "param_bytes"),
+                   activation_bytes_per_sample=_whole(d, what, "activation_bytes_per_sample"),
+                   held_bytes_per_sample=_whole(d, what, "held_bytes_per_sample"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileReport:
     """One board's measurements of one model variant (``points`` in ascending batch size)."""
 
@@ -147,6 +192,7 @@ class ProfileReport:
     memory_total_bytes: int     # what the training process may use (RAM or cgroup limit)
     link: LinkReport | None = None          # the bulk probe: a board's first job only
     link_rounds: RoundsReport | None = None  # the rounds probe, when the job asked for rounds
+    units: tuple[UnitReport, ...] = ()       # the model's pipeline units in forward order; (): not measured
     v: int = PROFILE_REPORT_VERSION
 
     def to_wire(self) -> dict[str, Any]:
@@ -156,7 +202,8 @@ class ProfileReport:
                 "idle_power_w": self.idle_power_w, "power_source": self.power_source,
                 "memory_total_bytes": self.memory_total_bytes,
                 "link": None if self.link is None else self.link.to_wire(),
-                "link_rounds": None if self.link_rounds is None else self.link_rounds.to_wire()}
+                "link_rounds": None if self.link_rounds is None else self.link_rounds.to_wire(),
+                **({"units": [unit.to_wire() for unit in self.units]} if self.units else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> ProfileReport:
@@ -177,20 +224,26 @@ class ProfileReport:
         if not isinstance(points, list) or not 0 < len(points) <= MAX_POINTS:
             raise DecodeError(f"{what}: points is not a list of 1-{MAX_POINTS} batch sizes")
         link, rounds = d.get("link"), d.get("link_rounds")
+        units = d.get("units", [])
+        if not isinstance(units, list) or len(units) > MAX_UNITS:
+            raise DecodeError(f"{what}: units is not a list of at most {MAX_UNITS} pipeline units")
         return cls(agent_version=_text(d, what, "agent_version"), worker_pid=_whole(d, what, "worker_pid"),
                    torch_threads=_whole(d, what, "torch_threads", minimum=1), param_count=_whole(d, what, "param_count"),
                    points=tuple(sorted((MeasuredPoint.from_wire(p) for p in points), key=lambda p: p.batch_size)),
                    active_power_w=_number(d, what, "active_power_w"), idle_power_w=_number(d, what, "idle_power_w"),
                    power_source=_text(d, what, "power_source"), memory_total_bytes=_whole(d, what, "memory_total_bytes"),
                    link=None if link is None else LinkReport.from_wire(link),
-                   link_rounds=None if rounds is None else RoundsReport.from_wire(rounds), v=v)
+                   link_rounds=None if rounds is None else RoundsReport.from_wire(rounds),
+                   units=tuple(UnitReport.from_wire(u) for u in units), v=v)
 
 
 __all__ = [
+    "MAX_UNITS",
     "PROFILE_REPORT_VERSION",
     "LinkReport",
     "MeasuredPoint",
     "ProfileReport",
     "ProfileReportVersionError",
     "RoundsReport",
+    "UnitReport",
 ]

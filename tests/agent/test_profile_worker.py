@@ -197,7 +197,8 @@ def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     events = Events()
     assert run_profile(_job(), events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0  # type: ignore[arg-type]
     phases = [e["phase"] for e in events.lines]
-    assert phases[0] == "running" and phases[-1] == "finished" and phases.count("progress") == 2
+    assert phases[0] == "running" and phases[-1] == "finished" and phases.count("progress") == 3
+    assert events.lines[3]["message"].startswith("per-layer timing: 12 pipeline units at batch sizes 4 and 8 in ")
     data = events.lines[-1]["data"]
     report = ProfileReport.from_wire(JobEvent.from_msgpack(JobEvent(job_id="p-0", board_id="b1", phase="finished",
                                                                     data=data).to_msgpack()).data)
@@ -210,7 +211,10 @@ def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     assert report.power_source == "estimated" and report.idle_power_w == 2.7
     assert report.memory_total_bytes > 0 and report.link is None and report.worker_pid == os.getpid()
     assert report.torch_threads == 1 and report.param_count > 0 and report.agent_version
-    assert len(json.dumps(data)) < 8000
+    # LeNet-5's twelve pipeline units, their parameters adding up to the model's
+    assert [u.name for u in report.units] == [f"net.{i}" for i in range(12)]
+    assert sum(u.param_bytes for u in report.units) == 4 * report.param_count
+    assert len(json.dumps(data)) < 12_000
 
 
 def test_an_unknown_model_is_a_config_error_naming_what_exists() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from edgefleet.coordinator.planning.pipeline_model import problem_from_fleet
 from edgefleet.coordinator.planning.profiles import load_profile_meta, load_profiles
 from edgefleet.protocol.jobs import ProfileCommand
 from edgefleet.protocol.signing import sign_command
@@ -61,6 +62,13 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(fleet: Fl
         assert board.power_source == "estimated" and board.active_power_w >= board.idle_power_w > 0
     meta = load_profile_meta(path)
     assert meta is not None and (meta.model, meta.dataset, meta.batch_sizes) == ("lenet5", "digits", [8, 16])
+    # every board timed LeNet-5's pipeline units, the runs between the cuts the coordinator profiled, and the
+    # pipeline planner takes them instead of its stand-ins
+    cut_names = [cut.name for cut in fleet_profile.cuts]
+    for board in fleet_profile.boards.values():
+        assert len(board.units) == len(cut_names) + 1 == 12 and [u.name for u in board.units][:-1] == cut_names
+    _, notes = problem_from_fleet(fleet_profile, global_batch=32)
+    assert "measured on 2 board(s)" in notes[0] and not any("no per-layer figures" in note for note in notes)
 
     # The one-shot board's worker exits after its job; the kept one waits for the next job.
     wait_until(lambda: not _workers(once.proc.pid), timeout_s=30, what="the one-shot worker to exit")

@@ -7,8 +7,9 @@ stage starts a micro-batch's backward as soon as it can, so it holds fewer activ
 arithmetic of a plan is ``planning.pipeline_cost``'s module doc; the search, ``planning.pipeline_search``.
 
 Everything here is plain data: no torch, no sockets. :func:`problem_from_fleet` builds the inputs from
-today's profile file (a :class:`~edgefleet.coordinator.planning.profiles.FleetProfile` with its cuts)
-and says which figures the file does not hold and what stands in for them.
+a profile file (a :class:`~edgefleet.coordinator.planning.profiles.FleetProfile` with its cuts, and
+the per-layer figures the boards measured where they did) and says which figures the file does not
+hold and what stands in for them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from edgefleet.coordinator.planning.cut_profile import FLOAT_BYTES
+from edgefleet.coordinator.planning.cut_profile import FLOAT_BYTES, CutProfile
+from edgefleet.coordinator.planning.layer_shares import MeasuredLayers, measured_layers
 from edgefleet.coordinator.planning.profiles import REPROFILE_HINT, FleetProfile
 from edgefleet.protocol.errors import PlanError
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 SCHEDULES = ("gpipe", "1f1b")
 MAX_MICRO_BATCHES = 16           # the largest M the planner tries unless told otherwise
 FORWARD_SHARE = 1 / 3            # a layer's forward against its forward + backward, where only the sum is known
+NOTABLE_SPREAD = 0.05            # boards' measured shares of a layer this far apart (of a sample) are worth a note
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,11 +223,16 @@ def problem_from_fleet(fleet: FleetProfile, *, global_batch: int, max_memory_fra
     """The pipeline problem for a profiled fleet, with what the profile lacks and what stands in for it.
 
     The layers are the runs of the model between its admissible cuts (``FleetProfile.cuts``): a
-    pipeline can only be cut where layer placement can. A run's compute is its share of the model's
-    floating-point operations; a board's speed is 1 / its profiled seconds per sample.
+    pipeline can only be cut where layer placement can. A board's speed is 1 / its profiled seconds
+    per sample. A run's share of that time, its forward against its backward, and its bytes are
+    what the boards measured of it (``planning.layer_shares``: the median share over the boards that
+    timed their units); a profile without such figures (an older agent's) gets stand-ins: the run's
+    share of the model's floating-point operations, forward : backward 1 : 2, and the boards' memory
+    per sample split by the same shares.
 
     Returns:
-        The problem and one line per stand-in (figures the profile file does not hold).
+        The problem and one line per stand-in (figures the profile file does not hold), naming the
+        boards that fell back to them.
 
     Raises:
         PlanError: the profile holds no cut of the model (the fix: profile again).
@@ -233,42 +241,75 @@ def problem_from_fleet(fleet: FleetProfile, *, global_batch: int, max_memory_fra
         raise PlanError("the profile file holds no cut of this model, so no pipeline can be planned: "
                         f"{REPROFILE_HINT} (it profiles every admissible cut)")
     cuts = sorted(fleet.cuts, key=lambda c: (c.head_share, c.head_params))
-    total_params = cuts[0].head_params + cuts[0].tail_params
-    per_sample = statistics.median(b.memory_fit.slope for b in fleet.boards.values())
-    layers, share_before, params_before = [], 0.0, 0
-    for cut in [*cuts, None]:
-        share = (cut.head_share if cut else 1.0) - share_before
-        params = (cut.head_params if cut else total_params) - params_before
-        name = cut.name if cut else "output"   # a run is named by the cut that ends it
-        layers.append(LayerCost(name=name, forward_s_per_sample=share * FORWARD_SHARE,
-                                backward_s_per_sample=share * (1 - FORWARD_SHARE), param_bytes=max(params, 0) * FLOAT_BYTES,
-                                activation_bytes_per_sample=cut.boundary_elements * FLOAT_BYTES if cut else 0,
-                                held_bytes_per_sample=round(per_sample * share)))
-        if cut:
-            share_before, params_before = cut.head_share, cut.head_params
-    static = total_params * FLOAT_BYTES * (2 + optimizer_bytes_per_param_byte)
+    measured = measured_layers(fleet, [c.name for c in cuts])
+    layers, missing = _measured(cuts, measured) if measured else _stand_ins(fleet, cuts)
+    total_param_bytes = sum(layer.param_bytes for layer in layers)
+    static = total_param_bytes * (2 + optimizer_bytes_per_param_byte)
     boards = tuple(PipelineBoard(board_id=b.board_id, speed=1.0 / b.time_fit.slope,
                                  memory_limit_bytes=math.floor(b.memory_total_bytes * max_memory_fraction),
                                  link_up_bytes_per_s=1.0 / b.up_s_per_byte, link_down_bytes_per_s=1.0 / b.down_s_per_byte,
                                  active_power_w=max(b.active_power_w, b.idle_power_w), idle_power_w=b.idle_power_w,
                                  base_memory_bytes=max(round(b.memory_fit.intercept - static), 0),
                                  overhead_s=b.time_fit.intercept) for b in fleet.boards.values())
-    problem = PipelineProblem(layers=tuple(layers), boards=boards, global_batch=global_batch,
+    problem = PipelineProblem(layers=layers, boards=boards, global_batch=global_batch,
                               dataset_len=fleet.dataset_len, optimizer_bytes_per_param_byte=optimizer_bytes_per_param_byte,
                               coordinator_link_bytes_per_s=fleet.coordinator_link_bytes_per_s, max_power_w=max_power_w,
                               count_idle=count_idle)
-    missing = (
-        "per-layer times on each board: each board's profiled seconds per sample scaled by the layer's share of "
-        "the model's operations (measured on the coordinator)",
-        f"forward against backward: taken as {FORWARD_SHARE:.2f} : {1 - FORWARD_SHARE:.2f} of each layer's time",
-        "per-layer memory held for backward: the boards' median memory per sample "
-        f"({per_sample / 1e6:.2f} MB) split by each layer's share of the operations",
+    missing += (
         "a micro-batch's fixed cost: each board's whole-step intercept (its optimizer step included), charged per "
         "micro-batch and stage",
         "the optimizer's state: "
         f"{optimizer_bytes_per_param_byte:g} x the parameters (not in the profile; pass the job's optimizer)",
     )
     return problem, missing
+
+
+def _names(cuts: list[CutProfile]) -> list[str]:
+    """A run is named by the cut that ends it; the last one, "output"."""
+    return [c.name for c in cuts] + ["output"]
+
+
+def _measured(cuts: list[CutProfile], measured: MeasuredLayers) -> tuple[tuple[LayerCost, ...], tuple[str, ...]]:
+    """The layers from the boards' units, and the lines saying what is still assumed and which boards fell back."""
+    layers = tuple(LayerCost(name=name, forward_s_per_sample=fwd, backward_s_per_sample=bwd, param_bytes=params,
+                             activation_bytes_per_sample=act, held_bytes_per_sample=held)
+                   for name, fwd, bwd, params, act, held in zip(
+                       _names(cuts), measured.forward_share, measured.backward_share, measured.param_bytes,
+                       measured.activation_bytes_per_sample, measured.held_bytes_per_sample))
+    spread = (f"; the boards' own shares of a layer differ from the median by up to {measured.spread:.0%} of a sample "
+              f"({measured.spread_board})" if measured.spread_board and measured.spread >= NOTABLE_SPREAD else "")
+    notes: tuple[str, ...] = (
+        f"per-layer times on each board: its profiled seconds per sample x the layer's share of it, measured on "
+        f"{len(measured.boards)} board(s) (the median share; one speed per board){spread}",)
+    if measured.fell_back:
+        notes += (f"boards {', '.join(measured.fell_back)} hold no per-layer figures for these cuts (profiled by an "
+                  "older agent, or by other model code): the measured boards' shares and bytes stand in",)
+    return layers, notes
+
+
+def _stand_ins(fleet: FleetProfile, cuts: list[CutProfile]) -> tuple[tuple[LayerCost, ...], tuple[str, ...]]:
+    """The layers from the coordinator's operation counts, for a profile without per-layer figures."""
+    total_params = cuts[0].head_params + cuts[0].tail_params
+    per_sample = statistics.median(b.memory_fit.slope for b in fleet.boards.values())
+    layers, share_before, params_before = [], 0.0, 0
+    for cut, name in zip([*cuts, None], _names(cuts)):
+        share = (cut.head_share if cut else 1.0) - share_before
+        params = (cut.head_params if cut else total_params) - params_before
+        layers.append(LayerCost(name=name, forward_s_per_sample=share * FORWARD_SHARE,
+                                backward_s_per_sample=share * (1 - FORWARD_SHARE), param_bytes=max(params, 0) * FLOAT_BYTES,
+                                activation_bytes_per_sample=cut.boundary_elements * FLOAT_BYTES if cut else 0,
+                                held_bytes_per_sample=round(per_sample * share)))
+        if cut:
+            share_before, params_before = cut.head_share, cut.head_params
+    boards = ", ".join(fleet.boards)
+    notes = (
+        f"per-layer times on each board ({boards}: no per-layer figures in the profile): each board's profiled "
+        "seconds per sample scaled by the layer's share of the model's operations (measured on the coordinator)",
+        f"forward against backward: taken as {FORWARD_SHARE:.2f} : {1 - FORWARD_SHARE:.2f} of each layer's time",
+        "per-layer memory held for backward: the boards' median memory per sample "
+        f"({per_sample / 1e6:.2f} MB) split by each layer's share of the operations",
+    )
+    return tuple(layers), notes
 
 
 __all__ = ["FORWARD_SHARE", "MAX_MICRO_BATCHES", "SCHEDULES", "BoardMemory", "LayerCost", "LinkLoad",

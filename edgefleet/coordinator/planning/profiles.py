@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.coordinator.planning.cut_profile import CutProfile
+from edgefleet.coordinator.planning.unit_profile import UnitProfile
 from edgefleet.protocol.errors import PlanError
 from edgefleet.transport.atomic_file import write_atomically
 
@@ -127,6 +128,9 @@ class BoardProfile:
     link_power_w: float | None = None  # draw while moving bytes over the link (the probe's); None = idle
     link_round_bytes: int | None = None  # the probe's gradient-sized rounds: one frame's payload ...
     link_round_s: float | None = None    # ... and the median time of it up and back; None: not measured
+    # The model's pipeline units as this board timed them, in forward order (planning.unit_profile); (): not
+    # measured (an agent from before them, or a model that cannot be cut). Written only when measured.
+    units: tuple[UnitProfile, ...] = ()
     time_fit: LineFit = field(init=False, repr=False, compare=False)
     memory_fit: LineFit = field(init=False, repr=False, compare=False)
 
@@ -215,16 +219,20 @@ class BoardProfile:
             "link_bytes_per_s": self.link_bytes_per_s, "link_down_bytes_per_s": self.link_down_bytes_per_s,
             "link_power_w": self.link_power_w, "link_round_bytes": self.link_round_bytes,
             "link_round_s": self.link_round_s,
+            **({"units": [u.to_json() for u in self.units]} if self.units else {}),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BoardProfile:
         fields = _known(data, ("board_id", "agent_version", "model_key", "points", "active_power_w", "idle_power_w",
                                "power_source", "memory_total_bytes", "link_bytes_per_s", "link_down_bytes_per_s",
-                               "link_power_w", "link_round_bytes", "link_round_s"),
+                               "link_power_w", "link_round_bytes", "link_round_s", "units"),
                         "a board profile")
         points = tuple(BatchPoint.from_json(p) for p in fields.pop("points"))
-        return cls(points=points, **fields)
+        units = fields.pop("units", [])
+        if not isinstance(units, list):
+            raise PlanError(f"board {fields.get('board_id')!r}: its pipeline units are not a list; {REPROFILE_HINT}")
+        return cls(points=points, units=tuple(UnitProfile.from_json(u) for u in units), **fields)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,6 +32,7 @@ from edgefleet.coordinator.planning.profiles import (
     model_key,
     variant_label,
 )
+from edgefleet.coordinator.planning.unit_profile import UnitProfile
 from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
@@ -241,7 +242,8 @@ def _board_profile(board: str, variant: _Variant, report: ProfileReport, link: L
                             link_bytes_per_s=link.up_bytes_per_s, link_down_bytes_per_s=link.down_bytes_per_s,
                             link_power_w=link_power_w,
                             link_round_bytes=None if rounds is None else rounds.round_bytes,
-                            link_round_s=None if rounds is None else rounds.round_s)
+                            link_round_s=None if rounds is None else rounds.round_s,
+                            units=tuple(UnitProfile.from_report(u) for u in report.units))
     except EdgeTrainError as exc:  # PlanError: a figure the planner cannot use
         raise ProfileFailed(f"board {board}, {variant.label}: {exc}") from None
 
