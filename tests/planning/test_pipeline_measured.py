@@ -129,3 +129,40 @@ def test_a_boards_report_carries_its_units_into_its_profile() -> None:
     profile = _board_profile("pi-1", _Variant("default", {}, KEY, 10_000), report, link)
 
     assert profile.units == _units()
+
+
+def _plan_cli(path: Path, *flags: str) -> int:
+    import argparse
+
+    from edgefleet.coordinator.cli.plan import add_plan_parser, cmd_plan
+
+    parser = argparse.ArgumentParser(prog="edge-coordinator")
+    add_plan_parser(parser.add_subparsers(dest="command"))
+    return cmd_plan(parser.parse_args(["plan", "--profile", str(path), "--no-fleet-check", "--pipeline", *flags]))
+
+
+def test_plan_pipeline_prints_the_stages_and_says_what_would_fit(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan --pipeline`` on a profile file: the chosen plan's stages, memory and link bytes as JSON; a fleet whose
+    memory holds no plan exits 1 with the line that says what would."""
+    from edgefleet.coordinator.planning.profiles import ProfileMeta
+
+    path = tmp_path / "edgefleet-profile.json"
+    meta = ProfileMeta(model="mlp", dataset="digits", batch_sizes=[8, 32])  # the test boards' model key
+    boards = (dataclasses.replace(board("pi-1", c=0.01, memory=1 * GB), units=_units()),
+              dataclasses.replace(board("pi-2", c=0.02, memory=2 * GB), units=_units(2.0)))
+    save_profiles(path, {"default": _fleet(*boards)}, meta=meta)
+
+    assert _plan_cli(path, "--json", "--batch", "32", "--objective", "time") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["global_batch"] == 32 and out["variant"] == "default"
+    assert [name for stage in out["stages"] for name in stage["layers"]] == ["net.3", "net.6", "output"]
+    assert {b for stage in out["stages"] for b in stage["boards"]} <= {"pi-1", "pi-2"}
+    assert all(m["used_bytes"] <= m["limit_bytes"] for m in out["memory"].values())
+    assert out["step_time_s"] > 0 and 0 <= out["bubble_fraction"] < 1
+
+    tiny = tuple(dataclasses.replace(b, memory_total_bytes=1000) for b in boards)  # no layer fits anywhere
+    save_profiles(path, {"default": _fleet(*tiny)}, meta=meta)
+    assert _plan_cli(path, "--batch", "32") == 1
+    text = capsys.readouterr().out
+    assert "planning only" in text and ("variant" in text or "boards" in text)

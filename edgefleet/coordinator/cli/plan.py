@@ -63,6 +63,7 @@ examples:
   edge-coordinator plan --objective time --allow-inexact  also consider local SGD (it changes the mathematics)
   edge-coordinator plan --verify 2 --fleet-key fleet.key  pre-train the best 2 for 20 steps, choose on measurement
   edge-coordinator plan --no-fleet-check --json           plan on the profile file alone, for scripts
+  edge-coordinator plan --pipeline --objective time       pipeline stages over board groups (planning only)
 
 The profile comes from `edge-coordinator profile` (default ./edgefleet-profile.json). A profiled
 board that is offline now is left out, with a line saying so; a profile measured for another
@@ -118,6 +119,11 @@ def add_plan_parser(sub: Any) -> None:
                    help="layer placement: weigh the model's admissible cuts (auto, the default: each profiled on this "
                         "machine, the tail host), one cut, or none (data-parallel only); the chosen line says which "
                         "and the bytes each board moves")
+    p.add_argument("--pipeline", action="store_true",
+                   help="plan pipeline stages instead: contiguous layer ranges on groups of boards, micro-batches, "
+                        "each board's memory against its limit, the bytes each link carries and the bubble, from the "
+                        "boards' per-layer profiles; for a model no single board can train. Planning only: train "
+                        "cannot run pipeline stages yet (docs/pipeline.md)")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N", help=f"rows in the table (default {DEFAULT_TOP})")
     p.add_argument("--png", type=Path, metavar="FILE", help="where to draw the Pareto front (default <profile>-pareto.png)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON for scripts (notes go to stderr)")
@@ -180,6 +186,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--verify pre-trains on the boards, so it needs the broker: drop --no-fleet-check")
     request = request_from_args(args, parse_int_list(args.batch, "--batch"), args.epochs)
     cfg = None if args.no_fleet_check else load_config(args)
+    if getattr(args, "pipeline", False):
+        if args.verify:
+            raise ConfigError("--verify pre-trains data-parallel candidates; a pipeline plan cannot be pre-trained yet: "
+                              "drop --verify or --pipeline")
+        return _plan_pipeline(args, request, None if cfg is None else cfg.broker)
     try:
         outcome = plan(request, profile_path=args.profile, model=args.model,
                        variants=requested_variants(args, _parse_options(args.model_options)), dataset=args.dataset,
@@ -200,6 +211,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(outcome, notes, png, verified)
     return 0
+
+
+def _plan_pipeline(args: argparse.Namespace, request: PlanRequest, broker: Any) -> int:
+    """``plan --pipeline``: the best pipeline plan, or the line saying what would fit (exit 1)."""
+    from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipeline_job  # numpy: only here
+    from edgefleet.coordinator.planning.pipeline_render import render_result
+
+    try:
+        outcome = plan_pipeline_job(request, profile_path=args.profile, model=args.model,
+                                    variants=requested_variants(args, _parse_options(args.model_options)),
+                                    dataset=args.dataset, dataset_options=_parse_options(args.dataset_options),
+                                    broker=broker)
+    except BrokerError as exc:
+        raise BrokerError(f"{exc} (or plan on the profile alone with --no-fleet-check)") from None
+    option = outcome.chosen
+    if args.json:
+        for note in [*outcome.notes, *option.notes]:
+            print(note, file=sys.stderr)
+        json.dump(pipeline_json(outcome, request.objective), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        console = _console()
+        for note in [*outcome.notes, *option.notes]:
+            console.print(note, markup=False, soft_wrap=True)
+        console.print(f"variant {option.variant_label}, global batch {option.global_batch}", markup=False)
+        console.print(render_result(option.problem, option.result), markup=False, soft_wrap=True)
+        console.print("planning only: train cannot run pipeline stages yet (docs/pipeline.md)", markup=False)
+    return 0 if outcome.fits else 1
 
 
 def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:

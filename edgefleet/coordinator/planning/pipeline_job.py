@@ -1,0 +1,115 @@
+"""``plan --pipeline``: the pipeline planner (``planning.pipeline_planner``) over a profile file's boards.
+
+The same profile, variants and fleet check as a data-parallel plan (``planning.plan_job``), then for
+every selected variant and every global batch asked for, the best pipeline plan for the objective
+(``planning.pipeline_model.problem_from_fleet`` turns the profile's per-layer figures into the
+planner's problem). The best over them is chosen; when none fits, the line of the variant and
+batch that came closest says what would (more boards, other micro-batches, a smaller variant).
+
+Planning only: ``train`` cannot run pipeline stages yet (issue 35), which the CLI says.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.coordinator.control.fleet_select import fleet_snapshot
+from edgefleet.coordinator.planning.pipeline_model import PipelineProblem, problem_from_fleet
+from edgefleet.coordinator.planning.pipeline_planner import PipelineResult, plan_pipeline
+from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, load_profile_file, restrict_to, select_variants
+from edgefleet.protocol.errors import PlanError
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.planning.plan_job import PlanRequest
+    from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineOption:
+    """One variant at one global batch, planned."""
+
+    variant_label: str
+    global_batch: int
+    problem: PipelineProblem
+    result: PipelineResult
+    notes: tuple[str, ...] = ()  # what the profile lacked and what stood in for it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineOutcome:
+    """The chosen option (the best feasible one, else the first planned, whose ``no_fit`` says what would)."""
+
+    chosen: PipelineOption
+    options: tuple[PipelineOption, ...]
+    check: FleetCheck
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen.result.plan is not None
+
+
+def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | None = None,
+                      variants: list[dict[str, Any]] | None = None, dataset: str | None = None,
+                      dataset_options: dict[str, Any] | None = None,
+                      broker: BrokerSettings | None = None) -> PipelineOutcome:
+    """Plan pipeline stages for the job over the profile file's boards that can take part now.
+
+    Raises:
+        PlanError: the profile does not fit the job or the fleet, or holds no cut of the model.
+        BrokerError: the broker cannot be reached.
+    """
+    profiles, meta = load_profile_file(profile_path)
+    selected = select_variants(profiles, meta=meta, model=model, variants=variants, dataset=dataset,
+                               dataset_options=dataset_options)
+    notes: list[str] = []
+    if broker is None:
+        check = FleetCheck.unchecked(selected)
+        notes.append("not checked against the fleet (--no-fleet-check): boards and agent versions are the profile's")
+    else:
+        check = check_fleet(selected, fleet_snapshot(broker).rows)
+    notes += check.notes
+    options = []
+    for label, fleet in restrict_to(selected, check).items():
+        for global_batch in request.global_batches:
+            problem, lacking = problem_from_fleet(fleet, global_batch=global_batch,
+                                                  max_memory_fraction=request.max_memory_fraction,
+                                                  max_power_w=request.max_power_w, count_idle=request.count_idle)
+            options.append(PipelineOption(variant_label=label, global_batch=global_batch, problem=problem,
+                                          result=plan_pipeline(problem, request.objective), notes=lacking))
+    if not options:
+        raise PlanError("no variant and global batch to plan a pipeline for: give --batch and a profiled variant")
+    fitting = [o for o in options if o.result.plan is not None]
+    chosen = (min(fitting, key=lambda o: o.result.require().objective_value(request.objective)) if fitting
+              else options[-1])  # the largest batch of the last variant: its line says what would fit
+    return PipelineOutcome(chosen=chosen, options=tuple(options), check=check, notes=tuple(notes))
+
+
+def pipeline_json(outcome: PipelineOutcome, objective: str) -> dict[str, Any]:
+    """The outcome for ``plan --pipeline --json``."""
+    option, plan = outcome.chosen, outcome.chosen.result.plan
+    doc: dict[str, Any] = {"objective": objective, "variant": option.variant_label, "global_batch": option.global_batch,
+                           "fits": plan is not None, "no_fit": option.result.no_fit or None,
+                           "notes": [*outcome.notes, *option.notes, *option.result.notes],
+                           "boards": list(outcome.check.boards)}
+    if plan is None:
+        return doc
+    layers = option.problem.layers
+    doc.update({
+        "micro_batches": plan.micro_batches, "schedule": plan.schedule, "step_time_s": plan.step_time_s,
+        "bubble_fraction": plan.bubble_fraction, "power_w": plan.power_w, "energy_per_step_j": plan.energy_per_step_j,
+        "epoch_time_s": plan.epoch_time_s, "energy_per_epoch_j": plan.energy_per_epoch_j, "edp_j_s": plan.edp_j_s,
+        "stages": [{"layers": [layers[i].name for i in range(s.first_layer, s.stop_layer)], "boards": list(s.boards),
+                    "micro_batch_sizes": list(s.micro_batch_sizes)} for s in plan.stages],
+        "memory": {m.board_id: {"used_bytes": m.used_bytes, "limit_bytes": m.limit_bytes} for m in plan.memory},
+        "links": {x.board_id: {"up_bytes": x.up_bytes, "down_bytes": x.down_bytes} for x in plan.links},
+    })
+    return doc
+
+
+__all__ = ["PipelineOption", "PipelineOutcome", "pipeline_json", "plan_pipeline_job"]
