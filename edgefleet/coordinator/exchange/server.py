@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.coordinator.blas_threads import one_blas_thread
 from edgefleet.coordinator.exchange.admission import HELLO_TIMEOUT_S, MAX_HELLO_BYTES, Admission, Listener
 from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError, Roster
 from edgefleet.coordinator.exchange.gradient_reduce import OUTLIER_RATIO, GradientReducer
@@ -151,6 +152,7 @@ class ExchangeServer:
                  int_buffer_elements: int = 0, accumulate_grad_batches: int = 1, aggregate: str = "mean",
                  loss_scaled: bool = False) -> None:
         self.job_id, self.wire_dtype, self.param_count = job_id, wire_dtype, param_count
+        one_blas_thread()  # the norm check's np.dot every step: spinning BLAS threads cost far more than the work
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
                                         buffer_elements=buffer_elements, buffer_sync=buffer_sync,
                                         outlier_ratio=outlier_ratio, int_buffer_elements=int_buffer_elements,
