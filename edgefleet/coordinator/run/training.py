@@ -861,7 +861,6 @@ class TrainingRun:
                 "rebalances": [{k: r[k] for k in ("step", "from_step", "new_batch_sizes", "message")}
                                for r in self.adapt.records]}
 
-
     def _outer_result(self) -> dict[str, Any]:
         """DiLoCo: the outer optimizer's settings for ``result.json``; nothing for the plain average."""
         outer = self.spec.outer
