@@ -28,7 +28,8 @@ def one_blas_thread() -> None:
     if _limited:
         return
     try:
-        import numpy  # noqa: F401  (the BLAS library threadpoolctl limits is loaded with numpy)
+        # numpy loads the BLAS library threadpoolctl limits; threadpoolctl is optional (scikit-learn brings it)
+        import numpy  # noqa: F401
         from threadpoolctl import threadpool_limits
     except ImportError as exc:
         log.debug("numpy's BLAS threads left as they are (%s)", exc)

@@ -19,6 +19,8 @@ from edgefleet.coordinator.cli.train_args import placement_choice
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
 from edgefleet.coordinator.planning import write_pareto_png
 from edgefleet.coordinator.planning.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
+from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipeline_job
+from edgefleet.coordinator.planning.pipeline_render import render_result
 from edgefleet.coordinator.planning.plan_job import (
     DEFAULT_FEWER_BOARDS_PCT,
     DEFAULT_GLOBAL_BATCHES,
@@ -215,9 +217,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_pipeline(args: argparse.Namespace, request: PlanRequest, broker: Any) -> int:
     """``plan --pipeline``: the best pipeline plan, or the line saying what would fit (exit 1)."""
-    from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipeline_job  # numpy: only here
-    from edgefleet.coordinator.planning.pipeline_render import render_result
-
     try:
         outcome = plan_pipeline_job(request, profile_path=args.profile, model=args.model,
                                     variants=requested_variants(args, _parse_options(args.model_options)),
