@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.planning.pipeline_model import PipelineProblem, problem_from_fleet
 from edgefleet.coordinator.planning.pipeline_planner import PipelineResult, plan_pipeline
-from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, load_profile_file, restrict_to, select_variants
+from edgefleet.coordinator.planning.plan_fleet import FleetCheck, restrict_to
+from edgefleet.coordinator.planning.plan_job import profiled_fleet
 from edgefleet.protocol.errors import PlanError
 
 if TYPE_CHECKING:
@@ -64,16 +64,8 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
         PlanError: the profile does not fit the job or the fleet, or holds no cut of the model.
         BrokerError: the broker cannot be reached.
     """
-    profiles, meta = load_profile_file(profile_path)
-    selected = select_variants(profiles, meta=meta, model=model, variants=variants, dataset=dataset,
-                               dataset_options=dataset_options)
-    notes: list[str] = []
-    if broker is None:
-        check = FleetCheck.unchecked(selected)
-        notes.append("not checked against the fleet (--no-fleet-check): boards and agent versions are the profile's")
-    else:
-        check = check_fleet(selected, fleet_snapshot(broker).rows)
-    notes += check.notes
+    selected, _, check, notes = profiled_fleet(profile_path, model=model, variants=variants, dataset=dataset,
+                                               dataset_options=dataset_options, broker=broker)
     options = []
     for label, fleet in restrict_to(selected, check).items():
         for global_batch in request.global_batches:

@@ -135,6 +135,23 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
             request (the message names the constraint and by how much).
         BrokerError: the broker cannot be reached.
     """
+    selected, meta, check, notes = profiled_fleet(profile_path, model=model, variants=variants, dataset=dataset,
+                                                  dataset_options=dataset_options, broker=broker)
+    placements = placement_modes(placement, selected, notes)
+    result = request.run(restrict_to(selected, check), placements=placements)
+    return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
+
+
+def profiled_fleet(profile_path: Path, *, model: str | None, variants: list[dict[str, Any]] | None,
+                   dataset: str | None, dataset_options: dict[str, Any] | None, broker: BrokerSettings | None
+                   ) -> tuple[dict[str, FleetProfile], ProfileMeta | None, FleetCheck, list[str]]:
+    """The job's profiled variants, the profile's meta, the boards that can take part now and the notes on them:
+    what a data-parallel plan (:func:`plan`) and a pipeline plan (``planning.pipeline_job``) start from.
+
+    Raises:
+        PlanError: the profile does not fit the job or the fleet.
+        BrokerError: the broker cannot be reached.
+    """
     profiles, meta = load_profile_file(profile_path)
     selected = select_variants(profiles, meta=meta, model=model, variants=variants, dataset=dataset,
                                dataset_options=dataset_options)
@@ -145,9 +162,7 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
     else:
         check = check_fleet(selected, fleet_snapshot(broker).rows)
     notes += check.notes
-    placements = placement_modes(placement, selected, notes)
-    result = request.run(restrict_to(selected, check), placements=placements)
-    return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
+    return dict(selected), meta, check, notes
 
 
 def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes: list[str]) -> tuple[TrainingMode, ...]:
