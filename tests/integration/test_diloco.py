@@ -40,7 +40,7 @@ from tests.helpers import status_json, train_args, wait_until
 SEED = 7
 BATCHES = (8, 16)
 EVERY, WARMUP = 3, 2  # exact 0-1, then sync steps 4, 7, 10, 13 (and the run's last)
-OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5
 LENET = {"optimizer": "sgd", "lr": 0.05}
 
 pytestmark = pytest.mark.fleet(boards=("d1", "d2"), agent_args=("--interval", "0.2"), wait="online")
@@ -139,7 +139,7 @@ def _train(fleet: Fleet, spec: JobSpec, run_dir: Path, observer: TrainObserver, 
 
 def test_a_diloco_fleet_trains_what_the_diloco_mathematics_gives(tmp_path: Path, fleet: Fleet) -> None:
     steps = 8
-    spec = _job("--outer-optimizer", "diloco", steps=steps)  # the paper's outer lr 0.7 and momentum 0.9 by default
+    spec = _job("--outer-optimizer", "diloco", steps=steps)  # outer lr 0.7 (the paper's) and momentum 0.5 by default
     assert (spec.outer_optimizer, spec.outer_lr, spec.outer_momentum) == ("diloco", OUTER_LR, OUTER_MOMENTUM)
     observer = _Observer()
     assert not _train(fleet, spec, tmp_path / "run", observer)

@@ -39,7 +39,7 @@ def test_diloco_costs_what_local_sgd_costs_and_runs_with_its_train_flags() -> No
         assert not mode.exact and mode.departure == local_sgd(every).departure
         assert mode.train_flags == ("--sync-every", str(every), "--outer-optimizer", "diloco")
         spec = JobSpec(model="lenet5", dataset="digits", **mode_job_options(mode.job_options))
-        assert (spec.sync_every, spec.outer_optimizer, spec.outer_lr, spec.outer_momentum) == (every, "diloco", 0.7, 0.9)
+        assert (spec.sync_every, spec.outer_optimizer, spec.outer_lr, spec.outer_momentum) == (every, "diloco", 0.7, 0.5)
     assert diloco(8, lr=0.5, momentum=0.8).train_flags[-4:] == ("--outer-lr", "0.5", "--outer-momentum", "0.8")
     with pytest.raises(PlanError, match="--outer-momentum 1"):
         diloco(8, momentum=1.0)
