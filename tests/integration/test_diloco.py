@@ -9,7 +9,6 @@ average change D is the gradient of an outer SGD with Nesterov momentum on the l
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import os
@@ -36,6 +35,7 @@ from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.outer_step import OuterStep
 from tests.conftest import Fleet
 from tests.helpers import status_json, train_args, wait_until
+from tests.integration.periodic_reference import periodic_reference
 
 SEED = 7
 BATCHES = (8, 16)
@@ -64,54 +64,8 @@ class _Observer(TrainObserver):
 
 def _diloco_reference(steps: int, *, lr: float, momentum: float, options: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """One process: post-local SGD on each board's slice, the averages taken by Nesterov outer SGD (torch, per tensor)."""
-    from edgefleet.workloads.params import single_optimizer
-    from edgefleet.workloads.registry import build_dataset, build_model
-    from edgefleet.workloads.sharding import GlobalBatchPlan
-
-    dataset = build_dataset("digits", "train", {})
-    torch.manual_seed(SEED)
-    model = build_model("lenet5", options or LENET, data=dataset)
-    optimizer = single_optimizer(model.configure_optimizers())
-    plan = GlobalBatchPlan(len(dataset), list(BATCHES), SEED)
-    schedule = SyncSchedule(every=EVERY, warmup=WARMUP, steps_per_epoch=plan.steps_per_epoch, total_steps=steps)
-
-    def step(net: torch.nn.Module, opt: torch.optim.Optimizer, indices: list[int]) -> None:
-        samples = [dataset[i] for i in indices]
-        x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()  # type: ignore[no-untyped-call]
-        opt.step()
-
-    boards: list[tuple[torch.nn.Module, torch.optim.Optimizer]] = []
-    momentum_buffers = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
-    samples = [0] * len(BATCHES)
-    for s in range(steps):
-        if schedule.kind(s) == "exact":
-            step(model, optimizer, plan.global_indices(s))
-            continue
-        if not boards:
-            for _ in BATCHES:
-                net = copy.deepcopy(model)
-                opt = single_optimizer(net.configure_optimizers())
-                opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-                boards.append((net, opt))
-        for i, (net, opt) in enumerate(boards):
-            step(net, opt, plan.indices(s, i))
-            samples[i] += BATCHES[i]
-        if schedule.kind(s) == "sync":
-            total = sum(samples)
-            with torch.no_grad():
-                moved = [dict(net.named_parameters()) for net, _ in boards]
-                for name, anchor in model.named_parameters():
-                    change = sum((samples[i] / total) * (anchor - moved[i][name]) for i in range(len(boards)))
-                    buffer = momentum_buffers[name]
-                    buffer.mul_(momentum).add_(change)
-                    anchor.sub_(lr * (change + momentum * buffer))
-                for net, _ in boards:
-                    net.load_state_dict(model.state_dict())
-            samples = [0] * len(BATCHES)
-    state: dict[str, torch.Tensor] = model.state_dict()
-    return state
+    return periodic_reference(steps, every=EVERY, warmup=WARMUP, batches=BATCHES, seed=SEED, options=options or LENET,
+                              outer=(lr, momentum))
 
 
 def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

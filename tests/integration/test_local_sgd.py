@@ -9,7 +9,6 @@ parameters averaged (weighted by their samples since the last average) at the sc
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import socket
 import threading
@@ -34,6 +33,7 @@ from edgefleet.transport.frame_io import recv_frame, send_frame
 from edgefleet.transport.settings import BrokerSettings
 from tests.conftest import Fleet
 from tests.helpers import train_args
+from tests.integration.periodic_reference import periodic_reference
 
 SEED = 7
 BATCHES = (8, 16)
@@ -57,52 +57,7 @@ class _Notes(TrainObserver):
 
 def _local_sgd_reference(steps: int, *, every: int, warmup: int) -> dict[str, torch.Tensor]:
     """One process: the post-local SGD mathematics on each board's slice of the run's global batches."""
-    from edgefleet.workloads.params import single_optimizer
-    from edgefleet.workloads.registry import build_dataset, build_model
-    from edgefleet.workloads.sharding import GlobalBatchPlan
-
-    dataset = build_dataset("digits", "train", {})
-    torch.manual_seed(SEED)
-    model = build_model("lenet5", LENET, data=dataset)
-    optimizer = single_optimizer(model.configure_optimizers())
-    plan = GlobalBatchPlan(len(dataset), list(BATCHES), SEED)
-    schedule = SyncSchedule(every=every, warmup=warmup, steps_per_epoch=plan.steps_per_epoch, total_steps=steps)
-
-    def batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        samples = [dataset[i] for i in indices]
-        return torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
-
-    def step(net: torch.nn.Module, opt: torch.optim.Optimizer, indices: list[int]) -> None:
-        x, y = batch(indices)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-
-    boards: list[tuple[torch.nn.Module, torch.optim.Optimizer]] = []
-    samples = [0] * len(BATCHES)
-    for s in range(steps):
-        if schedule.kind(s) == "exact":
-            step(model, optimizer, plan.global_indices(s))
-            continue
-        if not boards:  # the warm-up's end: every board starts from the same model and optimizer state
-            for _ in BATCHES:
-                net = copy.deepcopy(model)
-                opt = single_optimizer(net.configure_optimizers())
-                opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # its own momentum, not a shared buffer
-                boards.append((net, opt))
-        for i, (net, opt) in enumerate(boards):
-            step(net, opt, plan.indices(s, i))
-            samples[i] += BATCHES[i]
-        if schedule.kind(s) == "sync":
-            total = sum(samples)
-            with torch.no_grad():
-                moved = [dict(net.named_parameters()) for net, _ in boards]
-                for name, anchor in model.named_parameters():  # anchor - the boards' weighted mean delta
-                    anchor.sub_(sum((samples[i] / total) * (anchor - moved[i][name]) for i in range(len(boards))))
-                for net, _ in boards:
-                    net.load_state_dict(model.state_dict())
-            samples = [0] * len(BATCHES)
-    return model.state_dict()
+    return periodic_reference(steps, every=every, warmup=warmup, batches=BATCHES, seed=SEED, options=LENET)
 
 
 def _relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
