@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -47,12 +48,12 @@ def _board(board_id: str, *, speed: float = 1.0, memory: float = 100 * MB, link:
                          base_memory_bytes=int(base), overhead_s=overhead)
 
 
-def _hand_problem(**overrides: object) -> PipelineProblem:
+def _hand_problem(**overrides: Any) -> PipelineProblem:
     layers = (_layer("conv", fwd=0.01, bwd=0.02, params=1 * MB, act=1000, held=1 * MB),
               _layer("dense", fwd=0.02, bwd=0.04, params=2 * MB, act=10, held=2 * MB))
     boards = (_board("a", speed=1.0, active=10.0), _board("b", speed=2.0, active=8.0))
     problem = PipelineProblem(layers=layers, boards=boards, global_batch=8, dataset_len=800, micro_batches=(2,))
-    return dataclasses.replace(problem, **overrides)  # type: ignore[arg-type]
+    return dataclasses.replace(problem, **overrides)
 
 
 TWO_STAGES = (StageSpec(0, 1, ("a",)), StageSpec(1, 2, ("b",)))

@@ -3,6 +3,8 @@ against the whole model's forward and backward, the cost, and a model that canno
 
 from __future__ import annotations
 
+import io
+import json
 import statistics
 import time
 from typing import Any
@@ -15,6 +17,7 @@ from torch import nn
 
 from edgefleet.agent.job_runner import WorkerContext
 from edgefleet.agent.profile_worker import run_profile
+from edgefleet.agent.worker_events import EventWriter
 from edgefleet.protocol.jobs import ProfileCommand
 from edgefleet.protocol.profile_report import ProfileReport
 from edgefleet.workloads.layer_cut import CutRefused
@@ -130,12 +133,16 @@ class UncutNet(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-class _Events:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
+class _Events(EventWriter):
+    """The worker's own event writer, into memory: the lines the agent would read."""
 
-    def emit(self, phase: str, message: str = "", **fields: Any) -> None:
-        self.lines.append({"phase": phase, "message": message, **fields})
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+        super().__init__(self.buffer)
+
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.buffer.getvalue().splitlines()]
 
 
 def test_a_model_that_cannot_be_cut_is_profiled_without_units_and_says_why() -> None:
@@ -148,7 +155,7 @@ def test_a_model_that_cannot_be_cut_is_profiled_without_units_and_says_why() -> 
     job = ProfileCommand(job_id="p-0", board_id="b1", model=f"{__name__}:UncutNet", dataset="digits", batch_sizes=[2, 4],
                          warmup_steps=1, timed_steps=2, threads=1, probe_host="127.0.0.1", probe_port=9,
                          probe_token="s" * 32, probe_bytes=0)
-    assert run_profile(job, events, WorkerContext(power_source="estimated", idle_w=2.0, max_w=5.0)) == 0  # type: ignore[arg-type]
+    assert run_profile(job, events, WorkerContext(power_source="estimated", idle_w=2.0, max_w=5.0)) == 0
     notes = [e["message"] for e in events.lines if e["phase"] == "progress"]
     assert any(n.startswith("per-layer timing skipped: UncutNet.forward cannot be traced") for n in notes), notes
     report = ProfileReport.from_wire(events.lines[-1]["data"])
