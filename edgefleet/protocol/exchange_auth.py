@@ -46,7 +46,10 @@ class HelloProver:
     secret: bytes = field(repr=False)
 
     def prove(self, job_id: str, board_id: str, tls_sha256: str) -> bytes:
-        message = hello_message(job_id, board_id, tls_sha256)
+        return self.prove_message(hello_message(job_id, board_id, tls_sha256))
+
+    def prove_message(self, message: bytes) -> bytes:
+        """The proof over ``message`` (a hello's, from this module or ``protocol.stage_auth``)."""
         if self.algorithm == "ed25519":
             return ed25519_sign(self.secret, message)
         return hmac.new(self.secret, message, hashlib.sha256).digest()

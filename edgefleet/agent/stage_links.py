@@ -1,0 +1,399 @@
+"""A stage host's links to its pipeline neighbours (issue 35): authenticated TLS, one stream a connection.
+
+Every stage host listens on a port of its own with a TLS certificate of its own, whose fingerprint
+the plan pins (``StagePeer.tls_sha256``). It opens a connection for each stream it sends
+(``protocol.stage_frames``: ``act`` downstream, ``dact`` upstream, ``out`` from the last stage to the
+first and ``dout`` back) and accepts one for each stream it receives, from the board the plan puts
+at the sending stage, proving its key (``protocol.stage_auth``). A connection carries one stream in
+one direction after its hello, so no TLS connection is read and written at once, and a reader
+thread per incoming stream keeps every socket drained: no send waits on a peer that is itself
+blocked sending.
+
+Incoming tensors wait in an inbox keyed by (stream, step, micro-batch) until the training thread
+takes them (:meth:`StageEndpoint.recv`), each bounded by the plan: a frame no larger than the
+stream's largest micro-batch, at most two steps' micro-batches queued, shapes checked on taking.
+Whatever goes wrong (a stall past the deadline, a closed connection, a malformed, oversized or
+non-finite frame, a refusal) ends the job on this host with :class:`StageFault`, one line naming
+the neighbour, its stage and why: never a hang, never a silently wrong step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.stage_auth import StageCredentials
+from edgefleet.protocol.stage_frames import (
+    ACT,
+    DACT,
+    DOUT,
+    OUT,
+    STAGE_REFUSAL,
+    STAGE_STOP,
+    STAGE_WELCOME,
+    StageHello,
+    StageMessage,
+    StageStopped,
+    StageTensor,
+    decode_stage_reply,
+    stream_receiver,
+)
+from edgefleet.transport.exchange_tls import BoardTlsSocket, JobCertificate, TlsRefused, connect_tls
+from edgefleet.transport.frame_io import ConnectionClosed, recv_frame, send_frame
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+MAX_HELLO_BYTES = 4096
+CONNECT_TIMEOUT_S = 60.0  # the neighbours start at about the same time; a host still loading its data comes later
+STALL_TIMEOUT_S = 120.0  # a stream silent this long within a step: the neighbour is stalled or gone
+FRAME_MARGIN_BYTES = 4096  # a frame's fields beside its tensor
+
+
+class StageFault(EdgeTrainError):
+    """A neighbour stalled, left, refused this host or sent what the plan does not allow (the message says which)."""
+
+
+@dataclass(frozen=True)
+class StagePeer:
+    """One stage's host, as the signed plan names it; ``tls_sha256`` "": plain TCP (``--no-exchange-tls``)."""
+
+    board_id: str
+    host: str
+    port: int
+    tls_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class StageLinkPlan:
+    """What one stage host needs of the plan to link up.
+
+    Args:
+        job_id: the job.
+        stage: this host's stage, from 0 (the first stage holds the data).
+        peers: every stage's host, in stage order (``peers[stage]`` is this one).
+        shapes: each stage's output shape per sample, in stage order (the last is the model's output).
+        max_rows: the most samples a micro-batch holds (bounds every frame before it is read).
+    """
+
+    job_id: str
+    stage: int
+    peers: list[StagePeer]
+    shapes: list[tuple[int, ...]]
+    max_rows: int
+
+    @property
+    def stages(self) -> int:
+        return len(self.peers)
+
+    @property
+    def me(self) -> StagePeer:
+        return self.peers[self.stage]
+
+    def sends(self) -> list[str]:
+        """The streams this stage sends."""
+        last = self.stages - 1
+        return ([ACT] if self.stage < last else [OUT]) + ([DOUT] if self.stage == 0 else [DACT])
+
+    def receives(self) -> list[str]:
+        """The streams this stage receives."""
+        last = self.stages - 1
+        return ([OUT] if self.stage == 0 else [ACT]) + ([DOUT] if self.stage == last else [DACT])
+
+    def sender_of(self, stream: str) -> int:
+        """The stage that sends this host ``stream``."""
+        last = self.stages - 1
+        return {ACT: self.stage - 1, DACT: self.stage + 1, OUT: last, DOUT: 0}[stream]
+
+    def sample_shape(self, stream: str, *, sent_by: int) -> tuple[int, ...]:
+        """One sample's shape on ``stream`` sent by stage ``sent_by``: an output of a stage, or the gradient of one."""
+        if stream in (ACT, OUT, DOUT):
+            return self.shapes[sent_by if stream != DOUT else self.stages - 1]
+        return self.shapes[sent_by - 1]  # dact: the gradient of the sender's input, its upstream neighbour's output
+
+    def max_frame_bytes(self, stream: str, sent_by: int) -> int:
+        return self.max_rows * math.prod(self.sample_shape(stream, sent_by=sent_by)) * 4 + FRAME_MARGIN_BYTES
+
+
+@dataclass
+class _Inbox:
+    """One incoming stream: frames by (step, micro-batch), or why the stream ended."""
+
+    peer: StagePeer
+    stage: int
+    frames: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    error: str = ""
+    connected: bool = False
+
+
+class StageEndpoint:
+    """This host's side of every stream of the pipeline.
+
+    Args:
+        plan: the stage links of the plan, for this host.
+        board_id: this board (must be ``plan.me.board_id``).
+        credentials: this board's key, and its neighbours' public keys.
+        certificate: this host's TLS certificate (None: plain TCP, only where the plan pins none).
+        stall_timeout_s: how long :meth:`recv` waits for a micro-batch before the neighbour is taken for stalled.
+    """
+
+    def __init__(self, plan: StageLinkPlan, *, credentials: StageCredentials, certificate: JobCertificate | None,
+                 stall_timeout_s: float = STALL_TIMEOUT_S) -> None:
+        if plan.stages < 2:
+            raise ValueError("a pipeline has at least two stages")
+        self.plan, self.credentials, self.stall_timeout_s = plan, credentials, stall_timeout_s
+        self._tls: ssl.SSLContext | None = None
+        if certificate is not None:
+            self._tls = certificate.server_context()
+            self._tls.sslsocket_class = BoardTlsSocket  # the blocking frame reader's MSG_WAITALL, as on a board
+        self._cond = threading.Condition()
+        self._inboxes = {s: _Inbox(plan.peers[plan.sender_of(s)], plan.sender_of(s)) for s in plan.receives()}
+        self._out: dict[str, socket.socket] = {}
+        self._listener: socket.socket | None = None
+        self._closed = False
+        self.bytes_sent = self.bytes_received = 0
+
+    # --- setting up ---------------------------------------------------------------------------------------------
+    def listen(self, host: str, port: int = 0) -> int:
+        """Bind and accept the neighbours' streams in a thread; returns the port."""
+        sock = socket.create_server((host, port))
+        self._listener = sock
+        threading.Thread(target=self._accept_loop, args=(sock,), name="stage-accept", daemon=True).start()
+        return int(sock.getsockname()[1])
+
+    def connect(self, *, start: int = 0, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Open every stream this host sends, retrying while a neighbour is not listening yet.
+
+        Raises:
+            StageFault: a neighbour cannot be reached within ``timeout_s``, fails TLS, or refuses this board.
+        """
+        for stream in self.plan.sends():
+            to = stream_receiver(stream, self.plan.stage, self.plan.stages)
+            self._out[stream] = self._open(stream, self.plan.peers[to], to, start, time.monotonic() + timeout_s)
+
+    def wait_connected(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Wait until every stream this host receives is connected.
+
+        Raises:
+            StageFault: one is not within ``timeout_s`` (naming the neighbour), or a stream failed.
+        """
+        until = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                self._raise_errors()
+                missing = [(s, i) for s, i in self._inboxes.items() if not i.connected]
+                if not missing:
+                    return
+                left = until - time.monotonic()
+                if left <= 0:
+                    stream, inbox = missing[0]
+                    raise StageFault(f"board {inbox.peer.board_id} (stage {inbox.stage}) did not open its {stream} "
+                                     f"stream to this board within {timeout_s:g} s: check that it runs the job and "
+                                     f"can reach {self.plan.me.host}:{self.plan.me.port}")
+                self._cond.wait(left)
+
+    # --- a step -------------------------------------------------------------------------------------------------
+    def send(self, stream: str, step: int, micro: int, micros: int, tensor: np.ndarray) -> None:
+        """Send one micro-batch's tensor on ``stream``.
+
+        Raises:
+            StageFault: the connection failed (naming the neighbour).
+        """
+        sock = self._out[stream]
+        to = stream_receiver(stream, self.plan.stage, self.plan.stages)
+        frame = StageTensor(stream, step, micro, micros, np.ascontiguousarray(tensor, dtype=np.float32)).to_wire()
+        try:
+            self.bytes_sent += send_frame(sock, frame)
+        except OSError as exc:
+            peer = self.plan.peers[to]
+            raise StageFault(f"board {peer.board_id} (stage {to}) took no {stream} for step {step} "
+                             f"({exc.strerror or exc}): it left or stalled") from None
+
+    def recv(self, stream: str, step: int, micro: int, *, rows: int | None = None) -> tuple[np.ndarray, int]:
+        """Micro-batch ``micro``'s tensor of ``step`` on ``stream``, and the step's micro-batch count.
+
+        Args:
+            rows: the samples it must hold (None: any number up to the plan's ``max_rows``).
+
+        Raises:
+            StageFault: it did not come within the stall timeout, the stream failed, or the tensor is not what the
+                plan allows (naming the neighbour and what was wrong).
+        """
+        inbox = self._inboxes[stream]
+        until = time.monotonic() + self.stall_timeout_s
+        with self._cond:
+            while (step, micro) not in inbox.frames:
+                if inbox.error:  # only this stream's end matters here: a neighbour that finished closes its others
+                    raise StageFault(self._why(stream, inbox))
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise StageFault(f"board {inbox.peer.board_id} (stage {inbox.stage}) sent no {stream} for step "
+                                     f"{step} micro-batch {micro} within {self.stall_timeout_s:g} s: it stalled or "
+                                     "left")
+                self._cond.wait(left)
+            frame = inbox.frames.pop((step, micro))
+        sample = self.plan.sample_shape(stream, sent_by=inbox.stage)
+        try:
+            got = StageTensor.from_wire(frame, stream, step=step, micro=micro, sample=sample, rows=rows,
+                                        max_rows=self.plan.max_rows)
+        except DecodeError as exc:
+            self._fail(stream, str(exc))
+            raise StageFault(self._why(stream, inbox)) from None
+        return np.array(got.tensor), got.micros
+
+    def close(self, reason: str = "") -> None:
+        """Tell the neighbours why (when there is a reason: a fault) and close every connection."""
+        self._closed = True
+        for sock in self._out.values():
+            if reason:
+                try:
+                    sock.settimeout(1.0)
+                    send_frame(sock, StageMessage(STAGE_STOP, reason).to_wire())
+                except OSError:
+                    pass
+            _shut(sock)
+        if self._listener is not None:
+            _shut(self._listener)
+        with self._cond:
+            self._cond.notify_all()
+
+    # --- inside ---------------------------------------------------------------------------------------------------
+    def _open(self, stream: str, peer: StagePeer, stage: int, start: int, until: float) -> socket.socket:
+        where = f"board {peer.board_id} (stage {stage}) at {peer.host}:{peer.port}"
+        while True:
+            try:
+                sock = socket.create_connection((peer.host, peer.port), timeout=HELLO_TIMEOUT_S)
+                break
+            except OSError as exc:
+                if time.monotonic() >= until:
+                    raise StageFault(f"cannot reach {where} for the {stream} stream ({exc.strerror or exc}): check "
+                                     "that it runs the job and that the firewall lets the plan's port through") from None
+                time.sleep(0.2)  # a retry, not a synchronisation: the neighbour is not listening yet
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            if peer.tls_sha256:
+                sock = connect_tls(sock, peer.tls_sha256)
+            me = self.plan.me
+            proof = self.credentials.prove(self.plan.job_id, me.board_id, self.plan.stage, stream, peer.tls_sha256)
+            send_frame(sock, StageHello(job_id=self.plan.job_id, board_id=me.board_id, stage=self.plan.stage,
+                                        stream=stream, start=start, proof=proof).to_wire())
+            decode_stage_reply(recv_frame(sock, max_bytes=MAX_HELLO_BYTES))
+        except TlsRefused as exc:
+            sock.close()
+            raise StageFault(f"{where} failed TLS for the {stream} stream ({exc})") from None
+        except (StageStopped, DecodeError, ConnectionClosed, OSError) as exc:
+            sock.close()
+            raise StageFault(f"{where} refused this board's {stream} stream ({exc})") from None
+        sock.settimeout(self.stall_timeout_s)
+        return sock
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        while not self._closed:
+            try:
+                conn, address = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, address), name="stage-stream", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, address: Any) -> None:
+        """One incoming connection: TLS, the hello, then its stream's frames into the inbox."""
+        where = f"{address[0]}:{address[1]}"
+        link: socket.socket = conn
+        try:
+            conn.settimeout(HELLO_TIMEOUT_S)
+            if self._tls is not None:
+                link = self._tls.wrap_socket(conn, server_side=True)
+            hello = StageHello.from_wire(recv_frame(link, max_bytes=MAX_HELLO_BYTES))
+            problem = self._check(hello)
+            if problem:
+                log.warning("stage link: refused a connection from %s: %s", where, problem)
+                send_frame(link, StageMessage(STAGE_REFUSAL, problem).to_wire())
+                link.close()
+                return
+            send_frame(link, StageMessage(STAGE_WELCOME).to_wire())
+        except (OSError, ssl.SSLError, DecodeError, ConnectionClosed) as exc:
+            log.info("stage link: closed a connection from %s: %s", where, exc or "no hello in time")
+            link.close()
+            return
+        link.settimeout(None)  # the stall deadline is the training thread's, in recv
+        inbox = self._inboxes[hello.stream]
+        with self._cond:
+            inbox.connected = True
+            self._cond.notify_all()
+        log.info("stage link: board %s (stage %d) opened its %s stream from %s", hello.board_id, hello.stage,
+                 hello.stream, where)
+        self._read(link, hello.stream, inbox)
+
+    def _check(self, hello: StageHello) -> str:
+        """Why ``hello`` is refused ("": it is taken)."""
+        if hello.stream not in self._inboxes:
+            return f"stage {self.plan.stage} receives no {hello.stream} stream"
+        inbox = self._inboxes[hello.stream]
+        if hello.job_id != self.plan.job_id or hello.board_id != inbox.peer.board_id or hello.stage != inbox.stage:
+            return (f"the plan has board {inbox.peer.board_id} (stage {inbox.stage}) send this host its {hello.stream}, "
+                    f"not board {hello.board_id} (stage {hello.stage}) of job {hello.job_id}")
+        if not self.credentials.check(hello.job_id, hello.board_id, hello.stage, hello.stream, self.plan.me.tls_sha256,
+                                      hello.proof):
+            return "wrong credential"
+        if inbox.connected:
+            return f"board {hello.board_id} already holds this host's {hello.stream} stream"
+        return ""
+
+    def _read(self, link: socket.socket, stream: str, inbox: _Inbox) -> None:
+        max_bytes = self.plan.max_frame_bytes(stream, inbox.stage)
+        try:
+            while not self._closed:
+                frame = recv_frame(link, max_bytes=max_bytes)
+                step, micro, micros = StageTensor.key_of(frame, stream)
+                with self._cond:
+                    if len(inbox.frames) >= 2 * max(micros, 1):
+                        raise DecodeError(f"it sent more {stream} micro-batches ahead than the plan allows "
+                                          f"({len(inbox.frames)} waiting)")
+                    inbox.frames[(step, micro)] = frame
+                    self.bytes_received += len(frame["t"]["data"]) if isinstance(frame.get("t"), dict) else 0
+                    self._cond.notify_all()
+        except ConnectionClosed:
+            if not self._closed:
+                self._fail(stream, "it closed the connection")
+        except StageStopped as exc:
+            self._fail(stream, f"it stopped: {exc}")
+        except (OSError, DecodeError) as exc:
+            if not self._closed:
+                self._fail(stream, f"{exc}")
+        finally:
+            link.close()
+
+    def _fail(self, stream: str, why: str) -> None:
+        with self._cond:
+            inbox = self._inboxes[stream]
+            inbox.error = inbox.error or why
+            self._cond.notify_all()
+
+    def _raise_errors(self) -> None:
+        for stream, inbox in self._inboxes.items():
+            if inbox.error:
+                raise StageFault(self._why(stream, inbox))
+
+    @staticmethod
+    def _why(stream: str, inbox: _Inbox) -> str:
+        return f"board {inbox.peer.board_id} (stage {inbox.stage}), {stream} stream: {inbox.error}"
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+__all__ = ["STALL_TIMEOUT_S", "StageEndpoint", "StageFault", "StageLinkPlan", "StagePeer"]
