@@ -1,7 +1,8 @@
 """A stage host's links to its pipeline neighbours (issue 35): authenticated TLS, one stream a connection.
 
-Every stage host listens on a port of its own with a TLS certificate of its own, whose fingerprint
-the plan pins (``StagePeer.tls_sha256``). It opens a connection for each stream it sends
+Every stage host listens on a port of its own with a TLS certificate it makes at start with its own
+Ed25519 board key (``transport.board_tls``); its neighbours check that certificate's key against the
+board's public key, which the signed plan lists (``StagePeer.public_key``). It opens a connection for each stream it sends
 (``protocol.stage_frames``: ``act`` downstream, ``dact`` upstream, ``out`` from the last stage to the
 first and ``dout`` back) and accepts one for each stream it receives, from the board the plan puts
 at the sending stage, proving its key (``protocol.stage_auth``). A connection carries one stream in
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.exchange_auth import HelloProver
+from edgefleet.protocol.signing import ed25519_public_key
 from edgefleet.protocol.stage_auth import StageCredentials
 from edgefleet.protocol.stage_frames import (
     ACT,
@@ -47,7 +50,8 @@ from edgefleet.protocol.stage_frames import (
     decode_stage_reply,
     stream_receiver,
 )
-from edgefleet.transport.exchange_tls import BoardTlsSocket, JobCertificate, TlsRefused, connect_tls
+from edgefleet.transport.board_tls import board_certificate, connect_board_tls
+from edgefleet.transport.exchange_tls import BoardTlsSocket, TlsRefused
 from edgefleet.transport.frame_io import ConnectionClosed, recv_frame, send_frame
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ MAX_HELLO_BYTES = 4096
 CONNECT_TIMEOUT_S = 60.0  # the neighbours start at about the same time; a host still loading its data comes later
 STALL_TIMEOUT_S = 120.0  # a stream silent this long within a step: the neighbour is stalled or gone
 FRAME_MARGIN_BYTES = 4096  # a frame's fields beside its tensor
+CLOSE_JOIN_S = 2.0  # how long close() waits for each of this host's threads once their sockets are shut
 
 
 class StageFault(EdgeTrainError):
@@ -65,12 +70,13 @@ class StageFault(EdgeTrainError):
 
 @dataclass(frozen=True)
 class StagePeer:
-    """One stage's host, as the signed plan names it; ``tls_sha256`` "": plain TCP (``--no-exchange-tls``)."""
+    """One stage's host, as the signed plan names it: its board, where it listens, and the board's Ed25519 public key
+    (hex), which its certificate and its hellos' proofs are checked against."""
 
     board_id: str
     host: str
     port: int
-    tls_sha256: str = ""
+    public_key: str
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class StageLinkPlan:
         peers: every stage's host, in stage order (``peers[stage]`` is this one).
         shapes: each stage's output shape per sample, in stage order (the last is the model's output).
         max_rows: the most samples a micro-batch holds (bounds every frame before it is read).
+        micro_batches: the most micro-batches a step holds (bounds each inbox: two steps' worth).
+        tls: False only with ``--no-exchange-tls`` (plain TCP; the hellos' proofs are still checked).
     """
 
     job_id: str
@@ -90,6 +98,8 @@ class StageLinkPlan:
     peers: list[StagePeer]
     shapes: list[tuple[int, ...]]
     max_rows: int
+    micro_batches: int
+    tls: bool = True
 
     @property
     def stages(self) -> int:
@@ -140,25 +150,32 @@ class StageEndpoint:
 
     Args:
         plan: the stage links of the plan, for this host.
-        board_id: this board (must be ``plan.me.board_id``).
-        credentials: this board's key, and its neighbours' public keys.
-        certificate: this host's TLS certificate (None: plain TCP, only where the plan pins none).
+        seed: this board's Ed25519 key (``security.board_key_file``): its certificate's key and its proofs'.
         stall_timeout_s: how long :meth:`recv` waits for a micro-batch before the neighbour is taken for stalled.
+
+    Raises:
+        StageFault: ``seed`` is not the key the plan names for this board.
     """
 
-    def __init__(self, plan: StageLinkPlan, *, credentials: StageCredentials, certificate: JobCertificate | None,
-                 stall_timeout_s: float = STALL_TIMEOUT_S) -> None:
+    def __init__(self, plan: StageLinkPlan, *, seed: bytes, stall_timeout_s: float = STALL_TIMEOUT_S) -> None:
         if plan.stages < 2:
             raise ValueError("a pipeline has at least two stages")
-        self.plan, self.credentials, self.stall_timeout_s = plan, credentials, stall_timeout_s
+        if ed25519_public_key(seed).hex() != plan.me.public_key.lower():
+            raise StageFault(f"this board's key is not the one the plan names for board {plan.me.board_id}: check "
+                             "security.board_key_file and the coordinator's --board-keys")
+        self.plan, self.stall_timeout_s = plan, stall_timeout_s
+        self.credentials = StageCredentials(HelloProver("ed25519", seed),
+                                            board_keys={p.board_id: [bytes.fromhex(p.public_key)] for p in plan.peers})
         self._tls: ssl.SSLContext | None = None
-        if certificate is not None:
-            self._tls = certificate.server_context()
+        if plan.tls:
+            self._tls = board_certificate(seed, plan.me.board_id).server_context()
             self._tls.sslsocket_class = BoardTlsSocket  # the blocking frame reader's MSG_WAITALL, as on a board
         self._cond = threading.Condition()
         self._inboxes = {s: _Inbox(plan.peers[plan.sender_of(s)], plan.sender_of(s)) for s in plan.receives()}
         self._out: dict[str, socket.socket] = {}
         self._listener: socket.socket | None = None
+        self._links: set[socket.socket] = set()  # incoming connections, shut by close() to end their reader threads
+        self._threads: list[threading.Thread] = []
         self._closed = False
         self.bytes_sent = self.bytes_received = 0
 
@@ -167,7 +184,7 @@ class StageEndpoint:
         """Bind and accept the neighbours' streams in a thread; returns the port."""
         sock = socket.create_server((host, port))
         self._listener = sock
-        threading.Thread(target=self._accept_loop, args=(sock,), name="stage-accept", daemon=True).start()
+        self._start(self._accept_loop, sock, name="stage-accept")
         return int(sock.getsockname()[1])
 
     def connect(self, *, start: int = 0, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -247,12 +264,17 @@ class StageEndpoint:
                                         max_rows=self.plan.max_rows)
         except DecodeError as exc:
             self._fail(stream, str(exc))
-            raise StageFault(self._why(stream, inbox)) from None
+            # this frame's fault, not the stream's first: a neighbour that sent a bad last frame and closed has an
+            # error already ("it closed the connection"), which would hide what was wrong
+            raise StageFault(f"board {inbox.peer.board_id} (stage {inbox.stage}), {stream} stream: {exc}") from None
         return np.array(got.tensor), got.micros
 
     def close(self, reason: str = "") -> None:
-        """Tell the neighbours why (when there is a reason: a fault) and close every connection."""
-        self._closed = True
+        """Tell the neighbours why (when there is a reason: a fault), close every connection and end this host's
+        threads (a reader blocked on a neighbour that is still up would otherwise outlive the job)."""
+        with self._cond:
+            self._closed = True
+            links, threads = list(self._links), list(self._threads)
         for sock in self._out.values():
             if reason:
                 try:
@@ -263,8 +285,16 @@ class StageEndpoint:
             _shut(sock)
         if self._listener is not None:
             _shut(self._listener)
+        for link in links:
+            try:  # the plain socket's shutdown: the reader thread still owns the TLS state, and closes the link
+                socket.socket.shutdown(link, socket.SHUT_RDWR)
+            except OSError:
+                pass
         with self._cond:
             self._cond.notify_all()
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(CLOSE_JOIN_S)
 
     # --- inside ---------------------------------------------------------------------------------------------------
     def _open(self, stream: str, peer: StagePeer, stage: int, start: int, until: float) -> socket.socket:
@@ -280,10 +310,10 @@ class StageEndpoint:
                 time.sleep(0.2)  # a retry, not a synchronisation: the neighbour is not listening yet
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            if peer.tls_sha256:
-                sock = connect_tls(sock, peer.tls_sha256)
+            if self.plan.tls:
+                sock = connect_board_tls(sock, bytes.fromhex(peer.public_key), peer.board_id)
             me = self.plan.me
-            proof = self.credentials.prove(self.plan.job_id, me.board_id, self.plan.stage, stream, peer.tls_sha256)
+            proof = self.credentials.prove(self.plan.job_id, me.board_id, self.plan.stage, stream, peer.public_key)
             send_frame(sock, StageHello(job_id=self.plan.job_id, board_id=me.board_id, stage=self.plan.stage,
                                         stream=stream, start=start, proof=proof).to_wire())
             decode_stage_reply(recv_frame(sock, max_bytes=MAX_HELLO_BYTES))
@@ -296,13 +326,24 @@ class StageEndpoint:
         sock.settimeout(self.stall_timeout_s)
         return sock
 
+    def _start(self, target: Any, *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._cond:
+            self._threads.append(thread)
+        thread.start()
+
     def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
                 conn, address = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn, address), name="stage-stream", daemon=True).start()
+            with self._cond:
+                if self._closed:
+                    conn.close()
+                    return
+                self._links.add(conn)  # shut by close() even during the handshake
+            self._start(self._serve, conn, address, name="stage-stream")
 
     def _serve(self, conn: socket.socket, address: Any) -> None:
         """One incoming connection: TLS, the hello, then its stream's frames into the inbox."""
@@ -312,36 +353,46 @@ class StageEndpoint:
             conn.settimeout(HELLO_TIMEOUT_S)
             if self._tls is not None:
                 link = self._tls.wrap_socket(conn, server_side=True)
+                with self._cond:  # the wrapped socket took over the descriptor
+                    self._links.discard(conn)
+                    self._links.add(link)
             hello = StageHello.from_wire(recv_frame(link, max_bytes=MAX_HELLO_BYTES))
-            problem = self._check(hello)
+            problem = self._claim(hello)
             if problem:
                 log.warning("stage link: refused a connection from %s: %s", where, problem)
                 send_frame(link, StageMessage(STAGE_REFUSAL, problem).to_wire())
-                link.close()
+                self._drop(link)
                 return
             send_frame(link, StageMessage(STAGE_WELCOME).to_wire())
         except (OSError, ssl.SSLError, DecodeError, ConnectionClosed) as exc:
             log.info("stage link: closed a connection from %s: %s", where, exc or "no hello in time")
-            link.close()
+            self._drop(link)
             return
         link.settimeout(None)  # the stall deadline is the training thread's, in recv
         inbox = self._inboxes[hello.stream]
         with self._cond:
-            inbox.connected = True
             self._cond.notify_all()
         log.info("stage link: board %s (stage %d) opened its %s stream from %s", hello.board_id, hello.stage,
                  hello.stream, where)
         self._read(link, hello.stream, inbox)
 
+    def _claim(self, hello: StageHello) -> str:
+        """Why ``hello`` is refused ("": its stream is now this connection's; checked and marked under one lock, so
+        two hellos for one stream cannot both be taken)."""
+        with self._cond:
+            problem = self._check(hello)
+            if not problem:
+                self._inboxes[hello.stream].connected = True
+            return problem
+
     def _check(self, hello: StageHello) -> str:
-        """Why ``hello`` is refused ("": it is taken)."""
         if hello.stream not in self._inboxes:
             return f"stage {self.plan.stage} receives no {hello.stream} stream"
         inbox = self._inboxes[hello.stream]
         if hello.job_id != self.plan.job_id or hello.board_id != inbox.peer.board_id or hello.stage != inbox.stage:
             return (f"the plan has board {inbox.peer.board_id} (stage {inbox.stage}) send this host its {hello.stream}, "
                     f"not board {hello.board_id} (stage {hello.stage}) of job {hello.job_id}")
-        if not self.credentials.check(hello.job_id, hello.board_id, hello.stage, hello.stream, self.plan.me.tls_sha256,
+        if not self.credentials.check(hello.job_id, hello.board_id, hello.stage, hello.stream, self.plan.me.public_key,
                                       hello.proof):
             return "wrong credential"
         if inbox.connected:
@@ -354,12 +405,14 @@ class StageEndpoint:
             while not self._closed:
                 frame = recv_frame(link, max_bytes=max_bytes)
                 step, micro, micros = StageTensor.key_of(frame, stream)
+                if micros > self.plan.micro_batches:
+                    raise DecodeError(f"a step of {micros} micro-batches; the plan has at most {self.plan.micro_batches}")
                 with self._cond:
-                    if len(inbox.frames) >= 2 * max(micros, 1):
+                    if len(inbox.frames) >= 2 * self.plan.micro_batches:
                         raise DecodeError(f"it sent more {stream} micro-batches ahead than the plan allows "
                                           f"({len(inbox.frames)} waiting)")
-                    inbox.frames[(step, micro)] = frame
-                    self.bytes_received += len(frame["t"]["data"]) if isinstance(frame.get("t"), dict) else 0
+                    inbox.frames[(step, micro)] = frame  # its tensor is checked when taken (recv)
+                    self.bytes_received += _data_bytes(frame)
                     self._cond.notify_all()
         except ConnectionClosed:
             if not self._closed:
@@ -370,7 +423,12 @@ class StageEndpoint:
             if not self._closed:
                 self._fail(stream, f"{exc}")
         finally:
-            link.close()
+            self._drop(link)
+
+    def _drop(self, link: socket.socket) -> None:
+        with self._cond:
+            self._links.discard(link)
+        link.close()
 
     def _fail(self, stream: str, why: str) -> None:
         with self._cond:
@@ -386,6 +444,13 @@ class StageEndpoint:
     @staticmethod
     def _why(stream: str, inbox: _Inbox) -> str:
         return f"board {inbox.peer.board_id} (stage {inbox.stage}), {stream} stream: {inbox.error}"
+
+
+def _data_bytes(frame: dict[str, Any]) -> int:
+    """A received frame's tensor bytes, for the counters; 0 where the frame has none (recv refuses it then)."""
+    tensor = frame.get("t")
+    data = tensor.get("data") if isinstance(tensor, dict) else None
+    return memoryview(data).nbytes if isinstance(data, (bytes, bytearray, memoryview)) else 0
 
 
 def _shut(sock: socket.socket) -> None:

@@ -1,7 +1,7 @@
 """One pipeline stage host, as its own process, for the pipeline tests: ``python stage_process.py CONFIG.json``.
 
 The config (written by ``tests/pipeline/test_stage_pipeline.py``) names the stage, every stage's
-host, this host's TLS certificate and key seed, the boards' public keys, the cuts and the run; the
+host and its board's public key, this board's key seed, the cuts and the run; the
 process trains its stage with the real stage links and the user's module in its own Lightning
 Trainer, then writes its stage's parameters (``torch.save``) to ``out``. On a fault it writes the
 one-line reason to ``out + ".fault"`` and exits 3.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from edgefleet.agent.stage_links import StageEndpoint, StageFault, StageLinkPlan, StagePeer
 from edgefleet.agent.stage_runtime import FirstStage, StageHost
-from edgefleet.protocol.exchange_auth import HelloProver
-from edgefleet.protocol.stage_auth import StageCredentials
-from edgefleet.transport.exchange_tls import JobCertificate
 from edgefleet.workloads.fleet_trainer import TrainerOptions, make_trainer
 from edgefleet.workloads.lightning_api import package_of
 from edgefleet.workloads.models import LeNet5
@@ -63,13 +61,9 @@ def main(config_path: str) -> int:
     staged = cut_stages(model, config["cuts"], micro_batches=config["micro_batches"])
     peers = [StagePeer(**p) for p in config["peers"]]
     plan = StageLinkPlan(job_id=config["job_id"], stage=stage, peers=peers,
-                         shapes=[tuple(s) for s in config["shapes"]], max_rows=BATCH)
-    credentials = StageCredentials(HelloProver("ed25519", bytes.fromhex(config["seed_hex"])),
-                                   board_keys={b: [bytes.fromhex(k)] for b, k in config["public_keys"].items()})
-    certificate = JobCertificate(cert_pem=config["cert_pem"].encode(), key_pem=config["key_pem"].encode(),
-                                 sha256=peers[stage].tls_sha256) if peers[stage].tls_sha256 else None
-    endpoint = StageEndpoint(plan, credentials=credentials, certificate=certificate,
-                             stall_timeout_s=config.get("stall_s", 60.0))
+                         shapes=[tuple(s) for s in config["shapes"]], max_rows=BATCH,
+                         micro_batches=config["micro_batches"], tls=config.get("tls", True))
+    endpoint = StageEndpoint(plan, seed=bytes.fromhex(config["seed_hex"]), stall_timeout_s=config.get("stall_s", 60.0))
     endpoint.listen("127.0.0.1", peers[stage].port)
     try:
         endpoint.connect()
@@ -78,7 +72,18 @@ def main(config_path: str) -> int:
             FirstStage(staged, endpoint, config["micro_batches"]).install(model)
             loader: DataLoader[Any] = DataLoader(make_data(config["seed"]), batch_size=BATCH, shuffle=False)
         else:
-            StageHost(staged, stage, endpoint).install(model)
+            host = StageHost(staged, stage, endpoint)
+            host.install(model)
+            if config.get("die_at") is not None:  # the crash test: this host's process dies mid-run
+                step_of = host.training_step
+
+                def dying_step(batch: Any, batch_idx: int) -> torch.Tensor:
+                    if host.step == config["die_at"]:
+                        os._exit(9)
+                    return step_of(batch, batch_idx)
+
+                # on this instance, as StageHost.install does (mypy refuses assigning to a method)
+                model.training_step = dying_step  # type: ignore[method-assign]
             loader = DataLoader(TensorDataset(torch.arange(SAMPLES // BATCH)), batch_size=1)  # the step numbers
         trainer = make_trainer(package_of(model), options=TrainerOptions(), total_steps=config["steps"], callbacks=[],
                                accelerator="cpu")

@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader
 
 from edgefleet.brokers.ports import free_port
 from edgefleet.protocol.signing import ed25519_public_key, generate_ed25519_seed
-from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.workloads.fleet_trainer import TrainerOptions, make_trainer
 from edgefleet.workloads.lightning_api import package_of
 from edgefleet.workloads.stage_cut import cut_stages, stage_shapes
@@ -37,16 +36,13 @@ def _reference() -> dict[str, torch.Tensor]:
 def _configs(tmp_path: Path, *, tls: bool = True) -> list[dict[str, object]]:
     boards = [f"stage-board-{k}" for k in range(len(CUTS) + 1)]
     seeds = [generate_ed25519_seed() for _ in boards]
-    certs = [make_job_certificate("job-pipe") for _ in boards]
-    peers = [{"board_id": b, "host": "127.0.0.1", "port": free_port(), "tls_sha256": c.sha256 if tls else ""}
-             for b, c in zip(boards, certs)]
+    peers = [{"board_id": b, "host": "127.0.0.1", "port": free_port(), "public_key": ed25519_public_key(s).hex()}
+             for b, s in zip(boards, seeds)]
     staged = cut_stages(make_model(SEED), CUTS, micro_batches=MICRO_BATCHES)
     shapes = [list(s) for s in stage_shapes(staged, torch.zeros(2, 1, 32, 32))]
-    public = {b: ed25519_public_key(s).hex() for b, s in zip(boards, seeds)}
     return [{"job_id": "job-pipe", "stage": k, "peers": peers, "shapes": shapes, "cuts": CUTS,
              "micro_batches": MICRO_BATCHES, "steps": STEPS, "seed": SEED, "seed_hex": seeds[k].hex(),
-             "public_keys": public, "cert_pem": certs[k].cert_pem.decode(),
-             "key_pem": certs[k].key_pem.decode(), "out": str(tmp_path / f"stage{k}.pt")}
+             "tls": tls, "out": str(tmp_path / f"stage{k}.pt")}
             for k in range(len(boards))]
 
 
@@ -87,3 +83,17 @@ def test_three_stages_over_tls_with_four_micro_batches_equal_trainer_fit(tmp_pat
     start = torch.cat([p.detach().reshape(-1) for p in make_model(SEED).parameters()])
     assert float((flat_ref - start).norm()) > 0.05  # it trained
     assert float((flat_fleet - flat_ref).norm() / flat_ref.norm()) <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_stage_host_that_dies_mid_run_ends_the_others_naming_it(tmp_path: Path) -> None:
+    configs = _configs(tmp_path)
+    configs[1]["die_at"] = 5
+    for config in configs:
+        config["stall_s"] = 30.0
+    codes = _run(tmp_path, configs)
+    assert codes == [3, 9, 3]
+    for k in (0, 2):
+        fault = Path(str(configs[k]["out"]) + ".fault").read_text()
+        assert "stage-board-1 (stage 1)" in fault, fault
+        assert not Path(str(configs[k]["out"])).exists()  # nothing written as if the run had finished
