@@ -81,6 +81,7 @@ class BoardCaps(msgspec.Struct, kw_only=True, frozen=True):
     training_available: bool = False
     cpu_cores: Annotated[float, Meta(ge=0, le=messages.MAX_CORES)] = 0.0
     train_threads: Annotated[int, Meta(ge=0, le=messages.MAX_CORES)] = 0
+    address: Annotated[str, Meta(max_length=messages.MAX_ADDRESS_CHARS)] = ""
     schema_version: MessageSchema = messages.MESSAGE_SCHEMA_VERSION
 
 
@@ -205,6 +206,7 @@ class TrainCommand(msgspec.Struct, kw_only=True, frozen=True):
     overlap: bool = False
     placement: str = ""
     tail_port: int = 0
+    pipeline: dict[str, Any] | None = None
     schema_version: TrainSchema = jobs.TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -102,7 +102,7 @@ def sample_messages() -> dict[str, Any]:
                          activity="training")
     caps = BoardCaps(board_id="pi5-kitchen", hostname="pi5-kitchen", model="Raspberry Pi 5 Model B Rev 1.0",
                      machine="aarch64", cores=4, ram_bytes=4_109_848_576, power_source="rpi5-pmic", agent_version="0.9.0",
-                     python_version="3.11.2", training_available=True, cpu_cores=4.0, train_threads=3)
+                     python_version="3.11.2", training_available=True, cpu_cores=4.0, train_threads=3, address="192.168.1.20")
     event = JobEvent(job_id="run-20261129-0601", board_id="pi5-kitchen", phase="progress", step=1200, loss=0.4213,
                      compute_s=0.183, ts=1764390000.75, data={"samples_per_s": 174.2, "epoch": 3})
     command = TrainCommand(job_id="run-20261129-0601", board_id="pi5-kitchen", exchange_host="10.0.0.2", exchange_port=47000,

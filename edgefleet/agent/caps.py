@@ -1,8 +1,10 @@
-"""What a board is: model, cores, memory, accelerator. Read once at start, published retained."""
+"""What a board is: model, cores, memory, accelerator, where other boards reach it. Read once at start, published
+retained (the address on every connect to the broker: it is the local end of that connection unless configured)."""
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import platform
 import socket
@@ -56,3 +58,23 @@ def read_caps(board_id: str, power_source: str, sysfs_root: Path) -> BoardCaps:
         cpu_cores=round(cores, 3),
         train_threads=fitting_threads(cores),
     )
+
+
+def reachable_address(configured: str, connection_local: str) -> str:
+    """The address other boards reach this one at, for ``BoardCaps.address``.
+
+    Args:
+        configured: the agent config's ``[training] address`` ("" when not set), which wins: a board behind NAT,
+            or one whose broker is on its own loopback, knows better than its socket.
+        connection_local: the local address of the board's broker connection (``MqttLink.local_address``): the
+            network routes the broker's traffic to it, so the fleet's other boards can usually reach it too.
+    """
+    if configured:
+        return configured
+    try:
+        mapped = ipaddress.ip_address(connection_local)
+    except ValueError:
+        return connection_local
+    if isinstance(mapped, ipaddress.IPv6Address) and mapped.ipv4_mapped is not None:  # a dual-stack socket's IPv4 peer
+        return str(mapped.ipv4_mapped)
+    return connection_local

@@ -6,6 +6,7 @@ Every key, its default and its meaning are listed in the README's configuration 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import socket
@@ -15,7 +16,7 @@ from typing import Any
 
 from edgefleet.protocol.address import HostPort, broker_from_env
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.protocol.messages import POWER_SOURCES
+from edgefleet.protocol.messages import MAX_ADDRESS_CHARS, POWER_SOURCES
 from edgefleet.protocol.topics import valid_board_id, valid_prefix
 from edgefleet.transport.fleet_key import load_board_key, read_key_file
 from edgefleet.transport.settings import BrokerSettings, build_section, load_broker_settings, read_toml
@@ -88,6 +89,30 @@ class TrainingSettings:
     # once instead of after the import (~20 s on a Pi-class board), at the price of the worker's
     # memory while idle. Off by default: an idle board returns to its idle memory.
     keep_worker: bool = False
+    # Where the fleet's other boards reach this one (a pipeline's stage links), published in its caps: an IP address
+    # or a host name. Empty: the local address of its broker connection, which suits a flat LAN; set it behind NAT,
+    # or when the broker runs on this board (its connection is then on 127.0.0.1).
+    address: str = ""
+
+    def __post_init__(self) -> None:
+        if self.address and not valid_address(self.address):
+            raise ValueError(f"address = {self.address!r:.80} is not an IP address or a host name; give the address "
+                             "other boards reach this one at, e.g. \"192.168.1.21\" or \"pi-1.lab\", or leave it out")
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123 (fullmatch)
+
+
+def valid_address(text: str) -> bool:
+    """True for an IP address (v4 or v6, with a zone) or a host name (RFC 1123 labels, an optional final dot)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    name = text[:-1] if text.endswith(".") else text
+    return 0 < len(name) <= MAX_ADDRESS_CHARS and not name.replace(".", "").isdigit() and \
+        all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

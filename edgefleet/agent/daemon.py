@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from edgefleet import __version__
-from edgefleet.agent.caps import read_caps
+from edgefleet.agent.caps import reachable_address, read_caps
 from edgefleet.agent.config import AgentConfig, nonce_file_path
 from edgefleet.agent.energy import EnergyMeter, energy_file_path
 from edgefleet.agent.home_assistant import HomeAssistantDiscovery
@@ -126,10 +126,29 @@ class Agent:
         link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
         link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
         link.subscribe(self.status_topic, qos=1)  # after our status: a forged "offline" is answered (_on_own_status)
+        self._update_address(link)
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
         if self.discovery is not None:  # retained: Home Assistant finds the board whenever it starts
             for topic, payload in self.discovery.configs():
                 link.publish(topic, payload, qos=1, retain=True)
+
+    def _update_address(self, link: MqttLink) -> None:
+        """Put where other boards reach this one into the caps: the config's, else this connection's local address,
+        known only now that the connection exists (and renewed on every reconnect: a new lease may change it)."""
+        configured = self.cfg.training.address
+        address = reachable_address(configured, link.local_address())
+        if address == self.caps.address:
+            return
+        self.caps = dataclasses.replace(self.caps, address=address)
+        if configured:
+            log.info("board %s: other boards reach it at %s ([training] address)", self.cfg.board_id, address)
+        elif address.startswith("127.") or address == "::1":
+            log.info("board %s: other boards reach it at %s, the local end of its broker connection, which only this "
+                     "machine can reach; set [training] address if boards elsewhere train pipeline stages with it",
+                     self.cfg.board_id, address)
+        else:
+            log.info("board %s: other boards reach it at %s (the local end of its broker connection; [training] "
+                     "address overrides it)", self.cfg.board_id, address or "an unknown address")
 
     def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         if topic == self.status_topic:

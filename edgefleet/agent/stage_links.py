@@ -48,7 +48,6 @@ from edgefleet.protocol.stage_frames import (
     StageStopped,
     StageTensor,
     decode_stage_reply,
-    stream_receiver,
 )
 from edgefleet.transport.board_tls import board_certificate, connect_board_tls
 from edgefleet.transport.exchange_tls import BoardTlsSocket, TlsRefused
@@ -86,11 +85,14 @@ class StageLinkPlan:
     Args:
         job_id: the job.
         stage: this host's stage, from 0 (the first stage holds the data).
-        peers: every stage's host, in stage order (``peers[stage]`` is this one).
+        peers: every board of the pipeline: stage 0's group (``group`` boards, each with its slice of the batch), then
+            one board for each later stage, in stage order.
         shapes: each stage's output shape per sample, in stage order (the last is the model's output).
         max_rows: the most samples a micro-batch holds (bounds every frame before it is read).
-        micro_batches: the most micro-batches a step holds (bounds each inbox: two steps' worth).
+        micro_batches: the most micro-batches a board's step holds (bounds each inbox: two steps' worth).
         tls: False only with ``--no-exchange-tls`` (plain TCP; the hellos' proofs are still checked).
+        group: how many boards stage 0 has (data-parallel among them).
+        member: this board's place in stage 0's group (stage 0 only).
     """
 
     job_id: str
@@ -100,29 +102,56 @@ class StageLinkPlan:
     max_rows: int
     micro_batches: int
     tls: bool = True
+    group: int = 1
+    member: int = 0
 
     @property
     def stages(self) -> int:
-        return len(self.peers)
+        return len(self.peers) - self.group + 1
+
+    def index_of(self, stage: int, member: int = 0) -> int:
+        """The board of ``stage`` (of stage 0: its ``member``-th) as an index into :attr:`peers`."""
+        return member if stage == 0 else self.group + stage - 1
+
+    def stage_at(self, index: int) -> int:
+        """The stage of :attr:`peers`' ``index``-th board."""
+        return 0 if index < self.group else index - self.group + 1
 
     @property
     def me(self) -> StagePeer:
-        return self.peers[self.stage]
+        return self.peers[self.index_of(self.stage, self.member)]
 
-    def sends(self) -> list[str]:
-        """The streams this stage sends."""
-        last = self.stages - 1
-        return ([ACT] if self.stage < last else [OUT]) + ([DOUT] if self.stage == 0 else [DACT])
+    @property
+    def members(self) -> list[int]:
+        return list(range(self.group))
 
-    def receives(self) -> list[str]:
-        """The streams this stage receives."""
-        last = self.stages - 1
-        return ([OUT] if self.stage == 0 else [ACT]) + ([DOUT] if self.stage == last else [DACT])
+    def sends(self) -> list[tuple[str, int]]:
+        """The streams this board sends, each with its receiver (an index into :attr:`peers`)."""
+        s, last = self.stage, self.stages - 1
+        if s == 0:
+            return [(ACT, self.index_of(1)), (DOUT, self.index_of(last))]
+        forward = [(ACT, self.index_of(s + 1))] if s < last else [(OUT, m) for m in self.members]
+        back = [(DACT, m) for m in self.members] if s == 1 else [(DACT, self.index_of(s - 1))]
+        return forward + back
 
-    def sender_of(self, stream: str) -> int:
-        """The stage that sends this host ``stream``."""
-        last = self.stages - 1
-        return {ACT: self.stage - 1, DACT: self.stage + 1, OUT: last, DOUT: 0}[stream]
+    def receives(self) -> list[tuple[str, int]]:
+        """The streams this board receives, each with its sender (an index into :attr:`peers`)."""
+        s, last = self.stage, self.stages - 1
+        if s == 0:
+            return [(OUT, self.index_of(last)), (DACT, self.index_of(1))]
+        forward = [(ACT, m) for m in self.members] if s == 1 else [(ACT, self.index_of(s - 1))]
+        back = [(DOUT, m) for m in self.members] if s == last else [(DACT, self.index_of(s + 1))]
+        return forward + back
+
+    def fans_out(self, stream: str) -> bool:
+        """Whether this board sends ``stream`` to each board of stage 0's group, by the micro-batch's source board:
+        stage 1's ``dact``, the last stage's ``out``."""
+        return self.stage != 0 and ((self.stage == 1 and stream == DACT) or (self.stage == self.stages - 1 and stream == OUT))
+
+    def fans_in(self, stream: str) -> bool:
+        """Whether this board receives ``stream`` from each board of stage 0's group: stage 1's ``act``, the last
+        stage's ``dout``."""
+        return self.stage != 0 and ((self.stage == 1 and stream == ACT) or (self.stage == self.stages - 1 and stream == DOUT))
 
     def sample_shape(self, stream: str, *, sent_by: int) -> tuple[int, ...]:
         """One sample's shape on ``stream`` sent by stage ``sent_by``: an output of a stage, or the gradient of one."""
@@ -136,11 +165,12 @@ class StageLinkPlan:
 
 @dataclass
 class _Inbox:
-    """One incoming stream: frames by (step, micro-batch), or why the stream ended."""
+    """One incoming stream from one board: frames by (step, source board, micro-batch), or why the stream ended."""
 
     peer: StagePeer
     stage: int
-    frames: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    index: int
+    frames: dict[tuple[int, int, int], dict[str, Any]] = field(default_factory=dict)
     error: str = ""
     connected: bool = False
 
@@ -171,8 +201,8 @@ class StageEndpoint:
             self._tls = board_certificate(seed, plan.me.board_id).server_context()
             self._tls.sslsocket_class = BoardTlsSocket  # the blocking frame reader's MSG_WAITALL, as on a board
         self._cond = threading.Condition()
-        self._inboxes = {s: _Inbox(plan.peers[plan.sender_of(s)], plan.sender_of(s)) for s in plan.receives()}
-        self._out: dict[str, socket.socket] = {}
+        self._inboxes = {(s, i): _Inbox(plan.peers[i], plan.stage_at(i), i) for s, i in plan.receives()}
+        self._out: dict[tuple[str, int], socket.socket] = {}
         self._listener: socket.socket | None = None
         self._links: set[socket.socket] = set()  # incoming connections, shut by close() to end their reader threads
         self._threads: list[threading.Thread] = []
@@ -193,9 +223,9 @@ class StageEndpoint:
         Raises:
             StageFault: a neighbour cannot be reached within ``timeout_s``, fails TLS, or refuses this board.
         """
-        for stream in self.plan.sends():
-            to = stream_receiver(stream, self.plan.stage, self.plan.stages)
-            self._out[stream] = self._open(stream, self.plan.peers[to], to, start, time.monotonic() + timeout_s)
+        until = time.monotonic() + timeout_s
+        for stream, to in self.plan.sends():
+            self._out[(stream, to)] = self._open(stream, self.plan.peers[to], self.plan.stage_at(to), start, until)
 
     def wait_connected(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         """Wait until every stream this host receives is connected.
@@ -212,31 +242,33 @@ class StageEndpoint:
                     return
                 left = until - time.monotonic()
                 if left <= 0:
-                    stream, inbox = missing[0]
+                    (stream, _), inbox = missing[0]
                     raise StageFault(f"board {inbox.peer.board_id} (stage {inbox.stage}) did not open its {stream} "
                                      f"stream to this board within {timeout_s:g} s: check that it runs the job and "
                                      f"can reach {self.plan.me.host}:{self.plan.me.port}")
                 self._cond.wait(left)
 
     # --- a step -------------------------------------------------------------------------------------------------
-    def send(self, stream: str, step: int, micro: int, micros: int, tensor: np.ndarray) -> None:
-        """Send one micro-batch's tensor on ``stream``.
+    def send(self, stream: str, step: int, micro: int, micros: int, tensor: np.ndarray, *, src: int = 0) -> None:
+        """Send one micro-batch's tensor on ``stream``; ``src``: the board of stage 0's group whose samples it holds
+        (the receiver, where the stream goes to each of them).
 
         Raises:
             StageFault: the connection failed (naming the neighbour).
         """
-        sock = self._out[stream]
-        to = stream_receiver(stream, self.plan.stage, self.plan.stages)
-        frame = StageTensor(stream, step, micro, micros, np.ascontiguousarray(tensor, dtype=np.float32)).to_wire()
+        to = self._peer_for(stream, src, self._out_to, self.plan.fans_out(stream))
+        sock = self._out[(stream, to)]
+        frame = StageTensor(stream, step, micro, micros, np.ascontiguousarray(tensor, dtype=np.float32), src).to_wire()
         try:
             self.bytes_sent += send_frame(sock, frame)
         except OSError as exc:
             peer = self.plan.peers[to]
-            raise StageFault(f"board {peer.board_id} (stage {to}) took no {stream} for step {step} "
+            raise StageFault(f"board {peer.board_id} (stage {self.plan.stage_at(to)}) took no {stream} for step {step} "
                              f"({exc.strerror or exc}): it left or stalled") from None
 
-    def recv(self, stream: str, step: int, micro: int, *, rows: int | None = None) -> tuple[np.ndarray, int]:
-        """Micro-batch ``micro``'s tensor of ``step`` on ``stream``, and the step's micro-batch count.
+    def recv(self, stream: str, step: int, micro: int, *, rows: int | None = None, src: int = 0) -> tuple[np.ndarray, int]:
+        """Micro-batch ``micro`` of source board ``src`` (of stage 0's group) of ``step`` on ``stream``, and that
+        board's micro-batch count for the step.
 
         Args:
             rows: the samples it must hold (None: any number up to the plan's ``max_rows``).
@@ -245,10 +277,11 @@ class StageEndpoint:
             StageFault: it did not come within the stall timeout, the stream failed, or the tensor is not what the
                 plan allows (naming the neighbour and what was wrong).
         """
-        inbox = self._inboxes[stream]
+        inbox = self._inboxes[(stream, self._peer_for(stream, src, self._in_from, self.plan.fans_in(stream)))]
         until = time.monotonic() + self.stall_timeout_s
+        key = (step, src, micro)
         with self._cond:
-            while (step, micro) not in inbox.frames:
+            while key not in inbox.frames:
                 if inbox.error:  # only this stream's end matters here: a neighbour that finished closes its others
                     raise StageFault(self._why(stream, inbox))
                 left = until - time.monotonic()
@@ -257,13 +290,13 @@ class StageEndpoint:
                                      f"{step} micro-batch {micro} within {self.stall_timeout_s:g} s: it stalled or "
                                      "left")
                 self._cond.wait(left)
-            frame = inbox.frames.pop((step, micro))
+            frame = inbox.frames.pop(key)
         sample = self.plan.sample_shape(stream, sent_by=inbox.stage)
         try:
             got = StageTensor.from_wire(frame, stream, step=step, micro=micro, sample=sample, rows=rows,
-                                        max_rows=self.plan.max_rows)
+                                        max_rows=self.plan.max_rows, src=src)
         except DecodeError as exc:
-            self._fail(stream, str(exc))
+            self._fail(inbox, str(exc))
             # this frame's fault, not the stream's first: a neighbour that sent a bad last frame and closed has an
             # error already ("it closed the connection"), which would hide what was wrong
             raise StageFault(f"board {inbox.peer.board_id} (stage {inbox.stage}), {stream} stream: {exc}") from None
@@ -297,6 +330,22 @@ class StageEndpoint:
                 thread.join(CLOSE_JOIN_S)
 
     # --- inside ---------------------------------------------------------------------------------------------------
+    def _out_to(self, stream: str) -> list[int]:
+        return [to for s, to in self._out if s == stream]
+
+    def _in_from(self, stream: str) -> list[int]:
+        return [i for s, i in self._inboxes if s == stream]
+
+    def _peer_for(self, stream: str, src: int, peers_of: Any, fans: bool) -> int:
+        """The board ``stream`` goes to (or comes from) for source board ``src``: that board of stage 0's group where
+        the stream fans out to (in from) each of them, else its one neighbour."""
+        if not 0 <= src < self.plan.group:
+            raise StageFault(f"source board {src} is not one of stage 0's {self.plan.group}")
+        if fans:
+            return src
+        (only,) = peers_of(stream)
+        return int(only)
+
     def _open(self, stream: str, peer: StagePeer, stage: int, start: int, until: float) -> socket.socket:
         where = f"board {peer.board_id} (stage {stage}) at {peer.host}:{peer.port}"
         while True:
@@ -369,12 +418,20 @@ class StageEndpoint:
             self._drop(link)
             return
         link.settimeout(None)  # the stall deadline is the training thread's, in recv
-        inbox = self._inboxes[hello.stream]
+        inbox = self._inbox_of(hello)
+        assert inbox is not None  # claimed above
         with self._cond:
             self._cond.notify_all()
         log.info("stage link: board %s (stage %d) opened its %s stream from %s", hello.board_id, hello.stage,
                  hello.stream, where)
         self._read(link, hello.stream, inbox)
+
+    def _inbox_of(self, hello: StageHello) -> _Inbox | None:
+        """The inbox of the stream ``hello`` opens: the plan's sender of that stream with the board it names."""
+        for (stream, _), inbox in self._inboxes.items():
+            if stream == hello.stream and inbox.peer.board_id == hello.board_id:
+                return inbox
+        return None
 
     def _claim(self, hello: StageHello) -> str:
         """Why ``hello`` is refused ("": its stream is now this connection's; checked and marked under one lock, so
@@ -382,16 +439,20 @@ class StageEndpoint:
         with self._cond:
             problem = self._check(hello)
             if not problem:
-                self._inboxes[hello.stream].connected = True
+                inbox = self._inbox_of(hello)
+                assert inbox is not None
+                inbox.connected = True
             return problem
 
     def _check(self, hello: StageHello) -> str:
-        if hello.stream not in self._inboxes:
+        senders = [inbox for (stream, _), inbox in self._inboxes.items() if stream == hello.stream]
+        if not senders:
             return f"stage {self.plan.stage} receives no {hello.stream} stream"
-        inbox = self._inboxes[hello.stream]
-        if hello.job_id != self.plan.job_id or hello.board_id != inbox.peer.board_id or hello.stage != inbox.stage:
-            return (f"the plan has board {inbox.peer.board_id} (stage {inbox.stage}) send this host its {hello.stream}, "
-                    f"not board {hello.board_id} (stage {hello.stage}) of job {hello.job_id}")
+        inbox = self._inbox_of(hello)
+        if hello.job_id != self.plan.job_id or inbox is None or hello.stage != inbox.stage:
+            named = " or ".join(f"board {i.peer.board_id} (stage {i.stage})" for i in senders)
+            return (f"the plan has {named} send this host its {hello.stream}, not board {hello.board_id} (stage "
+                    f"{hello.stage}) of job {hello.job_id}")
         if not self.credentials.check(hello.job_id, hello.board_id, hello.stage, hello.stream, self.plan.me.public_key,
                                       hello.proof):
             return "wrong credential"
@@ -404,24 +465,26 @@ class StageEndpoint:
         try:
             while not self._closed:
                 frame = recv_frame(link, max_bytes=max_bytes)
-                step, micro, micros = StageTensor.key_of(frame, stream)
+                step, src, micro, micros = StageTensor.key_of(frame, stream)
                 if micros > self.plan.micro_batches:
                     raise DecodeError(f"a step of {micros} micro-batches; the plan has at most {self.plan.micro_batches}")
+                if src >= self.plan.group or (self.plan.fans_in(stream) and src != inbox.index):
+                    raise DecodeError(f"a micro-batch of source board {src}, which this stream does not carry")
                 with self._cond:
-                    if len(inbox.frames) >= 2 * self.plan.micro_batches:
+                    if len(inbox.frames) >= 2 * self.plan.micro_batches * self.plan.group:
                         raise DecodeError(f"it sent more {stream} micro-batches ahead than the plan allows "
                                           f"({len(inbox.frames)} waiting)")
-                    inbox.frames[(step, micro)] = frame  # its tensor is checked when taken (recv)
+                    inbox.frames[(step, src, micro)] = frame  # its tensor is checked when taken (recv)
                     self.bytes_received += _data_bytes(frame)
                     self._cond.notify_all()
         except ConnectionClosed:
             if not self._closed:
-                self._fail(stream, "it closed the connection")
+                self._fail(inbox, "it closed the connection")
         except StageStopped as exc:
-            self._fail(stream, f"it stopped: {exc}")
+            self._fail(inbox, f"it stopped: {exc}")
         except (OSError, DecodeError) as exc:
             if not self._closed:
-                self._fail(stream, f"{exc}")
+                self._fail(inbox, f"{exc}")
         finally:
             self._drop(link)
 
@@ -430,14 +493,13 @@ class StageEndpoint:
             self._links.discard(link)
         link.close()
 
-    def _fail(self, stream: str, why: str) -> None:
+    def _fail(self, inbox: _Inbox, why: str) -> None:
         with self._cond:
-            inbox = self._inboxes[stream]
             inbox.error = inbox.error or why
             self._cond.notify_all()
 
     def _raise_errors(self) -> None:
-        for stream, inbox in self._inboxes.items():
+        for (stream, _), inbox in self._inboxes.items():
             if inbox.error:
                 raise StageFault(self._why(stream, inbox))
 

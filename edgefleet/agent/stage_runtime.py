@@ -18,6 +18,14 @@ gradient, and torch's optimizers leave a parameter without one alone).
   stage's share of the loss's, and whose backward, run by Lightning, sends each input's gradient
   upstream from a tensor hook as autograd reaches it.
 
+**Stage 0's group.** Stage 0 may be several boards, data-parallel among them as any fleet is (each
+with its slice of the global batch, its loss the mean over its slice, its stage-0 gradient averaged
+by the exchange, sample-weighted). A later stage then runs every board's micro-batches (board by
+board, in order: the same sums every run) and weighs board i's terms by n_i / N, its share of the
+global batch, so that its gradient is the global loss's, as ``Trainer.fit``'s; the input gradients
+it sends back are each board's own loss's (the weight taken out again), as board i's backward and
+the exchange's average expect.
+
 One step of the loop is one batch on every host. The step's result equals single-process
 ``Trainer.fit`` on the same batches up to float rounding in the micro-batches' sums (1e-5 is the
 bar): the layers are applied per sample (BatchNorm with more than one micro-batch is refused by the
@@ -62,10 +70,13 @@ class FirstStage:
         endpoint: this host's stage links, connected.
         micro_batches: M, the micro-batches a batch is split into.
         start: the step the run starts at (a resumed run's).
+        member: this board's place in stage 0's group.
     """
 
-    def __init__(self, staged: StagedModel, endpoint: StageEndpoint, micro_batches: int, *, start: int = 0) -> None:
+    def __init__(self, staged: StagedModel, endpoint: StageEndpoint, micro_batches: int, *, start: int = 0,
+                 member: int = 0) -> None:
         self.staged, self.endpoint, self.micro_batches, self.step = staged, endpoint, micro_batches, start
+        self.member = member
 
     def install(self, model: torch.nn.Module) -> None:
         """Give ``model`` (this board's copy) the pipelined forward."""
@@ -78,10 +89,10 @@ class FirstStage:
         acts = []
         for micro, part in enumerate(torch.split(x, rows)):
             act = self.staged.stages[0](part)
-            self.endpoint.send(ACT, step, micro, len(rows), act.detach().cpu().numpy())
+            self.endpoint.send(ACT, step, micro, len(rows), act.detach().cpu().numpy(), src=self.member)
             acts.append(act)
         # torch types autograd.Function.apply as untyped (it forwards to the subclass's static forward)
-        out: torch.Tensor = _RestOfPipeline.apply(self.endpoint, step, rows, *acts)  # type: ignore[no-untyped-call]
+        out: torch.Tensor = _RestOfPipeline.apply(self.endpoint, (step, self.member), rows, *acts)  # type: ignore[no-untyped-call]
         return out
 
 
@@ -89,10 +100,12 @@ class _RestOfPipeline(torch.autograd.Function):
     """Stages 1 to S-1 as one autograd node on stage 0: outputs come back, their gradients go out."""
 
     @staticmethod
-    def forward(ctx: Any, endpoint: StageEndpoint, step: int, rows: list[int], *acts: torch.Tensor) -> torch.Tensor:
-        ctx.endpoint, ctx.step, ctx.rows = endpoint, step, rows
+    def forward(ctx: Any, endpoint: StageEndpoint, at: tuple[int, int], rows: list[int],
+                *acts: torch.Tensor) -> torch.Tensor:
+        step, src = at
+        ctx.endpoint, ctx.step, ctx.src, ctx.rows = endpoint, step, src, rows
         ctx.device = acts[0].device
-        outs = [torch.from_numpy(endpoint.recv(OUT, step, micro, rows=n)[0]) for micro, n in enumerate(rows)]
+        outs = [torch.from_numpy(endpoint.recv(OUT, step, micro, rows=n, src=src)[0]) for micro, n in enumerate(rows)]
         return torch.cat(outs).to(acts[0].device)
 
     @staticmethod
@@ -100,8 +113,8 @@ class _RestOfPipeline(torch.autograd.Function):
         endpoint: StageEndpoint = ctx.endpoint
         parts = torch.split(grad.detach().cpu(), ctx.rows)
         for micro, part in enumerate(parts):
-            endpoint.send(DOUT, ctx.step, micro, len(parts), part.numpy())
-        dacts = [torch.from_numpy(endpoint.recv(DACT, ctx.step, micro, rows=n)[0]).to(ctx.device)
+            endpoint.send(DOUT, ctx.step, micro, len(parts), part.numpy(), src=ctx.src)
+        dacts = [torch.from_numpy(endpoint.recv(DACT, ctx.step, micro, rows=n, src=ctx.src)[0]).to(ctx.device)
                  for micro, n in enumerate(ctx.rows)]
         return (None, None, None, *dacts)
 
@@ -116,11 +129,13 @@ class StageHost:
         start: the step the run starts at.
     """
 
-    def __init__(self, staged: StagedModel, stage: int, endpoint: StageEndpoint, *, start: int = 0) -> None:
+    def __init__(self, staged: StagedModel, stage: int, endpoint: StageEndpoint, *, start: int = 0,
+                 group: int = 1) -> None:
         if not 0 < stage < len(staged.stages):
             raise ValueError(f"stage {stage} is not a stage host of a {len(staged.stages)}-stage pipeline")
         self.staged, self.stage, self.endpoint, self.step = staged, stage, endpoint, start
         self.last = stage == len(staged.stages) - 1
+        self.group = group
 
     def install(self, model: Any) -> None:
         """Give ``model`` (this board's copy) the stage's ``training_step``; the batch hooks the module overrides are
@@ -137,31 +152,40 @@ class StageHost:
         step = self.step
         self.step += 1
         layers = self.staged.stages[self.stage]
-        first, micros = self.endpoint.recv(ACT, step, 0)
-        inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
         device = _device_of(layers)
-        for micro in range(micros):
-            array = first if micro == 0 else self.endpoint.recv(ACT, step, micro)[0]
-            x = torch.from_numpy(array).to(device).requires_grad_(True)
-            # torch leaves Tensor.register_hook untyped; the hook sends this input's gradient when autograd reaches it
-            x.register_hook(self._send_back(step, micro, micros))  # type: ignore[no-untyped-call]
-            y = layers(x)
-            if not isinstance(y, torch.Tensor):
-                raise StageFault(f"stage {self.stage} gave a {type(y).__name__}, not a tensor")
-            self.endpoint.send(OUT if self.last else ACT, step, micro, micros, y.detach().cpu().numpy())
-            inputs.append(x)
-            outputs.append(y)
+        weights: dict[int, float] = {}  # each source board's share of the step's samples, known once all came in
+        held: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (source board, input, output) of each micro-batch
+        for src in range(self.group):  # board by board, micro-batch by micro-batch: the same sums every run
+            first, micros = self.endpoint.recv(ACT, step, 0, src=src)
+            for micro in range(micros):
+                array = first if micro == 0 else self.endpoint.recv(ACT, step, micro, src=src)[0]
+                x = torch.from_numpy(array).to(device).requires_grad_(True)
+                # torch leaves Tensor.register_hook untyped; the hook sends this input's gradient when autograd reaches it
+                x.register_hook(self._send_back(step, src, micro, micros, weights))  # type: ignore[no-untyped-call]
+                y = layers(x)
+                if not isinstance(y, torch.Tensor):
+                    raise StageFault(f"stage {self.stage} gave a {type(y).__name__}, not a tensor")
+                self.endpoint.send(OUT if self.last else ACT, step, micro, micros, y.detach().cpu().numpy(), src=src)
+                held.append((src, x, y))
+        total_rows = sum(int(x.shape[0]) for _, x, _ in held)
+        for src in range(self.group):
+            weights[src] = sum(int(x.shape[0]) for s, x, _ in held if s == src) / total_rows
         stream = DOUT if self.last else DACT
         total = torch.zeros((), device=device)
-        for micro, (x, y) in enumerate(zip(inputs, outputs)):
-            grad = torch.from_numpy(self.endpoint.recv(stream, step, micro, rows=int(x.shape[0]))[0]).to(device)
-            total = total + (y * grad).sum()
+        micro_of: dict[int, int] = {}
+        for src, x, y in held:
+            micro = micro_of.get(src, 0)
+            micro_of[src] = micro + 1
+            grad = torch.from_numpy(self.endpoint.recv(stream, step, micro, rows=int(x.shape[0]), src=src)[0]).to(device)
+            term = (y * grad).sum()
+            total = total + (term if self.group == 1 else term * weights[src])
         return total
 
-    def _send_back(self, step: int, micro: int, micros: int) -> Callable[[torch.Tensor], None]:
+    def _send_back(self, step: int, src: int, micro: int, micros: int,
+                   weights: dict[int, float]) -> Callable[[torch.Tensor], None]:
         def send(grad: torch.Tensor) -> None:
-            self.endpoint.send(DACT, step, micro, micros, grad.detach().cpu().numpy())
+            own = grad if self.group == 1 else grad / weights[src]  # the source board's own loss's gradient
+            self.endpoint.send(DACT, step, micro, micros, own.detach().cpu().numpy(), src=src)
         return send
 
 

@@ -73,8 +73,10 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                      gradient_clip_val=job.gradient_clip_val,
                                      gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
                                      precision=job.precision)
+    piped = job.pipeline is not None  # a pipeline's stage 0 holds the whole global batch; the stage hosts none
+    data_sizes = [job.batch_sizes[0]] if piped else job.batch_sizes
     if job.data_mode == "global":
-        plan = GlobalBatchPlan(len(data.train), job.batch_sizes, job.seed)
+        plan = GlobalBatchPlan(len(data.train), data_sizes, job.seed)
         batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
     else:
         local = LocalBatchPlan(len(data.train), job.batch_size, job.seed, board_seed=job.board_index)
@@ -87,11 +89,18 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     optimizer = optimizer_setup(model, figures).optimizer
     cut = cut_model(model, job.placement) if job.placement else None  # layer placement: the boards train the head
     count = exchange_size(optimizer, model) if cut is None else head_size(optimizer, cut)
+    stage: Any = None
+    if piped:  # pipeline stages: this board trains its stage's layers
+        from edgefleet.agent.stage_worker import link_stage, stage_host_loader, stage_of  # torch: pipelined jobs only
+
+        stage = stage_of(job, model, optimizer)
+        count = stage.elements
 
     keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
     token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
     client = ExchangeClient(job.exchange_host, job.exchange_port, tls_sha256=job.exchange_tls_sha256)
     tail: Any = None
+    links: Any = None
     try:
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
         model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
@@ -102,6 +111,9 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             tail = TailLink(job.exchange_host, job.tail_port, tls_sha256=job.exchange_tls_sha256)
             tail.hello(job_id=job.job_id, board_id=job.board_id, token=token, proof=proof, start=start)
             install(model, cut, tail)
+        if stage is not None:
+            links = link_stage(stage, job, model, board_key_file=context.board_key_file if context is not None else "",
+                               start=start)
         if welcome.module_state is not None:  # joining mid-run: what the module's on_save_checkpoint kept, as on resume
             restore_extra(model, extra_from_wire(welcome.module_state), global_step=start,
                           epoch=position_of(start, batches_per_epoch, trainer_options.accumulate_grad_batches).epoch)
@@ -115,8 +127,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                             accumulate=trainer_options.accumulate_grad_batches)
             for split in welcome.splits:
                 schedule.add(first_batch(split.from_step), split.batch_sizes)
-            indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=job.board_index)
-            batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[job.board_index]  # noqa: E731
+            indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=0 if piped else job.board_index)
+            batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[0 if piped else job.board_index]  # noqa: E731
             on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
         else:
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
@@ -129,7 +141,9 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
-            only=cut.head_params if cut is not None else None, buffers=cut.head_layers() if cut is not None else None,
+            only=(cut.head_params if cut is not None else stage.params if stage is not None else None),
+            buffers=(cut.head_layers() if cut is not None else torch.nn.Module() if stage is not None else None),
+            keep_own=stage is not None,
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
@@ -146,8 +160,10 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs,
                                precision_plugin=precision)
         sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
+        loader = (data.train_loader(sampler) if stage is None or stage.stage == 0
+                  else stage_host_loader(position))  # a later stage's inputs come over its links
         try:
-            trainer.fit(model, train_dataloaders=data.train_loader(sampler))
+            trainer.fit(model, train_dataloaders=loader)
         except StopTraining as stop:
             events.emit("finished", f"stopped by the coordinator: {stop}", step=exchange.step)
             return 0
@@ -157,6 +173,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         client.close()
         if tail is not None:
             tail.close()
+        if links is not None:
+            links.close()
 
 
 def _first_batch(step: int, *, batches_per_epoch: int, accumulate: int) -> int:

@@ -135,7 +135,7 @@ class ExchangeClient:
         return reply
 
     def exchange(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float,
-                 logs: dict[str, list[Any]] | None = None) -> np.ndarray:
+                 logs: dict[str, list[Any]] | None = None, result_elements: int | None = None) -> np.ndarray:
         """Send this board's gradient for ``step``; return the fleet's average (a view, valid until the next call).
 
         A re-split announced with the result is left in :attr:`split` (None when there was none),
@@ -144,11 +144,17 @@ class ExchangeClient:
         ``grad`` may be the same array at every step (it is described for the wire once); change
         its values in place, not its shape or dtype.
 
+        ``result_elements``: the result's length when it is not the gradient's (a pipeline stage's board
+        gets an empty result: ``coordinator.exchange.modes.PipelineStages``); the general frames both ways.
+
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.
             TimeoutError: the coordinator did not answer within ``result_timeout_s``.
             DecodeError: the coordinator's answer is not this step's result of the gradient's shape and dtype.
         """
+        if result_elements is not None:
+            return self._exchange_general(step=step, grad=grad, n=n, loss=loss, compute_s=compute_s, logs=logs,
+                                          result_elements=result_elements)
         channel = self._channel
         if channel is not None and channel.grad is grad:  # the usual step: the result in its fixed layout, nothing made
             if logs or not self._send(channel.send, step, n, loss, compute_s):  # logs, a loss of None: general frame
@@ -176,6 +182,19 @@ class ExchangeClient:
             self._send(send_segments, self.sock, segments)
         answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
         return self._result_of(step, self._step_reply(answer, hot[1].dtype))
+
+    def _exchange_general(self, *, step: int, grad: np.ndarray, n: int, loss: float | None, compute_s: float,
+                          logs: dict[str, list[Any]] | None, result_elements: int) -> np.ndarray:
+        """A round whose result has ``result_elements`` values of the gradient's wire dtype, in the general frames."""
+        tensor = self._sent_tensor if grad is self._sent_array and self._sent_tensor else encode_array(grad)
+        hot = self._hot.get(tensor["dtype"])
+        if hot is None:
+            hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
+            self._receiver.expected_bytes = hot[1].prefix_bytes + result_elements * hot[1].itemsize
+        self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor,
+                                               logs=logs or None).to_wire())
+        answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
+        return self._result_of(step, decode_step_reply(answer, elements=result_elements, dtype=hot[1].dtype))
 
     def _answer(self, channel: StepChannel, step: int) -> np.ndarray:
         """The result of ``step`` read through ``channel`` (the general receiver for anything unusual)."""
@@ -299,6 +318,9 @@ class GradientExchange:
             None: every trainable parameter.
         buffers: Layer placement: the module whose buffers travel after the gradient (the head's layers); None:
             the whole module's.
+        keep_own: Pipeline stages: this board's vector is its own stage's gradient, which only it trains; the
+            coordinator's answer is empty and the optimizer steps on the board's own gradient (``only``: the stage's
+            parameters).
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -320,11 +342,12 @@ class GradientExchange:
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
                  only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None,
-                 outer_state: Any = None) -> None:
+                 outer_state: Any = None, keep_own: bool = False) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
         self._outer_state = outer_state
         self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
+        self._keep_own = keep_own
         self.overlap = client.overlap if overlap is None else overlap
         self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
         self._sync = sync if sync is not None and sync.periodic else None
@@ -426,6 +449,12 @@ class GradientExchange:
             avg = self.client.receive_result(step=self.step, grad=self._wire if self._wire is not None else self._flat)
         else:
             avg = self._exchange_after_backward(grads, compute_s, trainer.accumulate_grad_batches)
+        if self._keep_own:  # a pipeline stage: the gradient stays this board's own (the answer is empty)
+            if self.client.lrs is not None:
+                self._set_lrs(self.client.lrs)
+            self._on_step(self.step, self._loss, compute_s)
+            self.step += 1
+            return
         if self.client.lrs is not None:
             self._set_lrs(self.client.lrs)
         if self.client.split is not None:
@@ -453,7 +482,7 @@ class GradientExchange:
         n = self._batch_size(self.step) * accumulate
         logs = self._step_logs.take() if self._step_logs is not None else None
         return self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
-                                    logs=logs)
+                                    logs=logs, result_elements=0 if self._keep_own else None)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.stream is not None:

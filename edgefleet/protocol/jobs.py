@@ -22,6 +22,7 @@ import msgpack
 from edgefleet.protocol._validate import message_from_dict
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, outer_problem
+from edgefleet.protocol.pipeline_command import PipelineSpec
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 JOB_SCHEMA_VERSION = 1
@@ -47,8 +48,12 @@ JOB_SCHEMA_VERSION = 1
 # Version 8 may ask for DiLoCo's outer optimizer (``outer_optimizer``, ``outer_lr``, ``outer_momentum``): a
 # version-7 agent would ignore it and plainly average at each sync step while the coordinator's replica
 # stepped the outer optimizer (:data:`OUTER_TRAIN_SCHEMA_VERSION`).
+# Version 9 may ask for pipeline stages (``pipeline``: the cuts, the micro-batches and every stage's board,
+# address, port and public key; ``protocol.pipeline_command``): a version-8 agent would ignore it and train the
+# whole model on its slice of the batch (:data:`PIPELINE_TRAIN_SCHEMA_VERSION`).
 # The versioning rule of every message and file: docs/protocol.md.
-TRAIN_SCHEMA_VERSION = 8  # what every train command is sent as
+TRAIN_SCHEMA_VERSION = 9  # what every train command is sent as
+PIPELINE_TRAIN_SCHEMA_VERSION = 9  # a command of an older version cannot ask for a ``pipeline`` (refused)
 OUTER_TRAIN_SCHEMA_VERSION = 8  # a command of an older version cannot ask for an ``outer_optimizer`` (refused)
 PLACED_TRAIN_SCHEMA_VERSION = 7  # a command of an older version cannot ask for ``placement`` (refused)
 OVERLAP_TRAIN_SCHEMA_VERSION = 5  # a command of an older version cannot ask for ``overlap`` (refused)
@@ -92,6 +97,32 @@ def _check_outer(name: str, lr: float, momentum: float, *, sync_every: int, sche
                          f"{schema_version}")
 
 
+def _check_pipeline(command: TrainCommand) -> None:
+    """A pipelined command: a version that knows pipelines, no mode it cannot be combined with, this board at its stage,
+    and the data on stage 0 alone. Raises ValueError naming what is wrong."""
+    if command.schema_version < PIPELINE_TRAIN_SCHEMA_VERSION:
+        raise ValueError(f"pipeline needs schema_version {PIPELINE_TRAIN_SCHEMA_VERSION}, the command says "
+                         f"{command.schema_version}")
+    spec = PipelineSpec.from_dict(command.pipeline)
+    others = [what for what, asked in (("placement", bool(command.placement)), ("sync_every > 1", command.sync_every > 1),
+                                       ("overlap", command.overlap),
+                                       ("accumulate_grad_batches > 1", command.accumulate_grad_batches > 1)) if asked]
+    if others:
+        raise ValueError(f"a pipeline cannot be combined with {' or '.join(others)}: send one or the other")
+    sizes, stages = command.batch_sizes, spec.stage_count
+    if len(sizes) != stages or sizes[0] < 1 or any(size != 0 for size in sizes[1:]):
+        raise ValueError(f"batch_sizes {sizes!r:.80} should be [B, 0, ...] with one entry per stage ({stages}): stage 0 "
+                         "holds the data, the later stages none")
+    owner = spec.stages[command.board_index].board_id
+    if command.board_id != owner:
+        raise ValueError(f"board_id {command.board_id!r} is not the pipeline's board at stage {command.board_index} "
+                         f"({owner!r})")
+    rows = -(-sizes[0] // min(spec.micro_batches, sizes[0]))  # the largest micro-batch (agent.stage_runtime.micro_rows)
+    if rows > spec.max_rows:
+        raise ValueError(f"a batch of {sizes[0]} in {spec.micro_batches} micro-batches holds {rows} rows a micro-batch, "
+                         f"more than pipeline.max_rows {spec.max_rows}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainCommand:
     """Start (or join) a training job. The body of a signed ``train`` command."""
@@ -132,6 +163,8 @@ class TrainCommand:
     overlap: bool = False           # the gradient vector in reversed parameter order, sent as backward produces it
     placement: str = ""             # layer placement: the cut (a layer's name); "": data-parallel (workloads.layer_cut)
     tail_port: int = 0              # the tail host's activation endpoint, on exchange_host (placement only)
+    # pipeline stages: a PipelineSpec as a plain map (protocol.pipeline_command); None: data-parallel
+    pipeline: dict[str, Any] | None = None
     schema_version: int = TRAIN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -176,17 +209,39 @@ class TrainCommand:
         if self.placement and (self.schema_version < PLACED_TRAIN_SCHEMA_VERSION or not 0 < self.tail_port < 65536):
             raise ValueError(f"placement needs schema_version {PLACED_TRAIN_SCHEMA_VERSION} and a tail_port, the command "
                              f"says {self.schema_version} and {self.tail_port}")
+        if self.pipeline is not None:
+            _check_pipeline(self)
 
     @property
     def batch_size(self) -> int:
         return self.batch_sizes[self.board_index]
+
+    @property
+    def pipeline_spec(self) -> PipelineSpec | None:
+        """The pipeline this command asks for (checked when the command was made), or None: data-parallel."""
+        return None if self.pipeline is None else PipelineSpec.from_dict(self.pipeline)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainCommand:
-        return message_from_dict(cls, data, schema_version=TRAIN_SCHEMA_VERSION)
+        """Validate a decoded command.
+
+        Raises:
+            DecodeError: naming the field that is wrong (``pipeline.<field>`` inside the pipeline).
+        """
+        pipeline = data.get("pipeline") if isinstance(data, dict) else None
+        if pipeline is None:
+            return message_from_dict(cls, data, schema_version=TRAIN_SCHEMA_VERSION)
+        # The pipeline nests lists and maps, which the flat field checks refuse: the rest is checked as usual, then
+        # the pipeline with it (__post_init__ through PipelineSpec.from_dict).
+        command = message_from_dict(cls, {k: v for k, v in data.items() if k != "pipeline"},
+                                    schema_version=TRAIN_SCHEMA_VERSION)
+        try:
+            return dataclasses.replace(command, pipeline=pipeline)
+        except ValueError as exc:
+            raise DecodeError(f"TrainCommand: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -396,6 +451,7 @@ __all__ = [
     "MAX_PROBE_ROUNDS",
     "OVERLAP_TRAIN_SCHEMA_VERSION",
     "PERIODIC_TRAIN_SCHEMA_VERSION",
+    "PIPELINE_TRAIN_SCHEMA_VERSION",
     "PROFILE_COMMAND_SCHEMA_VERSION",
     "TRAIN_SCHEMA_VERSION",
     "Command",

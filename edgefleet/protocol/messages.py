@@ -86,6 +86,9 @@ class BoardCaps:
     training_available: bool = False  # torch and Lightning importable on the board
     cpu_cores: float = 0.0          # CPU the agent may use: its cgroup's quota, else its CPUs (0: not reported)
     train_threads: int = 0          # torch threads a job uses unless told otherwise (0: not reported)
+    # Where other boards reach this one (a pipeline's stage links): the agent's [training] address, else the local
+    # address of its broker connection; "" from an agent before it (added within version 1: an older side ignores it).
+    address: str = ""
     schema_version: int = MESSAGE_SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -191,6 +194,7 @@ _CELSIUS = Bound(-100, 250, "°C")
 _SCHEMA = Bound(0, 1 << 31)
 _SHORT_TEXT = Bound(max_chars=64)
 _BOARD_ID = Bound(max_chars=63)
+MAX_ADDRESS_CHARS = 253           # a DNS name at its longest; an IPv6 address with a zone is shorter
 
 set_bounds(BoardStatus, bounds_for(BoardStatus, {
     "ts": _EPOCH_S, "interval_s": _PERIOD_S, "keepalive_s": Bound(0, 86_400, "s"), "agent_version": _SHORT_TEXT,
@@ -199,7 +203,7 @@ set_bounds(BoardCaps, bounds_for(BoardCaps, {
     "board_id": _BOARD_ID, "machine": _SHORT_TEXT, "accelerator": _SHORT_TEXT, "power_source": _SHORT_TEXT,
     "agent_version": _SHORT_TEXT, "python_version": _SHORT_TEXT,
     "cores": Bound(1, MAX_CORES, "cores"), "ram_bytes": _BYTES, "cpu_cores": Bound(0, MAX_CORES, "cores"),
-    "train_threads": Bound(0, MAX_CORES, "threads"), "schema_version": _SCHEMA}))
+    "train_threads": Bound(0, MAX_CORES, "threads"), "address": Bound(max_chars=MAX_ADDRESS_CHARS), "schema_version": _SCHEMA}))
 set_bounds(TelemetrySample, bounds_for(TelemetrySample, {
     "board_id": _BOARD_ID, "ts": _EPOCH_S, "seq": Bound(0, (1 << 63) - 1), "interval_s": _PERIOD_S,
     "cpu_percent": _PERCENT, "cpu_percent_per_core": Bound(0, 100, "%", max_items=MAX_CORES),
@@ -220,6 +224,7 @@ set_bounds(TelemetrySample, bounds_for(TelemetrySample, {
 
 __all__ = [
     "ACTIVITIES",
+    "MAX_ADDRESS_CHARS",
     "MAX_CORES",
     "MAX_DISK_BYTES",
     "MAX_ENERGY_WH",

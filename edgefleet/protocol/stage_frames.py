@@ -41,16 +41,8 @@ MAX_ID = 128
 MAX_PROOF_BYTES = 128
 MAX_STAGES = 64
 MAX_MICRO_BATCHES = 4096
+MAX_GROUP = 64  # boards in stage 0's group
 _PROTOCOL = "stage link"
-
-
-def stream_receiver(stream: str, stage: int, stages: int) -> int:
-    """The stage that receives ``stream`` from ``stage`` in a pipeline of ``stages`` (stages counted from 0)."""
-    if stream == ACT:
-        return stage + 1
-    if stream == DACT:
-        return stage - 1
-    return stages - 1 if stream == DOUT else 0
 
 
 def _text(d: Mapping[str, Any], key: str) -> str:
@@ -130,21 +122,23 @@ def decode_stage_reply(d: Any) -> None:
 @dataclasses.dataclass(frozen=True)
 class StageTensor:
     """One micro-batch's tensor on one stream: ``act``, ``out``, ``dout`` or ``dact``; ``micros``: the step's
-    micro-batch count (a batch smaller than the plan's micro-batch count is split into fewer)."""
+    micro-batch count (a batch smaller than the plan's micro-batch count is split into fewer); ``src``: which board
+    of stage 0's group the micro-batch comes from (its samples' board: 0 with a group of one)."""
 
     stream: str
     step: int
     micro: int
     micros: int
     tensor: np.ndarray
+    src: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": STAGE_TENSOR, "k": self.stream, "step": self.step, "mb": self.micro, "n": self.micros,
-                "t": encode_array(self.tensor)}
+        return {"type": STAGE_TENSOR, "k": self.stream, "step": self.step, "src": self.src, "mb": self.micro,
+                "n": self.micros, "t": encode_array(self.tensor)}
 
     @staticmethod
-    def key_of(d: Any, stream: str) -> tuple[int, int, int]:
-        """A ``stream`` frame's (step, micro-batch, micro-batches), checked before its tensor is decoded.
+    def key_of(d: Any, stream: str) -> tuple[int, int, int, int]:
+        """A ``stream`` frame's (step, source board, micro-batch, micro-batches), checked before its tensor is decoded.
 
         Raises:
             StageStopped: the peer stopped the stream (the reason says why).
@@ -158,11 +152,12 @@ class StageTensor:
             raise DecodeError(f"a {d.get('k')!r:.10} tensor on the {stream} stream")
         micros = _whole(d, stream, "n", MAX_MICRO_BATCHES + 1)
         micro = _whole(d, stream, "mb", max(micros, 1))
-        return _whole(d, stream, "step", 2**62), micro, micros
+        src = _whole(d, stream, "src", MAX_GROUP) if "src" in d else 0
+        return _whole(d, stream, "step", 2**62), src, micro, micros
 
     @classmethod
     def from_wire(cls, d: Any, stream: str, *, step: int, micro: int, sample: tuple[int, ...], rows: int | None = None,
-                  max_rows: int = 0) -> StageTensor:
+                  max_rows: int = 0, src: int = 0) -> StageTensor:
         """The frame as ``stream``'s tensor for (``step``, ``micro``): a finite float32 tensor of ``rows`` samples
         (None: 1 to ``max_rows``) of shape ``sample`` each.
 
@@ -173,10 +168,10 @@ class StageTensor:
         """
         import numpy as np  # numpy: only a training process decodes tensors
 
-        at_step, at_micro, micros = cls.key_of(d, stream)
-        if (at_step, at_micro) != (step, micro):
-            raise DecodeError(f"{stream} frame for step {at_step} micro-batch {at_micro}, expected step {step} "
-                              f"micro-batch {micro}")
+        at_step, at_src, at_micro, micros = cls.key_of(d, stream)
+        if (at_step, at_src, at_micro) != (step, src, micro):
+            raise DecodeError(f"{stream} frame for step {at_step} board {at_src} micro-batch {at_micro}, expected step "
+                              f"{step} board {src} micro-batch {micro}")
         where = f"{stream} frame for step {step} micro-batch {micro}"
         most = rows if rows is not None else max_rows
         expected = f"({'1..' + str(most) if rows is None else rows}, {', '.join(map(str, sample))}) float32"
@@ -191,9 +186,9 @@ class StageTensor:
             raise DecodeError(f"{where}: {what}, expected shape {expected}")
         if not np.isfinite(array).all():
             raise DecodeError(f"{where}: holds NaN or infinite values")
-        return cls(stream=stream, step=step, micro=micro, micros=micros, tensor=array)
+        return cls(stream=stream, step=step, micro=micro, micros=micros, tensor=array, src=src)
 
 
-__all__ = ["ACT", "DACT", "DOUT", "MAX_STAGES", "OUT", "STAGE_HELLO", "STAGE_REFUSAL", "STAGE_STOP", "STAGE_TENSOR",
+__all__ = ["ACT", "DACT", "DOUT", "MAX_GROUP", "MAX_STAGES", "OUT", "STAGE_HELLO", "STAGE_REFUSAL", "STAGE_STOP", "STAGE_TENSOR",
            "STAGE_VERSION", "STAGE_WELCOME", "STREAMS", "StageHello", "StageMessage", "StageStopped", "StageTensor",
-           "decode_stage_reply", "stream_receiver"]
+           "decode_stage_reply"]

@@ -217,6 +217,19 @@ class MqttLink:
     def subscribe(self, topic_filter: str, qos: int = 1) -> None:
         self._client.subscribe(topic_filter, qos=qos)
 
+    def local_address(self) -> str:
+        """The address this side of the broker connection is bound to ("" while not connected).
+
+        The network routes the broker's traffic to it, so it is one other hosts on the broker's network can reach
+        (a board's pipeline stage links use it). Valid from ``on_connect`` on, which runs once the socket exists.
+        """
+        getsockname = getattr(self._client.socket(), "getsockname", None)  # a TLS socket answers as its TCP one does
+        try:
+            name = getsockname() if getsockname is not None else None
+        except OSError:  # closed meanwhile
+            return ""
+        return str(name[0]) if isinstance(name, tuple) and name else ""
+
     def close(self, *, final: list[tuple[str, bytes]] | None = None, timeout_s: float = 1.0) -> None:
         """Publish ``final`` retained QoS-1 messages (if connected), then disconnect cleanly.
 

@@ -18,7 +18,7 @@ from edgefleet.agent.sensors.power_rpi5_pmic import parse_throttled
 from edgefleet.agent.sensors.throttling import throttle_fields
 from edgefleet.brokers.local_broker import LocalBroker
 from edgefleet.protocol.messages import BoardCaps, BoardStatus, TelemetrySample
-from edgefleet.protocol.topics import status_topic, telemetry_topic
+from edgefleet.protocol.topics import caps_topic, status_topic, telemetry_topic
 from tests.board_watch import PREFIX, BoardWatch
 from tests.conftest import AgentFactory
 from tests.helpers import wait_until
@@ -258,6 +258,8 @@ def test_a_real_agent_publishes_retained_discovery_configs(mosquitto: LocalBroke
                 "state", "energy_wh", "job_progress_percent"}
     try:
         watch.wait_state("online")
+        # Its caps say where other boards reach it (pipeline stages): the local end of its broker connection.
+        assert BoardCaps.from_json(late_message(mosquitto, caps_topic(PREFIX, board))).address == "127.0.0.1"
         wait_until(lambda: expected <= {t.split("/")[-2] for t in live.snapshot()}, timeout_s=15, what="discovery configs")
         # A client that connects later (Home Assistant starting) still gets every config: they are retained.
         late = _Collector(mosquitto, f"homeassistant/+/{board}/+/config")

@@ -292,3 +292,16 @@ def test_a_step_of_more_micro_batches_than_the_plan_is_a_fault(fleet: Fleet) -> 
     first.send(ACT, 0, 0, 5, _rows(1, SHAPES[0]))
     why = _fault(lambda: last.recv(ACT, 0, 0))
     assert "a step of 5 micro-batches; the plan has at most 4" in why, why
+
+
+def test_each_board_links_to_the_boards_the_plan_says_with_a_group_of_two_at_stage_0() -> None:
+    peers = [StagePeer(f"b{i}", "127.0.0.1", 1 + i, "00" * 32) for i in range(4)]  # b0, b1: stage 0; b2, b3: 1, 2
+
+    def plan(stage: int, member: int = 0) -> StageLinkPlan:
+        return StageLinkPlan(job_id=JOB, stage=stage, peers=peers, shapes=[(3,), (3,), (2,)], max_rows=4,
+                             micro_batches=2, group=2, member=member)
+
+    assert plan(0).stages == 3 and plan(0, 1).me.board_id == "b1"
+    assert plan(0, 1).sends() == [(ACT, 2), (DOUT, 3)] and plan(0, 1).receives() == [(OUT, 3), (DACT, 2)]
+    assert plan(1).sends() == [(ACT, 3), (DACT, 0), (DACT, 1)] and plan(1).receives() == [(ACT, 0), (ACT, 1), (DACT, 3)]
+    assert plan(2).sends() == [(OUT, 0), (OUT, 1), (DACT, 2)] and plan(2).receives() == [(ACT, 2), (DOUT, 0), (DOUT, 1)]

@@ -34,6 +34,7 @@ def why_not_audited(spec: JobSpec, model: Any) -> str:
         ("in --data-mode local each board's data is its own", spec.data_mode != "global"),
         (f"--sync-every {spec.sync_every} averages parameters, not gradients", spec.sync_every > 1),
         (f"--placement {spec.placement} sends activations", bool(spec.placement)),
+        ("--pipeline: each board sends its own stage's gradient", bool(spec.pipeline)),
         (f"--accumulate-grad-batches {spec.accumulate_grad_batches} sums several batches", spec.accumulate_grad_batches != 1),
         (f"--precision {spec.precision}", spec.precision not in ("32", "32-true")),
     ) if applies]

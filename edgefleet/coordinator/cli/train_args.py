@@ -60,6 +60,8 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    outer_lr=getattr(args, "outer_lr", DEFAULT_OUTER_LR),
                    outer_momentum=getattr(args, "outer_momentum", DEFAULT_OUTER_MOMENTUM),
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
+                   pipeline=getattr(args, "pipeline", None) or "", micro_batches=getattr(args, "micro_batches", 1),
+                   pipeline_port=getattr(args, "pipeline_port", 47310),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),
                    allow_token_boards=getattr(args, "allow_token_boards", False),

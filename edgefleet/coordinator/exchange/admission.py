@@ -362,9 +362,10 @@ class Admission:
                           "the token its signed command carried)")
         if hello.board_id not in self._roster.by_id:
             return None, f"board {hello.board_id!r} is not part of job {self._job_id}"
-        if hello.param_count != self._param_count:
+        expected = self._mode.hello_param_count(self._roster.by_id[hello.board_id])  # a pipeline's: the board's stage's
+        if hello.param_count != expected:
             return None, (f"the board's model has {hello.param_count} trainable parameters, the coordinator's "
-                          f"{self._param_count}: the same model name resolves to different code; install the same version")
+                          f"{expected}: the same model name resolves to different code; install the same version")
         return hello, ""
 
     def _vouched(self, job_id: str, board_id: str, token: str, proof: bytes | None) -> bool:

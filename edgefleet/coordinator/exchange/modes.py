@@ -43,6 +43,12 @@ The implementations:
   norms; the step's record counts each board's batch at that step (the split's). A vector of the
   wrong length for its step's kind is refused naming the board, the step and what it takes.
 
+* :class:`PipelineStages` (``ExchangeServer``'s ``pipeline``, issue 35): each board trains one stage of a
+  pipeline with its own optimizer, and its vector is its stage's gradient over the whole batch
+  (``coordinator.exchange.pipeline_layout``). Every stage must answer; the vectors are scattered
+  into the replica's full vector (no averaging), the boards get an empty result and the replica the
+  full vector (:class:`PipelineVector`). The audits do not see the vectors (none is a whole-model gradient).
+
 Buffer sync (``broadcast``: the first kept vector's float buffers, DDP's rule; ``average``: their
 sample-weighted average) is not a mode: it is how any mode's reduce treats the vector's tail, and a
 job combines it with each of the modes above. It is fixed where the reducer is made
@@ -63,6 +69,7 @@ rest once per step): no allocation beyond what the answer is, no lookups that ca
 from __future__ import annotations
 
 import dataclasses
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,12 +77,14 @@ from typing import Any
 import numpy as np
 
 from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError
-from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer, Reduced
+from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer, Reduced, refusal_reason
+from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
 from edgefleet.coordinator.exchange.robust_reduce import aggregate as robust_aggregate
 from edgefleet.coordinator.exchange.robust_reduce import stacked
 from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.exchange_frames import GradientRefused, Welcome
+from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.split_schedule import SplitSchedule
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, StepKind, SyncSchedule
 from edgefleet.protocol.wire_dtype import numpy_dtype
@@ -143,6 +152,10 @@ class ExchangeMode(ABC):
 
     def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
         """How many values ``board``'s vector in grad ``frame`` (as received, not checked yet) must hold."""
+        return self.param_count
+
+    def hello_param_count(self, board: BoardState) -> int:
+        """The ``param_count`` ``board``'s hello must give (its model's size as the board built it)."""
         return self.param_count
 
     def expected_n(self, board: BoardState, step: int) -> int:
@@ -315,15 +328,140 @@ class PeriodicAveraging(ExchangeMode):
         return self._empty if self.kind(step) == LOCAL else self._full
 
 
+class PipelineVector(StepVector):
+    """A pipeline step's result: an empty vector on the wire (every board keeps its own stage's gradient), and
+    the reducer's full float32 sum for the replica (which trains the whole model)."""
+
+    __slots__ = ("_empty_wire",)
+
+    def __init__(self, reducer: GradientReducer) -> None:
+        self._reducer = reducer
+        self._empty_wire = np.zeros(0, dtype=numpy_dtype(reducer.wire_dtype))
+        self.tensor = encode_array(self._empty_wire)
+
+    def to_wire(self) -> np.ndarray:
+        return self._empty_wire
+
+    def to_float32(self, wire: np.ndarray) -> np.ndarray:
+        return self._reducer.sum  # not what travelled: the boards need none of it, the replica all of it
+
+
+class PipelineStages(ExchangeMode):
+    """Pipeline stages (issue 35): board ``i`` trains stage ``i`` and sends its stage's gradient over the whole batch.
+
+    Each vector is scattered into its slots of the replica's vector (``layout``); values no stage
+    covers stay 0. A step needs every stage's vector: one missing or refused makes the step refuse
+    every vector (the replica cannot take a model's gradient with a stage left out).
+
+    Args:
+        reducer: the job's reducer, made for the replica's vector (``layout.full_elements``, no buffers).
+        schedule: the job's batch splits: the global batch on stage 0's board, 0 on the others.
+        layout: each board's vector length and slots.
+        boards: the job's boards in board order (the roster's: the reduce names the stages that did not answer).
+
+    Raises:
+        ExchangeError: the reducer, the batch sizes or the boards do not match the layout.
+    """
+
+    def __init__(self, reducer: GradientReducer, schedule: SplitSchedule, layout: PipelineLayout,
+                 boards: Sequence[BoardState]) -> None:
+        super().__init__(reducer, schedule)
+        if reducer.param_count != layout.full_elements or reducer.buffer_elements:
+            raise ExchangeError(f"a pipelined job's vector is the replica's {layout.full_elements} trainable parameters "
+                                f"without buffers, not {reducer.param_count} values with {reducer.buffer_elements} of "
+                                "buffers: pass param_count=layout.full_elements and no buffers")
+        layout.check_batch_sizes(schedule.initial)
+        if len(boards) != layout.boards:
+            raise ExchangeError(f"the pipeline layout has {layout.boards} boards, the job {len(boards)}")
+        self.layout = layout
+        self._boards = list(boards)
+        self._pipeline_vector = PipelineVector(reducer)
+        self._counts = [layout.global_batch] + [0] * (layout.boards - 1)
+
+    def kind(self, step: int) -> StepKind:
+        return EXACT
+
+    def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
+        return self.layout.elements[board.index]
+
+    def hello_param_count(self, board: BoardState) -> int:
+        return self.layout.elements[board.index]
+
+    def expected_n(self, board: BoardState, step: int) -> int:
+        return self.layout.global_batch  # every stage handles the whole batch
+
+    def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
+        """A vector of the wrong length says what the board's stage takes."""
+        if _vector_length(frame) in (None, self.elements(board, frame)):
+            return exc
+        return GradientRefused(f"board {board.board_id} sent a vector of the wrong size for step {exc.step}: its "
+                               f"pipeline stage {board.index} takes {self.elements(board, frame)} values ({exc})",
+                               step=exc.step)
+
+    def vector_kept(self, board: BoardState, step: int, vector: np.ndarray, *, refused: bool = False) -> None:
+        return None  # a stage's vector is not a whole-model gradient: nothing to audit
+
+    def folds(self, step: int) -> bool:
+        return False
+
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+        """Scatter each stage's vector into the reducer's zeroed sum; refuse a non-finite or implausible one, and
+        every one when a stage's vector is missing or refused."""
+        total, slots = self.reducer.sum, self.layout.slots
+        total.fill(0.0)
+        limit = min(self.reducer.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
+        refused: list[tuple[int, str]] = []
+        present: set[int] = set()
+        for i, (vector, _) in enumerate(grads):
+            board = next((b for b in self._boards if b.grad is vector), None)  # StepSum's answered boards, in order
+            if board is None:  # not a vector of this job's boards: cannot be placed
+                refused.append((i, "a vector of no known stage"))
+                continue
+            square = 0.0
+            for src, dst, count in slots[board.index]:
+                part = total[dst:dst + count]
+                cast_into(part, vector[src:src + count])
+                square += float(np.dot(part, part))
+            why = refusal_reason(square, limit)
+            if why is not None:
+                refused.append((i, why))
+            else:
+                present.add(board.index)
+        missing = [b for b in self._boards if b.index not in present]
+        if not missing:
+            return Reduced(list(range(len(grads))), [])
+        lacking = ", ".join(f"stage {b.index} (board {b.board_id})" for b in missing)
+        why_all = f"step {step} lacks the gradient of {lacking}: a pipeline step needs every stage's"
+        taken = {i for i, _ in refused}
+        return Reduced([], refused + [(i, why_all) for i in range(len(grads)) if i not in taken])
+
+    def counts(self, step: int) -> list[int] | None:
+        return self._counts  # the batch once: every stage's vector is over the same samples
+
+    def vector(self, step: int) -> StepVector:
+        return self._pipeline_vector
+
+
 def select_mode(reducer: GradientReducer, schedule: SplitSchedule, *, sync: SyncSchedule | None = None,
-                overlap: bool = False, accumulate: int = 1, aggregate: str = "mean") -> ExchangeMode:
-    """The mode a job's settings ask for: periodic averaging (``sync`` with ``every`` > 1), overlap, a robust
-    aggregate (``aggregate`` other than ``mean``), or dense exact.
+                overlap: bool = False, accumulate: int = 1, aggregate: str = "mean",
+                pipeline: PipelineLayout | None = None, boards: Sequence[BoardState] = ()) -> ExchangeMode:
+    """The mode a job's settings ask for: pipeline stages (``pipeline``, with the job's ``boards`` in board order),
+    periodic averaging (``sync`` with ``every`` > 1), overlap, a robust aggregate (``aggregate`` other than
+    ``mean``), or dense exact.
 
     Raises:
         ExchangeError: both periodic averaging and overlap (overlap streams every step's gradient;
-            a local step has none), a robust aggregate with either, or ``accumulate`` below 1.
+            a local step has none), a robust aggregate with either, a pipeline with any of them or with
+            ``accumulate`` above 1, a pipeline that does not match the job, or ``accumulate`` below 1.
     """
+    if pipeline is not None:
+        others = [what for what, used in (("--sync-every", sync is not None and sync.periodic), ("--overlap", overlap),
+                                          (f"--aggregate {aggregate}", aggregate != "mean"),
+                                          (f"--accumulate-grad-batches {accumulate}", accumulate != 1)) if used]
+        if others:
+            raise ExchangeError(f"a pipelined job exchanges each stage's gradient of every step; it cannot be combined "
+                                f"with {', '.join(others)}: leave {'them' if len(others) > 1 else 'it'} out")
+        return PipelineStages(reducer, schedule, pipeline, boards)
     if aggregate != "mean":
         if (sync is not None and sync.periodic) or overlap:
             raise ExchangeError(f"--aggregate {aggregate} reduces each step's gradients; it cannot be combined with "
@@ -348,5 +486,5 @@ def _vector_length(frame: Any) -> int | None:
     return shape[0] if isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int else None
 
 
-__all__ = ["DenseExact", "EmptyVector", "ExchangeMode", "OverlapStream", "PeriodicAveraging", "RobustAggregate", "StepVector",
-           "select_mode"]
+__all__ = ["DenseExact", "EmptyVector", "ExchangeMode", "OverlapStream", "PeriodicAveraging", "PipelineStages",
+           "PipelineVector", "RobustAggregate", "StepVector", "select_mode"]

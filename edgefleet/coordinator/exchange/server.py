@@ -77,6 +77,7 @@ from edgefleet.coordinator.exchange.admission import HELLO_TIMEOUT_S, MAX_HELLO_
 from edgefleet.coordinator.exchange.board_state import BoardState, ExchangeError, Roster
 from edgefleet.coordinator.exchange.gradient_reduce import OUTLIER_RATIO, GradientReducer
 from edgefleet.coordinator.exchange.modes import ExchangeMode, select_mode
+from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
 from edgefleet.coordinator.exchange.step_round import (
     DEADLINE_SLACK_S,
     DEADLINE_TICK_S,
@@ -135,10 +136,15 @@ class ExchangeServer:
         loss_scaled: the boards scale their losses (16-mixed): a board's overflowed gradient skips the step on every
             replica instead of being refused (``GradientReducer``); a board that alone overflows again and again is
             refused (``coordinator.exchange.step_sum``).
+        pipeline: a pipelined job's layout (``coordinator.exchange.pipeline_layout``): board ``i`` trains stage ``i``
+            and sends its stage's gradient (its hello's ``param_count`` is that stage's), scattered into the
+            replica's vector of ``param_count`` (the layout's ``full_elements``, no buffers); the boards get an
+            empty result, ``apply`` the full vector (``coordinator.exchange.modes.PipelineStages``).
 
     Raises:
         ExchangeError: ``splits`` out of order or not the global batch, or both periodic ``sync`` and ``overlap``,
-            or ``accumulate_grad_batches`` below 1.
+            or ``accumulate_grad_batches`` below 1, or a ``pipeline`` that does not match the job or is combined
+            with periodic ``sync``, ``overlap``, a robust ``aggregate`` or gradient accumulation.
         ValueError: the buffers or the wire dtype out of range (``GradientReducer``).
     """
 
@@ -150,7 +156,7 @@ class ExchangeServer:
                  outlier_ratio: float = OUTLIER_RATIO, tls: ssl.SSLContext | None = None,
                  checker: HelloChecker | None = None, sync: SyncSchedule | None = None, overlap: bool = False,
                  int_buffer_elements: int = 0, accumulate_grad_batches: int = 1, aggregate: str = "mean",
-                 loss_scaled: bool = False) -> None:
+                 loss_scaled: bool = False, pipeline: PipelineLayout | None = None) -> None:
         self.job_id, self.wire_dtype, self.param_count = job_id, wire_dtype, param_count
         one_blas_thread()  # the norm check's np.dot every step: spinning BLAS threads cost far more than the work
         self._reducer = GradientReducer(param_count, wire_dtype=wire_dtype, max_grad_norm=max_grad_norm,
@@ -165,7 +171,8 @@ class ExchangeServer:
         self.boards: dict[str, BoardState] = self._roster.by_id
         self._relay = ResultRelay(schedule)
         self.mode: ExchangeMode = select_mode(self._reducer, schedule, sync=sync, overlap=overlap,
-                                              accumulate=accumulate_grad_batches, aggregate=aggregate)
+                                              accumulate=accumulate_grad_batches, aggregate=aggregate,
+                                              pipeline=pipeline, boards=self._roster.in_order)
         self._steps = StepRound(self._roster, self.mode, self._relay, wire_dtype)
         self._admission = Admission(job_id=job_id, token=token, param_count=param_count, wire_dtype=wire_dtype,
                                     roster=self._roster, steps=self._steps, mode=self.mode, relay=self._relay,

@@ -91,6 +91,12 @@ class JobSpec:
         placement: Layer placement (``workloads.layer_cut``): cut the model after this layer (``net.6``); the
             head trains data-parallel on the boards, the tail on the coordinator over the whole global batch, and
             the boards send activations instead of the tail's gradient; "" (``none``): data-parallel.
+        pipeline: Pipeline stages (``coordinator.pipeline``): ``BOARD,CUT@BOARD,...``, stage 0's board (it holds the
+            data) and, for each later stage, the cut before it and its board; each board trains its own stage and
+            the boards send activations between them; "" : not a pipeline. The boards are then the pipeline's, in
+            stage order, and the batch sizes (B, 0, ..., 0): stage 0's batch is the global batch.
+        micro_batches: A pipeline's micro-batches per step (GPipe: every forward, then every backward).
+        pipeline_port: Stage k's board listens for its neighbours on this port + k.
         aggregate: How each step's gradients are reduced: ``mean`` (the exact mode), or a robust rule
             (``trimmed-mean``, ``median``, ``clip``: ``coordinator.exchange.robust_reduce``) that bounds what one
             board with valid keys can do to a step, and changes the mathematics (opt-in; for local data).
@@ -146,6 +152,9 @@ class JobSpec:
     outer_momentum: float = DEFAULT_OUTER_MOMENTUM
     overlap: bool = False
     placement: str = ""
+    pipeline: str = ""
+    micro_batches: int = 1
+    pipeline_port: int = 47310
     aggregate: str = "mean"
     audit_share: float = 0.25
     audit_every: int | None = None
@@ -173,7 +182,9 @@ class JobSpec:
             raise ConfigError("give a dataset or a DataModule (exactly one of them)")
         if self.datamodule and self.dataset_options:
             raise ConfigError("--dataset-options belong to --dataset; a DataModule takes --datamodule-options")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
+        if self.pipeline and len(self.batch_sizes) > 1 and self.batch_sizes[0] >= 1 and not any(self.batch_sizes[1:]):
+            pass  # a resolved pipeline: stage 0 holds the batch, the stage hosts none
+        elif not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: every batch size must be at least 1")
         if len(set(self.boards)) != len(self.boards):
             raise ConfigError(f"--boards names a board twice: {','.join(self.boards)}")
@@ -197,6 +208,7 @@ class JobSpec:
             raise ConfigError("--force-split needs --data-mode global: only a global batch can be re-split")
         self._check_sync()
         self._check_placement()
+        self._check_pipeline()
         self._check_aggregate()
         self._check_loss_scale()
         if isinstance(self.audit_share, bool) or not isinstance(self.audit_share, (int, float)) or not 0 <= self.audit_share <= 1:
@@ -248,6 +260,35 @@ class JobSpec:
         if clashes:
             raise ConfigError(f"--placement {self.placement} cannot be combined with {', '.join(clashes)} yet (the tail "
                               "host would see another step than the boards): leave them out, or train with --placement none")
+
+    def _check_pipeline(self) -> None:
+        """Raises ConfigError for a pipeline with what it cannot honour yet, saying what to do instead."""
+        if not isinstance(self.pipeline, str):
+            raise ConfigError(f"pipeline {self.pipeline!r:.20} in config.json is not BOARD,CUT@BOARD,...")
+        if type(self.micro_batches) is not int or not 1 <= self.micro_batches <= 4096:
+            raise ConfigError(f"--micro-batches {self.micro_batches!r:.20}: give a whole number from 1 to 4096")
+        if type(self.pipeline_port) is not int or not 1024 <= self.pipeline_port <= 65535 - 64:
+            raise ConfigError(f"--pipeline-port {self.pipeline_port!r:.20}: give a port from 1024 to {65535 - 64}")
+        if not self.pipeline:
+            if self.micro_batches != 1:
+                raise ConfigError("--micro-batches splits a pipeline's batch: add --pipeline, or leave it out")
+            return
+        clashes = [flag for flag, used in (
+            (f"--accumulate-grad-batches {self.accumulate_grad_batches}", self.accumulate_grad_batches != 1),
+            (f"--sync-every {self.sync_every}", self.sync_every > 1), ("--overlap", self.overlap),
+            (f"--placement {self.placement}", bool(self.placement)),
+            (f"--aggregate {self.aggregate}", self.aggregate != "mean"),
+            ("--gradient-clip-algorithm norm", self.gradient_clip_val is not None and self.gradient_clip_algorithm == "norm"),
+            (f"--precision {self.precision}", self.precision not in ("32", "32-true")),
+            (f"--data-mode {self.data_mode}", self.data_mode != "global"),
+            ("--force-split", self.force_split is not None)) if used]
+        if clashes:
+            raise ConfigError(f"--pipeline cannot be combined with {', '.join(clashes)} yet (each stage steps its own "
+                              "parameters; these need the whole model's gradient, or another loss scale, on every "
+                              "board): leave them out, or train it data-parallel")
+        if len(self.batch_sizes) > 1 and any(self.batch_sizes[1:]):
+            raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: a pipeline's batch is one number, stage "
+                              "0's (the global batch), e.g. --batch 64")
 
     def _check_loss_scale(self) -> None:
         """Raises ConfigError for 16-mixed with a mode whose replicas would not skip the same steps alike."""
@@ -335,9 +376,10 @@ def batches_per_epoch(spec: JobSpec, dataset_len: int, batch_sizes: tuple[int, .
     """Global batches in one pass over ``dataset_len`` samples, in the spec's data mode."""
     from edgefleet.workloads.sharding import GlobalBatchPlan  # torch: off the CLI's start-up path
 
+    sizes = [b for b in batch_sizes if b > 0]  # a pipeline's stage hosts hold no data
     if spec.data_mode == "global":
-        return GlobalBatchPlan(dataset_len, list(batch_sizes), spec.seed).steps_per_epoch
-    return max(1, dataset_len // max(batch_sizes))
+        return GlobalBatchPlan(dataset_len, sizes, spec.seed).steps_per_epoch
+    return max(1, dataset_len // max(sizes))
 
 
 __all__ = ["BUFFER_SYNC", "DEFAULT_BATCH", "DEFAULT_EPOCHS", "JobSpec", "batches_per_epoch"]

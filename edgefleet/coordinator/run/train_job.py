@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
 from edgefleet.coordinator.run.job_spec import DEFAULT_EPOCHS, JobSpec, batches_per_epoch
 from edgefleet.protocol.errors import BrokerError, ConfigError
@@ -119,6 +120,8 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
     from edgefleet.workloads.fleet_trainer import steps_per_epoch  # torch: only for a job to resolve
 
     size = dataset_len if dataset_len is not None else training_set_size(spec)  # the data's own errors first
+    if spec.pipeline:
+        spec = _pipeline_boards(spec)
     boards = spec.boards
     if broker is not None:  # one look at the fleet: the online boards, or a check of those named, before any model
         snapshot = fleet_snapshot(broker, preferred=boards)
@@ -128,7 +131,7 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
             boards = tuple(snapshot.trainers())
     if not boards:
         raise ConfigError("no boards: none is online on this broker; start edge-agent on the boards or name them with --boards")
-    batch_sizes = per_board_batches(spec.batch_sizes, boards)
+    batch_sizes = per_board_batches(spec.batch_sizes, boards) if not spec.pipeline else spec.batch_sizes
     if spec.force_split is not None:
         check_force_split(spec.force_split, batch_sizes)
     batches = batches_per_epoch(spec, size, batch_sizes)
@@ -139,6 +142,24 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
         warmup = per_epoch
     return replace(spec, boards=boards, batch_sizes=batch_sizes, total_steps=total, steps_per_epoch=per_epoch,
                    batches_per_epoch=batches, sync_warmup=warmup, run_id=spec.run_id or new_run_id(spec))
+
+
+def _pipeline_boards(spec: JobSpec) -> JobSpec:
+    """A pipeline's boards are its stages' (in stage order), its batch sizes (B, 0, ..., 0): stage 0 holds the global
+    batch. Re-balancing is off (the stage hosts hold no data to move).
+
+    Raises:
+        ConfigError: ``--boards`` names other boards than ``--pipeline``, or ``--batch`` gives more than one size.
+    """
+    plan = parse_stage_plan(spec.pipeline)
+    if spec.boards and tuple(spec.boards) != plan.boards:
+        raise ConfigError(f"--boards {','.join(spec.boards)} and --pipeline {spec.pipeline} name other boards: the "
+                          "pipeline's are its stages'; leave --boards out")
+    if len(spec.batch_sizes) != 1 and tuple(spec.batch_sizes[1:]) != (0,) * (len(plan.boards) - 1):
+        raise ConfigError(f"--batch {','.join(map(str, spec.batch_sizes))}: a pipeline's batch is one number, stage 0's "
+                          "(the global batch), e.g. --batch 64")
+    sizes = (spec.batch_sizes[0],) + (0,) * (len(plan.boards) - 1)
+    return replace(spec, boards=plan.boards, batch_sizes=sizes, rebalance=False)
 
 
 def load_job(run_dir: Path) -> JobSpec:

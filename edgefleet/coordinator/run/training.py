@@ -44,6 +44,9 @@ from edgefleet.coordinator.audit.run_audits import run_audits
 from edgefleet.coordinator.control.board_channel import BoardChannel
 from edgefleet.coordinator.control.fleet_select import check_boards_ready
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
+from edgefleet.coordinator.pipeline.piped_run import PipedRun
+from edgefleet.coordinator.pipeline.piped_run import prepare as prepare_pipeline
+from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.placement.placed_run import SAMPLE_ROWS, PlacedRun, prepare
 from edgefleet.coordinator.placement.tail_server import TailServer
 from edgefleet.coordinator.run.checkpoints import (
@@ -322,6 +325,8 @@ class TrainingRun:
                                max_epochs=spec.max_epochs, datamodule=self.data.datamodule, seed=spec.seed,
                                replay_data=self._replay_data())
         self.placed = self._placement() if spec.placement else None
+        self.piped = self._pipeline() if spec.pipeline else None
+        self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
         self.history: list[dict[str, Any]] = []
@@ -374,7 +379,8 @@ class TrainingRun:
         """The global batches, for a replica that replays training_step (global data mode: the coordinator holds them)."""
         if self.spec.data_mode != "global":
             return None
-        plan = GlobalBatchPlan(len(self.data.train), self.spec.batch_sizes, self.spec.seed)
+        sizes = [b for b in self.spec.batch_sizes if b > 0]  # a pipeline's stage hosts hold no data
+        plan = GlobalBatchPlan(len(self.data.train), sizes, self.spec.seed)
         return ReplayData(dataset=self.data.train, collate_fn=self.data.collate_fn, global_indices=plan.global_indices)
 
     def _placement(self) -> PlacedRun:
@@ -387,6 +393,60 @@ class TrainingRun:
         placed = prepare(self.replica.model, self.spec.placement, list(self.replica.exchanged), sample, self.replica.buffers)
         placed.threads = None if self.spec.threads else FreeCpuThreads().threads  # --threads fixes them
         return placed
+
+    def _pipeline(self) -> PipedRun:
+        """The replica's model cut into ``--pipeline``'s stages, checked on a sample batch (refused before any board
+        starts)."""
+        if self.replica.replay_reason:
+            raise ConfigError(f"--pipeline: {type(self.replica.model).__name__}.{self.replica.replay_reason}, so the "
+                              "coordinator replays training_step, which a pipelined run cannot yet: train it data-parallel")
+        sample = self.data.collate_fn([self.data.train[i] for i in range(min(SAMPLE_ROWS, len(self.data.train)))])
+        return prepare_pipeline(self.replica.model, parse_stage_plan(self.spec.pipeline), self.spec.micro_batches,
+                                list(self.replica.exchanged), sample, self.spec.batch_sizes[0])
+
+    def _pipeline_field(self, channel: BoardChannel, checker: HelloChecker) -> dict[str, Any] | None:
+        """Each command's pipeline: the stages' boards, where they listen and their public keys (None: no pipeline).
+
+        Raises:
+            ConfigError: a stage's board has no Ed25519 key on this coordinator, or reports no address.
+        """
+        if self.piped is None:
+            return None
+        keys: dict[str, str] = {}
+        hosts: dict[str, str] = {}
+        for board in self.spec.boards:
+            known = (checker.board_keys or {}).get(board)
+            if not known:
+                raise ConfigError(f"--pipeline: board {board} has no key of its own on this coordinator; the stages' "
+                                  "links prove and encrypt with each board's Ed25519 key: give its public key in "
+                                  f"--board-keys ({board}.pub) and set security.board_key_file on the board")
+            keys[board] = bytes(known[0]).hex()
+            caps = channel.caps.get(board)
+            address = getattr(caps, "address", "") if caps is not None else ""
+            if not address:
+                raise ConfigError(f"--pipeline: board {board} reports no address its neighbours can reach it at: update "
+                                  "its edge-agent, or set [training] address in its config")
+            hosts[board] = address
+        self.on_note(self.piped.describe())
+        return self.piped.spec(hosts, keys, self.spec.pipeline_port).to_dict()
+
+    def _pipeline_apply(self, apply: Callable[[Any, StepResult], None]) -> Callable[[Any, StepResult], None]:
+        """The replica's ``apply`` for a pipelined step: only with every stage's gradient. A stage's board that left
+        (its worker failed, its link to a neighbour broke) ends the run at the last complete step, with its
+        checkpoint: a pipeline cannot step without one of its stages."""
+
+        def piped_apply(vector: Any, result: StepResult) -> None:
+            missing = [b for b in self.spec.boards if b not in result.contributors]
+            if not missing:
+                apply(vector, result)
+                return
+            self._stage_lost = True
+            self._stop.set()
+            self.on_note(f"step {result.step}: stage board(s) {', '.join(missing)} sent no gradient, and a pipeline cannot "
+                         f"step without a stage: stopping after step {result.step - 1}; bring the board back (or change "
+                         "--pipeline) and --resume continues from the checkpoint")
+
+        return piped_apply
 
     def _check_target(self, step: int, elapsed_s: float) -> None:
         """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
@@ -567,7 +627,8 @@ class TrainingRun:
         self.on_note(self.placed.describe(list(self.spec.batch_sizes)))
         return await server.start(host, 0)
 
-    def _commands(self, host: str, port: int, checker: HelloChecker, tail_port: int = 0) -> dict[str, dict[str, Any]]:
+    def _commands(self, host: str, port: int, checker: HelloChecker, tail_port: int = 0,
+                  pipeline: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
         s = self.spec
         return {board: TrainCommand(job_id=s.run_id, board_id=board, exchange_host=host, exchange_port=port,
                                     token=checker.token_for(board), exchange_tls_sha256=checker.tls_sha256,
@@ -584,7 +645,7 @@ class TrainingRun:
                                     sync_warmup=s.sync_schedule.warmup, outer_optimizer=s.outer.name,
                                     outer_lr=s.outer.lr, outer_momentum=s.outer.momentum, overlap=s.overlap,
                                     placement=s.placement,
-                                    tail_port=tail_port).to_dict()  # TRAIN_SCHEMA_VERSION
+                                    tail_port=tail_port, pipeline=pipeline).to_dict()  # TRAIN_SCHEMA_VERSION
                 for i, board in enumerate(s.boards)}
 
     async def run(self) -> TrainOutcome:
@@ -604,7 +665,8 @@ class TrainingRun:
                                   int_buffer_elements=buffers.int_elements,
                                   splits=self.adapt.splits, sync=self.spec.sync_schedule, overlap=self.spec.overlap,
                                   accumulate_grad_batches=self.spec.accumulate_grad_batches, aggregate=self.spec.aggregate,
-                                  loss_scaled=self.spec.trainer_options.loss_scaled)
+                                  loss_scaled=self.spec.trainer_options.loss_scaled,
+                                  pipeline=self.piped.layout if self.piped is not None else None)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self.audits.attach(exchange, self.replica)
         self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
@@ -616,7 +678,8 @@ class TrainingRun:
             port = await exchange.start(host, self.spec.exchange_port)
             advertised = "127.0.0.1" if host == "0.0.0.0" else host
             tail_port = await self._serve_tail(host, checker, tls)
-            self._board_commands = self._commands(advertised, port, checker, tail_port)
+            self._board_commands = self._commands(advertised, port, checker, tail_port,
+                                                  self._pipeline_field(channel, checker))
             for board, command in self._board_commands.items():
                 channel.send(board, command)
             self.on_note(f"job {self.spec.run_id}: exchange on {advertised}:{port}; waiting for {len(self.spec.boards)} boards")
@@ -725,6 +788,11 @@ class TrainingRun:
             if asked >= MAX_REJOINS or now - last < REJOIN_EVERY_S:
                 continue
             self._invited[board] = (asked + 1, now)
+            if self.piped is not None:  # a pipeline needs every stage's board at every step
+                self._invited[board] = (MAX_REJOINS, now)
+                self.on_note(f"board {board} is online again, but a board cannot rejoin a pipelined run yet: Ctrl-C and "
+                             "--resume continue from the last checkpoint with every stage")
+                continue
             if self.placed is not None:  # a placed step's tail has run before a late board could catch up to it
                 self._invited[board] = (MAX_REJOINS, now)
                 self.on_note(f"board {board} is online again, but a board cannot rejoin a placed run yet (--placement): "
@@ -760,7 +828,11 @@ class TrainingRun:
                 tail = await self.placed.server.run_step(step, dict(zip(spec.boards, exchange.batch_sizes_at(step))),
                                                          exchange.deadline_for_next_step(spec.step_timeout_s))
                 apply = self.placed.apply_with(tail, apply)
+            if self.piped is not None:
+                apply = self._pipeline_apply(apply)
             result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
+            if self._stage_lost:  # the step was not applied: the run ends at the last step every stage trained
+                break
             rolled_back = self._rolled_back(exchange)
             if rolled_back is not None:
                 return rolled_back

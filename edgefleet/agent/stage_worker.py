@@ -1,0 +1,113 @@
+"""A pipelined job on a board (issue 35): which stage this board trains, its links, its loop's batches.
+
+The worker (``agent.worker``) runs a pipelined job as any other, through the gradient exchange (the
+welcome's model, optimizer state and step; each step's vector to the coordinator's replica), with
+three differences made here:
+
+* :func:`stage_of` cuts the module as the command says (``workloads.stage_cut``): the board's vector
+  is its stage's trainable parameters' gradient (:attr:`BoardStage.params`, in the optimizer's order
+  as the coordinator's layout expects), and the others keep no gradient on this board;
+* :func:`link_stage` opens the stage links (``agent.stage_links``), proving and encrypting with the
+  board's own Ed25519 key, and gives the module its stage's part (``agent.stage_runtime``): stage 0's
+  pipelined ``forward``, a later stage's ``training_step``;
+* :func:`stage_host_loader` is a later stage's data: one placeholder item per batch (the step's
+  number), in the epochs and positions of the run, since its inputs come over the links.
+
+Imported only by the training worker (it needs torch).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from edgefleet.agent.stage_links import StageEndpoint, StageLinkPlan, StagePeer
+from edgefleet.agent.stage_runtime import FirstStage, StageHost
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.protocol.jobs import TrainCommand
+from edgefleet.protocol.pipeline_command import PipelineSpec
+from edgefleet.transport.fleet_key import load_board_key
+from edgefleet.workloads.fleet_trainer import EpochBatchSampler, LoopPosition
+from edgefleet.workloads.params import trainable_params
+from edgefleet.workloads.stage_cut import StagedModel, cut_stages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BoardStage:
+    """This board's stage of a pipelined job."""
+
+    spec: PipelineSpec
+    stage: int
+    staged: StagedModel
+    params: list[torch.nn.Parameter]  # the stage's trainable parameters, in the optimizer's order: the vector's
+
+    @property
+    def elements(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+def stage_of(job: TrainCommand, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> BoardStage:
+    """Cut this board's copy of the module as the job's pipeline says.
+
+    Raises:
+        EdgeTrainError: the job carries no pipeline.
+        ConfigError: the cut is not admissible here (another model version than the coordinator's).
+    """
+    spec = job.pipeline_spec
+    if spec is None:
+        raise EdgeTrainError("the job carries no pipeline")
+    staged = cut_stages(model, spec.cuts, micro_batches=spec.micro_batches)
+    mine = {id(p) for p in staged.params[job.board_index]}
+    return BoardStage(spec=spec, stage=job.board_index, staged=staged,
+                      params=[p for p in trainable_params(optimizer) if id(p) in mine])
+
+
+def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_file: str, start: int) -> StageEndpoint:
+    """Open this board's stage links and give the module its stage's part, from step ``start``.
+
+    Raises:
+        EdgeTrainError: no board key to prove and encrypt with.
+        StageFault: a neighbour cannot be reached, refuses this board, or fails TLS.
+    """
+    if not board_key_file:
+        raise EdgeTrainError(f"a pipelined job needs board {job.board_id}'s own key (security.board_key_file): the "
+                             "stages' links prove and encrypt with it")
+    seed = load_board_key(board_key_file).seed
+    spec = board.spec
+    peers = [StagePeer(board_id=p.board_id, host=p.host, port=p.port, public_key=p.public_key) for p in spec.stages]
+    plan = StageLinkPlan(job_id=job.job_id, stage=board.stage, peers=peers, shapes=[tuple(s) for s in spec.shapes],
+                         max_rows=spec.max_rows, micro_batches=spec.micro_batches, tls=bool(job.exchange_tls_sha256))
+    endpoint = StageEndpoint(plan, seed=seed)
+    try:
+        endpoint.listen(plan.me.host, plan.me.port)
+        endpoint.connect(start=start)
+        endpoint.wait_connected()
+    except (OSError, EdgeTrainError) as exc:
+        endpoint.close()
+        if isinstance(exc, OSError):
+            raise EdgeTrainError(f"cannot listen for the pipeline's links on {plan.me.host}:{plan.me.port} "
+                                 f"({exc.strerror or exc}): is the port free on this board?") from None
+        raise
+    if board.stage == 0:
+        FirstStage(board.staged, endpoint, spec.micro_batches, start=start).install(model)
+    else:
+        StageHost(board.staged, board.stage, endpoint, start=start).install(model)
+    log.info("pipeline: stage %d of %d linked (%d micro-batches a step)", board.stage, len(spec.stages),
+             spec.micro_batches)
+    return endpoint
+
+
+def stage_host_loader(position: LoopPosition) -> DataLoader[Any]:
+    """A later stage's batches: the step's number, one a batch, in the run's epochs from ``position`` on."""
+    per_epoch = position.batches_per_epoch
+    sampler = EpochBatchSampler(lambda batch: [batch % per_epoch], position)
+    return DataLoader(TensorDataset(torch.arange(per_epoch)), batch_sampler=sampler)
+
+
+__all__ = ["BoardStage", "link_stage", "stage_host_loader", "stage_of"]

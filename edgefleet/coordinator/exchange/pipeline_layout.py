@@ -1,0 +1,99 @@
+"""Where each stage's gradient lands in the replica's vector, for a pipelined job's exchange (issue 35).
+
+In a pipeline every board trains one stage, so its vector is that stage's trainable parameters'
+gradient (in the stage's parameter order), not the whole model's. The coordinator's replica still
+takes the whole model's gradient every step (it checkpoints and validates), so the exchange
+scatters each board's vector into the replica's: :class:`PipelineLayout` says how, as runs of
+(offset in the board's vector, offset in the replica's vector, count). It is built once by the run
+(``coordinator.pipeline.piped_run``) and checked here once, so that the step's scatter
+(``coordinator.exchange.modes.PipelineStages``) needs no check of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from edgefleet.coordinator.exchange.board_state import ExchangeError
+
+log = logging.getLogger(__name__)
+
+Run = tuple[int, int, int]  # (offset in the board's vector, offset in the replica's vector, count)
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A pipelined job's boards (in board order, stage 0 first) and where their vectors' values go.
+
+    ``elements[i]``: board ``i``'s vector length (its stage's trainable parameters); ``slots[i]``: its
+    runs, covering its vector exactly once; ``full_elements``: the replica's vector length (its
+    ``param_count``; values no board covers stay 0, an unused parameter); ``global_batch``: the samples
+    of a step, which every stage handles (stage 0 holds the data).
+
+    Raises:
+        ExchangeError: a count out of range, a run outside either vector, two runs writing the same
+            values of the replica's vector, or a board's runs not covering its vector exactly.
+    """
+
+    elements: list[int]
+    slots: list[list[Run]]
+    full_elements: int
+    global_batch: int
+
+    def __post_init__(self) -> None:
+        if not self.elements:
+            raise ExchangeError("the pipeline layout has no board: give each stage's board its vector length")
+        if len(self.slots) != len(self.elements):
+            raise ExchangeError(f"the pipeline layout gives {len(self.elements)} boards' vector lengths but "
+                                f"{len(self.slots)} boards' slots: give one of each per board")
+        if self.full_elements < 1 or self.global_batch < 1:
+            raise ExchangeError(f"the pipeline layout's full_elements ({self.full_elements}) and global_batch "
+                                f"({self.global_batch}) must be positive")
+        placed: list[tuple[int, int, int]] = []  # (start in the replica's vector, end, board)
+        for board, (length, runs) in enumerate(zip(self.elements, self.slots)):
+            _check_board(board, length, runs, self.full_elements)
+            placed += [(dst, dst + count, board) for _, dst, count in runs]
+        placed.sort()
+        for (_, end, board), (next_start, _, other) in pairwise(placed):
+            if next_start < end:
+                raise ExchangeError(f"the pipeline layout puts board {board}'s and board {other}'s values both at "
+                                    f"offset {next_start} of the replica's vector: each value has one owner")
+
+    @property
+    def boards(self) -> int:
+        return len(self.elements)
+
+    def check_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
+        """The job's batch sizes (by board index) must be the layout's: stage 0 the global batch, the others 0.
+
+        Raises:
+            ExchangeError: another number of boards, or another split, naming what it takes.
+        """
+        expected = [self.global_batch] + [0] * (self.boards - 1)
+        if list(batch_sizes) != expected:
+            raise ExchangeError(f"a pipelined job's batch sizes must be {expected} (stage 0 holds the global batch of "
+                                f"{self.global_batch}, one board per stage), not {list(batch_sizes)}")
+
+
+def _check_board(board: int, length: int, runs: Sequence[Run], full_elements: int) -> None:
+    """Board ``board``'s runs lie inside both vectors and cover its ``length`` values exactly once."""
+    if length < 0:
+        raise ExchangeError(f"the pipeline layout gives board {board} a vector of {length} values: it must be 0 or more")
+    covered = 0
+    for src, dst, count in sorted(runs):
+        if count < 1 or src < 0 or dst < 0 or src + count > length or dst + count > full_elements:
+            raise ExchangeError(f"the pipeline layout's run {(src, dst, count)} of board {board} lies outside its vector "
+                                f"of {length} values or the replica's of {full_elements}")
+        if src != covered:
+            raise ExchangeError(f"the pipeline layout's runs of board {board} "
+                                f"{'overlap' if src < covered else 'leave a gap'} at offset {min(src, covered)} of its "
+                                "vector: they must cover it exactly once")
+        covered += count
+    if covered != length:
+        raise ExchangeError(f"the pipeline layout's runs of board {board} cover {covered} of its {length} values: "
+                            "they must cover its vector exactly")
+
+
+__all__ = ["PipelineLayout", "Run"]

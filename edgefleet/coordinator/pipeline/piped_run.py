@@ -1,0 +1,189 @@
+"""A pipelined run's coordinator side: the replica's model cut into stages and checked before any board
+starts, and where each stage's gradient goes in the replica's vector.
+
+:func:`prepare` cuts the replica's model as ``--pipeline`` says (``workloads.stage_cut``) and refuses,
+naming why and what to do, what the pipeline cannot train exactly yet: a module with buffers (their
+running statistics would have to travel with the stages' gradients), a ``training_step`` that calls
+``forward`` other than once per batch or runs a later stage's layer outside ``forward``, or one whose
+loss through the stages differs from the uncut model's on a sample batch. The check runs on a copy of
+the random generators' state and restores every buffer.
+
+:class:`PipedRun` then gives the exchange its layout (``coordinator.exchange.pipeline_layout``: each
+board's vector is its stage's gradient, in the replica's own order, and lands in its slots of the
+replica's vector) and each board's command its pipeline (``protocol.pipeline_command``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
+from edgefleet.coordinator.pipeline.stage_plan import StagePlan
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.pipeline_command import PipelinePeer, PipelineSpec
+from edgefleet.workloads.params import BufferSet
+from edgefleet.workloads.stage_cut import StagedModel, cut_stages, stage_shapes
+
+log = logging.getLogger(__name__)
+
+SAMPLE_ROWS = 2  # samples in the batch the cut is checked on
+
+
+class PipedRun:
+    """One pipelined run: the replica's model cut, the shapes between stages, the exchange's layout.
+
+    Args:
+        plan: the stages' boards and cuts.
+        staged: the replica's model, cut.
+        shapes: each stage's output shape per sample.
+        micro_batches: M.
+        exchanged: the replica's parameters in its vector's order.
+        global_batch: the samples of a step (stage 0's batch).
+    """
+
+    def __init__(self, plan: StagePlan, staged: StagedModel, shapes: list[tuple[int, ...]], micro_batches: int,
+                 exchanged: Sequence[torch.nn.Parameter], global_batch: int) -> None:
+        self.plan, self.staged, self.shapes, self.micro_batches = plan, staged, shapes, micro_batches
+        self.global_batch = global_batch
+        offsets: dict[int, int] = {}
+        at = 0
+        for p in exchanged:
+            offsets[id(p)] = at
+            at += p.numel()
+        elements: list[int] = []
+        slots: list[list[tuple[int, int, int]]] = []
+        for stage_params in staged.params:
+            mine = {id(p) for p in stage_params}
+            runs: list[tuple[int, int, int]] = []
+            local = 0
+            for p in exchanged:  # the board's vector: its stage's trainable parameters in the replica's order
+                if id(p) not in mine:
+                    continue
+                full, count = offsets[id(p)], p.numel()
+                if runs and runs[-1][0] + runs[-1][2] == local and runs[-1][1] + runs[-1][2] == full:
+                    runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + count)
+                else:
+                    runs.append((local, full, count))
+                local += count
+            elements.append(local)
+            slots.append(runs)
+        self.layout = PipelineLayout(elements=elements, slots=slots, full_elements=at, global_batch=global_batch)
+
+    def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], port: int) -> PipelineSpec:
+        """The command's pipeline: each stage's board at ``hosts[board]``, on ``port`` + its stage."""
+        peers = [PipelinePeer(board_id=b, host=hosts[b], port=port + k, public_key=public_keys[b])
+                 for k, b in enumerate(self.plan.boards)]
+        return PipelineSpec(cuts=list(self.plan.cuts), micro_batches=self.micro_batches, stages=peers,
+                            shapes=[list(s) for s in self.shapes], max_rows=self.global_batch)
+
+    def describe(self) -> str:
+        """What each stage trains and what crosses each link per step, for the run's note."""
+        counts = [sum(p.numel() for p in ps) for ps in self.staged.params]
+        stages = "; ".join(f"stage {k} on {b}: {n:,} parameters" for k, (b, n) in enumerate(zip(self.plan.boards, counts)))
+        crossing = [self.global_batch * int(np.prod(s)) * 4 for s in self.shapes[:-1]]
+        links = ", ".join(f"{_kb(n)}" for n in crossing)
+        return (f"pipeline of {len(counts)} stages, {self.micro_batches} micro-batch(es) a step (GPipe): {stages}; "
+                f"activations per step at each cut, each way: {links}; each stage's gradient goes to the coordinator's "
+                "replica every step")
+
+
+def prepare(model: Any, plan: StagePlan, micro_batches: int, exchanged: Sequence[torch.nn.Parameter], sample: Any,
+            global_batch: int) -> PipedRun:
+    """Cut the replica's ``model`` as ``plan`` says and check the cut on ``sample`` (a collated batch).
+
+    Raises:
+        ConfigError: a cut that does not exist or is not admissible, buffers, or a module the stages cannot train
+            exactly (the message says why and what to do).
+    """
+    buffers = BufferSet(model)
+    if buffers.elements:
+        name = next(iter(n for n, _ in model.named_buffers()), "")
+        raise ConfigError(f"--pipeline: {type(model).__name__} holds buffers ({name}, e.g. BatchNorm's running "
+                          "statistics), which a pipeline cannot carry yet: train it data-parallel (leave --pipeline out)")
+    staged = cut_stages(model, list(plan.cuts), micro_batches=micro_batches)
+    if not any(p.requires_grad for p in staged.params[0]):
+        raise ConfigError(f"--pipeline {plan.text()}: stage 0 (up to {plan.cuts[0]}) trains no parameter, so nothing "
+                          "would send the stages' gradients back to it: cut later")
+    x = _input_of(sample)
+    shapes = stage_shapes(staged, x)
+    _check_on_sample(model, staged, sample, plan)
+    return PipedRun(plan, staged, shapes, micro_batches, exchanged, global_batch)
+
+
+def _input_of(batch: Any) -> torch.Tensor:
+    """The model's input in a collated batch: the batch itself, or its first item."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    if not isinstance(first, torch.Tensor):
+        raise ConfigError(f"--pipeline: a batch's first item is a {type(first).__name__}, not the model's input tensor; "
+                          "a pipeline needs a forward of one tensor")
+    return first
+
+
+def _check_on_sample(model: Any, staged: StagedModel, batch: Any, plan: StagePlan) -> None:
+    """Run ``training_step`` on ``batch`` uncut and through the stages (locally, one micro-batch).
+
+    Raises:
+        ConfigError: forward runs other than once, a later stage's layer runs outside forward, or the losses differ.
+    """
+    later = [m for modules in staged.modules[1:] for m in modules]
+    seen = {"calls": 0, "inside": False, "outside": 0}
+
+    def count_outside(module: torch.nn.Module, args: Any) -> None:
+        if not seen["inside"]:
+            seen["outside"] += 1
+
+    def staged_forward(x: torch.Tensor) -> torch.Tensor:
+        seen["calls"] += 1
+        seen["inside"] = True
+        try:
+            out = x
+            for stage in staged.stages:
+                out = stage(out)
+        finally:
+            seen["inside"] = False
+        return out
+
+    kept = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    with torch.random.fork_rng():
+        state = torch.random.get_rng_state()
+        reference = model.training_step(batch, 0)
+        handles = [m.register_forward_pre_hook(count_outside) for m in later]
+        model.forward = staged_forward
+        try:
+            torch.random.set_rng_state(state)
+            piped = model.training_step(batch, 0)
+        finally:
+            model.__dict__.pop("forward", None)
+            for handle in handles:
+                handle.remove()
+            with torch.no_grad():
+                for name, buffer in model.named_buffers():
+                    buffer.copy_(kept[name])
+    where = f"{type(model).__name__}.training_step"
+    if seen["calls"] != 1:
+        raise ConfigError(f"--pipeline {plan.text()}: {where} ran the model's forward {seen['calls']} times on one batch; "
+                          "a pipeline sends one batch through the stages per step: train it data-parallel")
+    if seen["outside"]:
+        raise ConfigError(f"--pipeline {plan.text()}: {where} runs layers of a later stage outside forward (a loss from "
+                          "intermediate activations); they live on other boards: train it data-parallel")
+    loss_ref, loss_piped = _loss(reference), _loss(piped)
+    if loss_ref is None or loss_piped is None or not np.isclose(loss_ref, loss_piped, rtol=1e-5, atol=1e-7):
+        raise ConfigError(f"--pipeline {plan.text()}: {where} gives the loss {loss_piped} through the stages and "
+                          f"{loss_ref} without on a sample batch, so the cut changes what is trained: choose other cuts")
+
+
+def _loss(value: Any) -> float | None:
+    loss = value.get("loss") if isinstance(value, dict) else value
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n / 1024:.1f} KiB"
+
+
+__all__ = ["SAMPLE_ROWS", "PipedRun", "prepare"]

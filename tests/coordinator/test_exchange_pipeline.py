@@ -1,0 +1,250 @@
+"""The exchange's pipeline mode (issue 35) over real TCP sockets, with real board clients on threads.
+
+Three stages, one board each: stage 0 holds the global batch, every stage sends its own stage's
+gradient over that batch, the boards get an empty result and the replica the full vector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgefleet.agent.worker_exchange import ExchangeClient, ExchangeRefused, StopTraining
+from edgefleet.coordinator.exchange.board_state import BoardState
+from edgefleet.coordinator.exchange.gradient_reduce import GradientReducer
+from edgefleet.coordinator.exchange.modes import PipelineStages, select_mode
+from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
+from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer
+from edgefleet.coordinator.exchange.step_sum import StepResult
+from edgefleet.protocol.codec import encode_value, from_bf16_bits, to_bf16_bits
+from edgefleet.protocol.exchange_frames import Hello, Refusal, Welcome, decode_hello_reply
+from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.sync_schedule import SyncSchedule
+from edgefleet.transport.frame_io import recv_frame, send_frame
+
+GLOBAL_BATCH = 32
+BOARDS = [("s0", GLOBAL_BATCH), ("s1", 0), ("s2", 0)]
+ELEMENTS = [4, 6, 3]
+FULL = 15  # values 8 and 14 belong to no stage (an unused parameter): they stay 0
+SLOTS = [[(0, 0, 2), (2, 11, 2)], [(0, 2, 6)], [(0, 9, 2), (2, 13, 1)]]
+
+
+def _layout(**changes: Any) -> PipelineLayout:
+    fields: dict[str, Any] = {"elements": ELEMENTS, "slots": SLOTS, "full_elements": FULL, "global_batch": GLOBAL_BATCH}
+    return PipelineLayout(**{**fields, **changes})
+
+
+def _server(wire_dtype: str = "float32", **kwargs: Any) -> ExchangeServer:
+    return ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=FULL, wire_dtype=wire_dtype,
+                          welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})),
+                          pipeline=_layout(), **kwargs)
+
+
+def _grad(step: int, index: int, wire_dtype: str = "float32") -> np.ndarray:
+    """Stage ``index``'s vector at ``step`` as it travels (bfloat16: its bits in a uint16 array)."""
+    values = np.random.default_rng(100 * step + index).standard_normal(ELEMENTS[index]).astype(np.float32)
+    return to_bf16_bits(values) if wire_dtype == "bfloat16" else values.astype(wire_dtype)
+
+
+def _scattered(step: int, wire_dtype: str) -> np.ndarray:
+    """What the replica must get at ``step``: each stage's vector in its slots (as it travelled), zeros elsewhere."""
+    full = np.zeros(FULL, dtype=np.float32)
+    for index, runs in enumerate(SLOTS):
+        vector = _grad(step, index, wire_dtype)
+        vector = from_bf16_bits(vector) if wire_dtype == "bfloat16" else vector.astype(np.float32)
+        for src, dst, count in runs:
+            full[dst:dst + count] = vector[src:src + count]
+    return full
+
+
+class StageBoard(threading.Thread):
+    """A stage's board: joins with its stage's size and sends ``make(step, index)`` with ``n(step, index)`` for
+    ``steps`` steps (None: it leaves instead)."""
+
+    def __init__(self, index: int, port: int, steps: int, make: Callable[[int, int], np.ndarray | None],
+                 n: Callable[[int, int], int] = lambda step, index: GLOBAL_BATCH) -> None:
+        super().__init__(daemon=True)
+        self.index, self.port, self.steps, self.make, self.n = index, port, steps, make, n
+        self.results: list[np.ndarray] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            client = ExchangeClient("127.0.0.1", self.port)
+            client.hello(job_id="job", board_id=BOARDS[self.index][0], token="secret", param_count=ELEMENTS[self.index])
+            for step in range(self.steps):
+                grad = self.make(step, self.index)
+                if grad is None:
+                    client.close()
+                    return
+                self.results.append(np.array(client.exchange(step=step, grad=grad, n=self.n(step, self.index), loss=1.0,
+                                                             compute_s=0.01, result_elements=0)))
+        except (ExchangeRefused, StopTraining, OSError) as exc:
+            self.error = exc
+
+
+async def _steps(boards: list[StageBoard], server: ExchangeServer, steps: int,
+                 applied: list[np.ndarray]) -> list[StepResult | ExchangeError]:
+    """Run ``steps`` steps (a step that fails is its error, and ends the run); then close the server."""
+    for board in boards:
+        board.start()
+    await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+    results: list[StepResult | ExchangeError] = []
+    try:
+        for step in range(steps):
+            results.append(await server.run_step(step, apply=lambda g, r: applied.append(g.copy())))
+    except ExchangeError as exc:
+        results.append(exc)
+    finally:
+        await server.close()
+    for board in boards:
+        board.join(10)
+    return results
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "float16", "bfloat16"])
+def test_each_stage_lands_in_its_slots_and_the_boards_get_an_empty_result(wire_dtype: str) -> None:
+    async def main() -> tuple[list[StepResult | ExchangeError], list[StageBoard], list[np.ndarray]]:
+        server = _server(wire_dtype)
+        port = await server.start("127.0.0.1", 0)
+        boards = [StageBoard(i, port, 2, functools.partial(_grad, wire_dtype=wire_dtype)) for i in range(len(BOARDS))]
+        applied: list[np.ndarray] = []
+        return await _steps(boards, server, 2, applied), boards, applied
+
+    results, boards, applied = asyncio.run(main())
+    assert len(applied) == 2
+    for step, result in enumerate(results):
+        assert isinstance(result, StepResult)
+        np.testing.assert_array_equal(applied[step], _scattered(step, wire_dtype))  # no averaging; 8 and 14 stay 0
+        assert applied[step].dtype == np.float32 and applied[step][[8, 14]].tolist() == [0.0, 0.0]
+        assert result.contributors == ["s0", "s1", "s2"] and not result.refused
+        assert result.n_total == GLOBAL_BATCH  # the batch counted once, not once per stage
+        assert result.batch_sizes == {"s0": GLOBAL_BATCH, "s1": 0, "s2": 0}
+    for board in boards:
+        assert board.error is None and len(board.results) == 2
+        assert all(r.size == 0 for r in board.results)
+
+
+def _wrong_length(step: int, index: int) -> np.ndarray:
+    return _grad(step, index)[:-1]
+
+
+def _nan(step: int, index: int) -> np.ndarray:
+    grad = _grad(step, index)
+    grad[1] = np.nan
+    return grad
+
+
+@pytest.mark.parametrize("bad, n, why", [
+    (_wrong_length, GLOBAL_BATCH, "pipeline stage 1 takes 6 values"),
+    (_grad, GLOBAL_BATCH // 2, f"sent n={GLOBAL_BATCH // 2} for step 1; the split assigned it n={GLOBAL_BATCH}"),
+    (_nan, GLOBAL_BATCH, "NaN or Inf in the gradient"),
+])
+def test_a_bad_stage_vector_is_refused_naming_the_board_and_the_step_cannot_complete(
+        bad: Callable[[int, int], np.ndarray], n: int, why: str) -> None:
+    """Board s1 sends a bad vector at step 1: refused naming it; the step refuses every stage's (none can be applied)."""
+    async def main() -> tuple[list[StepResult | ExchangeError], list[np.ndarray], dict[str, list[str]]]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        def make(step: int, index: int) -> np.ndarray:
+            return (bad if index == 1 and step == 1 else _grad)(step, index)
+
+        def count(step: int, index: int) -> int:
+            return n if index == 1 and step == 1 else GLOBAL_BATCH
+
+        boards = [StageBoard(i, port, 2, make, count) for i in range(len(BOARDS))]
+        applied: list[np.ndarray] = []
+        results = await _steps(boards, server, 2, applied)
+        return results, applied, server.flags()
+
+    results, applied, flags = asyncio.run(main())
+    assert isinstance(results[0], StepResult) and len(applied) == 1  # step 0 went through; step 1 was never applied
+    failure = results[1]
+    assert isinstance(failure, ExchangeError)
+    assert "s1" in str(failure) and why in str(failure)
+    assert any(f.startswith("step 1: refused") and why in f for f in flags["s1"])
+    for other in ("s0", "s2"):  # refused because stage 1 is missing, which the refusal names
+        assert any("lacks the gradient of stage 1 (board s1)" in f for f in flags[other])
+
+
+def test_a_stage_that_leaves_fails_the_step_naming_it() -> None:
+    async def main() -> list[StepResult | ExchangeError]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        def make(step: int, index: int) -> np.ndarray | None:
+            return None if index == 2 and step == 1 else _grad(step, index)
+
+        boards = [StageBoard(i, port, 2, make) for i in range(len(BOARDS))]
+        return await _steps(boards, server, 2, [])
+
+    results = asyncio.run(main())
+    assert isinstance(results[0], StepResult) and isinstance(results[1], ExchangeError)
+    assert "lacks the gradient of stage 2 (board s2)" in str(results[1])
+
+
+def _hello(port: int, hello: Hello) -> Welcome | Refusal:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        send_frame(sock, hello.to_wire())
+        return decode_hello_reply(recv_frame(sock))
+
+
+def test_a_hello_must_give_its_own_stage_s_parameter_count() -> None:
+    async def main() -> list[Welcome | Refusal]:
+        server = _server()
+        port = await server.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        try:
+            return [await loop.run_in_executor(None, _hello, port, Hello(job_id="job", board_id="s1", token="secret",
+                                                                         param_count=count))
+                    for count in (FULL, ELEMENTS[0], ELEMENTS[1])]
+        finally:
+            await server.close()
+
+    whole_model, other_stage, own = asyncio.run(main())
+    for refusal, count in ((whole_model, FULL), (other_stage, ELEMENTS[0])):
+        assert isinstance(refusal, Refusal)
+        assert f"has {count} trainable parameters, the coordinator's {ELEMENTS[1]}" in refusal.message
+    assert isinstance(own, Welcome) and own.step == 0
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"slots": [[(0, 0, 2), (2, 11, 2)], [(0, 1, 6)], SLOTS[2]]}, "board 0's and board 1's values both at offset 1"),
+    ({"slots": [[(0, 0, 2), (2, 14, 2)], SLOTS[1], SLOTS[2]]}, "lies outside"),
+    ({"slots": [[(0, 0, 2)], SLOTS[1], SLOTS[2]]}, "cover 2 of its 4 values"),
+    ({"slots": [[(0, 0, 3), (2, 11, 2)], SLOTS[1], SLOTS[2]]}, "overlap at offset 2"),
+    ({"elements": [4, 6]}, "3 boards' slots"),
+    ({"global_batch": 0}, "must be positive"),
+])
+def test_a_layout_that_does_not_hold_together_is_refused(changes: dict[str, Any], why: str) -> None:
+    with pytest.raises(ExchangeError, match=why):
+        _layout(**changes)
+
+
+def test_a_layout_that_does_not_match_the_job_is_refused() -> None:
+    def welcome() -> tuple[int, Any, Any]:
+        return 0, encode_value({}), encode_value({})
+
+    with pytest.raises(ExchangeError, match=r"batch sizes must be \[32, 0, 0\]"):
+        ExchangeServer(job_id="job", token="t", boards=[("s0", 16), ("s1", 16), ("s2", 0)], param_count=FULL,
+                       wire_dtype="float32", welcome_state=welcome, pipeline=_layout())
+    with pytest.raises(ExchangeError, match="replica's 15 trainable parameters"):
+        ExchangeServer(job_id="job", token="t", boards=BOARDS, param_count=FULL + 1, wire_dtype="float32",
+                       welcome_state=welcome, pipeline=_layout())
+
+
+def test_select_mode_takes_a_pipeline_alone() -> None:
+    reducer, schedule = GradientReducer(FULL), SplitSchedule([b for _, b in BOARDS])
+    boards = [BoardState(board_id=b, index=i, batch_size=n) for i, (b, n) in enumerate(BOARDS)]
+    assert isinstance(select_mode(reducer, schedule, pipeline=_layout(), boards=boards), PipelineStages)
+    for settings, named in (({"overlap": True}, "--overlap"), ({"aggregate": "median"}, "--aggregate median"),
+                            ({"sync": SyncSchedule(every=4)}, "--sync-every"),
+                            ({"accumulate": 2}, "--accumulate-grad-batches 2")):
+        with pytest.raises(ExchangeError, match=named):
+            select_mode(reducer, schedule, pipeline=_layout(), boards=boards, **settings)

@@ -1,0 +1,57 @@
+"""Pipeline stages through real agents, a real broker and the real CLI (issue 35): LeNet-5 cut into three
+stages, one board each, four micro-batches a step, the stages' links proved and encrypted with each board's own
+key; the model is the one a single process trains on the same global batches."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgefleet.brokers.local_broker import LocalBroker
+from tests.conftest import AgentFactory
+from tests.helpers import max_relative_error, plain_lenet_training, train_command, wait_boards_online
+from tests.hostile.board_keys import FleetKeys, agent_config, finish, make_keys
+
+SEED = 7
+BOARDS = ["q1", "q2", "q3"]
+
+
+def _fleet(tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> FleetKeys:
+    keys = make_keys(tmp_path, BOARDS)
+    for board in BOARDS:
+        agents.start(board, mosquitto.address, config=agent_config(board, keys, keys.own[board]))
+    wait_boards_online(mosquitto.address, BOARDS)
+    return keys
+
+
+def _train(mosquitto: LocalBroker, keys: FleetKeys, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    cmd = train_command("--board-keys", str(keys.board_keys), *extra, broker=mosquitto, fleet_key=keys.fleet_key,
+                        model="lenet5", model_options="optimizer=sgd,lr=0.05", dataset="digits", seed=SEED, threads=1,
+                        run_dir=run_dir)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_a_three_stage_pipeline_trains_the_model_a_single_process_trains(tmp_path: Path, mosquitto: LocalBroker,
+                                                                         agents: AgentFactory) -> None:
+    keys = _fleet(tmp_path, mosquitto, agents)
+    run_dir = tmp_path / "piped"
+    code, out, err = finish(_train(mosquitto, keys, run_dir, "--pipeline", "q1,net.2@q2,net.8@q3",
+                                   "--micro-batches", "4", "--batch", "16", "--steps", "20"), 300)
+    output = out + err
+    assert code == 0, output[-4000:]
+    assert "pipeline of 3 stages, 4 micro-batch(es) a step" in output, output[-3000:]
+    piped = torch.load(run_dir / "model.pt", weights_only=True)
+    reference = plain_lenet_training(20, 16, seed=SEED)
+    assert max_relative_error(piped, reference) <= 1e-5
+    assert max_relative_error(piped, plain_lenet_training(0, 16, seed=SEED)) > 1e-3  # it did train
+
+    # on the same fleet: a cut the model does not have is refused before any board starts, listing those it has
+    code, out, err = finish(_train(mosquitto, keys, tmp_path / "bad", "--pipeline", "q1,net.99@q2", "--batch", "8",
+                                   "--steps", "2"), 120)
+    output = out + err
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    assert "net.99" in output and "net.6" in output, output[-3000:]
