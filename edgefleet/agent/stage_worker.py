@@ -40,12 +40,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BoardStage:
-    """This board's stage of a pipelined job."""
+    """This board's stage of a pipelined job (``member``: its place in stage 0's group, at stage 0)."""
 
     spec: PipelineSpec
     stage: int
+    member: int
     staged: StagedModel
     params: list[torch.nn.Parameter]  # the stage's trainable parameters, in the optimizer's order: the vector's
+    stage0_elements: int  # stage 0's vector: every step's answer (stage 0's average; a later stage ignores it)
 
     @property
     def elements(self) -> int:
@@ -63,9 +65,15 @@ def stage_of(job: TrainCommand, model: torch.nn.Module, optimizer: torch.optim.O
     if spec is None:
         raise EdgeTrainError("the job carries no pipeline")
     staged = cut_stages(model, spec.cuts, micro_batches=spec.micro_batches)
-    mine = {id(p) for p in staged.params[job.board_index]}
-    return BoardStage(spec=spec, stage=job.board_index, staged=staged,
-                      params=[p for p in trainable_params(optimizer) if id(p) in mine])
+    stage = spec.stage_of(job.board_index)
+    trainable = trainable_params(optimizer)
+
+    def of(k: int) -> list[torch.nn.Parameter]:
+        ids = {id(p) for p in staged.params[k]}
+        return [p for p in trainable if id(p) in ids]
+
+    return BoardStage(spec=spec, stage=stage, member=job.board_index if stage == 0 else 0, staged=staged,
+                      params=of(stage), stage0_elements=sum(p.numel() for p in of(0)))
 
 
 def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_file: str, start: int) -> StageEndpoint:
@@ -82,7 +90,8 @@ def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_fi
     spec = board.spec
     peers = [StagePeer(board_id=p.board_id, host=p.host, port=p.port, public_key=p.public_key) for p in spec.stages]
     plan = StageLinkPlan(job_id=job.job_id, stage=board.stage, peers=peers, shapes=[tuple(s) for s in spec.shapes],
-                         max_rows=spec.max_rows, micro_batches=spec.micro_batches, tls=bool(job.exchange_tls_sha256))
+                         max_rows=spec.max_rows, micro_batches=spec.micro_batches, tls=bool(job.exchange_tls_sha256),
+                         group=spec.group, member=board.member)
     endpoint = StageEndpoint(plan, seed=seed)
     try:
         endpoint.listen(plan.me.host, plan.me.port)
@@ -95,10 +104,10 @@ def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_fi
                                  f"({exc.strerror or exc}): is the port free on this board?") from None
         raise
     if board.stage == 0:
-        FirstStage(board.staged, endpoint, spec.micro_batches, start=start).install(model)
+        FirstStage(board.staged, endpoint, spec.micro_batches, start=start, member=board.member).install(model)
     else:
-        StageHost(board.staged, board.stage, endpoint, start=start).install(model)
-    log.info("pipeline: stage %d of %d linked (%d micro-batches a step)", board.stage, len(spec.stages),
+        StageHost(board.staged, board.stage, endpoint, start=start, group=spec.group).install(model)
+    log.info("pipeline: stage %d of %d linked (%d micro-batches a step)", board.stage, spec.stage_count,
              spec.micro_batches)
     return endpoint
 

@@ -73,8 +73,10 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                      gradient_clip_val=job.gradient_clip_val,
                                      gradient_clip_algorithm=job.gradient_clip_algorithm, deterministic=job.deterministic,
                                      precision=job.precision)
-    piped = job.pipeline is not None  # a pipeline's stage 0 holds the whole global batch; the stage hosts none
-    data_sizes = [job.batch_sizes[0]] if piped else job.batch_sizes
+    spec = job.pipeline_spec  # a pipeline: stage 0's boards hold the global batch between them, the later stages none
+    group = spec.group if spec is not None else len(job.batch_sizes)
+    data_sizes = job.batch_sizes[:group]
+    later_stage = spec is not None and job.board_index >= group  # trains a later stage over the whole batch
     if job.data_mode == "global":
         plan = GlobalBatchPlan(len(data.train), data_sizes, job.seed)
         batches_per_epoch = _batches_per_epoch(job, plan.steps_per_epoch, data.source)
@@ -90,7 +92,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     cut = cut_model(model, job.placement) if job.placement else None  # layer placement: the boards train the head
     count = exchange_size(optimizer, model) if cut is None else head_size(optimizer, cut)
     stage: Any = None
-    if piped:  # pipeline stages: this board trains its stage's layers
+    if spec is not None:  # pipeline stages: this board trains its stage's layers
         from edgefleet.agent.stage_worker import link_stage, stage_host_loader, stage_of  # torch: pipelined jobs only
 
         stage = stage_of(job, model, optimizer)
@@ -127,8 +129,9 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                             accumulate=trainer_options.accumulate_grad_batches)
             for split in welcome.splits:
                 schedule.add(first_batch(split.from_step), split.batch_sizes)
-            indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=0 if piped else job.board_index)
-            batch_size: Any = lambda step: schedule.batch_sizes_at(first_batch(step))[0 if piped else job.board_index]  # noqa: E731
+            indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=0 if later_stage else job.board_index)
+            batch_size: Any = (lambda step: sum(schedule.batch_sizes_at(first_batch(step))) if later_stage  # noqa: E731
+                               else schedule.batch_sizes_at(first_batch(step))[job.board_index])
             on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
         else:
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
@@ -143,7 +146,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
             only=(cut.head_params if cut is not None else stage.params if stage is not None else None),
             buffers=(cut.head_layers() if cut is not None else torch.nn.Module() if stage is not None else None),
-            keep_own=stage is not None,
+            keep_own=later_stage, result_elements=stage.stage0_elements if later_stage else None,
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split
@@ -160,8 +163,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
                                callbacks=[*callbacks, exchange], accelerator=accelerator, max_epochs=job.max_epochs,
                                precision_plugin=precision)
         sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
-        loader = (data.train_loader(sampler) if stage is None or stage.stage == 0
-                  else stage_host_loader(position))  # a later stage's inputs come over its links
+        loader = (stage_host_loader(position) if later_stage  # a later stage's inputs come over its links
+                  else data.train_loader(sampler))
         try:
             trainer.fit(model, train_dataloaders=loader)
         except StopTraining as stop:

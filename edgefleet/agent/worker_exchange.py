@@ -318,9 +318,9 @@ class GradientExchange:
             None: every trainable parameter.
         buffers: Layer placement: the module whose buffers travel after the gradient (the head's layers); None:
             the whole module's.
-        keep_own: Pipeline stages: this board's vector is its own stage's gradient, which only it trains; the
-            coordinator's answer is empty and the optimizer steps on the board's own gradient (``only``: the stage's
-            parameters).
+        keep_own: Pipeline stages: this board's vector is its own stage's gradient (a later stage's, which only it
+            trains); the optimizer steps on the board's own gradient (``only``: the stage's parameters), and the
+            coordinator's answer (``result_elements`` values: stage 0's average, for stage 0's boards) is not used.
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -342,12 +342,13 @@ class GradientExchange:
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
                  only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None,
-                 outer_state: Any = None, keep_own: bool = False) -> None:
+                 outer_state: Any = None, keep_own: bool = False, result_elements: int | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
         self._outer_state = outer_state
         self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
         self._keep_own = keep_own
+        self._result_elements = result_elements
         self.overlap = client.overlap if overlap is None else overlap
         self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
         self._sync = sync if sync is not None and sync.periodic else None
@@ -449,7 +450,7 @@ class GradientExchange:
             avg = self.client.receive_result(step=self.step, grad=self._wire if self._wire is not None else self._flat)
         else:
             avg = self._exchange_after_backward(grads, compute_s, trainer.accumulate_grad_batches)
-        if self._keep_own:  # a pipeline stage: the gradient stays this board's own (the answer is empty)
+        if self._keep_own:  # a later pipeline stage: the gradient stays this board's own (the answer is stage 0's)
             if self.client.lrs is not None:
                 self._set_lrs(self.client.lrs)
             self._on_step(self.step, self._loss, compute_s)
@@ -482,7 +483,7 @@ class GradientExchange:
         n = self._batch_size(self.step) * accumulate
         logs = self._step_logs.take() if self._step_logs is not None else None
         return self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
-                                    logs=logs, result_elements=0 if self._keep_own else None)
+                                    logs=logs, result_elements=self._result_elements if self._keep_own else None)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.stream is not None:

@@ -109,18 +109,17 @@ def _check_pipeline(command: TrainCommand) -> None:
                                        ("accumulate_grad_batches > 1", command.accumulate_grad_batches > 1)) if asked]
     if others:
         raise ValueError(f"a pipeline cannot be combined with {' or '.join(others)}: send one or the other")
-    sizes, stages = command.batch_sizes, spec.stage_count
-    if len(sizes) != stages or sizes[0] < 1 or any(size != 0 for size in sizes[1:]):
-        raise ValueError(f"batch_sizes {sizes!r:.80} should be [B, 0, ...] with one entry per stage ({stages}): stage 0 "
-                         "holds the data, the later stages none")
+    sizes, boards, group = command.batch_sizes, len(spec.stages), spec.group
+    if len(sizes) != boards or min(sizes[:group]) < 1 or any(size != 0 for size in sizes[group:]):
+        raise ValueError(f"batch_sizes {sizes!r:.80} should be stage 0's {group} batch size(s), then a 0 for each later "
+                         f"stage's board ({boards} in all): stage 0 holds the data, the later stages none")
     owner = spec.stages[command.board_index].board_id
     if command.board_id != owner:
-        raise ValueError(f"board_id {command.board_id!r} is not the pipeline's board at stage {command.board_index} "
-                         f"({owner!r})")
-    rows = -(-sizes[0] // min(spec.micro_batches, sizes[0]))  # the largest micro-batch (agent.stage_runtime.micro_rows)
+        raise ValueError(f"board_id {command.board_id!r} is not the pipeline's board {command.board_index} ({owner!r})")
+    rows = max(-(-b // min(spec.micro_batches, b)) for b in sizes[:group])  # the largest micro-batch (micro_rows)
     if rows > spec.max_rows:
-        raise ValueError(f"a batch of {sizes[0]} in {spec.micro_batches} micro-batches holds {rows} rows a micro-batch, "
-                         f"more than pipeline.max_rows {spec.max_rows}")
+        raise ValueError(f"a batch of {max(sizes[:group])} in {spec.micro_batches} micro-batches holds {rows} rows a "
+                         f"micro-batch, more than pipeline.max_rows {spec.max_rows}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

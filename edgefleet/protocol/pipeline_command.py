@@ -21,7 +21,7 @@ from typing import Any
 
 from edgefleet.protocol.bounds import short_repr
 from edgefleet.protocol.messages import MAX_ADDRESS_CHARS
-from edgefleet.protocol.stage_frames import MAX_MICRO_BATCHES, MAX_STAGES
+from edgefleet.protocol.stage_frames import MAX_GROUP, MAX_MICRO_BATCHES, MAX_STAGES
 from edgefleet.protocol.topics import valid_board_id
 
 MIN_STAGES = 2               # one stage is plain training: no pipeline
@@ -106,7 +106,9 @@ def _check_peer(board_id: Any, host: Any, port: Any, public_key: Any, *, field: 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineSpec:
-    """A model cut into S stages, one board a stage, trained GPipe-style: what every stage host is told.
+    """A model cut into S stages trained GPipe-style: what every stage's board is told. Stage 0 is a group of
+    ``group`` boards, data-parallel among them (each with its slice of the global batch); every later stage one
+    board.
 
     Raises:
         ValueError: on construction, naming the field that is wrong (``pipeline.<field>``).
@@ -114,20 +116,25 @@ class PipelineSpec:
 
     cuts: list[str]                 # the S - 1 layers the model is cut after (workloads.stage_cut)
     micro_batches: int              # M: the micro-batches a step's batch is split into
-    stages: list[PipelinePeer]      # S hosts, in stage order; stage 0 holds the data
+    stages: list[PipelinePeer]      # stage 0's group, then one board per later stage: group + S - 1 boards
     shapes: list[list[int]]         # each stage's output shape per sample, in stage order
     max_rows: int                   # the most samples a micro-batch holds (bounds every stage frame)
+    group: int = 1                  # stage 0's boards (they hold the data)
 
     def __post_init__(self) -> None:
-        stages = _list(self.stages, "stages", low=MIN_STAGES, high=MAX_STAGES)
-        count = len(stages)
+        stages = _list(self.stages, "stages", low=MIN_STAGES, high=MAX_STAGES + MAX_GROUP)
+        group = _whole(self.group, "group", low=1, high=min(MAX_GROUP, len(stages) - 1))
+        count = len(stages) - group + 1  # S
+        if count > MAX_STAGES:
+            raise ValueError(f"pipeline.stages makes {count} stages (after stage 0's group of {group}); at most "
+                             f"{MAX_STAGES}")
         for index, peer in enumerate(stages):
             if not isinstance(peer, PipelinePeer):
                 raise ValueError(f"pipeline.stages[{index}] should be a PipelinePeer, got {type(peer).__name__}")
         seen: dict[str, int] = {}
         for index, peer in enumerate(stages):
             if peer.board_id in seen:
-                raise ValueError(f"pipeline.stages: board {peer.board_id!r} holds stages {seen[peer.board_id]} and "
+                raise ValueError(f"pipeline.stages: board {peer.board_id!r} is listed at {seen[peer.board_id]} and "
                                  f"{index}; a board runs one stage")
             seen[peer.board_id] = index
         cuts = _list(self.cuts, "cuts", low=0, high=MAX_STAGES)
@@ -152,14 +159,18 @@ class PipelineSpec:
 
     @property
     def stage_count(self) -> int:
-        """S, the number of stages (and of boards)."""
-        return len(self.stages)
+        """S, the number of stages."""
+        return len(self.stages) - self.group + 1
+
+    def stage_of(self, index: int) -> int:
+        """The stage of the ``index``-th board of :attr:`stages`."""
+        return 0 if index < self.group else index - self.group + 1
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain maps, lists and scalars (what ``TrainCommand.pipeline`` holds)."""
         return {"cuts": list(self.cuts), "micro_batches": self.micro_batches,
                 "stages": [peer.to_dict() for peer in self.stages], "shapes": [list(s) for s in self.shapes],
-                "max_rows": self.max_rows}
+                "max_rows": self.max_rows, "group": self.group}
 
     @classmethod
     def from_dict(cls, data: Any) -> PipelineSpec:
@@ -173,13 +184,13 @@ class PipelineSpec:
         for name in ("cuts", "micro_batches", "stages", "shapes", "max_rows"):
             if name not in data:
                 raise ValueError(f"pipeline.{name} is missing")
-        stages = _list(data["stages"], "stages", low=MIN_STAGES, high=MAX_STAGES)
+        stages = _list(data["stages"], "stages", low=MIN_STAGES, high=MAX_STAGES + MAX_GROUP)
         peers = [PipelinePeer.from_dict(peer, field=f"stages[{index}]") for index, peer in enumerate(stages)]
         cuts, shapes = data["cuts"], data["shapes"]  # copied: the spec shares no list with the map it came from
         if isinstance(shapes, list):
             shapes = [list(shape) if isinstance(shape, list) else shape for shape in shapes]
         return cls(cuts=list(cuts) if isinstance(cuts, list) else cuts, micro_batches=data["micro_batches"],
-                   stages=peers, shapes=shapes, max_rows=data["max_rows"])
+                   stages=peers, shapes=shapes, max_rows=data["max_rows"], group=data.get("group", 1))
 
 
 __all__ = ["MAX_CUT_CHARS", "MAX_SHAPE_DIMS", "MIN_STAGES", "PipelinePeer", "PipelineSpec"]

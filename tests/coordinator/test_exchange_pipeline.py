@@ -1,7 +1,7 @@
 """The exchange's pipeline mode (issue 35) over real TCP sockets, with real board clients on threads.
 
 Three stages, one board each: stage 0 holds the global batch, every stage sends its own stage's
-gradient over that batch, the boards get an empty result and the replica the full vector.
+gradient over that batch, the boards get stage 0's (averaged) gradient and the replica the full vector.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class StageBoard(threading.Thread):
         self.index, self.port, self.steps, self.make, self.n = index, port, steps, make, n
         self.results: list[np.ndarray] = []
         self.error: BaseException | None = None
+        self.result_elements = None if index == 0 else ELEMENTS[0]  # every board is answered stage 0's average
 
     def run(self) -> None:
         try:
@@ -85,7 +86,7 @@ class StageBoard(threading.Thread):
                     client.close()
                     return
                 self.results.append(np.array(client.exchange(step=step, grad=grad, n=self.n(step, self.index), loss=1.0,
-                                                             compute_s=0.01, result_elements=0)))
+                                                             compute_s=0.01, result_elements=self.result_elements)))
         except (ExchangeRefused, StopTraining, OSError) as exc:
             self.error = exc
 
@@ -110,7 +111,7 @@ async def _steps(boards: list[StageBoard], server: ExchangeServer, steps: int,
 
 
 @pytest.mark.parametrize("wire_dtype", ["float32", "float16", "bfloat16"])
-def test_each_stage_lands_in_its_slots_and_the_boards_get_an_empty_result(wire_dtype: str) -> None:
+def test_each_stage_lands_in_its_slots_and_the_boards_get_stage_0s_gradient(wire_dtype: str) -> None:
     async def main() -> tuple[list[StepResult | ExchangeError], list[StageBoard], list[np.ndarray]]:
         server = _server(wire_dtype)
         port = await server.start("127.0.0.1", 0)
@@ -129,7 +130,8 @@ def test_each_stage_lands_in_its_slots_and_the_boards_get_an_empty_result(wire_d
         assert result.batch_sizes == {"s0": GLOBAL_BATCH, "s1": 0, "s2": 0}
     for board in boards:
         assert board.error is None and len(board.results) == 2
-        assert all(r.size == 0 for r in board.results)
+        for step, got in enumerate(board.results):  # stage 0's board's own (a group of one), as it sent it
+            np.testing.assert_array_equal(got, _grad(step, 0, wire_dtype))
 
 
 def _wrong_length(step: int, index: int) -> np.ndarray:
@@ -231,7 +233,7 @@ def test_a_layout_that_does_not_match_the_job_is_refused() -> None:
     def welcome() -> tuple[int, Any, Any]:
         return 0, encode_value({}), encode_value({})
 
-    with pytest.raises(ExchangeError, match=r"batch sizes must be \[32, 0, 0\]"):
+    with pytest.raises(ExchangeError, match=r"global batch of 32 between them .* not \[16, 16, 0\]"):
         ExchangeServer(job_id="job", token="t", boards=[("s0", 16), ("s1", 16), ("s2", 0)], param_count=FULL,
                        wire_dtype="float32", welcome_state=welcome, pipeline=_layout())
     with pytest.raises(ExchangeError, match="replica's 15 trainable parameters"):
@@ -248,3 +250,42 @@ def test_select_mode_takes_a_pipeline_alone() -> None:
                             ({"accumulate": 2}, "--accumulate-grad-batches 2")):
         with pytest.raises(ExchangeError, match=named):
             select_mode(reducer, schedule, pipeline=_layout(), boards=boards, **settings)
+
+
+def test_stage_0s_group_is_averaged_sample_weighted_and_each_of_its_boards_gets_the_average() -> None:
+    boards = [("g0", 8), ("g1", 24), ("s1", 0), ("s2", 0)]  # stage 0 is two boards, 8 and 24 samples of 32
+    layout = PipelineLayout(elements=[ELEMENTS[0], *ELEMENTS], slots=[SLOTS[0], *SLOTS], full_elements=FULL,
+                            global_batch=GLOBAL_BATCH, group=2)
+    vectors = {0: _grad(0, 0), 1: _grad(1, 0), 2: _grad(0, 1), 3: _grad(0, 2)}
+    sizes = [8, 24, GLOBAL_BATCH, GLOBAL_BATCH]
+    got: dict[int, np.ndarray] = {}
+
+    def board(index: int, port: int) -> None:
+        client = ExchangeClient("127.0.0.1", port)
+        client.hello(job_id="job", board_id=boards[index][0], token="secret", param_count=layout.elements[index])
+        got[index] = np.array(client.exchange(step=0, grad=vectors[index], n=sizes[index], loss=1.0, compute_s=0.01,
+                                              result_elements=None if index < 2 else ELEMENTS[0]))
+        client.close()
+
+    async def main() -> list[np.ndarray]:
+        server = ExchangeServer(job_id="job", token="secret", boards=boards, param_count=FULL, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({}), encode_value({})), pipeline=layout)
+        port = await server.start("127.0.0.1", 0)
+        threads = [threading.Thread(target=board, args=(i, port), daemon=True) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        await server.wait_for_boards(10, need={b for b, _ in boards})
+        applied: list[np.ndarray] = []
+        result = await server.run_step(0, apply=lambda g, r: applied.append(g.copy()))
+        await server.close()
+        for thread in threads:
+            thread.join(10)
+        assert result.n_total == GLOBAL_BATCH and result.batch_sizes == {"g0": 8, "g1": 24, "s1": 0, "s2": 0}
+        return applied
+
+    (full,) = asyncio.run(main())
+    average = vectors[0] * np.float32(8 / 32) + vectors[1] * np.float32(24 / 32)
+    np.testing.assert_allclose(full[[0, 1, 11, 12]], average, rtol=1e-6)  # stage 0's slots: the weighted average
+    np.testing.assert_array_equal(full[2:8], vectors[2])  # a later stage's: as it came
+    for index in range(4):
+        np.testing.assert_allclose(got[index], average, rtol=1e-6)  # every board is answered stage 0's average

@@ -1,6 +1,7 @@
 """Pipeline stages through real agents, a real broker and the real CLI (issue 35): LeNet-5 cut into three
 stages, one board each, four micro-batches a step, the stages' links proved and encrypted with each board's own
-key; the model is the one a single process trains on the same global batches."""
+key; then stage 0 as a group of two boards (data-parallel) and the dense layers on a third. Each time the model is
+the one a single process trains on the same global batches."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ def test_a_three_stage_pipeline_trains_the_model_a_single_process_trains(tmp_pat
     reference = plain_lenet_training(20, 16, seed=SEED)
     assert max_relative_error(piped, reference) <= 1e-5
     assert max_relative_error(piped, plain_lenet_training(0, 16, seed=SEED)) > 1e-3  # it did train
+
+    # on the same fleet: stage 0 a group of two boards (each its slice, data-parallel), the dense layers on the third:
+    # layer placement with the tail on a board (issue 34), the same model again
+    grouped = tmp_path / "grouped"
+    code, out, err = finish(_train(mosquitto, keys, grouped, "--pipeline", "q1+q2,net.6@q3", "--micro-batches", "2",
+                                   "--batch", "6,10", "--steps", "12"), 300)
+    output = out + err
+    assert code == 0, output[-4000:]
+    assert "stage 0 on q1+q2" in output, output[-3000:]
+    assert max_relative_error(torch.load(grouped / "model.pt", weights_only=True),
+                              plain_lenet_training(12, 16, seed=SEED)) <= 1e-5
 
     # on the same fleet: a cut the model does not have is refused before any board starts, listing those it has
     code, out, err = finish(_train(mosquitto, keys, tmp_path / "bad", "--pipeline", "q1,net.99@q2", "--batch", "8",

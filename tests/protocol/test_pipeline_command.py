@@ -53,7 +53,18 @@ def test_a_pipelined_command_round_trips_through_the_signed_bytes() -> None:
     assert spec is not None and spec.stage_count == 3 and spec.micro_batches == 4 and spec.max_rows == 16
     assert spec.stages[2] == PipelinePeer(board_id="stage-2", host="fe80::1%eth0", port=7002, public_key=KEYS[2])
     assert spec.shapes == [[6, 14, 14], [120], [10]] and spec.cuts == ["net.2", "net.8"]
-    assert spec.to_dict() == SPEC and PipelineSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict() == {**SPEC, "group": 1} and PipelineSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_stage_0_may_be_a_group_of_boards_each_with_its_slice_of_the_batch() -> None:
+    stages = [*SPEC["stages"], {"board_id": "stage-3", "host": "10.0.0.4", "port": 7003, "public_key": KEYS[0]}]
+    pipeline = _spec(stages=stages, group=2)  # stage-0 and stage-1 hold the data; stage-2 and stage-3 one stage each
+    command = command_from_dict({**BASE, "pipeline": pipeline, "batch_sizes": [8, 12, 0, 0]})
+    spec = command.pipeline_spec
+    assert spec is not None and spec.group == 2 and spec.stage_count == 3
+    assert [spec.stage_of(i) for i in range(4)] == [0, 0, 1, 2]
+    with pytest.raises(DecodeError, match=r"should be stage 0's 2 batch size\(s\)"):
+        command_from_dict({**BASE, "pipeline": pipeline, "batch_sizes": [8, 0, 0, 0]})
 
 
 def test_a_data_parallel_command_has_no_pipeline() -> None:
@@ -83,10 +94,10 @@ def test_a_newer_command_is_refused_before_its_pipeline_is_read() -> None:
     ({"sync_every": 2}, "cannot be combined with sync_every > 1"),
     ({"overlap": True}, "cannot be combined with overlap"),
     ({"accumulate_grad_batches": 2}, "cannot be combined with accumulate_grad_batches > 1"),
-    ({"board_id": "stage-2"}, r"board_id 'stage-2' is not the pipeline's board at stage 1 \('stage-1'\)"),
-    ({"batch_sizes": [8, 8, 0]}, r"should be \[B, 0, \.\.\.\] with one entry per stage \(3\)"),
-    ({"batch_sizes": [16, 0]}, r"should be \[B, 0, \.\.\.\] with one entry per stage \(3\)"),
-    ({"batch_sizes": [0, 16, 0]}, r"should be \[B, 0, \.\.\.\]"),
+    ({"board_id": "stage-2"}, r"board_id 'stage-2' is not the pipeline's board 1 \('stage-1'\)"),
+    ({"batch_sizes": [8, 8, 0]}, r"should be stage 0's 1 batch size\(s\), then a 0 for each later stage's board \(3 in all\)"),
+    ({"batch_sizes": [16, 0]}, r"should be stage 0's 1 batch size\(s\), then a 0 for each later stage's board \(3 in all\)"),
+    ({"batch_sizes": [0, 16, 0]}, r"should be stage 0's 1 batch size"),
     ({"batch_sizes": [80, 0, 0]}, "holds 20 rows a micro-batch, more than pipeline.max_rows 16"),
     ({"pipeline": [1, 2]}, "pipeline should be a map, got list"),
 ])
@@ -113,11 +124,11 @@ def test_micro_batches_of_exactly_max_rows_are_taken() -> None:
     (_spec(micro_batches=True), r"pipeline\.micro_batches = True should be"),
     (_spec(micro_batches=2.0), r"pipeline\.micro_batches = 2\.0 should be"),
     (_spec(max_rows=0), r"pipeline\.max_rows = 0 should be a whole number from 1"),
-    (_spec(stages=SPEC["stages"][:1], cuts=[], shapes=[[10]]), r"pipeline\.stages has 1 entries; it should have 2 to 64"),
-    (_spec(stages=[SPEC["stages"][0]] * 65), r"pipeline\.stages has 65 entries; it should have 2 to 64"),
+    (_spec(stages=SPEC["stages"][:1], cuts=[], shapes=[[10]]), r"pipeline\.stages has 1 entries; it should have 2 to 128"),
+    (_spec(stages=[SPEC["stages"][0]] * 65), r"pipeline\.stages makes 65 stages \(after stage 0's group of 1\); at most 64"),
     (_spec(stages={"0": SPEC["stages"][0]}), r"pipeline\.stages should be a list, got dict"),
     (_spec(stages=[SPEC["stages"][0], "pi-2", SPEC["stages"][2]]), r"pipeline\.stages\[1\] should be a map, got str"),
-    (_peer(1, board_id="stage-0"), r"board 'stage-0' holds stages 0 and 1; a board runs one stage"),
+    (_peer(1, board_id="stage-0"), r"board 'stage-0' is listed at 0 and 1; a board runs one stage"),
     (_peer(1, board_id="a/b"), r"pipeline\.stages\[1\]\.board_id = 'a/b' is not a board id"),
     (_peer(2, host=""), r"pipeline\.stages\[2\]\.host = '' should be a non-empty text of at most 253"),
     (_peer(2, host="h" * 254), r"pipeline\.stages\[2\]\.host = 'h+\.\.\. should be a non-empty text"),

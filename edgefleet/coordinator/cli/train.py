@@ -163,13 +163,16 @@ def add_train_parser(sub: Any) -> None:
         "activations to the next stage and their gradients back (GPipe: every forward, then every backward, one\n"
         "optimizer step: the same mathematics as data-parallel training). Each board needs a key of its own\n"
         "(security.board_key_file, its public key in --board-keys): the stages' links use it for TLS.")
-    pipeline.add_argument("--pipeline", metavar="BOARD,CUT@BOARD,...",
-                          help="stage 0's board (it holds the data), then CUT@BOARD for each later stage, e.g. "
-                               "p1,net.2@p2,net.8@p3 (an unknown CUT is refused listing the cuts the model admits)")
+    pipeline.add_argument("--pipeline", metavar="BOARD[+BOARD...],CUT@BOARD,...",
+                          help="stage 0's board (it holds the data), or boards joined by + (data-parallel, each with "
+                               "its --batch), then CUT@BOARD for each later stage, e.g. p1,net.2@p2,net.8@p3, or "
+                               "p1+p2+p3,net.6@p4 (the dense layers on p4); an unknown CUT is refused listing the cuts "
+                               "the model admits")
     pipeline.add_argument("--micro-batches", type=int, default=1, metavar="M",
-                          help="micro-batches per step (default 1): more keep more stages busy at once")
+                          help="micro-batches each stage-0 board's batch is split into (default 1): more keep more "
+                               "stages busy at once")
     pipeline.add_argument("--pipeline-port", type=int, default=47310, metavar="PORT",
-                          help="stage k's board listens for its neighbours on PORT + k (default 47310)")
+                          help="the pipeline's i-th board listens for its neighbours on PORT + i (default 47310)")
     audits = p.add_argument_group(
         "audits (global data mode)",
         "The coordinator holds the data, the split and the model, so it computes a board's gradient for its slice\n"

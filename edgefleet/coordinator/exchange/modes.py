@@ -329,29 +329,37 @@ class PeriodicAveraging(ExchangeMode):
 
 
 class PipelineVector(StepVector):
-    """A pipeline step's result: an empty vector on the wire (every board keeps its own stage's gradient), and
-    the reducer's full float32 sum for the replica (which trains the whole model)."""
+    """A pipeline step's result: on the wire, stage 0's averaged gradient (stage 0's boards step on it; every
+    later stage's board keeps its own stage's gradient and ignores it), and for the replica (which trains the whole
+    model) the reducer's full float32 sum."""
 
-    __slots__ = ("_empty_wire",)
+    __slots__ = ("_runs", "_wire")
 
-    def __init__(self, reducer: GradientReducer) -> None:
+    def __init__(self, reducer: GradientReducer, stage0: Sequence[tuple[int, int, int]], elements: int) -> None:
         self._reducer = reducer
-        self._empty_wire = np.zeros(0, dtype=numpy_dtype(reducer.wire_dtype))
-        self.tensor = encode_array(self._empty_wire)
+        self._runs = list(stage0)
+        self._wire = np.zeros(elements, dtype=numpy_dtype(reducer.wire_dtype))
+        self.tensor = encode_array(self._wire)  # a fixed array: described once
 
     def to_wire(self) -> np.ndarray:
-        return self._empty_wire
+        total = self._reducer.sum
+        for src, dst, count in self._runs:  # stage 0's values of the full sum, in stage 0's vector order
+            cast_into(self._wire[src:src + count], total[dst:dst + count])
+        return self._wire
 
     def to_float32(self, wire: np.ndarray) -> np.ndarray:
-        return self._reducer.sum  # not what travelled: the boards need none of it, the replica all of it
+        return self._reducer.sum  # not what travelled: the replica takes every stage's gradient
 
 
 class PipelineStages(ExchangeMode):
-    """Pipeline stages (issue 35): board ``i`` trains stage ``i`` and sends its stage's gradient over the whole batch.
+    """Pipeline stages (issue 35): stage 0's boards (the layout's ``group``) train stage 0 data-parallel, each on its
+    slice; every later board trains one stage over the whole batch.
 
-    Each vector is scattered into its slots of the replica's vector (``layout``); values no stage
-    covers stay 0. A step needs every stage's vector: one missing or refused makes the step refuse
-    every vector (the replica cannot take a model's gradient with a stage left out).
+    Stage 0's vectors are averaged, sample-weighted, into stage 0's slots of the replica's vector (and
+    go back to stage 0's boards as the step's result); every later stage's vector is scattered into its
+    slots (``layout``); values no stage covers stay 0. A step needs every board's vector: one missing
+    or refused makes the step refuse every vector (the replica cannot take a model's gradient with a
+    stage, or part of stage 0's batch, left out).
 
     Args:
         reducer: the job's reducer, made for the replica's vector (``layout.full_elements``, no buffers).
@@ -375,8 +383,9 @@ class PipelineStages(ExchangeMode):
             raise ExchangeError(f"the pipeline layout has {layout.boards} boards, the job {len(boards)}")
         self.layout = layout
         self._boards = list(boards)
-        self._pipeline_vector = PipelineVector(reducer)
-        self._counts = [layout.global_batch] + [0] * (layout.boards - 1)
+        self._pipeline_vector = PipelineVector(reducer, layout.slots[0], layout.elements[0])
+        self._scratch = np.zeros(layout.elements[0], dtype=np.float32)  # a stage 0 vector widened, before its weight
+        self._counts = list(schedule.initial)  # stage 0's boards their slices, the later stages' boards 0
 
     def kind(self, step: int) -> StepKind:
         return EXACT
@@ -388,7 +397,9 @@ class PipelineStages(ExchangeMode):
         return self.layout.elements[board.index]
 
     def expected_n(self, board: BoardState, step: int) -> int:
-        return self.layout.global_batch  # every stage handles the whole batch
+        if board.index < self.layout.group:
+            return super().expected_n(board, step)  # stage 0's board: its slice
+        return self.layout.global_batch  # a later stage handles the whole batch
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """A vector of the wrong length says what the board's stage takes."""
@@ -407,21 +418,29 @@ class PipelineStages(ExchangeMode):
     def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
         """Scatter each stage's vector into the reducer's zeroed sum; refuse a non-finite or implausible one, and
         every one when a stage's vector is missing or refused."""
-        total, slots = self.reducer.sum, self.layout.slots
+        total, slots, group = self.reducer.sum, self.layout.slots, self.layout.group
         total.fill(0.0)
         limit = min(self.reducer.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         refused: list[tuple[int, str]] = []
         present: set[int] = set()
-        for i, (vector, _) in enumerate(grads):
-            board = next((b for b in self._boards if b.grad is vector), None)  # StepSum's answered boards, in order
+        owners = [self._board_of(vector) for vector, _ in grads]  # StepSum's answered boards, in order
+        stage0 = max(sum(n for (_, n), b in zip(grads, owners) if b is not None and b.index < group), 1)
+        scratch = self._scratch
+        for i, ((vector, n), board) in enumerate(zip(grads, owners)):
             if board is None:  # not a vector of this job's boards: cannot be placed
                 refused.append((i, "a vector of no known stage"))
                 continue
             square = 0.0
             for src, dst, count in slots[board.index]:
-                part = total[dst:dst + count]
-                cast_into(part, vector[src:src + count])
-                square += float(np.dot(part, part))
+                if board.index < group:  # stage 0's board: its share of the average (its slice of the batch)
+                    part = scratch[src:src + count]
+                    cast_into(part, vector[src:src + count])
+                    square += float(np.dot(part, part))
+                    total[dst:dst + count] += part * np.float32(n / stage0)
+                else:
+                    part = total[dst:dst + count]
+                    cast_into(part, vector[src:src + count])
+                    square += float(np.dot(part, part))
             why = refusal_reason(square, limit)
             if why is not None:
                 refused.append((i, why))
@@ -435,8 +454,11 @@ class PipelineStages(ExchangeMode):
         taken = {i for i, _ in refused}
         return Reduced([], refused + [(i, why_all) for i in range(len(grads)) if i not in taken])
 
+    def _board_of(self, vector: np.ndarray) -> BoardState | None:
+        return next((b for b in self._boards if b.grad is vector), None)
+
     def counts(self, step: int) -> list[int] | None:
-        return self._counts  # the batch once: every stage's vector is over the same samples
+        return self._counts  # the batch once (stage 0's slices): every stage's vector is over the same samples
 
     def vector(self, step: int) -> StepVector:
         return self._pipeline_vector

@@ -30,7 +30,9 @@ class PipelineLayout:
     ``elements[i]``: board ``i``'s vector length (its stage's trainable parameters); ``slots[i]``: its
     runs, covering its vector exactly once; ``full_elements``: the replica's vector length (its
     ``param_count``; values no board covers stay 0, an unused parameter); ``global_batch``: the samples
-    of a step, which every stage handles (stage 0 holds the data).
+    of a step, which every stage handles (stage 0 holds the data); ``group``: stage 0's boards (the first
+    ``group``), data-parallel among them: their vectors have the same length and slots, and their
+    sample-weighted average lands there.
 
     Raises:
         ExchangeError: a count out of range, a run outside either vector, two runs writing the same
@@ -41,6 +43,7 @@ class PipelineLayout:
     slots: list[list[Run]]
     full_elements: int
     global_batch: int
+    group: int = 1
 
     def __post_init__(self) -> None:
         if not self.elements:
@@ -51,10 +54,18 @@ class PipelineLayout:
         if self.full_elements < 1 or self.global_batch < 1:
             raise ExchangeError(f"the pipeline layout's full_elements ({self.full_elements}) and global_batch "
                                 f"({self.global_batch}) must be positive")
+        if not 1 <= self.group < len(self.elements):
+            raise ExchangeError(f"the pipeline layout's stage 0 group of {self.group} boards leaves no board for a later "
+                                f"stage of its {len(self.elements)}")
+        for member in range(1, self.group):
+            if self.elements[member] != self.elements[0] or self.slots[member] != self.slots[0]:
+                raise ExchangeError(f"the pipeline layout gives stage 0's board {member} other slots than its board 0: "
+                                    "stage 0's boards train the same layers")
         placed: list[tuple[int, int, int]] = []  # (start in the replica's vector, end, board)
         for board, (length, runs) in enumerate(zip(self.elements, self.slots)):
             _check_board(board, length, runs, self.full_elements)
-            placed += [(dst, dst + count, board) for _, dst, count in runs]
+            if board == 0 or board >= self.group:  # stage 0's boards share their slots: their average lands there
+                placed += [(dst, dst + count, board) for _, dst, count in runs]
         placed.sort()
         for (_, end, board), (next_start, _, other) in pairwise(placed):
             if next_start < end:
@@ -66,15 +77,18 @@ class PipelineLayout:
         return len(self.elements)
 
     def check_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
-        """The job's batch sizes (by board index) must be the layout's: stage 0 the global batch, the others 0.
+        """The job's batch sizes (by board index) must be the layout's: stage 0's boards the global batch between them,
+        each at least one sample, the later stages' boards 0.
 
         Raises:
             ExchangeError: another number of boards, or another split, naming what it takes.
         """
-        expected = [self.global_batch] + [0] * (self.boards - 1)
-        if list(batch_sizes) != expected:
-            raise ExchangeError(f"a pipelined job's batch sizes must be {expected} (stage 0 holds the global batch of "
-                                f"{self.global_batch}, one board per stage), not {list(batch_sizes)}")
+        sizes, group = list(batch_sizes), self.group
+        if (len(sizes) != self.boards or min(sizes[:group], default=0) < 1 or sum(sizes[:group]) != self.global_batch
+                or any(sizes[group:])):
+            raise ExchangeError(f"a pipelined job's batch sizes must give stage 0's {group} board(s) the global batch of "
+                                f"{self.global_batch} between them and each of the {self.boards - group} later stages' "
+                                f"boards 0, not {sizes}")
 
 
 def _check_board(board: int, length: int, runs: Sequence[Run], full_elements: int) -> None:

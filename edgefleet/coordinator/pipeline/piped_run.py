@@ -43,13 +43,14 @@ class PipedRun:
         shapes: each stage's output shape per sample.
         micro_batches: M.
         exchanged: the replica's parameters in its vector's order.
-        global_batch: the samples of a step (stage 0's batch).
+        batch_sizes: the job's batch sizes: stage 0's boards' slices first (their sum is the global batch).
     """
 
     def __init__(self, plan: StagePlan, staged: StagedModel, shapes: list[tuple[int, ...]], micro_batches: int,
-                 exchanged: Sequence[torch.nn.Parameter], global_batch: int) -> None:
+                 exchanged: Sequence[torch.nn.Parameter], batch_sizes: Sequence[int]) -> None:
         self.plan, self.staged, self.shapes, self.micro_batches = plan, staged, shapes, micro_batches
-        self.global_batch = global_batch
+        self.batch_sizes = list(batch_sizes[:plan.group])  # stage 0's boards' slices
+        self.global_batch = global_batch = sum(self.batch_sizes)
         offsets: dict[int, int] = {}
         at = 0
         for p in exchanged:
@@ -72,19 +73,22 @@ class PipedRun:
                 local += count
             elements.append(local)
             slots.append(runs)
-        self.layout = PipelineLayout(elements=elements, slots=slots, full_elements=at, global_batch=global_batch)
+        group = plan.group  # stage 0's boards: the same layers, the same slots
+        self.layout = PipelineLayout(elements=[elements[0]] * group + elements[1:], slots=[slots[0]] * group + slots[1:],
+                                     full_elements=at, global_batch=global_batch, group=group)
 
     def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], port: int) -> PipelineSpec:
-        """The command's pipeline: each stage's board at ``hosts[board]``, on ``port`` + its stage."""
+        """The command's pipeline: each board at ``hosts[board]``, on ``port`` + its place in the pipeline."""
         peers = [PipelinePeer(board_id=b, host=hosts[b], port=port + k, public_key=public_keys[b])
                  for k, b in enumerate(self.plan.boards)]
         return PipelineSpec(cuts=list(self.plan.cuts), micro_batches=self.micro_batches, stages=peers,
-                            shapes=[list(s) for s in self.shapes], max_rows=self.global_batch)
+                            shapes=[list(s) for s in self.shapes], max_rows=max(self.batch_sizes), group=self.plan.group)
 
     def describe(self) -> str:
         """What each stage trains and what crosses each link per step, for the run's note."""
         counts = [sum(p.numel() for p in ps) for ps in self.staged.params]
-        stages = "; ".join(f"stage {k} on {b}: {n:,} parameters" for k, (b, n) in enumerate(zip(self.plan.boards, counts)))
+        where = ["+".join(self.plan.boards[:self.plan.group]), *self.plan.hosts]
+        stages = "; ".join(f"stage {k} on {b}: {n:,} parameters" for k, (b, n) in enumerate(zip(where, counts)))
         crossing = [self.global_batch * int(np.prod(s)) * 4 for s in self.shapes[:-1]]
         links = ", ".join(f"{_kb(n)}" for n in crossing)
         return (f"pipeline of {len(counts)} stages, {self.micro_batches} micro-batch(es) a step (GPipe): {stages}; "
@@ -93,7 +97,7 @@ class PipedRun:
 
 
 def prepare(model: Any, plan: StagePlan, micro_batches: int, exchanged: Sequence[torch.nn.Parameter], sample: Any,
-            global_batch: int) -> PipedRun:
+            batch_sizes: Sequence[int]) -> PipedRun:
     """Cut the replica's ``model`` as ``plan`` says and check the cut on ``sample`` (a collated batch).
 
     Raises:
@@ -112,7 +116,7 @@ def prepare(model: Any, plan: StagePlan, micro_batches: int, exchanged: Sequence
     x = _input_of(sample)
     shapes = stage_shapes(staged, x)
     _check_on_sample(model, staged, sample, plan)
-    return PipedRun(plan, staged, shapes, micro_batches, exchanged, global_batch)
+    return PipedRun(plan, staged, shapes, micro_batches, exchanged, batch_sizes)
 
 
 def _input_of(batch: Any) -> torch.Tensor:

@@ -1,9 +1,12 @@
 """``--pipeline BOARD,CUT@BOARD,...``: which board trains which stage.
 
-The first item is stage 0's board (it holds the data and runs ``training_step``); each later item
-``CUT@BOARD`` cuts the model after layer ``CUT`` and puts the layers from there to the next cut on
-``BOARD``. ``--pipeline p1,net.2@p2,net.8@p3`` trains LeNet-5's first convolution on p1, the layers
-from there to the first dense layer on p2 and the rest on p3.
+The first item is stage 0's board, or boards joined by ``+`` (they hold the data and run
+``training_step``, data-parallel among them); each later item ``CUT@BOARD`` cuts the model after
+layer ``CUT`` and puts the layers from there to the next cut on ``BOARD``. ``--pipeline
+p1,net.2@p2,net.8@p3`` trains LeNet-5's first convolution on p1, the layers from there to the
+first dense layer on p2 and the rest on p3; ``--pipeline p1+p2+p3,net.6@p4`` trains its
+convolutions on p1, p2 and p3, each on its slice of the batch, and its dense layers on p4 (layer
+placement with the tail on a board).
 """
 
 from __future__ import annotations
@@ -20,13 +23,19 @@ MAX_STAGES = 64
 
 @dataclass(frozen=True)
 class StagePlan:
-    """The stages' boards (stage order) and the S-1 cuts between them."""
+    """The pipeline's boards (stage 0's group of ``group``, then one per later stage) and the S-1 cuts."""
 
     boards: tuple[str, ...]
     cuts: tuple[str, ...]
+    group: int = 1
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The later stages' boards, in stage order."""
+        return self.boards[self.group:]
 
     def text(self) -> str:
-        return ",".join([self.boards[0], *(f"{c}@{b}" for c, b in zip(self.cuts, self.boards[1:]))])
+        return ",".join(["+".join(self.boards[:self.group]), *(f"{c}@{b}" for c, b in zip(self.cuts, self.hosts))])
 
 
 def parse_stage_plan(text: str) -> StagePlan:
@@ -40,8 +49,12 @@ def parse_stage_plan(text: str) -> StagePlan:
     if len(items) < 2 or any(not item for item in items):
         raise ConfigError(f"--pipeline {text!r}: give stage 0's board, then CUT@BOARD for each later stage, {example}")
     if "@" in items[0]:
-        raise ConfigError(f"--pipeline {text!r}: the first item is stage 0's board alone (it holds the data), {example}")
-    boards, cuts = [items[0]], []
+        raise ConfigError(f"--pipeline {text!r}: the first item is stage 0's board (or boards, joined by +) without a "
+                          f"cut (it holds the data), {example}")
+    group = [b.strip() for b in items[0].split("+")]
+    if any(not b for b in group):
+        raise ConfigError(f"--pipeline {text!r}: stage 0's boards are joined by + with no empty name, e.g. p1+p2")
+    boards, cuts = list(group), []
     for item in items[1:]:
         cut, at, board = item.partition("@")
         if not at or not cut.strip() or not board.strip():
@@ -51,9 +64,10 @@ def parse_stage_plan(text: str) -> StagePlan:
     twice = sorted({b for b in boards if boards.count(b) > 1})
     if twice:
         raise ConfigError(f"--pipeline {text!r}: board {twice[0]} holds two stages; each stage needs a board of its own")
-    if len(boards) > MAX_STAGES:
-        raise ConfigError(f"--pipeline {text!r}: {len(boards)} stages; at most {MAX_STAGES}")
-    return StagePlan(boards=tuple(boards), cuts=tuple(cuts))
+    if len(cuts) + 1 > MAX_STAGES or len(group) > MAX_STAGES:
+        raise ConfigError(f"--pipeline {text!r}: {len(cuts) + 1} stages and {len(group)} boards at stage 0; at most "
+                          f"{MAX_STAGES} of each")
+    return StagePlan(boards=tuple(boards), cuts=tuple(cuts), group=len(group))
 
 
 __all__ = ["MAX_STAGES", "StagePlan", "parse_stage_plan"]

@@ -94,9 +94,10 @@ class JobSpec:
         pipeline: Pipeline stages (``coordinator.pipeline``): ``BOARD,CUT@BOARD,...``, stage 0's board (it holds the
             data) and, for each later stage, the cut before it and its board; each board trains its own stage and
             the boards send activations between them; "" : not a pipeline. The boards are then the pipeline's, in
-            stage order, and the batch sizes (B, 0, ..., 0): stage 0's batch is the global batch.
+            stage order, and the batch sizes stage 0's boards' then a 0 for each later stage: stage 0 holds the data.
+            Stage 0 may be several boards joined by ``+`` (data-parallel among them).
         micro_batches: A pipeline's micro-batches per step (GPipe: every forward, then every backward).
-        pipeline_port: Stage k's board listens for its neighbours on this port + k.
+        pipeline_port: The pipeline's i-th board listens for its neighbours on this port + i.
         aggregate: How each step's gradients are reduced: ``mean`` (the exact mode), or a robust rule
             (``trimmed-mean``, ``median``, ``clip``: ``coordinator.exchange.robust_reduce``) that bounds what one
             board with valid keys can do to a step, and changes the mathematics (opt-in; for local data).
@@ -182,8 +183,8 @@ class JobSpec:
             raise ConfigError("give a dataset or a DataModule (exactly one of them)")
         if self.datamodule and self.dataset_options:
             raise ConfigError("--dataset-options belong to --dataset; a DataModule takes --datamodule-options")
-        if self.pipeline and len(self.batch_sizes) > 1 and self.batch_sizes[0] >= 1 and not any(self.batch_sizes[1:]):
-            pass  # a resolved pipeline: stage 0 holds the batch, the stage hosts none
+        if self.pipeline and _stage_0_then_zeros(self.batch_sizes):
+            pass  # a resolved pipeline: stage 0's boards hold the batch, the later stages' none
         elif not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: every batch size must be at least 1")
         if len(set(self.boards)) != len(self.boards):
@@ -286,9 +287,6 @@ class JobSpec:
             raise ConfigError(f"--pipeline cannot be combined with {', '.join(clashes)} yet (each stage steps its own "
                               "parameters; these need the whole model's gradient, or another loss scale, on every "
                               "board): leave them out, or train it data-parallel")
-        if len(self.batch_sizes) > 1 and any(self.batch_sizes[1:]):
-            raise ConfigError(f"--batch {','.join(map(str, self.batch_sizes))}: a pipeline's batch is one number, stage "
-                              "0's (the global batch), e.g. --batch 64")
 
     def _check_loss_scale(self) -> None:
         """Raises ConfigError for 16-mixed with a mode whose replicas would not skip the same steps alike."""
@@ -370,6 +368,12 @@ class JobSpec:
         if unknown:
             raise ConfigError(f"config.json has unknown keys {sorted(unknown)}: written by a newer edgefleet?")
         return cls(**data)
+
+
+def _stage_0_then_zeros(sizes: tuple[int, ...]) -> bool:
+    """Whether ``sizes`` are a resolved pipeline's: stage 0's boards' (each at least 1), then one or more 0."""
+    first = sizes.index(0) if 0 in sizes else len(sizes)
+    return 0 < first < len(sizes) and min(sizes[:first]) >= 1 and not any(sizes[first:])
 
 
 def batches_per_epoch(spec: JobSpec, dataset_len: int, batch_sizes: tuple[int, ...]) -> int:

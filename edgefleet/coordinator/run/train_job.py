@@ -145,21 +145,24 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
 
 
 def _pipeline_boards(spec: JobSpec) -> JobSpec:
-    """A pipeline's boards are its stages' (in stage order), its batch sizes (B, 0, ..., 0): stage 0 holds the global
-    batch. Re-balancing is off (the stage hosts hold no data to move).
+    """A pipeline's boards are its stages' (stage 0's group, then one per later stage), its batch sizes stage 0's
+    boards' (``--batch``: one for each of them, or one for all) then 0 for each later stage: stage 0 holds the data.
+    Re-balancing is off (the stage hosts hold no data to move).
 
     Raises:
-        ConfigError: ``--boards`` names other boards than ``--pipeline``, or ``--batch`` gives more than one size.
+        ConfigError: ``--boards`` names other boards than ``--pipeline``, or ``--batch`` does not fit stage 0's boards.
     """
     plan = parse_stage_plan(spec.pipeline)
     if spec.boards and tuple(spec.boards) != plan.boards:
         raise ConfigError(f"--boards {','.join(spec.boards)} and --pipeline {spec.pipeline} name other boards: the "
                           "pipeline's are its stages'; leave --boards out")
-    if len(spec.batch_sizes) != 1 and tuple(spec.batch_sizes[1:]) != (0,) * (len(plan.boards) - 1):
-        raise ConfigError(f"--batch {','.join(map(str, spec.batch_sizes))}: a pipeline's batch is one number, stage 0's "
-                          "(the global batch), e.g. --batch 64")
-    sizes = (spec.batch_sizes[0],) + (0,) * (len(plan.boards) - 1)
-    return replace(spec, boards=plan.boards, batch_sizes=sizes, rebalance=False)
+    later = (0,) * len(plan.hosts)
+    given = tuple(spec.batch_sizes)
+    if given[plan.group:] == later and len(given) == len(plan.boards):  # resolved already (a resumed run's)
+        group = given[:plan.group]
+    else:
+        group = per_board_batches(given, plan.boards[:plan.group])
+    return replace(spec, boards=plan.boards, batch_sizes=group + later, rebalance=False)
 
 
 def load_job(run_dir: Path) -> JobSpec:

@@ -402,7 +402,7 @@ class TrainingRun:
                               "coordinator replays training_step, which a pipelined run cannot yet: train it data-parallel")
         sample = self.data.collate_fn([self.data.train[i] for i in range(min(SAMPLE_ROWS, len(self.data.train)))])
         return prepare_pipeline(self.replica.model, parse_stage_plan(self.spec.pipeline), self.spec.micro_batches,
-                                list(self.replica.exchanged), sample, self.spec.batch_sizes[0])
+                                list(self.replica.exchanged), sample, self.spec.batch_sizes)
 
     def _pipeline_field(self, channel: BoardChannel, checker: HelloChecker) -> dict[str, Any] | None:
         """Each command's pipeline: the stages' boards, where they listen and their public keys (None: no pipeline).

@@ -1,0 +1,76 @@
+"""A pipelined run's coordinator side before any board starts (issue 35): ``--pipeline`` read, the replica's model
+cut and checked on a sample batch, and the exchange's layout (stage 0's group sharing its slots)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from edgefleet.coordinator.pipeline.piped_run import prepare
+from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
+from edgefleet.protocol.errors import ConfigError
+from edgefleet.workloads.models import LeNet5
+
+
+def _lenet() -> LeNet5:
+    torch.manual_seed(0)
+    return LeNet5((1, 32, 32), 10)
+
+
+def _sample() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(2, 1, 32, 32), torch.tensor([1, 2])
+
+
+def test_the_pipeline_flag_names_stage_0s_boards_then_each_cut_and_its_board() -> None:
+    plan = parse_stage_plan("p1+p2, net.6@p3")
+    assert plan.boards == ("p1", "p2", "p3") and plan.group == 2 and plan.cuts == ("net.6",) and plan.hosts == ("p3",)
+    assert plan.text() == "p1+p2,net.6@p3"
+    assert parse_stage_plan("a,net.2@b,net.8@c").group == 1
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("p1", "give stage 0's board, then CUT@BOARD"),
+    ("net.2@p1,net.6@p2", "the first item is stage 0's board"),
+    ("p1,net.2", "'net.2' is not CUT@BOARD"),
+    ("p1,net.2@p1", "board p1 holds two stages"),
+    ("p1+,net.2@p2", "joined by + with no empty name"),
+])
+def test_a_malformed_pipeline_flag_is_refused_saying_what_it_takes(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("+", r"\+")):
+        parse_stage_plan(text)
+
+
+def test_the_layout_puts_each_stage_in_the_replicas_order_and_stage_0s_boards_share_their_slots() -> None:
+    model = _lenet()
+    params = list(model.parameters())
+    run = prepare(model, parse_stage_plan("p1+p2,net.6@p3"), 2, params, _sample(), [6, 10, 0])
+    layout = run.layout
+    conv = sum(p.numel() for p in params[:4])
+    assert layout.group == 2 and layout.elements == [conv, conv, sum(p.numel() for p in params) - conv]
+    assert layout.slots[0] == layout.slots[1] == [(0, 0, conv)] and layout.slots[2] == [(0, conv, layout.elements[2])]
+    assert layout.global_batch == 16 and run.shapes == [(400,), (10,)]
+    spec = run.spec({"p1": "10.0.0.1", "p2": "10.0.0.2", "p3": "10.0.0.3"}, {b: "ab" * 32 for b in ("p1", "p2", "p3")},
+                    47310)
+    assert spec.group == 2 and [p.port for p in spec.stages] == [47310, 47311, 47312] and spec.max_rows == 10
+
+
+class _Twice(LeNet5):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x) + self(x), y)
+
+
+def test_what_a_pipeline_cannot_train_exactly_is_refused_before_any_board_starts() -> None:
+    torch.manual_seed(0)
+    twice = _Twice((1, 32, 32), 10)
+    with pytest.raises(ConfigError, match="ran the model's forward 2 times on one batch"):
+        prepare(twice, parse_stage_plan("p1,net.6@p2"), 1, list(twice.parameters()), _sample(), [4, 0])
+    model = _lenet()
+    model.net[1] = nn.BatchNorm2d(6)  # a layer with running statistics
+    with pytest.raises(ConfigError, match=r"holds buffers \(net\.1\.running_mean"):
+        prepare(model, parse_stage_plan("p1,net.6@p2"), 1, list(model.parameters()), _sample(), [4, 0])
+    with pytest.raises(ConfigError, match="no layer named 'net.99'"):
+        prepare(_lenet(), parse_stage_plan("p1,net.99@p2"), 1, list(_lenet().parameters()), _sample(), [4, 0])
