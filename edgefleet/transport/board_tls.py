@@ -12,13 +12,11 @@ the board's key cannot stand in for its stage.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import hmac
 import logging
 import socket
 
-from edgefleet.transport.exchange_tls import BoardTlsSocket, JobCertificate, TlsRefused, client_context
+from edgefleet.transport.exchange_tls import BoardTlsSocket, JobCertificate, TlsRefused, client_context, self_signed
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +26,10 @@ CERT_NAME = "edgefleet-stage-host"
 def board_certificate(seed: bytes, board_id: str, *, days: int = 30) -> JobCertificate:
     """A self-signed certificate for this board's stage host, with the board's own Ed25519 key (``seed``)."""
     # cryptography: only when a stage host starts
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.x509.oid import NameOID
 
-    key = Ed25519PrivateKey.from_private_bytes(seed)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME),
-                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, board_id[:64] or "board")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=days))
-            .sign(key, None))
-    der = cert.public_bytes(serialization.Encoding.DER)
-    return JobCertificate(cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-                          key_pem=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()),
-                          sha256=hashlib.sha256(der).hexdigest())
+    return self_signed(Ed25519PrivateKey.from_private_bytes(seed), CERT_NAME, board_id[:64] or "board", days=days,
+                       digest=None)
 
 
 def certificate_key(der: bytes | None) -> bytes:

@@ -88,19 +88,28 @@ class JobCertificate:
 def make_job_certificate(job_id: str, *, days: int = 30) -> JobCertificate:
     """A new P-256 key and a self-signed certificate for one job's exchange."""
     # cryptography: only when a job certificate is made
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
+
+    return self_signed(ec.generate_private_key(ec.SECP256R1()), CERT_NAME, job_id[:64] or "job", days=days,
+                       digest=hashes.SHA256())
+
+
+def self_signed(key: Any, common_name: str, unit: str, *, days: int, digest: Any) -> JobCertificate:
+    """A self-signed certificate of ``key`` (a ``cryptography`` private key; ``digest`` None for Ed25519), valid from
+    an hour ago for ``days``, named ``common_name`` / ``unit``."""
+    # cryptography: only when a certificate is made
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CERT_NAME),
-                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, job_id[:64] or "job")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit)])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=days))
-            .sign(key, hashes.SHA256()))
+            .sign(key, digest))
     der = cert.public_bytes(serialization.Encoding.DER)
     return JobCertificate(cert_pem=cert.public_bytes(serialization.Encoding.PEM),
                           key_pem=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -456,5 +465,17 @@ async def accept_tls(loop: Any, sock: socket.socket, ctx: ssl.SSLContext) -> Tls
     return TlsPipe(sock, obj, incoming, outgoing, records)
 
 
-__all__ = ["CERT_NAME", "BoardTlsSocket", "JobCertificate", "TlsPipe", "TlsRefused", "accept_tls", "check_pinned",
-           "client_context", "connect_tls", "make_job_certificate", "plaintext_first_byte"]
+__all__ = [
+    "CERT_NAME",
+    "BoardTlsSocket",
+    "JobCertificate",
+    "TlsPipe",
+    "TlsRefused",
+    "accept_tls",
+    "check_pinned",
+    "client_context",
+    "connect_tls",
+    "make_job_certificate",
+    "plaintext_first_byte",
+    "self_signed",
+]

@@ -9,10 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from edgefleet.coordinator.cli.main import build_parser
+from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.models import LeNet5
+from tests.helpers import train_args
 
 
 def _lenet() -> LeNet5:
@@ -74,3 +77,18 @@ def test_what_a_pipeline_cannot_train_exactly_is_refused_before_any_board_starts
         prepare(model, parse_stage_plan("p1,net.6@p2"), 1, list(model.parameters()), _sample(), [4, 0])
     with pytest.raises(ConfigError, match="no layer named 'net.99'"):
         prepare(_lenet(), parse_stage_plan("p1,net.99@p2"), 1, list(_lenet().parameters()), _sample(), [4, 0])
+
+
+def _job(*flags: str) -> Any:
+    return job_from_args(build_parser().parse_args(train_args(*flags, model="lenet5", dataset="digits", batch="8")))
+
+
+def test_placement_with_the_tail_on_a_board_is_a_two_stage_pipeline() -> None:
+    spec = _job("--boards", "p1,p2", "--placement", "net.6@p3")
+    assert spec.pipeline == "p1+p2,net.6@p3" and spec.placement == "" and spec.boards == ()
+    assert _job("--boards", "p1,p3", "--placement", "net.6@p3").pipeline == "p1,net.6@p3"  # the tail's board named too
+    assert _job("--placement", "net.6@coordinator").placement == "net.6"  # the coordinator's tail, as before
+    with pytest.raises(ConfigError, match="name the boards that train the layers up to net.6 with --boards"):
+        _job("--placement", "net.6@p3")
+    with pytest.raises(ConfigError, match="both place layers"):
+        _job("--boards", "p1", "--placement", "net.6@p3", "--pipeline", "p1,net.6@p3")

@@ -279,9 +279,12 @@ def test_a_peer_closing_normally_after_its_last_frame_leaves_frames_already_sent
 
 def test_a_peer_sending_too_far_ahead_is_a_fault(fleet: Fleet) -> None:
     first, last = _linked(fleet)  # the plan: at most 4 micro-batches a step, two steps' worth waiting
-    for step in range(3):
-        for micro in range(4):
-            first.send(ACT, step, micro, 4, _rows(1, SHAPES[0]))
+    try:
+        for step in range(3):
+            for micro in range(4):
+                first.send(ACT, step, micro, 4, _rows(1, SHAPES[0]))
+    except StageFault:
+        pass  # the receiver may have closed the stream at the excess before the sender finished: the fault is its
     assert np.array_equal(last.recv(ACT, 0, 0)[0], _rows(1, SHAPES[0]))  # what came before the excess is taken
     why = _fault(lambda: last.recv(ACT, 2, 3))
     assert "more act micro-batches ahead than the plan allows" in why, why

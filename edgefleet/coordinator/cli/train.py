@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.cli.exporter import listen_address
 from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
-from edgefleet.coordinator.cli.train_args import job_from_args
+from edgefleet.coordinator.cli.train_args import job_from_args, pipeline_flag, tail_board
 from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP, serve_fleet_metrics
 from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS
 from edgefleet.coordinator.run.run_logger import LOGGERS
-from edgefleet.coordinator.run.train_job import default_run_dir, load_job, resolve_job
+from edgefleet.coordinator.run.train_job import default_run_dir, load_job, repipeline, resolve_job
 from edgefleet.protocol.aggregates import AGGREGATES
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import DATA_MODES
@@ -151,12 +151,12 @@ def add_train_parser(sub: Any) -> None:
                         "backward (the same mathematics and result; opt-in for now, recorded in config.json). Boards "
                         "need this edgefleet version. Not with --sync-every > 1; with --accumulate-grad-batches > 1 or "
                         "a gradient scaler a board sends after backward, as without it")
-    p.add_argument("--placement", metavar="none|CUT[@coordinator]",
+    p.add_argument("--placement", metavar="none|CUT[@coordinator]|CUT@BOARD",
                    help="layer placement: cut the model after layer CUT (e.g. net.6 of lenet5); the boards train the "
-                        "layers before it data-parallel and send their activations, the coordinator trains the rest "
-                        "over the whole global batch: far fewer bytes per step when the parameters sit after the cut. "
-                        "The same mathematics as --placement none (the default). The cuts a model admits and their "
-                        "sizes: an unknown CUT is refused listing them")
+                        "layers before it data-parallel and send their activations, the coordinator (or BOARD, not one "
+                        "of --boards: a two-stage --pipeline) trains the rest over the whole global batch: far fewer "
+                        "bytes per step when the parameters sit after the cut. The same mathematics as --placement none "
+                        "(the default). The cuts a model admits and their sizes: an unknown CUT is refused listing them")
     pipeline = p.add_argument_group(
         "pipeline stages",
         "Cut the model into stages, each trained by a board of its own; the boards send each micro-batch's\n"
@@ -222,7 +222,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # numpy, rich and torch: only when a run starts
     from edgefleet.coordinator.cli.auto import planner_flags_given, run_auto
     from edgefleet.coordinator.cli.train_progress import display_options, run_training_ui
-    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+    from edgefleet.coordinator.run.checkpoints import atomic_write_json, check_new_run_dir
 
     if args.resume is None and args.run_dir is not None:
         check_new_run_dir(args.run_dir)  # before the broker, the data or any board is touched
@@ -237,6 +237,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     fleet_key = coordinator_keys(args, cfg)
     spec = load_job(args.resume) if args.resume is not None else job_from_args(args)
+    if args.resume is not None and (args.pipeline or tail_board(args)):  # the run goes on with other stages
+        spec = repipeline(spec, pipeline_flag(args, tuple(b for b in (args.boards or "").split(",") if b)),
+                          args.micro_batches if args.micro_batches != 1 else None)
+        atomic_write_json(args.resume / "config.json", spec.to_json())
     spec = resolve_job(spec, broker=cfg.broker)
     run_dir = args.resume or args.run_dir or default_run_dir(spec)
     with served_metrics(args) as metrics:

@@ -42,6 +42,9 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
     from edgefleet.workloads.registry import parse_options  # torch and Lightning: off the CLI start
 
     boards = tuple(b for b in (args.boards or "").split(",") if b)
+    pipeline = pipeline_flag(args, boards)
+    if pipeline and tail_board(args):
+        boards = ()  # the pipeline names them: the head's and the tail's board
     return JobSpec(model=args.model, model_options=parse_options(args.model_options),
                    dataset="" if args.datamodule else args.dataset, dataset_options=parse_options(args.dataset_options),
                    datamodule=args.datamodule or "", datamodule_options=parse_options(args.datamodule_options),
@@ -60,7 +63,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    outer_lr=getattr(args, "outer_lr", DEFAULT_OUTER_LR),
                    outer_momentum=getattr(args, "outer_momentum", DEFAULT_OUTER_MOMENTUM),
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
-                   pipeline=getattr(args, "pipeline", None) or "", micro_batches=getattr(args, "micro_batches", 1),
+                   pipeline=pipeline, micro_batches=getattr(args, "micro_batches", 1),
                    pipeline_port=getattr(args, "pipeline_port", 47310),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),
@@ -70,27 +73,48 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
 
 def placement_choice(value: str | None) -> str:
     """``--placement``: ``none`` (or not given), ``auto`` (the planner weighs every cut: with ``--auto`` or
-    ``plan``), or a cut, ``CUT`` or ``CUT@coordinator``.
+    ``plan``), or a cut, ``CUT`` or ``CUT@coordinator`` (a tail on a board, ``CUT@BOARD``, is a two-stage pipeline:
+    :func:`tail_on_board`).
 
     Raises:
-        ConfigError: a tail host other than the coordinator (not yet).
+        ConfigError: a tail on a board where only the coordinator can take it (``plan``, ``--auto``).
     """
     text = (value or "").strip()
     if text.lower() in ("", "none", "auto"):
         return text.lower() or "none"
     cut, _, host = text.partition("@")
     if host and host != "coordinator":
-        raise ConfigError(f"--placement {value}: the tail runs on the coordinator for now; use {cut}@coordinator "
-                          f"(or just {cut})")
+        raise ConfigError(f"--placement {value}: here the tail runs on the coordinator; use {cut}@coordinator "
+                          f"(or just {cut}), or train --placement {value} to put it on board {host}")
     return cut
 
 
+def tail_on_board(value: str | None, boards: tuple[str, ...]) -> str:
+    """``--placement CUT@BOARD`` as the pipeline it is (``coordinator.pipeline``): the head on ``--boards`` (all but
+    ``BOARD``), data-parallel, and the tail on ``BOARD`` over the whole global batch; "" for any other placement.
+
+    Raises:
+        ConfigError: no head boards named.
+    """
+    cut, _, host = (value or "").strip().partition("@")
+    if not host or host == "coordinator":
+        return ""
+    head = [b for b in boards if b != host]
+    if not cut or not head:
+        raise ConfigError(f"--placement {value}: name the boards that train the layers up to {cut or 'the cut'} with "
+                          f"--boards (e.g. --boards p1,p2,p3 --placement {cut or 'net.6'}@{host})")
+    return f"{'+'.join(head)},{cut}@{host}"
+
+
 def _placement(args: argparse.Namespace) -> str:
-    """The JobSpec's ``placement`` for ``train``'s flags ("" for data-parallel; with ``--auto`` the planner sets it).
+    """The JobSpec's ``placement`` for ``train``'s flags ("" for data-parallel or a tail on a board; with ``--auto``
+    the planner sets it).
 
     Raises:
         ConfigError: ``--placement auto`` without ``--auto``.
     """
+    if tail_board(args):
+        return ""  # the tail on a board: a pipeline (_pipeline)
     choice = placement_choice(getattr(args, "placement", None))
     if choice == "auto" and not getattr(args, "auto", False):
         raise ConfigError("--placement auto lets the planner choose the cut: add --auto, or name the cut (edge-coordinator "
@@ -98,4 +122,25 @@ def _placement(args: argparse.Namespace) -> str:
     return "" if choice in ("none", "auto") else choice
 
 
-__all__ = ["job_from_args", "parse_batches", "parse_force_split", "placement_choice"]
+def tail_board(args: argparse.Namespace) -> bool:
+    """Whether ``--placement`` puts the tail on a board (``CUT@BOARD``, not the coordinator)."""
+    host = (getattr(args, "placement", None) or "").partition("@")[2].strip()
+    return bool(host) and host != "coordinator"
+
+
+def pipeline_flag(args: argparse.Namespace, boards: tuple[str, ...]) -> str:
+    """The JobSpec's ``pipeline``: ``--pipeline``, or ``--placement CUT@BOARD`` as a two-stage one.
+
+    Raises:
+        ConfigError: both flags, or a tail on a board without head boards.
+    """
+    given = getattr(args, "pipeline", None) or ""
+    if not tail_board(args):
+        return given
+    if given:
+        raise ConfigError(f"--placement {args.placement} and --pipeline {given} both place layers: give one of them")
+    return tail_on_board(args.placement, boards)
+
+
+__all__ = ["job_from_args", "parse_batches", "parse_force_split", "pipeline_flag", "placement_choice", "tail_board",
+           "tail_on_board"]

@@ -26,6 +26,7 @@ from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
 from edgefleet.coordinator.pipeline.stage_plan import StagePlan
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.pipeline_command import PipelinePeer, PipelineSpec
+from edgefleet.workloads.cut_check import check_cut_forward
 from edgefleet.workloads.params import BufferSet
 from edgefleet.workloads.stage_cut import StagedModel, cut_stages, stage_shapes
 
@@ -134,56 +135,24 @@ def _check_on_sample(model: Any, staged: StagedModel, batch: Any, plan: StagePla
     Raises:
         ConfigError: forward runs other than once, a later stage's layer runs outside forward, or the losses differ.
     """
-    later = [m for modules in staged.modules[1:] for m in modules]
-    seen = {"calls": 0, "inside": False, "outside": 0}
-
-    def count_outside(module: torch.nn.Module, args: Any) -> None:
-        if not seen["inside"]:
-            seen["outside"] += 1
-
     def staged_forward(x: torch.Tensor) -> torch.Tensor:
-        seen["calls"] += 1
-        seen["inside"] = True
-        try:
-            out = x
-            for stage in staged.stages:
-                out = stage(out)
-        finally:
-            seen["inside"] = False
+        out = x
+        for stage in staged.stages:
+            out = stage(out)
         return out
 
-    kept = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    with torch.random.fork_rng():
-        state = torch.random.get_rng_state()
-        reference = model.training_step(batch, 0)
-        handles = [m.register_forward_pre_hook(count_outside) for m in later]
-        model.forward = staged_forward
-        try:
-            torch.random.set_rng_state(state)
-            piped = model.training_step(batch, 0)
-        finally:
-            model.__dict__.pop("forward", None)
-            for handle in handles:
-                handle.remove()
-            with torch.no_grad():
-                for name, buffer in model.named_buffers():
-                    buffer.copy_(kept[name])
+    seen = check_cut_forward(model, batch, staged_forward, [m for modules in staged.modules[1:] for m in modules])
     where = f"{type(model).__name__}.training_step"
-    if seen["calls"] != 1:
-        raise ConfigError(f"--pipeline {plan.text()}: {where} ran the model's forward {seen['calls']} times on one batch; "
+    if seen.calls != 1:
+        raise ConfigError(f"--pipeline {plan.text()}: {where} ran the model's forward {seen.calls} times on one batch; "
                           "a pipeline sends one batch through the stages per step: train it data-parallel")
-    if seen["outside"]:
+    if seen.outside:
         raise ConfigError(f"--pipeline {plan.text()}: {where} runs layers of a later stage outside forward (a loss from "
                           "intermediate activations); they live on other boards: train it data-parallel")
-    loss_ref, loss_piped = _loss(reference), _loss(piped)
-    if loss_ref is None or loss_piped is None or not np.isclose(loss_ref, loss_piped, rtol=1e-5, atol=1e-7):
-        raise ConfigError(f"--pipeline {plan.text()}: {where} gives the loss {loss_piped} through the stages and "
-                          f"{loss_ref} without on a sample batch, so the cut changes what is trained: choose other cuts")
-
-
-def _loss(value: Any) -> float | None:
-    loss = value.get("loss") if isinstance(value, dict) else value
-    return float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+    if not seen.same_loss():
+        raise ConfigError(f"--pipeline {plan.text()}: {where} gives the loss {seen.loss_cut} through the stages and "
+                          f"{seen.loss_uncut} without on a sample batch, so the cut changes what is trained: choose "
+                          "other cuts")
 
 
 def _kb(n: float) -> str:

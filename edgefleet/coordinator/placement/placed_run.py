@@ -26,6 +26,7 @@ import torch
 from edgefleet.coordinator.exchange.step_sum import StepResult
 from edgefleet.coordinator.placement.tail_host import FullGradient, TailStep
 from edgefleet.coordinator.placement.tail_server import TailServer
+from edgefleet.workloads.cut_check import check_cut_forward
 from edgefleet.workloads.layer_cut import CutRefused, ModelCut, cut_model
 from edgefleet.workloads.params import BufferSet
 
@@ -115,57 +116,27 @@ def _check_on_sample(model: Any, cut: ModelCut, batch: Any) -> tuple[tuple[int, 
         CutRefused: forward runs other than once, a tail layer runs outside forward, or the losses differ.
     """
     tail_modules = [m for m in cut.tail.modules() if m is not cut.tail and not list(m.children())]
-    seen: dict[str, Any] = {"calls": 0, "inside": False, "outside": 0, "boundary": None, "output": None}
-
-    def count_outside(module: torch.nn.Module, args: Any) -> None:
-        if not seen["inside"]:
-            seen["outside"] += 1
+    shapes: dict[str, tuple[int, ...]] = {}
 
     def placed_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        seen["calls"] += 1
-        seen["inside"] = True
-        try:
-            activation = cut.head(*args, **kwargs)
-            out: torch.Tensor = cut.tail(activation)
-        finally:
-            seen["inside"] = False
-        seen["boundary"], seen["output"] = tuple(activation.shape[1:]), tuple(out.shape[1:])
+        activation = cut.head(*args, **kwargs)
+        out: torch.Tensor = cut.tail(activation)
+        shapes["boundary"], shapes["output"] = tuple(activation.shape[1:]), tuple(out.shape[1:])
         return out
 
-    kept = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}  # the check moves none of them
-    with torch.random.fork_rng():
-        state = torch.random.get_rng_state()
-        reference = model.training_step(batch, 0)
-        handles = [m.register_forward_pre_hook(count_outside) for m in tail_modules]
-        model.forward = placed_forward
-        try:
-            torch.random.set_rng_state(state)
-            placed = model.training_step(batch, 0)
-        finally:
-            model.__dict__.pop("forward", None)
-            for handle in handles:
-                handle.remove()
-            with torch.no_grad():
-                for name, buffer in model.named_buffers():
-                    buffer.copy_(kept[name])
+    seen = check_cut_forward(model, batch, placed_forward, tail_modules)
     where = f"{type(model).__name__}.training_step"
-    if seen["calls"] != 1:
-        raise CutRefused(f"--placement {cut.name}: {where} ran the model's forward {seen['calls']} times on one batch; "
+    if seen.calls != 1:
+        raise CutRefused(f"--placement {cut.name}: {where} ran the model's forward {seen.calls} times on one batch; "
                          "placement sends one activation per batch: train it with --placement none")
-    if seen["outside"]:
+    if seen.outside:
         raise CutRefused(f"--placement {cut.name}: {where} runs layers after the cut outside forward (a loss from "
                          "intermediate activations); they live on the coordinator: train it with --placement none")
-    loss_ref, loss_placed = _loss(reference), _loss(placed)
-    if loss_ref is None or loss_placed is None or not np.isclose(loss_ref, loss_placed, rtol=1e-5, atol=1e-7):
-        raise CutRefused(f"--placement {cut.name}: {where} gives the loss {loss_placed} with the cut and {loss_ref} "
-                         "without on a sample batch, so the cut changes what is trained: choose another cut or "
-                         "--placement none")
-    return seen["boundary"], seen["output"]
-
-
-def _loss(value: Any) -> float | None:
-    loss = value.get("loss") if isinstance(value, dict) else value
-    return float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+    if not seen.same_loss():
+        raise CutRefused(f"--placement {cut.name}: {where} gives the loss {seen.loss_cut} with the cut and "
+                         f"{seen.loss_uncut} without on a sample batch, so the cut changes what is trained: choose "
+                         "another cut or --placement none")
+    return shapes["boundary"], shapes["output"]
 
 
 def _kb(n: float) -> str:

@@ -165,6 +165,26 @@ def _pipeline_boards(spec: JobSpec) -> JobSpec:
     return replace(spec, boards=plan.boards, batch_sizes=group + later, rebalance=False)
 
 
+def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSpec:
+    """A pipelined run to resume on other boards or cuts (``--resume RUN --pipeline ...``): the checkpoint holds the
+    whole model and optimizer (the replica's), so any stages can take it up; stage 0 keeps its boards' slices, so
+    the global batches, the epochs and every step's samples stay the run's.
+
+    Raises:
+        ConfigError: the run is not pipelined, or the new stage 0 has another number of boards.
+    """
+    if not spec.pipeline:
+        raise ConfigError(f"--resume with --pipeline {pipeline}: this run trains data-parallel (its config.json has no "
+                          "pipeline); resume it without --pipeline")
+    old, new = parse_stage_plan(spec.pipeline), parse_stage_plan(pipeline)
+    if new.group != old.group:
+        raise ConfigError(f"--resume with --pipeline {pipeline}: stage 0 had {old.group} board(s) ({spec.pipeline}); "
+                          f"keep {old.group} so that each keeps its slice of the batch")
+    sizes = tuple(spec.batch_sizes[:old.group]) + (0,) * len(new.hosts)
+    return replace(spec, pipeline=new.text(), boards=new.boards, batch_sizes=sizes,
+                   micro_batches=micro_batches if micro_batches is not None else spec.micro_batches)
+
+
 def load_job(run_dir: Path) -> JobSpec:
     """The resolved spec a run directory was started with (its ``config.json``), to resume it."""
     config = run_dir / "config.json"

@@ -440,13 +440,19 @@ class TrainingRun:
             if not missing:
                 apply(vector, result)
                 return
-            self._stage_lost = True
-            self._stop.set()
-            self.on_note(f"step {result.step}: stage board(s) {', '.join(missing)} sent no gradient, and a pipeline cannot "
-                         f"step without a stage: stopping after step {result.step - 1}; bring the board back (or change "
-                         "--pipeline) and --resume continues from the checkpoint")
+            self._lose_stage(result.step, missing, "")
 
         return piped_apply
+
+    def _lose_stage(self, step: int, missing: list[str], why: str) -> None:
+        """A pipelined step came without every board's gradient: the run stops after the step before it."""
+        self._stage_lost = True
+        self._stop.set()
+        named = ", ".join(missing) or "of the pipeline"
+        self.on_note(f"step {step}: board(s) {named} sent no gradient{f' ({why})' if why and not missing else ''}, and a "
+                     f"pipeline cannot step without all of its boards: stopping after step {step - 1}. Bring the board "
+                     "back and --resume continues from the checkpoint, or --resume with --pipeline (other boards) "
+                     "continues without it")
 
     def _check_target(self, step: int, elapsed_s: float) -> None:
         """After an epoch's validation: note the run as done if it reached ``target_accuracy``. If the
@@ -830,7 +836,12 @@ class TrainingRun:
                 apply = self.placed.apply_with(tail, apply)
             if self.piped is not None:
                 apply = self._pipeline_apply(apply)
-            result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
+            try:
+                result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
+            except ExchangeError as exc:
+                if self.piped is None:
+                    raise
+                self._lose_stage(step, [b for b in spec.boards if b not in exchange.connected], str(exc))
             if self._stage_lost:  # the step was not applied: the run ends at the last step every stage trained
                 break
             rolled_back = self._rolled_back(exchange)
