@@ -55,13 +55,6 @@ def test_a_three_stage_pipeline_trains_the_model_a_single_process_trains(tmp_pat
     assert max_relative_error(piped, reference) <= 1e-5
     assert max_relative_error(piped, plain_lenet_training(0, 16, seed=SEED)) > 1e-3  # it did train
 
-    # on the same fleet: a cut the model does not have is refused before any board starts, listing those it has
-    code, out, err = finish(_train(mosquitto, keys, tmp_path / "bad", "--pipeline", "q1,net.99@q2", "--batch", "8",
-                                   "--steps", "2"), 120)
-    output = out + err
-    assert code != 0 and "Traceback" not in output, output[-3000:]
-    assert "net.99" in output and "net.6" in output, output[-3000:]
-
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
@@ -77,7 +70,7 @@ def test_a_stage_board_that_dies_stops_the_run_and_resume_finishes_it_on_another
     run_dir = tmp_path / "killed"
     # stage 0 a group of two boards (data-parallel, 6 and 10 samples), the dense layers on q3: layer placement with the
     # tail on a board (issue 34)
-    args = ("--pipeline", "q1+q2,net.6@q3", "--batch", "6,10", "--steps", "24", "--checkpoint-every", "4")
+    args = ("--pipeline", "q1+q2,net.6@q3", "--batch", "6,10", "--steps", "16", "--checkpoint-every", "4")
     proc = _train(mosquitto, keys, run_dir, *args)
     try:
         wait_until(lambda: len(_steps(run_dir)) >= 6, timeout_s=180, what="6 pipelined steps")
@@ -91,7 +84,7 @@ def test_a_stage_board_that_dies_stops_the_run_and_resume_finishes_it_on_another
     lost = [line for line in output.splitlines() if "sent no gradient" in line]
     assert "stage 0 on q1+q2" in output and lost and "q3" in lost[0] and "--resume" in lost[0], output[-3000:]
     done = [s["step"] for s in _steps(run_dir)]
-    assert done == list(range(len(done))) and 6 <= len(done) < 24  # every step recorded once, in order
+    assert done == list(range(len(done))) and 6 <= len(done) < 16  # every step recorded once, in order
     # the tail's board is gone for good: the run goes on with the tail on q4, two micro-batches a step (the checkpoint
     # holds the whole model and optimizer, the coordinator's replica's)
     agents.start("q4", mosquitto.address, config=agent_config("q4", keys, keys.own["q4"]))
@@ -100,6 +93,6 @@ def test_a_stage_board_that_dies_stops_the_run_and_resume_finishes_it_on_another
                                    "--micro-batches", "2"), 300)
     assert code == 0, (out + err)[-3000:]
     assert json.loads((run_dir / "config.json").read_text())["pipeline"] == "q1+q2,net.6@q4"
-    assert [s["step"] for s in _steps(run_dir)] == list(range(24))  # none lost, none applied twice
+    assert [s["step"] for s in _steps(run_dir)] == list(range(16))  # none lost, none applied twice
     model = torch.load(run_dir / "model.pt", weights_only=True)
-    assert max_relative_error(model, plain_lenet_training(24, 16, seed=SEED)) <= 1e-5
+    assert max_relative_error(model, plain_lenet_training(16, 16, seed=SEED)) <= 1e-5
