@@ -127,6 +127,7 @@ class StageHost:
         stage: this host's stage (1 to S-1).
         endpoint: this host's stage links, connected.
         start: the step the run starts at.
+        group: stage 0's boards, whose micro-batches each step brings (board by board, in order).
     """
 
     def __init__(self, staged: StagedModel, stage: int, endpoint: StageEndpoint, *, start: int = 0,
