@@ -3,6 +3,7 @@ cut and checked on a sample batch, and the exchange's layout (stage 0's group sh
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ from torch import nn
 from edgefleet.coordinator.cli.main import build_parser
 from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
+from edgefleet.coordinator.pipeline.replan import replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
+from edgefleet.coordinator.run.train_job import repipeline
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.models import LeNet5
 from tests.helpers import train_args
@@ -92,3 +95,26 @@ def test_placement_with_the_tail_on_a_board_is_a_two_stage_pipeline() -> None:
         _job("--placement", "net.6@p3")
     with pytest.raises(ConfigError, match="both place layers"):
         _job("--boards", "p1", "--placement", "net.6@p3", "--pipeline", "p1,net.6@p3")
+
+
+def test_a_lost_later_stage_hands_its_layers_to_the_stage_before_and_a_lost_stage_0_board_its_samples() -> None:
+    plan = parse_stage_plan("q1+q2,net.2@q3,net.8@q4")
+    last = replan(plan, [6, 10, 0, 0], {"q4"})
+    assert last is not None and last.pipeline == "q1+q2,net.2@q3" and last.batch_sizes == (6, 10, 0)
+    middle = replan(plan, [6, 10, 0, 0], {"q3"})
+    assert middle is not None and middle.pipeline == "q1+q2,net.8@q4"  # q3's layers go to stage 0
+    member = replan(plan, [6, 11, 0, 0], {"q1"})
+    assert member is not None and member.pipeline == "q2,net.2@q3,net.8@q4" and member.batch_sizes == (17, 0, 0)
+    alone = replan(parse_stage_plan("q1+q2,net.6@q3"), [6, 10, 0], {"q3"})
+    assert alone is not None and alone.pipeline == "" and alone.boards == ("q1", "q2") and alone.batch_sizes == (6, 10)
+    assert replan(plan, [6, 10, 0, 0], {"q1", "q2"}) is None  # no board holds the data any more
+
+
+def test_a_pipelined_run_resumes_on_other_boards_with_stage_0s_slices_kept() -> None:
+    spec = _job("--pipeline", "p1+p2,net.2@p3,net.8@p4", "--batch", "6,10")
+    resolved = replace(spec, boards=("p1", "p2", "p3", "p4"), batch_sizes=(6, 10, 0, 0))
+    moved = repipeline(resolved, "p1+p2,net.6@p5", 4)
+    assert moved.pipeline == "p1+p2,net.6@p5" and moved.boards == ("p1", "p2", "p5")
+    assert moved.batch_sizes == (6, 10, 0) and moved.micro_batches == 4
+    with pytest.raises(ConfigError, match="stage 0 had 2 board"):
+        repipeline(resolved, "p1,net.6@p5", None)

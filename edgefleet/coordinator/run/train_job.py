@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.pipeline.replan import Replanned
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.report.power_log import POWER_FILE, PowerLog
 from edgefleet.coordinator.run.job_spec import DEFAULT_EPOCHS, JobSpec, batches_per_epoch
@@ -185,6 +186,12 @@ def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSp
                    micro_batches=micro_batches if micro_batches is not None else spec.micro_batches)
 
 
+def _replanned(spec: JobSpec, plan: Replanned) -> JobSpec:
+    """The run's spec with the pipeline it goes on with (data-parallel when no later stage is left)."""
+    return replace(spec, pipeline=plan.pipeline, boards=plan.boards, batch_sizes=plan.batch_sizes,
+                   micro_batches=spec.micro_batches if plan.pipeline else 1)
+
+
 def load_job(run_dir: Path) -> JobSpec:
     """The resolved spec a run directory was started with (its ``config.json``), to resume it."""
     config = run_dir / "config.json"
@@ -224,7 +231,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
     """
     # torch: only when a run starts, not with the CLI
     from edgefleet.coordinator.audit.rollback import roll_back
-    from edgefleet.coordinator.run.checkpoints import check_new_run_dir
+    from edgefleet.coordinator.run.checkpoints import atomic_write_json, check_new_run_dir
     from edgefleet.coordinator.run.training import TrainingRun
 
     if resume and run_dir is None:
@@ -245,6 +252,13 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                        lambda board, s: run.log_board_sample(board, s.power_w, s.cpu_percent, s.temp_c))
             while True:
                 outcome = asyncio.run(run.run())
+                if outcome.replan is not None:  # a pipeline lost a board for good: on from the step it stopped at
+                    spec = _replanned(spec, outcome.replan)
+                    atomic_write_json(run_dir / "config.json", spec.to_json())
+                    run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
+                                      on_note=note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S,
+                                      on_join=observer.joined, recovering_since=outcome.lost_at)
+                    continue
                 if not outcome.rolled_back:
                     return outcome
                 # a board failed its audit: back to the run's start, on without it (coordinator.audit.rollback)

@@ -46,6 +46,7 @@ from edgefleet.coordinator.control.fleet_select import check_boards_ready
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.pipeline.piped_run import PipedRun
 from edgefleet.coordinator.pipeline.piped_run import prepare as prepare_pipeline
+from edgefleet.coordinator.pipeline.replan import Replanned, replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.placement.placed_run import SAMPLE_ROWS, PlacedRun, prepare
 from edgefleet.coordinator.placement.tail_server import TailServer
@@ -109,12 +110,18 @@ class StepView:
     shown: dict[str, float] = field(default_factory=dict)  # logged with prog_bar=True (training_step, validation_step)
 
 
+OFFLINE_WAIT_S = 20.0  # how long a pipeline that lost a board waits to learn which agent went offline
+OFFLINE_POLL_S = 0.5
+
+
 @dataclass
 class TrainOutcome:
     run_dir: Path
     result: dict[str, Any]
     interrupted: bool
     rolled_back: list[AuditFailure] = field(default_factory=list)  # boards that failed an audit: the run goes back
+    replan: Replanned | None = None  # a pipeline lost a board for good: the run goes on with this plan, from its step
+    lost_at: float = 0.0             # when (time.monotonic()) the pipeline lost it: recovery is counted from there
 
 
 def exchange_host_for(broker: BrokerSettings) -> str:
@@ -294,7 +301,8 @@ class TrainingRun:
 
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False,
-                 busy_wait_s: float = 0.0, on_join: Callable[[str, int, int], None] | None = None) -> None:
+                 busy_wait_s: float = 0.0, on_join: Callable[[str, int, int], None] | None = None,
+                 recovering_since: float | None = None) -> None:
         from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
@@ -327,6 +335,9 @@ class TrainingRun:
         self.placed = self._placement() if spec.placement else None
         self.piped = self._pipeline() if spec.pipeline else None
         self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
+        self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
+        self.recovering_since = recovering_since  # a re-planned pipeline's start: its first step ends the recovery
+        self.recovery_s: float | None = None
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
         self.history: list[dict[str, Any]] = []
@@ -447,6 +458,7 @@ class TrainingRun:
     def _lose_stage(self, step: int, missing: list[str], why: str) -> None:
         """A pipelined step came without every board's gradient: the run stops after the step before it."""
         self._stage_lost = True
+        self._lost = (time.monotonic(), list(missing))
         self._stop.set()
         named = ", ".join(missing) or "of the pipeline"
         self.on_note(f"step {step}: board(s) {named} sent no gradient{f' ({why})' if why and not missing else ''}, and a "
@@ -847,6 +859,10 @@ class TrainingRun:
             rolled_back = self._rolled_back(exchange)
             if rolled_back is not None:
                 return rolled_back
+            if self.recovering_since is not None and self.recovery_s is None:
+                self.recovery_s = time.monotonic() - self.recovering_since
+                self.on_note(f"recovered: step {step} trained on the re-planned pipeline {self.recovery_s:.1f} s after "
+                             "the board was lost")
             samples += result.n_total
             elapsed = time.monotonic() - started
             self._log_step(result, elapsed - last_elapsed if step > first_step else None)
@@ -886,7 +902,30 @@ class TrainingRun:
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
         summary = self._result(elapsed, samples, exchange, interrupted)
         atomic_write_json(self.run_dir / "result.json", summary)
-        return TrainOutcome(self.run_dir, summary, interrupted)
+        replanned = await self._replan(channel) if self._stage_lost and interrupted else None
+        return TrainOutcome(self.run_dir, summary, interrupted, replan=replanned, lost_at=self._lost[0])
+
+    async def _replan(self, channel: BoardChannel) -> Replanned | None:
+        """The pipeline without the boards it lost for good: those of the step's missing boards whose agent went
+        offline (the others' workers ended because a neighbour's link broke: they can take part again). Waits up to
+        :data:`OFFLINE_WAIT_S` for the broker to say which (a dead agent's last will). None: none went offline, or
+        stage 0 has no board left: the run stops as it is, for ``--resume``."""
+        missing = self._lost[1]
+        until = time.monotonic() + OFFLINE_WAIT_S
+        while time.monotonic() < until and not set(channel.went_offline) & set(missing):
+            await asyncio.sleep(OFFLINE_POLL_S)  # a poll of the broker's statuses, not a synchronisation
+        gone = sorted(set(channel.went_offline) & set(missing))
+        if not gone:
+            return None
+        plan = parse_stage_plan(self.spec.pipeline)
+        replanned = replan(plan, self.spec.batch_sizes, gone)
+        if replanned is None:
+            self.on_note(f"board(s) {', '.join(gone)} went offline and none of stage 0's boards is left: stopping "
+                         "(--resume continues from the checkpoint)")
+            return None
+        self.on_note(f"board(s) {', '.join(gone)} went offline: re-planning from step {self.replica.step}: "
+                     f"{replanned.why} ({replanned.pipeline or 'data-parallel on ' + ','.join(replanned.boards)})")
+        return replanned
 
     def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None) -> None:
         # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
@@ -936,6 +975,8 @@ class TrainingRun:
                 "steps_with_dropped_boards": sum(1 for h in self.history if h["late"] or h["refused"]),
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
                 **self._placement_result(), "audits": self.audits.summary(),
+                **({"pipeline": self.spec.pipeline} if self.spec.pipeline else {}),
+                **({"recovery_s": round(self.recovery_s, 3)} if self.recovery_s is not None else {}),
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,

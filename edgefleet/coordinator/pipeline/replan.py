@@ -1,0 +1,68 @@
+"""A pipeline re-planned without the boards it lost (CEFT's run-time revision, issue 35).
+
+When a board of a pipelined run is gone for good (its agent went offline), the run stops at its last
+complete step with a checkpoint of the whole model (the coordinator's replica), and :func:`replan`
+gives the pipeline it goes on with, from that very step: nothing is lost or trained twice.
+
+* A later stage's board: its layers go to the stage before it (the cut before them is dropped), so
+  every layer still has a board. When only stage 0 is left, the run goes on data-parallel on stage 0's
+  boards (the same mathematics).
+* One of stage 0's boards: its slice of the global batch is shared out among the others (the global
+  batch, and so every step's samples, stay the run's).
+
+Nothing is left when all of stage 0's boards are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from edgefleet.coordinator.pipeline.stage_plan import StagePlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """The run's next plan: ``pipeline`` ("" : data-parallel on ``boards``), its boards and their batch sizes."""
+
+    pipeline: str
+    boards: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    why: str
+
+
+def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str]) -> Replanned | None:
+    """The plan without the ``lost`` boards (None: none of stage 0's boards is left)."""
+    group = [b for b in plan.boards[:plan.group] if b not in lost]
+    if not group:
+        return None
+    sizes = _share_out(list(plan.boards[:plan.group]), list(batch_sizes[:plan.group]), set(lost))
+    cuts, hosts, moved = [], [], []
+    for cut, host in zip(plan.cuts, plan.hosts):
+        if host in lost:
+            moved.append(f"{host}'s layers (after {cut}) to the stage before")
+            continue
+        cuts.append(cut)
+        hosts.append(host)
+    dropped = [b for b in plan.boards[:plan.group] if b in lost]
+    if dropped:
+        moved.append(f"{', '.join(dropped)}'s samples to {', '.join(group)}")
+    why = "; ".join(moved)
+    if not cuts:
+        return Replanned(pipeline="", boards=tuple(group), batch_sizes=tuple(sizes), why=why + "; data-parallel now")
+    text = StagePlan(boards=(*group, *hosts), cuts=tuple(cuts), group=len(group)).text()
+    return Replanned(pipeline=text, boards=(*group, *hosts), batch_sizes=(*sizes, *(0,) * len(hosts)), why=why)
+
+
+def _share_out(boards: list[str], sizes: list[int], lost: set[str]) -> list[int]:
+    """The kept boards' batch sizes, the lost ones' samples shared out among them as evenly as can be (in order)."""
+    kept = [(b, n) for b, n in zip(boards, sizes) if b not in lost]
+    spare = sum(n for b, n in zip(boards, sizes) if b in lost)
+    share, extra = divmod(spare, len(kept))
+    return [n + share + (1 if i < extra else 0) for i, (_, n) in enumerate(kept)]
+
+
+__all__ = ["Replanned", "replan"]
