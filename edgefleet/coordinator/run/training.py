@@ -335,6 +335,7 @@ class TrainingRun:
         self.placed = self._placement() if spec.placement else None
         self.piped = self._pipeline() if spec.pipeline else None
         self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
+        self._user_stop = False
         self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
         self.recovering_since = recovering_since  # a re-planned pipeline's start: its first step ends the recovery
         self.recovery_s: float | None = None
@@ -384,6 +385,7 @@ class TrainingRun:
         self._invited: dict[str, tuple[int, float]] = {}       # board -> (times asked back, when last)
 
     def request_stop(self) -> None:
+        self._user_stop = True  # Ctrl-C, SIGTERM: the run ends here, even while a lost board is being planned around
         self._stop.set()
 
     def _replay_data(self) -> ReplayData | None:
@@ -908,14 +910,14 @@ class TrainingRun:
     async def _replan(self, channel: BoardChannel) -> Replanned | None:
         """The pipeline without the boards it lost for good: those of the step's missing boards whose agent went
         offline (the others' workers ended because a neighbour's link broke: they can take part again). Waits up to
-        :data:`OFFLINE_WAIT_S` for the broker to say which (a dead agent's last will). None: none went offline, or
-        stage 0 has no board left: the run stops as it is, for ``--resume``."""
+        :data:`OFFLINE_WAIT_S` for the broker to say which (a dead agent's last will). None: none went offline, stage 0
+        has no board left, or the user stopped the run (Ctrl-C): it stops as it is, for ``--resume``."""
         missing = self._lost[1]
         until = time.monotonic() + OFFLINE_WAIT_S
-        while time.monotonic() < until and not set(channel.went_offline) & set(missing):
+        while time.monotonic() < until and not set(channel.went_offline) & set(missing) and not self._user_stop:
             await asyncio.sleep(OFFLINE_POLL_S)  # a poll of the broker's statuses, not a synchronisation
         gone = sorted(set(channel.went_offline) & set(missing))
-        if not gone:
+        if not gone or self._user_stop:
             return None
         plan = parse_stage_plan(self.spec.pipeline)
         replanned = replan(plan, self.spec.batch_sizes, gone)
