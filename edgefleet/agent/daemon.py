@@ -126,17 +126,18 @@ class Agent:
         link.subscribe(cmd_topic(prefix, self.cfg.board_id), qos=1)
         link.publish(self.status_topic, self._status("busy" if self.jobs.busy else "online"), qos=1, retain=True)
         link.subscribe(self.status_topic, qos=1)  # after our status: a forged "offline" is answered (_on_own_status)
-        self._update_address(link)
+        self._update_address(link.local_address())
         link.publish(caps_topic(prefix, self.cfg.board_id), self.caps.to_json(), qos=1, retain=True)
         if self.discovery is not None:  # retained: Home Assistant finds the board whenever it starts
             for topic, payload in self.discovery.configs():
                 link.publish(topic, payload, qos=1, retain=True)
 
-    def _update_address(self, link: MqttLink) -> None:
-        """Put where other boards reach this one into the caps: the config's, else this connection's local address,
-        known only now that the connection exists (and renewed on every reconnect: a new lease may change it)."""
+    def _update_address(self, connection_local: str) -> None:
+        """Put where other boards reach this one into the caps: the config's, else ``connection_local``, the broker
+        connection's local address, known only once the connection exists (renewed on every reconnect: a new lease
+        may change it)."""
         configured = self.cfg.training.address
-        address = reachable_address(configured, link.local_address())
+        address = reachable_address(configured, connection_local)
         if address == self.caps.address:
             return
         self.caps = dataclasses.replace(self.caps, address=address)

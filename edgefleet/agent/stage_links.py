@@ -16,6 +16,8 @@ stream's largest micro-batch, at most two steps' micro-batches queued, shapes ch
 Whatever goes wrong (a stall past the deadline, a closed connection, a malformed, oversized or
 non-finite frame, a refusal) ends the job on this host with :class:`StageFault`, one line naming
 the neighbour, its stage and why: never a hang, never a silently wrong step.
+
+Imported only by a pipelined job's worker (``agent.stage_runtime``, ``agent.stage_worker``): it needs numpy.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ cut), and the loss sees the whole batch at once.
 Why not 1F1B: it would run a micro-batch's backward before the last micro-batch's forward, so the
 loss would have to be computed a micro-batch at a time, which is the whole batch's only for a mean
 of per-sample losses. ``training_step`` is the user's code; GPipe keeps it exact for any loss.
+
+Imported only by the training worker, for a pipelined job (``agent.stage_worker``): it needs torch.
 """
 
 from __future__ import annotations

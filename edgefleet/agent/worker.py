@@ -145,6 +145,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             optimizer_state=decode_value(welcome.optimizer), on_step=events.progress, on_split=on_split,
             scheduler_states=decode_value(welcome.schedulers or []), step_logs=StepLogs(model), sync=sync,
             only=(cut.head_params if cut is not None else stage.params if stage is not None else None),
+            # a pipeline's vector carries no buffers (the coordinator refuses modules with them): an empty module
             buffers=(cut.head_layers() if cut is not None else torch.nn.Module() if stage is not None else None),
             keep_own=later_stage, result_elements=stage.stage0_elements if later_stage else None,
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)

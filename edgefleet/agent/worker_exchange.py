@@ -144,8 +144,9 @@ class ExchangeClient:
         ``grad`` may be the same array at every step (it is described for the wire once); change
         its values in place, not its shape or dtype.
 
-        ``result_elements``: the result's length when it is not the gradient's (a pipeline stage's board
-        gets an empty result: ``coordinator.exchange.modes.PipelineStages``); the general frames both ways.
+        ``result_elements``: the result's length when it is not the gradient's (a later pipeline stage's board
+        sends its own stage's gradient and is answered stage 0's: ``coordinator.exchange.modes.PipelineStages``);
+        the general frames both ways.
 
         Raises:
             StopTraining: the coordinator sent ``stop`` instead of a result.

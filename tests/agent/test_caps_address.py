@@ -17,16 +17,6 @@ from edgefleet.transport.mqtt_link import MqttLink, agent_client_id
 from tests.helpers import wait_until
 
 
-class _Link:
-    """What ``Agent._update_address`` asks of the MQTT link: the local end of its connection."""
-
-    def __init__(self, local: str) -> None:
-        self.local = local
-
-    def local_address(self) -> str:
-        return self.local
-
-
 def _agent(tmp_path: Path, training: str) -> Agent:
     path = tmp_path / "agent.toml"
     path.write_text(f'board_id = "pi-7"\n[power]\nsource = "estimated"\n[training]\n{training}')
@@ -37,7 +27,7 @@ def test_the_configured_address_wins_over_the_connection(tmp_path: Path) -> None
     agent = _agent(tmp_path, 'address = "pi-7.lab"\n')
     try:
         assert agent.caps.address == ""  # not known before the broker connection exists
-        agent._update_address(_Link("127.0.0.1"))  # type: ignore[arg-type]
+        agent._update_address("127.0.0.1")
         assert agent.caps.address == "pi-7.lab"
         assert BoardCaps.from_json(agent.caps.to_json()).address == "pi-7.lab"
     finally:
@@ -47,9 +37,9 @@ def test_the_configured_address_wins_over_the_connection(tmp_path: Path) -> None
 def test_without_one_the_connection_says_and_a_reconnect_renews_it(tmp_path: Path) -> None:
     agent = _agent(tmp_path, "")
     try:
-        agent._update_address(_Link("192.168.1.21"))  # type: ignore[arg-type]
+        agent._update_address("192.168.1.21")
         assert agent.caps.address == "192.168.1.21"
-        agent._update_address(_Link("192.168.1.40"))  # type: ignore[arg-type]  # a new lease
+        agent._update_address("192.168.1.40")  # a new lease
         assert agent.caps.address == "192.168.1.40"
     finally:
         agent.sampler.close()

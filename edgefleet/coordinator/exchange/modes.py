@@ -182,10 +182,12 @@ class ExchangeMode(ABC):
         """Whether ``step``'s vectors may be summed as they arrive (``add_weighted``, board order)."""
         return True
 
-    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None,
+               boards: Sequence[BoardState] = ()) -> Reduced:
         """Reduce ``step``'s (vector, n) pairs, in board order, into the reducer's sum; which are kept, which refused.
 
-        ``squares``: their squared norms when the fold already summed every one (None: sum them here).
+        ``squares``: their squared norms when the fold already summed every one (None: sum them here). ``boards``:
+        the board of each pair (a mode whose vectors differ by board reads it; the others need not).
         """
         return self.reducer.reduce(grads, squares)
 
@@ -240,7 +242,8 @@ class RobustAggregate(DenseExact):
     def folds(self, step: int) -> bool:
         return False  # the rule needs every vector at once
 
-    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None,
+               boards: Sequence[BoardState] = ()) -> Reduced:
         outcome = self.reducer.reduce(grads, None)  # NaN, Inf, the band; the result's buffers
         if len(outcome.kept) >= 2:
             kept = [grads[i] for i in outcome.kept]
@@ -313,7 +316,8 @@ class PeriodicAveraging(ExchangeMode):
     def folds(self, step: int) -> bool:
         return self.kind(step) == EXACT  # a sync step's weights are the samples since the last average
 
-    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None,
+               boards: Sequence[BoardState] = ()) -> Reduced:
         kind = self.kind(step)
         if kind == LOCAL:  # nothing to average: every board that answered took its own step
             return Reduced(list(range(len(grads))), [])
@@ -415,7 +419,8 @@ class PipelineStages(ExchangeMode):
     def folds(self, step: int) -> bool:
         return False
 
-    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None) -> Reduced:
+    def reduce(self, step: int, grads: Sequence[tuple[np.ndarray, int]], squares: list[float] | None,
+               boards: Sequence[BoardState] = ()) -> Reduced:
         """Scatter each stage's vector into the reducer's zeroed sum; refuse a non-finite or implausible one, and
         every one when a stage's vector is missing or refused."""
         total, slots, group = self.reducer.sum, self.layout.slots, self.layout.group
@@ -423,13 +428,11 @@ class PipelineStages(ExchangeMode):
         limit = min(self.reducer.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         refused: list[tuple[int, str]] = []
         present: set[int] = set()
-        owners = [self._board_of(vector) for vector, _ in grads]  # StepSum's answered boards, in order
-        stage0 = max(sum(n for (_, n), b in zip(grads, owners) if b is not None and b.index < group), 1)
+        if len(boards) != len(grads):
+            raise ExchangeError(f"step {step}: a pipelined step's reduce needs each vector's board")
+        stage0 = max(sum(n for (_, n), b in zip(grads, boards) if b.index < group), 1)
         scratch = self._scratch
-        for i, ((vector, n), board) in enumerate(zip(grads, owners)):
-            if board is None:  # not a vector of this job's boards: cannot be placed
-                refused.append((i, "a vector of no known stage"))
-                continue
+        for i, ((vector, n), board) in enumerate(zip(grads, boards)):
             square = 0.0
             for src, dst, count in slots[board.index]:
                 if board.index < group:  # stage 0's board: its share of the average (its slice of the batch)
@@ -453,9 +456,6 @@ class PipelineStages(ExchangeMode):
         why_all = f"step {step} lacks the gradient of {lacking}: a pipeline step needs every stage's"
         taken = {i for i, _ in refused}
         return Reduced([], refused + [(i, why_all) for i in range(len(grads)) if i not in taken])
-
-    def _board_of(self, vector: np.ndarray) -> BoardState | None:
-        return next((b for b in self._boards if b.grad is vector), None)
 
     def counts(self, step: int) -> list[int] | None:
         return self._counts  # the batch once (stage 0's slices): every stage's vector is over the same samples

@@ -137,7 +137,7 @@ class StepSum:
         folded = (fold is not None and fold.step == step and fold.complete and fold.boards == answered
                   and all(b.n == n for b, n in zip(answered, fold.ns)))
         grads = [(b.grad, b.n) for b in answered if b.grad is not None]
-        outcome = mode.reduce(step, grads, fold.squares if folded and fold is not None else None)
+        outcome = mode.reduce(step, grads, fold.squares if folded and fold is not None else None, answered)
         if len(outcome.overflowed) == 1 and len(outcome.kept) > 1 and self._overflows is not None:
             outcome = self._lone_overflow(step, outcome, answered, grads)
         for i, why in outcome.refused:  # rare: NaN, Inf or an implausible norm
@@ -192,7 +192,7 @@ class StepSum:
         if why is None:
             return outcome
         others = [i for i in range(len(grads)) if i != lone]
-        again = self._mode.reduce(step, [grads[i] for i in others], None)
+        again = self._mode.reduce(step, [grads[i] for i in others], None, [answered[i] for i in others])
         return Reduced([others[i] for i in again.kept], [*[(others[i], w) for i, w in again.refused], (lone, why)],
                        tuple(others[i] for i in again.overflowed))
 
