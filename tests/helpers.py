@@ -136,7 +136,8 @@ def train_command(*extra: str, **options: Any) -> list[str]:
     return [*COORDINATOR, *train_args(*extra, **options)]
 
 
-def plain_lenet_training(steps: int, global_batch: int, *, seed: int, lr: float = 0.05) -> dict[str, torch.Tensor]:
+def plain_lenet_training(steps: int, global_batch: int, *, seed: int, lr: float = 0.05,
+                         optimizer: str = "sgd") -> dict[str, torch.Tensor]:
     """LeNet-5 on digits with SGD in one plain process, no agents, no exchange: the reference a fleet's model must equal
     (the same seed's initial weights and global batches)."""
     import torch  # the training stack: only for the tests that train
@@ -147,16 +148,16 @@ def plain_lenet_training(steps: int, global_batch: int, *, seed: int, lr: float 
 
     dataset = build_dataset("digits", "train", {})
     torch.manual_seed(seed)
-    model = build_model("lenet5", {"optimizer": "sgd", "lr": lr}, data=dataset)
-    optimizer = single_optimizer(model.configure_optimizers())
+    model = build_model("lenet5", {"optimizer": optimizer, "lr": lr}, data=dataset)
+    stepper = single_optimizer(model.configure_optimizers())
     plan = GlobalBatchPlan(len(dataset), [global_batch], seed)
     for step in range(steps):
         samples = [dataset[i] for i in plan.global_indices(step)]
         x, y = torch.stack([s[0] for s in samples]), torch.stack([torch.as_tensor(s[1]) for s in samples])
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
+        stepper.zero_grad()
         loss.backward()
-        optimizer.step()
+        stepper.step()
     state: dict[str, torch.Tensor] = model.state_dict()
     return state
 

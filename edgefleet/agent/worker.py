@@ -31,6 +31,7 @@ from edgefleet.protocol.errors import DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
 from edgefleet.protocol.outer_optimizer import OuterOptimizer
 from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.stage_sync import StageSync
 from edgefleet.protocol.sync_schedule import SyncSchedule
 from edgefleet.workloads.device_errors import explain_device_error
 from edgefleet.workloads.lightning_api import callback_class, package_of
@@ -148,6 +149,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             # a pipeline's vector carries no buffers (the coordinator refuses modules with them): an empty module
             buffers=(cut.head_layers() if cut is not None else torch.nn.Module() if stage is not None else None),
             keep_own=later_stage, result_elements=stage.stage0_elements if later_stage else None,
+            stage_sync=(StageSync(every=stage.spec.state_every, steps_per_epoch=sync.steps_per_epoch,
+                                  total_steps=job.total_steps, start=start) if later_stage and stage is not None else None),
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split

@@ -32,6 +32,7 @@ from edgefleet.protocol.exchange_frames import (
 )
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.hot_frames import HotFrame
+from edgefleet.protocol.stage_sync import GRAD, NOTHING, STATE, StageSync
 from edgefleet.protocol.sync_schedule import EXACT, SYNC, SyncSchedule
 from edgefleet.protocol.wire_dtype import numpy_dtype, wire_dtype_of
 from edgefleet.transport.exchange_tls import TlsRefused, connect_tls
@@ -46,6 +47,7 @@ from edgefleet.workloads.params import (
     restore_scheduler_states,
     trainable_params,
 )
+from edgefleet.workloads.stage_state import pack_stage_state
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +324,8 @@ class GradientExchange:
         keep_own: Pipeline stages: this board's vector is its own stage's gradient (a later stage's, which only it
             trains); the optimizer steps on the board's own gradient (``only``: the stage's parameters), and the
             coordinator's answer (``result_elements`` values: stage 0's average, for stage 0's boards) is not used.
+        stage_sync: A later pipeline stage's schedule (``protocol.stage_sync``): at each step its gradient, nothing,
+            or its gradient then its parameters and optimizer state before the step (``workloads.stage_state``).
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -343,13 +347,15 @@ class GradientExchange:
                  scheduler_states: list[Any] | None = None, step_logs: Any = None,
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
                  only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None,
-                 outer_state: Any = None, keep_own: bool = False, result_elements: int | None = None) -> None:
+                 outer_state: Any = None, keep_own: bool = False, result_elements: int | None = None,
+                 stage_sync: StageSync | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
         self._outer_state = outer_state
         self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
         self._keep_own = keep_own
         self._result_elements = result_elements
+        self._stage_sync = stage_sync if keep_own and stage_sync is not None and stage_sync.sparse else None
         self.overlap = client.overlap if overlap is None else overlap
         self.stream: GradientStream | None = None  # overlap's hooks and sender, once training starts
         self._sync = sync if sync is not None and sync.periodic else None
@@ -474,7 +480,14 @@ class GradientExchange:
 
     def _exchange_after_backward(self, grads: FlatGradients, compute_s: float, accumulate: int) -> np.ndarray:
         """Send the whole gradient now that backward has ended; the fleet's average."""
+        kind = self._stage_sync.kind(self.step) if self._stage_sync is not None else GRAD
+        if kind == NOTHING:  # a later stage between its state steps: the round's bookkeeping, no vector
+            return self._exchange_stage(np.zeros(0, dtype=np.float32), compute_s, accumulate)
         grads.gather()
+        if kind == STATE:  # the gradient, then the stage's parameters and optimizer state as they are before the step
+            return self._exchange_stage(np.concatenate([self._flat[:self._grad_elements],
+                                                        pack_stage_state(self._params, self._optimizer)]),
+                                        compute_s, accumulate)
         if self._buffers:
             self._buffers.flatten_into(self._flat[self._grad_elements:])
         wire = self._flat
@@ -485,6 +498,13 @@ class GradientExchange:
         logs = self._step_logs.take() if self._step_logs is not None else None
         return self.client.exchange(step=self.step, grad=wire, n=n, loss=self._loss, compute_s=round(compute_s, 6),
                                     logs=logs, result_elements=self._result_elements if self._keep_own else None)
+
+    def _exchange_stage(self, vector: np.ndarray, compute_s: float, accumulate: int) -> np.ndarray:
+        """A later stage's round with another vector than its gradient (float32: the job's wire dtype)."""
+        n = self._batch_size(self.step) * accumulate
+        logs = self._step_logs.take() if self._step_logs is not None else None
+        return self.client.exchange(step=self.step, grad=vector, n=n, loss=self._loss, compute_s=round(compute_s, 6),
+                                    logs=logs, result_elements=self._result_elements)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.stream is not None:

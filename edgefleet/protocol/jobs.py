@@ -51,8 +51,12 @@ JOB_SCHEMA_VERSION = 1
 # Version 9 may ask for pipeline stages (``pipeline``: the cuts, the micro-batches and every stage's board,
 # address, port and public key; ``protocol.pipeline_command``): a version-8 agent would ignore it and train the
 # whole model on its slice of the batch (:data:`PIPELINE_TRAIN_SCHEMA_VERSION`).
+# Version 10 may ask a pipeline's later stages to send their state only at checkpoints (``pipeline.state_every``,
+# ``protocol.stage_sync``): a version-9 agent would ignore it and send its gradient every step, which the coordinator
+# would refuse at the first step (:data:`STAGE_SYNC_TRAIN_SCHEMA_VERSION`).
 # The versioning rule of every message and file: docs/protocol.md.
-TRAIN_SCHEMA_VERSION = 9  # what every train command is sent as
+TRAIN_SCHEMA_VERSION = 10  # what every train command is sent as
+STAGE_SYNC_TRAIN_SCHEMA_VERSION = 10  # a command of an older version cannot ask for ``pipeline.state_every``
 PIPELINE_TRAIN_SCHEMA_VERSION = 9  # a command of an older version cannot ask for a ``pipeline`` (refused)
 OUTER_TRAIN_SCHEMA_VERSION = 8  # a command of an older version cannot ask for an ``outer_optimizer`` (refused)
 PLACED_TRAIN_SCHEMA_VERSION = 7  # a command of an older version cannot ask for ``placement`` (refused)
@@ -104,6 +108,9 @@ def _check_pipeline(command: TrainCommand) -> None:
         raise ValueError(f"pipeline needs schema_version {PIPELINE_TRAIN_SCHEMA_VERSION}, the command says "
                          f"{command.schema_version}")
     spec = PipelineSpec.from_dict(command.pipeline)
+    if spec.state_every and command.schema_version < STAGE_SYNC_TRAIN_SCHEMA_VERSION:
+        raise ValueError(f"pipeline.state_every needs schema_version {STAGE_SYNC_TRAIN_SCHEMA_VERSION}, the command says "
+                         f"{command.schema_version}")
     others = [what for what, asked in (("placement", bool(command.placement)), ("sync_every > 1", command.sync_every > 1),
                                        ("overlap", command.overlap),
                                        ("accumulate_grad_batches > 1", command.accumulate_grad_batches > 1)) if asked]
@@ -452,6 +459,7 @@ __all__ = [
     "PERIODIC_TRAIN_SCHEMA_VERSION",
     "PIPELINE_TRAIN_SCHEMA_VERSION",
     "PROFILE_COMMAND_SCHEMA_VERSION",
+    "STAGE_SYNC_TRAIN_SCHEMA_VERSION",
     "TRAIN_SCHEMA_VERSION",
     "Command",
     "JobEvent",

@@ -120,6 +120,9 @@ class PipelineSpec:
     shapes: list[list[int]]         # each stage's output shape per sample, in stage order
     max_rows: int                   # the most samples a micro-batch holds (bounds every stage frame)
     group: int = 1                  # stage 0's boards (they hold the data)
+    # 0: every later stage's board sends its gradient every step; N: its state every N steps and at epoch ends,
+    # nothing at the other steps (``protocol.stage_sync``)
+    state_every: int = 0
 
     def __post_init__(self) -> None:
         stages = _list(self.stages, "stages", low=MIN_STAGES, high=MAX_STAGES + MAX_GROUP)
@@ -149,6 +152,7 @@ class PipelineSpec:
             raise ValueError(f"pipeline.cuts names the layer {short_repr(twice)} twice")
         _whole(self.micro_batches, "micro_batches", low=1, high=MAX_MICRO_BATCHES)
         _whole(self.max_rows, "max_rows", low=1, high=MAX_DIM)
+        _whole(self.state_every, "state_every", low=0, high=MAX_DIM)
         shapes = _list(self.shapes, "shapes", low=0, high=MAX_STAGES)
         if len(shapes) != count:
             raise ValueError(f"pipeline.shapes has {len(shapes)} entries for {count} stages; it should have {count}")
@@ -170,7 +174,7 @@ class PipelineSpec:
         """The spec as plain maps, lists and scalars (what ``TrainCommand.pipeline`` holds)."""
         return {"cuts": list(self.cuts), "micro_batches": self.micro_batches,
                 "stages": [peer.to_dict() for peer in self.stages], "shapes": [list(s) for s in self.shapes],
-                "max_rows": self.max_rows, "group": self.group}
+                "max_rows": self.max_rows, "group": self.group, "state_every": self.state_every}
 
     @classmethod
     def from_dict(cls, data: Any) -> PipelineSpec:
@@ -190,7 +194,8 @@ class PipelineSpec:
         if isinstance(shapes, list):
             shapes = [list(shape) if isinstance(shape, list) else shape for shape in shapes]
         return cls(cuts=list(cuts) if isinstance(cuts, list) else cuts, micro_batches=data["micro_batches"],
-                   stages=peers, shapes=shapes, max_rows=data["max_rows"], group=data.get("group", 1))
+                   stages=peers, shapes=shapes, max_rows=data["max_rows"], group=data.get("group", 1),
+                   state_every=data.get("state_every", 0))
 
 
 __all__ = ["MAX_CUT_CHARS", "MAX_SHAPE_DIMS", "MIN_STAGES", "PipelinePeer", "PipelineSpec"]

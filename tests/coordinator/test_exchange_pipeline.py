@@ -26,6 +26,7 @@ from edgefleet.coordinator.exchange.step_sum import StepResult
 from edgefleet.protocol.codec import encode_value, from_bf16_bits, to_bf16_bits
 from edgefleet.protocol.exchange_frames import Hello, Refusal, Welcome, decode_hello_reply
 from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.stage_sync import GRAD, NOTHING, STATE, StageSync
 from edgefleet.protocol.sync_schedule import SyncSchedule
 from edgefleet.transport.frame_io import recv_frame, send_frame
 
@@ -289,3 +290,79 @@ def test_stage_0s_group_is_averaged_sample_weighted_and_each_of_its_boards_gets_
     np.testing.assert_array_equal(full[2:8], vectors[2])  # a later stage's: as it came
     for index in range(4):
         np.testing.assert_allclose(got[index], average, rtol=1e-6)  # every board is answered stage 0's average
+
+
+SPARSE = StageSync(every=3, steps_per_epoch=100, total_steps=100)  # step 0: gradients; 2 and 5: state; else nothing
+STATE_EXTRA = {1: 14, 2: 9}  # a stage's parameters and optimizer state after its gradient (the board's layout)
+
+
+def _sparse(step: int, index: int) -> np.ndarray:
+    """What stage ``index``'s board sends at ``step`` under :data:`SPARSE`."""
+    grad = _grad(step, index)
+    if index == 0 or SPARSE.kind(step) == GRAD:
+        return grad
+    if SPARSE.kind(step) == NOTHING:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([grad, np.arange(STATE_EXTRA[index], dtype=np.float32) + 1000 * step + 100 * index])
+
+
+def test_later_stages_that_send_their_state_at_checkpoints_send_nothing_between_and_their_state_is_kept() -> None:
+    async def main() -> tuple[list[StepResult | ExchangeError], list[StageBoard], list[np.ndarray], list[dict[int, Any]]]:
+        server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=FULL, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})),
+                                pipeline=_layout(sync=SPARSE))
+        mode = server.mode
+        assert isinstance(mode, PipelineStages)
+        port = await server.start("127.0.0.1", 0)
+        boards = [StageBoard(i, port, 6, _sparse) for i in range(len(BOARDS))]
+        applied: list[np.ndarray] = []
+        states: list[dict[int, Any]] = []
+
+        def apply(g: np.ndarray, r: StepResult) -> None:
+            applied.append(g.copy())
+            states.append(mode.take_states(r.step))
+
+        for board in boards:
+            board.start()
+        await server.wait_for_boards(10, need={b for b, _ in BOARDS})
+        results: list[StepResult | ExchangeError] = []
+        try:
+            for step in range(6):
+                results.append(await server.run_step(step, apply=apply))
+        finally:
+            await server.close()
+        for board in boards:
+            board.join(10)
+        return results, boards, applied, states
+
+    results, boards, applied, states = asyncio.run(main())
+    assert [SPARSE.kind(s) for s in range(6)] == [GRAD, NOTHING, STATE, NOTHING, NOTHING, STATE]
+    assert all(isinstance(r, StepResult) and r.contributors == ["s0", "s1", "s2"] for r in results), results
+    for step in range(6):
+        expected = _scattered(step, "float32")
+        if SPARSE.kind(step) == NOTHING:  # the later stages' slots stay 0: the replica leaves them out of the step
+            expected[2:8] = 0.0
+            expected[9:11] = 0.0
+            expected[13] = 0.0
+        np.testing.assert_array_equal(applied[step], expected)
+        if SPARSE.kind(step) == STATE:
+            assert sorted(states[step]) == [1, 2]
+            for stage in (1, 2):
+                np.testing.assert_array_equal(states[step][stage], _sparse(step, stage)[ELEMENTS[stage]:])
+        else:
+            assert states[step] == {}
+    assert all(board.error is None and len(board.results) == 6 for board in boards)
+
+
+def test_a_later_stage_that_sends_its_gradient_where_it_owes_nothing_is_refused() -> None:
+    async def main() -> list[StepResult | ExchangeError]:
+        server = ExchangeServer(job_id="job", token="secret", boards=BOARDS, param_count=FULL, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({"w": np.zeros(3, np.float32)}), encode_value({})),
+                                pipeline=_layout(sync=SPARSE))
+        port = await server.start("127.0.0.1", 0)
+        boards = [StageBoard(i, port, 2, _grad) for i in range(len(BOARDS))]  # a gradient at step 1 too
+        return await _steps(boards, server, 2, [])
+
+    results = asyncio.run(main())
+    assert isinstance(results[0], StepResult)
+    assert isinstance(results[1], ExchangeError) and "takes no values at this step" in str(results[1]), results

@@ -15,7 +15,7 @@ from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
 from edgefleet.coordinator.pipeline.replan import replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
-from edgefleet.coordinator.run.train_job import repipeline
+from edgefleet.coordinator.run.train_job import _replanned, repipeline
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.models import LeNet5
 from tests.helpers import train_args
@@ -118,3 +118,19 @@ def test_a_pipelined_run_resumes_on_other_boards_with_stage_0s_slices_kept() -> 
     assert moved.batch_sizes == (6, 10, 0) and moved.micro_batches == 4
     with pytest.raises(ConfigError, match="stage 0 had 2 board"):
         repipeline(resolved, "p1,net.6@p5", None)
+
+
+def test_stage_sync_is_a_pipelines_flag_its_state_travels_in_float32_and_a_replan_to_data_parallel_drops_it() -> None:
+    assert _job("--pipeline", "p1,net.6@p2").stage_sync == "step"
+    assert _job("--pipeline", "p1,net.6@p2", "--stage-sync", "checkpoint").stage_sync == "checkpoint"
+    with pytest.raises(ConfigError, match="--stage-sync checkpoint says when a pipeline's later stages send their state: "
+                                          "add --pipeline"):
+        _job("--stage-sync", "checkpoint")
+    with pytest.raises(ConfigError, match="which --wire-dtype bfloat16 would round"):
+        _job("--pipeline", "p1,net.6@p2", "--stage-sync", "checkpoint", "--wire-dtype", "bfloat16")
+    with pytest.raises(SystemExit):
+        _job("--pipeline", "p1,net.6@p2", "--stage-sync", "sometimes")
+    spec = replace(_job("--pipeline", "q1+q2,net.6@q3", "--batch", "6,10", "--stage-sync", "checkpoint"),
+                   boards=("q1", "q2", "q3"), batch_sizes=(6, 10, 0))
+    alone = replan(parse_stage_plan(spec.pipeline), list(spec.batch_sizes), {"q3"})
+    assert alone is not None and _replanned(spec, alone).stage_sync == "step"

@@ -33,9 +33,10 @@ def _fleet(tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> Flee
     return keys
 
 
-def _train(mosquitto: LocalBroker, keys: FleetKeys, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+def _train(mosquitto: LocalBroker, keys: FleetKeys, run_dir: Path, *extra: str,
+           model_options: str = "optimizer=sgd,lr=0.05") -> subprocess.Popen[str]:
     cmd = train_command("--board-keys", str(keys.board_keys), *extra, broker=mosquitto, fleet_key=keys.fleet_key,
-                        model="lenet5", model_options="optimizer=sgd,lr=0.05", dataset="digits", seed=SEED, threads=1,
+                        model="lenet5", model_options=model_options, dataset="digits", seed=SEED, threads=1,
                         run_dir=run_dir)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -62,8 +63,11 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stage_sync, optimizer, lr", [("step", "sgd", 0.05), ("checkpoint", "adam", 0.002)])
 def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_step(
-        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory, stage_sync: str, optimizer: str, lr: float) -> None:
+    """With --stage-sync step the run goes on from the step it stopped at; with checkpoint (the later stages' Adam
+    state carried at every 4th step, nothing between) from the last checkpoint, the steps since trained again."""
     boards = [*BOARDS, "q4"]
     keys = make_keys(tmp_path, boards)
     started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b])) for b in boards}
@@ -72,7 +76,8 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
     # stage 0 a group of two boards (data-parallel, 6 and 10 samples), then two stages: q3 up to the first dense
     # layer, q4 the rest (layer placement with the tail on a board, issue 34)
     proc = _train(mosquitto, keys, run_dir, "--pipeline", "q1+q2,net.2@q3,net.8@q4", "--batch", "6,10",
-                  "--micro-batches", "2", "--steps", "16", "--checkpoint-every", "4")
+                  "--micro-batches", "2", "--steps", "16", "--checkpoint-every", "4", "--stage-sync", stage_sync,
+                  model_options=f"optimizer={optimizer},lr={lr}")
     try:
         wait_until(lambda: len(_steps(run_dir)) >= 6, timeout_s=180, what="6 pipelined steps")
         os.kill(started["q4"].proc.pid, signal.SIGKILL)  # the last stage's board: its agent, and its worker with it
@@ -84,8 +89,11 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
     assert code == 0 and "Traceback" not in output, output[-4000:]
     assert "stage 0 on q1+q2" in output and "went offline: re-planning from step" in output, output[-4000:]
     assert "q1+q2,net.2@q3" in output and "recovered: step" in output, output[-4000:]
+    if stage_sync == "checkpoint":
+        assert "parameters and optimizer state go to the coordinator's replica at its checkpoints" in output
+        assert "stopped between the later stages' state syncs" in output, output[-4000:]
     assert [s["step"] for s in _steps(run_dir)] == list(range(16))  # none lost, none trained twice
     result = json.loads((run_dir / "result.json").read_text())
     assert result["pipeline"] == "q1+q2,net.2@q3" and 0 < result["recovery_s"] < 60
     model = torch.load(run_dir / "model.pt", weights_only=True)
-    assert max_relative_error(model, plain_lenet_training(16, 16, seed=SEED)) <= 1e-5
+    assert max_relative_error(model, plain_lenet_training(16, 16, seed=SEED, lr=lr, optimizer=optimizer)) <= 1e-5

@@ -11,6 +11,7 @@ import pytest
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import (
     PIPELINE_TRAIN_SCHEMA_VERSION,
+    STAGE_SYNC_TRAIN_SCHEMA_VERSION,
     TRAIN_SCHEMA_VERSION,
     TrainCommand,
     command_from_dict,
@@ -45,7 +46,7 @@ def _peer(index: int, **change: Any) -> dict[str, Any]:
 
 def test_a_pipelined_command_round_trips_through_the_signed_bytes() -> None:
     command = TrainCommand(**{k: v for k, v in BASE.items() if k != "kind"})
-    assert command.schema_version == TRAIN_SCHEMA_VERSION == PIPELINE_TRAIN_SCHEMA_VERSION == 9
+    assert command.schema_version == TRAIN_SCHEMA_VERSION == PIPELINE_TRAIN_SCHEMA_VERSION + 1 == 10
     wire = msgpack.unpackb(msgpack.packb(command.to_dict(), use_bin_type=True))  # as the signed body travels
     back = command_from_dict(wire)
     assert back == command and isinstance(back, TrainCommand)
@@ -53,7 +54,7 @@ def test_a_pipelined_command_round_trips_through_the_signed_bytes() -> None:
     assert spec is not None and spec.stage_count == 3 and spec.micro_batches == 4 and spec.max_rows == 16
     assert spec.stages[2] == PipelinePeer(board_id="stage-2", host="fe80::1%eth0", port=7002, public_key=KEYS[2])
     assert spec.shapes == [[6, 14, 14], [120], [10]] and spec.cuts == ["net.2", "net.8"]
-    assert spec.to_dict() == {**SPEC, "group": 1} and PipelineSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict() == {**SPEC, "group": 1, "state_every": 0} and PipelineSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_stage_0_may_be_a_group_of_boards_each_with_its_slice_of_the_batch() -> None:
@@ -82,6 +83,15 @@ def test_an_older_command_cannot_ask_for_a_pipeline(version: int) -> None:
     with pytest.raises(DecodeError, match=f"pipeline needs schema_version {PIPELINE_TRAIN_SCHEMA_VERSION}, the command "
                                           f"says {version}"):
         command_from_dict({**BASE, "schema_version": version})
+
+
+def test_a_version_9_command_cannot_ask_the_later_stages_for_their_state_at_checkpoints() -> None:
+    with pytest.raises(DecodeError, match=f"pipeline.state_every needs schema_version {STAGE_SYNC_TRAIN_SCHEMA_VERSION}, "
+                                          "the command says 9"):
+        command_from_dict({**BASE, "schema_version": 9, "pipeline": _spec(state_every=50)})
+    command = command_from_dict({**BASE, "pipeline": _spec(state_every=50)})
+    assert isinstance(command, TrainCommand) and command.pipeline_spec is not None
+    assert command.pipeline_spec.state_every == 50
 
 
 def test_a_newer_command_is_refused_before_its_pipeline_is_read() -> None:
@@ -151,6 +161,8 @@ def test_micro_batches_of_exactly_max_rows_are_taken() -> None:
     (_spec(shapes=[[6, 14.0, 14], [120], [10]]), r"pipeline\.shapes\[0\]\[1\] = 14\.0 should be a whole number"),
     (_spec(shapes=[[6, [14], 14], [120], [10]]), r"pipeline\.shapes\[0\]\[1\] = a list should be a whole number"),
     (_spec(max_rows=10**400), r"pipeline\.max_rows = an integer of about 400 digits should be"),
+    (_spec(state_every=-1), r"pipeline\.state_every = -1 should be a whole number from 0"),
+    (_spec(state_every="4"), r"pipeline\.state_every = '4' should be a whole number from 0"),
 ])
 def test_a_malformed_pipeline_is_refused_naming_the_field(pipeline: Any, fragment: str) -> None:
     with pytest.raises(DecodeError, match=fragment):

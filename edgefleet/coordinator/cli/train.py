@@ -173,6 +173,12 @@ def add_train_parser(sub: Any) -> None:
                                "stages busy at once")
     pipeline.add_argument("--pipeline-port", type=int, default=47310, metavar="PORT",
                           help="the pipeline's i-th board listens for its neighbours on PORT + i (default 47310)")
+    pipeline.add_argument("--stage-sync", choices=("step", "checkpoint"), default="step",
+                          help="when each later stage's board sends the coordinator its stage: 'step' (its gradient "
+                               "every step, the default: a lost board costs no step) or 'checkpoint' (its parameters "
+                               "and optimizer state at each --checkpoint-every and epoch end only, nothing between: "
+                               "its link carries activations alone, and a lost board sends the run back to the last "
+                               "checkpoint)")
     audits = p.add_argument_group(
         "audits (global data mode)",
         "The coordinator holds the data, the split and the model, so it computes a board's gradient for its slice\n"

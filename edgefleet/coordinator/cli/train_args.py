@@ -65,6 +65,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
                    pipeline=pipeline, micro_batches=getattr(args, "micro_batches", 1),
                    pipeline_port=getattr(args, "pipeline_port", 47310),
+                   stage_sync=getattr(args, "stage_sync", "step"),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),
                    allow_token_boards=getattr(args, "allow_token_boards", False),

@@ -46,8 +46,11 @@ The implementations:
 * :class:`PipelineStages` (``ExchangeServer``'s ``pipeline``, issue 35): each board trains one stage of a
   pipeline with its own optimizer, and its vector is its stage's gradient over the whole batch
   (``coordinator.exchange.pipeline_layout``). Every stage must answer; the vectors are scattered
-  into the replica's full vector (no averaging), the boards get an empty result and the replica the
+  into the replica's full vector (no averaging), the boards get stage 0's average and the replica the
   full vector (:class:`PipelineVector`). The audits do not see the vectors (none is a whole-model gradient).
+  With the layout's ``sync`` sparse (``protocol.stage_sync``) a later stage's vector is empty at most
+  steps, and at a state step its gradient followed by its parameters and optimizer state, which the
+  mode keeps for the replica (:meth:`PipelineStages.take_states`).
 
 Buffer sync (``broadcast``: the first kept vector's float buffers, DDP's rule; ``average``: their
 sample-weighted average) is not a mode: it is how any mode's reduce treats the vector's tail, and a
@@ -86,6 +89,7 @@ from edgefleet.protocol.codec import encode_array
 from edgefleet.protocol.exchange_frames import GradientRefused, Welcome
 from edgefleet.protocol.half_cast import cast_into
 from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.stage_sync import NOTHING, STATE
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, StepKind, SyncSchedule
 from edgefleet.protocol.wire_dtype import numpy_dtype
 
@@ -386,6 +390,11 @@ class PipelineStages(ExchangeMode):
         if len(boards) != layout.boards:
             raise ExchangeError(f"the pipeline layout has {layout.boards} boards, the job {len(boards)}")
         self.layout = layout
+        self._sync = layout.sync if layout.sync is not None and layout.sync.sparse else None
+        if self._sync is not None:  # a state step's frame: the stage's gradient, parameters and optimizer state
+            self.param_count = max(self.param_count, *(layout.max_state_elements(b) for b in range(layout.group,
+                                                                                                 layout.boards)))
+        self._states: dict[int, tuple[int, np.ndarray]] = {}  # board index -> (step, a state step's state), copied
         self._boards = list(boards)
         self._pipeline_vector = PipelineVector(reducer, layout.slots[0], layout.elements[0])
         self._scratch = np.zeros(layout.elements[0], dtype=np.float32)  # a stage 0 vector widened, before its weight
@@ -395,7 +404,19 @@ class PipelineStages(ExchangeMode):
         return EXACT
 
     def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
-        return self.layout.elements[board.index]
+        own = self.layout.elements[board.index]
+        sync, step = self._sync, frame.get("step") if isinstance(frame, dict) else None
+        if sync is None or board.index < self.layout.group or type(step) is not int:
+            return own
+        kind = sync.kind(step)
+        if kind == NOTHING:
+            return 0
+        if kind == STATE:  # the gradient, then the parameters and optimizer state: their length is the board's layout's
+            length = _vector_length(frame)
+            if length is not None and 2 * own <= length <= self.layout.max_state_elements(board.index):
+                return length
+            return 2 * own
+        return own
 
     def hello_param_count(self, board: BoardState) -> int:
         return self.layout.elements[board.index]
@@ -409,9 +430,13 @@ class PipelineStages(ExchangeMode):
         """A vector of the wrong length says what the board's stage takes."""
         if _vector_length(frame) in (None, self.elements(board, frame)):
             return exc
+        what = f"{self.elements(board, frame)} values"
+        if self._sync is not None and board.index >= self.layout.group and type(exc.step) is int:
+            what = {NOTHING: "no values at this step (its state goes at checkpoints)",
+                    STATE: f"its gradient, parameters and optimizer state at this step (at least "
+                           f"{2 * self.layout.elements[board.index]} values)"}.get(self._sync.kind(exc.step), what)
         return GradientRefused(f"board {board.board_id} sent a vector of the wrong size for step {exc.step}: its "
-                               f"pipeline stage {board.index} takes {self.elements(board, frame)} values ({exc})",
-                               step=exc.step)
+                               f"pipeline stage {board.index} takes {what} ({exc})", step=exc.step)
 
     def vector_kept(self, board: BoardState, step: int, vector: np.ndarray, *, refused: bool = False) -> None:
         return None  # a stage's vector is not a whole-model gradient: nothing to audit
@@ -434,6 +459,14 @@ class PipelineStages(ExchangeMode):
         scratch = self._scratch
         for i, ((vector, n), board) in enumerate(zip(grads, boards)):
             square = 0.0
+            if board.index >= group and self._sync is not None:
+                kind = self._sync.kind(step)
+                if kind == NOTHING:  # nothing from this stage's board this step: it trained, the replica waits for its state
+                    present.add(board.index)
+                    continue
+                if kind == STATE:
+                    own = self.layout.elements[board.index]
+                    self._states[board.index] = (step, np.array(vector[own:], dtype=np.float32))
             for src, dst, count in slots[board.index]:
                 if board.index < group:  # stage 0's board: its share of the average (its slice of the batch)
                     part = scratch[src:src + count]
@@ -462,6 +495,14 @@ class PipelineStages(ExchangeMode):
 
     def vector(self, step: int) -> StepVector:
         return self._pipeline_vector
+
+    def take_states(self, step: int) -> dict[int, np.ndarray]:
+        """The later stages' parameters and optimizer state their boards sent with ``step`` (a state step), by stage
+        (1 to S-1); each is handed out once. Empty at other steps."""
+        stage_of = {b: b - self.layout.group + 1 for b in range(self.layout.group, self.layout.boards)}
+        taken = {stage_of[b]: state for b, (at, state) in self._states.items() if at == step}
+        self._states = {b: kept for b, kept in self._states.items() if kept[0] > step}
+        return taken
 
 
 def select_mode(reducer: GradientReducer, schedule: SplitSchedule, *, sync: SyncSchedule | None = None,

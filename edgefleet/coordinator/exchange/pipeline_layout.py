@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from edgefleet.coordinator.exchange.board_state import ExchangeError
+from edgefleet.protocol.stage_sync import StageSync
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class PipelineLayout:
     ``param_count``; values no board covers stay 0, an unused parameter); ``global_batch``: the samples
     of a step, which every stage handles (stage 0 holds the data); ``group``: stage 0's boards (the first
     ``group``), data-parallel among them: their vectors have the same length and slots, and their
-    sample-weighted average lands there.
+    sample-weighted average lands there. ``sync``: when the later stages' boards send their gradient, their state or
+    nothing (``protocol.stage_sync``; None: their gradient every step).
 
     Raises:
         ExchangeError: a count out of range, a run outside either vector, two runs writing the same
@@ -44,6 +46,7 @@ class PipelineLayout:
     full_elements: int
     global_batch: int
     group: int = 1
+    sync: StageSync | None = None
 
     def __post_init__(self) -> None:
         if not self.elements:
@@ -75,6 +78,12 @@ class PipelineLayout:
     @property
     def boards(self) -> int:
         return len(self.elements)
+
+    def max_state_elements(self, board: int) -> int:
+        """The longest vector a later stage's ``board`` may send at a state step: its gradient and parameters (twice
+        its elements), then its optimizer state, at most five values a parameter (Adam with amsgrad holds three
+        tensors of a parameter's shape and a step count a tensor)."""
+        return 7 * self.elements[board]
 
     def check_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
         """The job's batch sizes (by board index) must be the layout's: stage 0's boards the global batch between them,

@@ -15,6 +15,7 @@ replica's vector) and each board's command its pipeline (``protocol.pipeline_com
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
 from edgefleet.coordinator.pipeline.stage_plan import StagePlan
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.pipeline_command import PipelinePeer, PipelineSpec
+from edgefleet.protocol.stage_sync import StageSync
 from edgefleet.workloads.cut_check import check_cut_forward
 from edgefleet.workloads.params import BufferSet
 from edgefleet.workloads.stage_cut import StagedModel, cut_stages, stage_shapes
@@ -77,13 +79,20 @@ class PipedRun:
         group = plan.group  # stage 0's boards: the same layers, the same slots
         self.layout = PipelineLayout(elements=[elements[0]] * group + elements[1:], slots=[slots[0]] * group + slots[1:],
                                      full_elements=at, global_batch=global_batch, group=group)
+        self.sync: StageSync | None = None
+
+    def sync_stages(self, sync: StageSync) -> None:
+        """The later stages send their state as ``sync`` says (``protocol.stage_sync``): the layout and the command."""
+        self.sync = sync
+        self.layout = dataclasses.replace(self.layout, sync=sync)
 
     def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], port: int) -> PipelineSpec:
         """The command's pipeline: each board at ``hosts[board]``, on ``port`` + its place in the pipeline."""
         peers = [PipelinePeer(board_id=b, host=hosts[b], port=port + k, public_key=public_keys[b])
                  for k, b in enumerate(self.plan.boards)]
         return PipelineSpec(cuts=list(self.plan.cuts), micro_batches=self.micro_batches, stages=peers,
-                            shapes=[list(s) for s in self.shapes], max_rows=max(self.batch_sizes), group=self.plan.group)
+                            shapes=[list(s) for s in self.shapes], max_rows=max(self.batch_sizes), group=self.plan.group,
+                            state_every=self.sync.every if self.sync is not None else 0)
 
     def describe(self) -> str:
         """What each stage trains and what crosses each link per step, for the run's note."""
@@ -92,9 +101,11 @@ class PipedRun:
         stages = "; ".join(f"stage {k} on {b}: {n:,} parameters" for k, (b, n) in enumerate(zip(where, counts)))
         crossing = [self.global_batch * int(np.prod(s)) * 4 for s in self.shapes[:-1]]
         links = ", ".join(f"{_kb(n)}" for n in crossing)
+        sent = ("each later stage's parameters and optimizer state go to the coordinator's replica at its checkpoints "
+                "and epoch ends only" if self.sync is not None and self.sync.sparse
+                else "each stage's gradient goes to the coordinator's replica every step")
         return (f"pipeline of {len(counts)} stages, {self.micro_batches} micro-batch(es) a step (GPipe): {stages}; "
-                f"activations per step at each cut, each way: {links}; each stage's gradient goes to the coordinator's "
-                "replica every step")
+                f"activations per step at each cut, each way: {links}; {sent}")
 
 
 def prepare(model: Any, plan: StagePlan, micro_batches: int, exchanged: Sequence[torch.nn.Parameter], sample: Any,

@@ -36,6 +36,10 @@ DEFAULT_BATCH = 32          # per board
 BUFFER_SYNC = ("broadcast", "average")  # float buffers after each step: the first board's (DDP) or their average
 
 
+# When a pipeline's later stages send their state to the replica (``protocol.stage_sync``): every step, or at checkpoints
+STAGE_SYNCS = ("step", "checkpoint")
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One training job: what to train, where, for how long and how.
@@ -98,6 +102,9 @@ class JobSpec:
             Stage 0 may be several boards joined by ``+`` (data-parallel among them).
         micro_batches: A pipeline's micro-batches per step (GPipe: every forward, then every backward).
         pipeline_port: The pipeline's i-th board listens for its neighbours on this port + i.
+        stage_sync: When a pipeline's later stages send the replica what (``protocol.stage_sync``): ``step`` (their
+            gradient every step: a lost board costs no step) or ``checkpoint`` (their state at checkpoints and
+            epoch ends only, their links free of it otherwise; a lost board sends the run back to the last one).
         aggregate: How each step's gradients are reduced: ``mean`` (the exact mode), or a robust rule
             (``trimmed-mean``, ``median``, ``clip``: ``coordinator.exchange.robust_reduce``) that bounds what one
             board with valid keys can do to a step, and changes the mathematics (opt-in; for local data).
@@ -156,6 +163,7 @@ class JobSpec:
     pipeline: str = ""
     micro_batches: int = 1
     pipeline_port: int = 47310
+    stage_sync: str = "step"
     aggregate: str = "mean"
     audit_share: float = 0.25
     audit_every: int | None = None
@@ -270,10 +278,18 @@ class JobSpec:
             raise ConfigError(f"--micro-batches {self.micro_batches!r:.20}: give a whole number from 1 to 4096")
         if type(self.pipeline_port) is not int or not 1024 <= self.pipeline_port <= 65535 - 64:
             raise ConfigError(f"--pipeline-port {self.pipeline_port!r:.20}: give a port from 1024 to {65535 - 64}")
+        if self.stage_sync not in STAGE_SYNCS:
+            raise ConfigError(f"--stage-sync {self.stage_sync!r:.20} is not one of {', '.join(STAGE_SYNCS)}")
         if not self.pipeline:
             if self.micro_batches != 1:
                 raise ConfigError("--micro-batches splits a pipeline's batch: add --pipeline, or leave it out")
+            if self.stage_sync != "step":
+                raise ConfigError(f"--stage-sync {self.stage_sync} says when a pipeline's later stages send their state: "
+                                  "add --pipeline, or leave it out")
             return
+        if self.stage_sync == "checkpoint" and self.wire_dtype != "float32":
+            raise ConfigError(f"--stage-sync checkpoint sends the later stages' parameters and optimizer state, which "
+                              f"--wire-dtype {self.wire_dtype} would round: leave --wire-dtype out (float32)")
         clashes = [flag for flag, used in (
             (f"--accumulate-grad-batches {self.accumulate_grad_batches}", self.accumulate_grad_batches != 1),
             (f"--sync-every {self.sync_every}", self.sync_every > 1), ("--overlap", self.overlap),

@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from edgefleet.coordinator.run.replica_replay import PlaceholderBatches, Replay, ReplayData, replay_reason
+from edgefleet.coordinator.run.stage_keeper import StageKeeper
 from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.sync_schedule import EXACT, LOCAL, SYNC, SyncSchedule
 from edgefleet.workloads import loss_scaling
@@ -135,6 +136,8 @@ class _ReplicaDriver:
         replica.optimizer, replica.schedulers = optimizer, list(trainer.lr_scheduler_configs)
         replica.params = trainable_params(optimizer)
         replica.exchanged = gradient_order(replica.params, overlap=replica.overlap)
+        if replica.stage_keeper is not None:
+            replica.stage_keeper.bind(optimizer)
         if replica._saved is not None:
             restore_optimizer_state(optimizer, to_numpy_tree(replica._saved["optimizer"]))
             restore_scheduler_states(replica.schedulers, replica._saved.get("schedulers", []))
@@ -151,6 +154,8 @@ class _ReplicaDriver:
                 replica.auditor.check(step, pl_module, replica.exchanged, [*result.contributors, *result.refused],
                                       period_s=result.wall_s)
             assign_grads(replica.exchanged, avg)
+            if replica.stage_keeper is not None:  # a pipeline's later stages, which send their state at checkpoints
+                replica.stage_keeper.before_step(step, optimizer, replica.stage_states.pop(step, {}))
             if replica.scaler is not None:  # 16-mixed: skipped here exactly where the boards skip it
                 loss_scaling.mark_overflow(replica.scaler, optimizer, loss_scaling.overflowed(avg[:replica._grad_elements]))
             if replica.buffers:  # the first contributing board's (integer ones always), or the float ones' average
@@ -274,6 +279,10 @@ class Replica:
         self.val_metrics: dict[str, float] = {}
         self.step_lrs: dict[int, list[float]] = {}  # each taken step's learning rates, until learning_rates_at reads them
         self._validated_at = -1
+        # A pipeline whose later stages send their state only at checkpoints (``coordinator.run.stage_keeper``), and
+        # the states they sent, by step (put by the run before the step's apply, taken in the Trainer's thread)
+        self.stage_keeper: StageKeeper | None = None
+        self.stage_states: dict[int, dict[int, np.ndarray]] = {}
         self.validation_s = 0.0  # seconds of validation since take_validation_s() last read it
         self._saved: dict[str, Any] | None = None
         self._gradients: queue.Queue[Any] = queue.Queue(maxsize=LAG_STEPS)  # (step, average, result), in step order

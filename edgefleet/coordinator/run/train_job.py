@@ -189,7 +189,8 @@ def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSp
 def _replanned(spec: JobSpec, plan: Replanned) -> JobSpec:
     """The run's spec with the pipeline it goes on with (data-parallel when no later stage is left)."""
     return replace(spec, pipeline=plan.pipeline, boards=plan.boards, batch_sizes=plan.batch_sizes,
-                   micro_batches=spec.micro_batches if plan.pipeline else 1)
+                   micro_batches=spec.micro_batches if plan.pipeline else 1,
+                   stage_sync=spec.stage_sync if plan.pipeline else "step")
 
 
 def load_job(run_dir: Path) -> JobSpec:

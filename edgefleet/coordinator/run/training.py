@@ -43,6 +43,7 @@ from edgefleet.coordinator.audit.auditor import AuditFailure
 from edgefleet.coordinator.audit.run_audits import run_audits
 from edgefleet.coordinator.control.board_channel import BoardChannel
 from edgefleet.coordinator.control.fleet_select import check_boards_ready
+from edgefleet.coordinator.exchange.modes import PipelineStages
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.pipeline.piped_run import PipedRun
 from edgefleet.coordinator.pipeline.piped_run import prepare as prepare_pipeline
@@ -70,6 +71,7 @@ from edgefleet.coordinator.run.replica_replay import ReplayData
 from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run.run_logger import PendingLines, board_scalars, close_logger, lr_scalars, make_logger, step_scalars
 from edgefleet.coordinator.run.slowdown import slowdown_cause
+from edgefleet.coordinator.run.stage_keeper import StageKeeper
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
@@ -77,6 +79,7 @@ from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import StopCommand, TrainCommand
 from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
 from edgefleet.protocol.split_schedule import SplitSchedule
+from edgefleet.protocol.stage_sync import StageSync
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.sharding import GlobalBatchPlan
@@ -377,6 +380,11 @@ class TrainingRun:
             self.lines = PendingLines(self.metrics.write, self.replica.learning_rates_at)  # each line with its step's lr
         except RunDirError as exc:
             raise exc.with_advice(self._next_move()) from None
+        if self.piped is not None and spec.stage_sync == "checkpoint":  # from the step the run starts at
+            sync = StageSync(every=spec.checkpoint_every, steps_per_epoch=spec.steps_per_epoch,
+                             total_steps=spec.total_steps, start=self.replica.step)
+            self.piped.sync_stages(sync)
+            self.replica.stage_keeper = StageKeeper(sync, self.piped.staged.params[1:])
         self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
@@ -443,14 +451,20 @@ class TrainingRun:
         self.on_note(self.piped.describe())
         return self.piped.spec(hosts, keys, self.spec.pipeline_port).to_dict()
 
-    def _pipeline_apply(self, apply: Callable[[Any, StepResult], None]) -> Callable[[Any, StepResult], None]:
-        """The replica's ``apply`` for a pipelined step: only with every stage's gradient. A stage's board that left
-        (its worker failed, its link to a neighbour broke) ends the run at the last complete step, with its
-        checkpoint: a pipeline cannot step without one of its stages."""
+    def _pipeline_apply(self, apply: Callable[[Any, StepResult], None],
+                        exchange: ExchangeServer) -> Callable[[Any, StepResult], None]:
+        """The replica's ``apply`` for a pipelined step: only with every stage's gradient (and at a state step, the
+        later stages' state, handed to the replica first). A stage's board that left (its worker failed, its link to
+        a neighbour broke) ends the run at the last complete step, with its checkpoint: a pipeline cannot step
+        without one of its stages."""
 
         def piped_apply(vector: Any, result: StepResult) -> None:
             missing = [b for b in self.spec.boards if b not in result.contributors]
             if not missing:
+                if self.replica.stage_keeper is not None and isinstance(exchange.mode, PipelineStages):
+                    states = exchange.mode.take_states(result.step)
+                    if states:
+                        self.replica.stage_states[result.step] = states
                 apply(vector, result)
                 return
             self._lose_stage(result.step, missing, "")
@@ -849,7 +863,7 @@ class TrainingRun:
                                                          exchange.deadline_for_next_step(spec.step_timeout_s))
                 apply = self.placed.apply_with(tail, apply)
             if self.piped is not None:
-                apply = self._pipeline_apply(apply)
+                apply = self._pipeline_apply(apply, exchange)
             try:
                 result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
             except ExchangeError as exc:
@@ -876,8 +890,9 @@ class TrainingRun:
                 self.on_note(_rebalance_note(rebalance))
             self._held.append(_HeldStep(result, elapsed, rebalance, samples, epoch_end, wait))
             self._flush_steps(wait=wait)  # the steps whose figures are all there, in order (an epoch's end: validated)
-            if (step + 1) % spec.checkpoint_every == 0:
-                self._checkpoint(self.elapsed_before_s + elapsed)
+            keeper = self.replica.stage_keeper
+            if (step + 1) % spec.checkpoint_every == 0 or (keeper is not None and epoch_end):  # a sparse stage sync:
+                self._checkpoint(self.elapsed_before_s + elapsed)  # each epoch's end is a state step: kept on disk
             if self.target_reached is not None:
                 self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
                              f"{spec.target_accuracy:g}; the run is complete")
@@ -894,11 +909,15 @@ class TrainingRun:
             for board, why in self.placed.server.flags().items():
                 self.flags.setdefault(board, []).extend(why)
         self.streamed_steps = exchange.streamed_steps()
-        self._checkpoint(self.elapsed_before_s + elapsed)
+        keeper = self.replica.stage_keeper
+        if keeper is None or keeper.whole_after(self.replica.step - 1):  # else the later stages are behind their boards
+            self._checkpoint(self.elapsed_before_s + elapsed)
         interrupted = self.replica.step < spec.total_steps and self.target_reached is None
         if interrupted and self.checkpointed_step is not None and self.checkpointed_step < self.replica.step:
-            self.on_note(f"stopped between averages: the checkpoint holds the last average, and --resume continues "
-                         f"from step {self.checkpointed_step} (the boards' local steps since then are trained again)")
+            between = ("the later stages' state syncs (--stage-sync checkpoint): the checkpoint holds the last one"
+                       if keeper is not None else "averages: the checkpoint holds the last average")
+            self.on_note(f"stopped between {between}, and --resume continues from step {self.checkpointed_step} (the "
+                         "steps since then are trained again)")
         if not interrupted:
             self.replica.drain()
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
@@ -925,7 +944,8 @@ class TrainingRun:
             self.on_note(f"board(s) {', '.join(gone)} went offline and none of stage 0's boards is left: stopping "
                          "(--resume continues from the checkpoint)")
             return None
-        self.on_note(f"board(s) {', '.join(gone)} went offline: re-planning from step {self.replica.step}: "
+        since = self.checkpointed_step if self.checkpointed_step is not None else self.replica.step
+        self.on_note(f"board(s) {', '.join(gone)} went offline: re-planning from step {since}: "
                      f"{replanned.why} ({replanned.pipeline or 'data-parallel on ' + ','.join(replanned.boards)})")
         return replanned
 
