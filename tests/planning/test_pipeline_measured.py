@@ -160,9 +160,19 @@ def test_plan_pipeline_prints_the_stages_and_says_what_would_fit(tmp_path: Path,
     assert {b for stage in out["stages"] for b in stage["boards"]} <= {"pi-1", "pi-2"}
     assert all(m["used_bytes"] <= m["limit_bytes"] for m in out["memory"].values())
     assert out["step_time_s"] > 0 and 0 <= out["bubble_fraction"] < 1
+    assert out["schedule"] == "gpipe"  # what train runs
+    if out["train_flags"] is not None:  # stage 0's boards, then CUT@BOARD: the layer ending the stage before
+        flags = out["train_flags"]
+        pipeline = flags[flags.index("--pipeline") + 1]
+        assert pipeline.split(",")[0] == "+".join(out["stages"][0]["boards"])
+        for before, stage, cut in zip(out["stages"], out["stages"][1:], pipeline.split(",")[1:]):
+            assert cut == f"{before['layers'][-1]}@{stage['boards'][0]}"
+        assert flags[-2:] == ["--stage-sync", "checkpoint"]
+    else:
+        assert "group of boards" in out["train_why_not"]
 
     tiny = tuple(dataclasses.replace(b, memory_total_bytes=1000) for b in boards)  # no layer fits anywhere
     save_profiles(path, {"default": _fleet(*tiny)}, meta=meta)
     assert _plan_cli(path, "--batch", "32") == 1
     text = capsys.readouterr().out
-    assert "planning only" in text and ("variant" in text or "boards" in text)
+    assert "train it with" not in text and ("variant" in text or "boards" in text)

@@ -21,6 +21,7 @@ from edgefleet.coordinator.planning import write_pareto_png
 from edgefleet.coordinator.planning.objectives import DEFAULT_OBJECTIVE, OBJECTIVES
 from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipeline_job
 from edgefleet.coordinator.planning.pipeline_render import render_result
+from edgefleet.coordinator.planning.pipeline_train import train_flags
 from edgefleet.coordinator.planning.plan_job import (
     DEFAULT_FEWER_BOARDS_PCT,
     DEFAULT_GLOBAL_BATCHES,
@@ -65,7 +66,7 @@ examples:
   edge-coordinator plan --objective time --allow-inexact  also consider local SGD (it changes the mathematics)
   edge-coordinator plan --verify 2 --fleet-key fleet.key  pre-train the best 2 for 20 steps, choose on measurement
   edge-coordinator plan --no-fleet-check --json           plan on the profile file alone, for scripts
-  edge-coordinator plan --pipeline --objective time       pipeline stages over board groups (planning only)
+  edge-coordinator plan --pipeline --objective time       pipeline stages over board groups, and the train flags
 
 The profile comes from `edge-coordinator profile` (default ./edgefleet-profile.json). A profiled
 board that is offline now is left out, with a line saying so; a profile measured for another
@@ -124,8 +125,8 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--pipeline", action="store_true",
                    help="plan pipeline stages instead: contiguous layer ranges on groups of boards, micro-batches, "
                         "each board's memory against its limit, the bytes each link carries and the bubble, from the "
-                        "boards' per-layer profiles; for a model no single board can train. Planning only: train "
-                        "cannot run pipeline stages yet (docs/pipeline.md)")
+                        "boards' per-layer profiles; for a model no single board can train. GPipe, as train runs it; "
+                        "the last line gives train's --pipeline flags for the plan (docs/pipeline.md)")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N", help=f"rows in the table (default {DEFAULT_TOP})")
     p.add_argument("--png", type=Path, metavar="FILE", help="where to draw the Pareto front (default <profile>-pareto.png)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON for scripts (notes go to stderr)")
@@ -236,7 +237,8 @@ def _plan_pipeline(args: argparse.Namespace, request: PlanRequest, broker: Any) 
             console.print(note, markup=False, soft_wrap=True)
         console.print(f"variant {option.variant_label}, global batch {option.global_batch}", markup=False)
         console.print(render_result(option.problem, option.result), markup=False, soft_wrap=True)
-        console.print("planning only: train cannot run pipeline stages yet (docs/pipeline.md)", markup=False)
+        if option.result.plan is not None:
+            console.print(train_flags(option.problem, option.result.plan).line(), markup=False, soft_wrap=True)
     return 0 if outcome.fits else 1
 
 

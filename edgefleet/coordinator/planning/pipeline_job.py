@@ -6,18 +6,20 @@ every selected variant and every global batch asked for, the best pipeline plan 
 planner's problem). The best over them is chosen; when none fits, the line of the variant and
 batch that came closest says what would (more boards, other micro-batches, a smaller variant).
 
-Planning only: ``train`` cannot run pipeline stages yet (issue 35), which the CLI says.
+Plans GPipe (what ``train --pipeline`` runs); the chosen plan comes with the ``train`` flags that run it
+(``planning.pipeline_train``), or the reason train cannot yet.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgefleet.coordinator.planning.pipeline_model import PipelineProblem, problem_from_fleet
 from edgefleet.coordinator.planning.pipeline_planner import PipelineResult, plan_pipeline
+from edgefleet.coordinator.planning.pipeline_train import train_flags
 from edgefleet.coordinator.planning.plan_fleet import FleetCheck, restrict_to
 from edgefleet.coordinator.planning.plan_job import profiled_fleet
 from edgefleet.protocol.errors import PlanError
@@ -27,6 +29,10 @@ if TYPE_CHECKING:
     from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+
+# What train runs (``agent.stage_runtime``): GPipe. 1F1B stays the planner's own option (``PipelineProblem.schedules``)
+# until the runtime can keep the user's loss exact with it (docs/pipeline.md, "GPipe only").
+TRAINED_SCHEDULES = ("gpipe",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +78,7 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
             problem, lacking = problem_from_fleet(fleet, global_batch=global_batch,
                                                   max_memory_fraction=request.max_memory_fraction,
                                                   max_power_w=request.max_power_w, count_idle=request.count_idle)
+            problem = replace(problem, schedules=TRAINED_SCHEDULES)
             options.append(PipelineOption(variant_label=label, global_batch=global_batch, problem=problem,
                                           result=plan_pipeline(problem, request.objective), notes=lacking))
     if not options:
@@ -101,6 +108,9 @@ def pipeline_json(outcome: PipelineOutcome, objective: str) -> dict[str, Any]:
         "memory": {m.board_id: {"used_bytes": m.used_bytes, "limit_bytes": m.limit_bytes} for m in plan.memory},
         "links": {x.board_id: {"up_bytes": x.up_bytes, "down_bytes": x.down_bytes} for x in plan.links},
     })
+    flags = train_flags(option.problem, plan)
+    doc["train_flags"] = list(flags.flags) if flags.flags else None
+    doc["train_why_not"] = flags.why_not or None
     return doc
 
 
