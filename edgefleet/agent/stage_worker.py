@@ -7,6 +7,9 @@ three differences made here:
 * :func:`stage_of` cuts the module as the command says (``workloads.stage_cut``): the board's vector
   is its stage's trainable parameters' gradient (:attr:`BoardStage.params`, in the optimizer's order
   as the coordinator's layout expects), and the others keep no gradient on this board;
+* :func:`release_other_stages` frees the other stages' weights (the welcome holds only this stage's,
+  loaded by :func:`load_stage_weights`): a board holds its own stage, so a model larger than any one
+  board's memory trains;
 * :func:`link_stage` opens the stage links (``agent.stage_links``), proving and encrypting with the
   board's own Ed25519 key, and gives the module its stage's part (``agent.stage_runtime``): stage 0's
   pipelined ``forward``, a later stage's ``training_step``;
@@ -18,6 +21,7 @@ Imported only by the training worker (it needs torch).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +52,7 @@ class BoardStage:
     staged: StagedModel
     params: list[torch.nn.Parameter]  # the stage's trainable parameters, in the optimizer's order: the vector's
     stage0_elements: int  # stage 0's vector: every step's answer (stage 0's average; a later stage ignores it)
+    released: set[str] = dataclasses.field(default_factory=set)  # the other stages' weights, freed here
 
     @property
     def elements(self) -> int:
@@ -74,6 +79,37 @@ def stage_of(job: TrainCommand, model: torch.nn.Module, optimizer: torch.optim.O
 
     return BoardStage(spec=spec, stage=stage, member=job.board_index if stage == 0 else 0, staged=staged,
                       params=of(stage), stage0_elements=sum(p.numel() for p in of(0)))
+
+
+def release_other_stages(board: BoardStage, model: torch.nn.Module) -> None:
+    """Free this board's copy of every other stage's weights (each becomes an empty tensor), so that a board holds
+    only its stage, as the coordinator's welcome does (``PipedRun.stage_welcome``): what lets a model larger than
+    any one board train. Those layers never run here (the links carry their activations), and without a gradient
+    the optimizer leaves them."""
+    mine = {id(p) for p in board.staged.params[board.stage]}
+    others = {id(p) for k, params in enumerate(board.staged.params) if k != board.stage for p in params} - mine
+    board.released = {name for name, p in model.named_parameters() if id(p) in others}
+    with torch.no_grad():
+        for p in model.parameters():
+            if id(p) in others:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    log.info("pipeline: holds stage %d's weights only (%d other tensors released)", board.stage, len(board.released))
+
+
+def load_stage_weights(board: BoardStage, model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load the welcome's weights, which are this board's stage's (and any no stage holds).
+
+    Raises:
+        EdgeTrainError: a weight of this board's stage is missing, or the welcome names one the module lacks.
+    """
+    names = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    own = names - board.released
+    missing, unknown = sorted(own - state.keys()), sorted(state.keys() - names)
+    if missing or unknown:
+        raise EdgeTrainError(f"the welcome does not hold stage {board.stage}'s weights as this module names them "
+                             f"(missing {missing[:3]}, unknown {unknown[:3]}): is the same model code installed on the "
+                             "coordinator and every board?")
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
 
 
 def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_file: str, start: int) -> StageEndpoint:
@@ -119,4 +155,4 @@ def stage_host_loader(position: LoopPosition) -> DataLoader[Any]:
     return DataLoader(TensorDataset(torch.arange(per_epoch)), batch_sampler=sampler)
 
 
-__all__ = ["BoardStage", "link_stage", "stage_host_loader", "stage_of"]
+__all__ = ["BoardStage", "link_stage", "load_stage_weights", "release_other_stages", "stage_host_loader", "stage_of"]

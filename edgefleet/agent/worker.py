@@ -94,10 +94,17 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     count = exchange_size(optimizer, model) if cut is None else head_size(optimizer, cut)
     stage: Any = None
     if spec is not None:  # pipeline stages: this board trains its stage's layers
-        from edgefleet.agent.stage_worker import link_stage, stage_host_loader, stage_of  # torch: pipelined jobs only
+        from edgefleet.agent.stage_worker import (  # torch: pipelined jobs only
+            link_stage,
+            load_stage_weights,
+            release_other_stages,
+            stage_host_loader,
+            stage_of,
+        )
 
         stage = stage_of(job, model, optimizer)
         count = stage.elements
+        release_other_stages(stage, model)
 
     keys = (context.board_key_file, context.fleet_key_file) if context is not None else ("", "")
     token, proof = hello_credential(job, board_key_file=keys[0], fleet_key_file=keys[1])
@@ -106,7 +113,10 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
     links: Any = None
     try:
         welcome = client.hello(job_id=job.job_id, board_id=job.board_id, token=token, param_count=count, proof=proof)
-        model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
+        if stage is not None:  # this board's stage's weights alone
+            load_stage_weights(stage, model, to_torch_tree(decode_value(welcome.model)))
+        else:
+            model.load_state_dict(to_torch_tree(decode_value(welcome.model)))
         start = welcome.step
         if cut is not None:
             from edgefleet.agent.remote_tail import TailLink, install  # torch: placed jobs only

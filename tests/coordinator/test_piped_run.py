@@ -10,14 +10,19 @@ import pytest
 import torch
 from torch import nn
 
+from edgefleet.agent.stage_worker import BoardStage, load_stage_weights, release_other_stages
 from edgefleet.coordinator.cli.main import build_parser
 from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
 from edgefleet.coordinator.pipeline.replan import replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.run.train_job import _replanned, repipeline
-from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.codec import decode_value, encode_value
+from edgefleet.protocol.errors import ConfigError, EdgeTrainError
+from edgefleet.protocol.exchange_frames import Welcome
 from edgefleet.workloads.models import LeNet5
+from edgefleet.workloads.params import to_numpy_tree, to_torch_tree
+from edgefleet.workloads.stage_cut import cut_stages
 from tests.helpers import train_args
 
 
@@ -134,3 +139,38 @@ def test_stage_sync_is_a_pipelines_flag_its_state_travels_in_float32_and_a_repla
                    boards=("q1", "q2", "q3"), batch_sizes=(6, 10, 0))
     alone = replan(parse_stage_plan(spec.pipeline), list(spec.batch_sizes), {"q3"})
     assert alone is not None and _replanned(spec, alone).stage_sync == "step"
+
+
+def test_each_board_is_welcomed_with_its_own_stages_weights_and_optimizer_state_and_holds_no_other() -> None:
+    """The coordinator cuts the welcome to the board's stage; the board releases the other stages' weights and loads
+    its own: each board holds one stage, so a model bigger than any board can train."""
+    model = _lenet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(_sample()[0]).sum().backward()
+    optimizer.step()  # an Adam state for every weight
+    run = prepare(model, parse_stage_plan("p1+p2,net.6@p3"), 2, list(model.parameters()), _sample(), [6, 10, 0])
+    whole = Welcome(step=3, model=encode_value(to_numpy_tree(model.state_dict())),
+                    optimizer=encode_value(to_numpy_tree(optimizer.state_dict())))
+    head = [n for n, _ in model.named_parameters()][:4]  # the convolutions: stage 0
+    tail = [n for n, _ in model.named_parameters()][4:]
+    for index, stage, kept in ((1, 0, head), (2, 1, tail)):
+        welcome = run.stage_welcome(index, whole, optimizer)
+        assert sorted(decode_value(welcome.model)) == sorted(kept)
+        state = decode_value(welcome.optimizer)
+        assert sorted(int(k) for k in state["state"]) == sorted(
+            i for i, (n, _) in enumerate(model.named_parameters()) if n in kept)
+        assert len(state["param_groups"][0]["params"]) == len(list(model.parameters()))  # the groups stay whole
+
+        board_model = _lenet()
+        staged = cut_stages(board_model, ["net.6"], micro_batches=2)
+        board = BoardStage(spec=None, stage=stage, member=0, staged=staged, params=list(staged.params[stage]),
+                           stage0_elements=0)
+        release_other_stages(board, board_model)
+        assert sorted(board.released) == sorted(head if stage else tail)
+        assert all(p.numel() == 0 for n, p in board_model.named_parameters() if n not in kept)
+        load_stage_weights(board, board_model, to_torch_tree(decode_value(welcome.model)))
+        for name, p in board_model.named_parameters():
+            if name in kept:
+                torch.testing.assert_close(p, dict(model.named_parameters())[name], rtol=0, atol=0)
+        with pytest.raises(EdgeTrainError, match=f"does not hold stage {stage}'s weights"):
+            load_stage_weights(board, board_model, {})

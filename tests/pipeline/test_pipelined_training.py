@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -91,7 +92,8 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
     assert "q1+q2,net.2@q3" in output and "recovered: step" in output, output[-4000:]
     if stage_sync == "checkpoint":
         assert "parameters and optimizer state go to the coordinator's replica at its checkpoints" in output
-        assert "stopped between the later stages' state syncs" in output, output[-4000:]
+        since = re.search(r"went offline: re-planning from step (\d+)", output)
+        assert since is not None and int(since.group(1)) % 4 == 0, output[-4000:]  # the last checkpoint's step
     assert [s["step"] for s in _steps(run_dir)] == list(range(16))  # none lost, none trained twice
     result = json.loads((run_dir / "result.json").read_text())
     assert result["pipeline"] == "q1+q2,net.2@q3" and 0 < result["recovery_s"] < 60

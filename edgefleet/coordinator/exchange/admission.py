@@ -273,7 +273,7 @@ class Admission:
         board.grad, board.peer, board.sent_step, board.joined_step = None, where, next_step - 1, next_step
         board.missed_in_row = 0
         welcome = self._mode.welcome(Welcome(step=next_step, model=model_state, optimizer=optimizer_state,
-                                             splits=tuple(self._relay.schedule.splits_from(next_step))))
+                                             splits=tuple(self._relay.schedule.splits_from(next_step))), board)
         if self._welcome_extra is not None:
             welcome = welcome.with_fields(self._welcome_extra())
         self._steps.joining.append(board)

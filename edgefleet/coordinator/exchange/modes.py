@@ -204,8 +204,8 @@ class ExchangeMode(ABC):
         """What ``step``'s result carries."""
         return self._full
 
-    def welcome(self, welcome: Welcome) -> Welcome:
-        """The welcome a joining board gets, with what it must know about the mode."""
+    def welcome(self, welcome: Welcome, board: BoardState | None = None) -> Welcome:
+        """The welcome ``board`` gets as it joins, with what it must know about the mode."""
         return welcome
 
 
@@ -223,7 +223,7 @@ class OverlapStream(DenseExact):
         if next(reversed(frame)) == "compute_s":  # decoders keep the order: a streamed frame's is last
             board.streamed += 1
 
-    def welcome(self, welcome: Welcome) -> Welcome:
+    def welcome(self, welcome: Welcome, board: BoardState | None = None) -> Welcome:
         return dataclasses.replace(welcome, overlap=True)
 
 
@@ -395,6 +395,9 @@ class PipelineStages(ExchangeMode):
             self.param_count = max(self.param_count, *(layout.max_state_elements(b) for b in range(layout.group,
                                                                                                  layout.boards)))
         self._states: dict[int, tuple[int, np.ndarray]] = {}  # board index -> (step, a state step's state), copied
+        # The run's cut of a welcome to a board's own stage (its weights and optimizer state): a board holds no other
+        # stage's (``coordinator.pipeline.piped_run.PipedRun.stage_welcome``); None: the whole state
+        self.trim: Callable[[int, Welcome], Welcome] | None = None
         self._boards = list(boards)
         self._pipeline_vector = PipelineVector(reducer, layout.slots[0], layout.elements[0])
         self._scratch = np.zeros(layout.elements[0], dtype=np.float32)  # a stage 0 vector widened, before its weight
@@ -495,6 +498,9 @@ class PipelineStages(ExchangeMode):
 
     def vector(self, step: int) -> StepVector:
         return self._pipeline_vector
+
+    def welcome(self, welcome: Welcome, board: BoardState | None = None) -> Welcome:
+        return welcome if self.trim is None or board is None else self.trim(board.index, welcome)
 
     def take_states(self, step: int) -> dict[int, np.ndarray]:
         """The later stages' parameters and optimizer state their boards sent with ``step`` (a state step), by stage

@@ -25,7 +25,9 @@ import torch
 
 from edgefleet.coordinator.exchange.pipeline_layout import PipelineLayout
 from edgefleet.coordinator.pipeline.stage_plan import StagePlan
+from edgefleet.protocol.codec import decode_value, encode_value
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.exchange_frames import Welcome
 from edgefleet.protocol.pipeline_command import PipelinePeer, PipelineSpec
 from edgefleet.protocol.stage_sync import StageSync
 from edgefleet.workloads.cut_check import check_cut_forward
@@ -50,8 +52,10 @@ class PipedRun:
     """
 
     def __init__(self, plan: StagePlan, staged: StagedModel, shapes: list[tuple[int, ...]], micro_batches: int,
-                 exchanged: Sequence[torch.nn.Parameter], batch_sizes: Sequence[int]) -> None:
+                 exchanged: Sequence[torch.nn.Parameter], batch_sizes: Sequence[int],
+                 names: Mapping[int, str] | None = None) -> None:
         self.plan, self.staged, self.shapes, self.micro_batches = plan, staged, shapes, micro_batches
+        self._names = dict(names or {})  # id(parameter) -> its name in the model's state dict
         self.batch_sizes = list(batch_sizes[:plan.group])  # stage 0's boards' slices
         self.global_batch = global_batch = sum(self.batch_sizes)
         offsets: dict[int, int] = {}
@@ -85,6 +89,23 @@ class PipedRun:
         """The later stages send their state as ``sync`` says (``protocol.stage_sync``): the layout and the command."""
         self.sync = sync
         self.layout = dataclasses.replace(self.layout, sync=sync)
+
+    def stage_welcome(self, board_index: int, welcome: Welcome, optimizer: torch.optim.Optimizer) -> Welcome:
+        """``welcome`` (the whole model's state, encoded) cut to what the ``board_index``-th board of the pipeline
+        trains: its stage's weights and their optimizer state (and any weight no stage holds), so that a board never
+        holds another stage's (``agent.stage_worker`` releases them); the optimizer's param groups stay whole."""
+        stage = self.plan.stage_of(board_index)
+        others = {id(p) for k, params in enumerate(self.staged.params) if k != stage for p in params}
+        if not isinstance(welcome.model, dict):
+            return welcome
+        other_names = {self._names[pid] for pid in others if pid in self._names}
+        model = {name: value for name, value in welcome.model.items() if name not in other_names}
+        dropped = {i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])
+                   if id(p) in others}
+        tree = decode_value(welcome.optimizer)  # its state's integer keys travel as pairs: cut the plain tree
+        if isinstance(tree, dict) and isinstance(tree.get("state"), dict):
+            tree["state"] = {k: v for k, v in tree["state"].items() if int(k) not in dropped}
+        return dataclasses.replace(welcome, model=model, optimizer=encode_value(tree))
 
     def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], port: int) -> PipelineSpec:
         """The command's pipeline: each board at ``hosts[board]``, on ``port`` + its place in the pipeline."""
@@ -128,7 +149,8 @@ def prepare(model: Any, plan: StagePlan, micro_batches: int, exchanged: Sequence
     x = _input_of(sample)
     shapes = stage_shapes(staged, x)
     _check_on_sample(model, staged, sample, plan)
-    return PipedRun(plan, staged, shapes, micro_batches, exchanged, batch_sizes)
+    return PipedRun(plan, staged, shapes, micro_batches, exchanged, batch_sizes,
+                    names={id(p): name for name, p in model.named_parameters()})
 
 
 def _input_of(batch: Any) -> torch.Tensor:

@@ -34,6 +34,10 @@ class StagePlan:
         """The later stages' boards, in stage order."""
         return self.boards[self.group:]
 
+    def stage_of(self, board_index: int) -> int:
+        """The stage of the ``board_index``-th of :attr:`boards`."""
+        return 0 if board_index < self.group else board_index - self.group + 1
+
     def text(self) -> str:
         return ",".join(["+".join(self.boards[:self.group]), *(f"{c}@{b}" for c, b in zip(self.cuts, self.hosts))])
 

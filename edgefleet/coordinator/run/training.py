@@ -701,6 +701,9 @@ class TrainingRun:
                                   accumulate_grad_batches=self.spec.accumulate_grad_batches, aggregate=self.spec.aggregate,
                                   loss_scaled=self.spec.trainer_options.loss_scaled,
                                   pipeline=self.piped.layout if self.piped is not None else None)
+        if self.piped is not None and isinstance(exchange.mode, PipelineStages):  # each board its own stage's state
+            piped = self.piped
+            exchange.mode.trim = lambda index, welcome: piped.stage_welcome(index, welcome, self.replica.optimizer)
         self.replica.start()  # its Trainer made the optimizer and schedulers a welcome hands out
         self.audits.attach(exchange, self.replica)
         self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
