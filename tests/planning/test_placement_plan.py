@@ -49,10 +49,11 @@ def _placed_epoch_by_hand(link: float) -> float:
 
 def test_on_slow_links_the_plan_places_the_dense_layers_on_the_coordinator_and_says_why() -> None:
     modes, why_not = cut_modes(_fleet(link=2.5 * MB))
-    assert why_not == "" and [m.name for m in modes] == ["placed-net.6"]
+    assert why_not == "" and [m.name for m in modes] == ["placed-net.6", *(f"placed-net.6@w{i}" for i in range(3))]
     result = plan({"default": _fleet(link=2.5 * MB)}, objective="time", modes=(EXACT, *modes))
 
     assert result.chosen.mode.placement == "net.6" and result.chosen.mode.exact
+    assert not result.chosen.mode.tail_board  # the coordinator's wide link and fast tail beat any board's
     assert result.chosen.epoch_time_s == pytest.approx(_placed_epoch_by_hand(2.5 * MB), rel=1e-9)
     chosen, better = placement_lines(result)
     assert chosen.startswith("mode: layer placement after net.6 (train --placement net.6; the same mathematics)")
@@ -67,7 +68,8 @@ def test_on_fast_links_data_parallel_stays_and_the_plan_says_how_far_placement_w
 
     assert result.chosen.mode == EXACT
     [line] = placement_lines(result)
-    assert line.startswith("layer placement weighed at 1 cut(s): the best, layer placement after net.6") and \
+    assert line.startswith("layer placement weighed at 1 cut(s) with the tail on 4 host(s): the best, layer placement "
+                           "after net.6") and \
         line.endswith("worse by estimate (time per epoch): data-parallel chosen")
 
 
@@ -99,6 +101,44 @@ def test_plan_json_names_the_placed_mode(tmp_path: Path, capsys: pytest.CaptureF
     args = parser.parse_args(["plan", "--profile", str(path), "--no-fleet-check", "--json", "--png", str(tmp_path / "f.png")])
     assert cmd_plan(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["modes"] == ["exact", "placed-net.6"]
+    assert out["modes"] == ["exact", "placed-net.6", *(f"placed-net.6@w{i}" for i in range(3))]
     assert out["chosen"]["mode"]["train_flags"] == ["--placement", "net.6"]
     assert out["chosen"]["mode"]["job_options"] == {"placement": "net.6"}
+
+
+def test_a_board_is_weighed_as_the_tail_host_and_chosen_where_the_coordinator_is_slower() -> None:
+    """A model with a large dense head (conv_mlp's shape: 2.1 MB of gradient, 522 values a sample at the cut), a
+    coordinator whose tail is slow (a Pi-class machine) and one strong board: the tail goes to that board, whose link
+    carries every sample's activations, while the other boards train the head."""
+    grad = (5056 + 535_562) * 4
+    cut = CutProfile(name="net.6", boundary_elements=512, output_elements=10, head_params=5056, tail_params=535_562,
+                     head_share=0.9, host_a_s=0.2, host_c_s=1e-4)
+    strong = board("big", a=0.002, c=0.0002, link=12.5 * MB, key=LENET)
+    small = [board(f"w{i}", a=0.01, c=0.001, link=12.5 * MB, key=LENET) for i in range(3)]
+    profile = dataclasses.replace(fleet(strong, *small, grad_bytes=grad, dataset_len=D, key=LENET), cuts=(cut,))
+    modes, _ = cut_modes(profile)
+    assert "placed-net.6@big" in [m.name for m in modes]
+    result = plan({"default": profile}, objective="time", modes=(EXACT, *modes))
+    chosen = result.chosen
+    tail = chosen.mode.tail_board  # a small board: the head is 90% of the compute, so big trains the head
+    assert tail in ("w0", "w1", "w2") and tail not in chosen.candidate.boards and "big" in chosen.candidate.boards
+    assert chosen.mode.train_flags == ("--placement", f"net.6@{tail}", "--stage-sync", "checkpoint")
+    # the host's serial part by hand: the board's fixed cost, its tail state amortised over 50 steps, and per sample
+    # the tail's share of its compute and 522 values each way over its link
+    host = 0.01 + 4 * 535_562 * 4 / 50 / (12.5 * MB) + B * (0.001 * 0.1 + 522 * 4 * 2 / (12.5 * MB))
+    assert chosen.exchange_s >= host
+    line, better = placement_lines(result)[:2]
+    assert f"the tail on {tail}" in line and f"{tail}'s link carries the whole batch's" in line
+    assert "better by estimate" in better
+    # train --auto runs it as the two-stage pipeline it is, the tail's state at checkpoints only
+    from edgefleet.coordinator.run.auto_train import job_for  # the coordinator's run stack: only here
+    from edgefleet.coordinator.run.job_spec import JobSpec
+
+    job = job_for(JobSpec(model="conv_mlp", dataset="digits", epochs=1.0), chosen, D)
+    heads = chosen.candidate.boards
+    assert job.pipeline == f"{'+'.join(heads)},net.6@{tail}" and job.stage_sync == "checkpoint" and not job.placement
+    assert job.boards == (*heads, tail) and job.batch_sizes == (*chosen.candidate.batch_sizes, 0)
+    # --placement CUT@BOARD weighs that host alone; an unknown board is refused naming the profiled ones
+    assert [m.name for m in cut_modes(profile, only="net.6@big")[0]] == ["placed-net.6@big"]
+    with pytest.raises(PlanError, match="no profile of board nowhere; the profiled boards: big, w0, w1, w2"):
+        cut_modes(profile, only="net.6@nowhere")

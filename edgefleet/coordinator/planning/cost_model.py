@@ -323,6 +323,8 @@ class FleetArrays:
     dataset_len: int
     host_a: float = 0.0      # a step's serial work on the coordinator: host_a + host_c * global batch, s (layer placement)
     host_c: float = 0.0
+    host_idle_w: float = 0.0  # a tail board's power (its idle, and computing): the coordinator's is not counted
+    host_active_w: float = 0.0
     accumulate: int = 1      # batches per optimizer step (FleetProfile.accumulate): a step trains this x the global batch
     grids: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -354,7 +356,9 @@ class FleetArrays:
             idle_w=np.array([b.idle_power_w for b in boards]),
             dataset_len=fleet.dataset_len,
             host_a=mode.host_a_s,
-            host_c=mode.host_c_s + 2 * per_sample / fleet.coordinator_link_bytes_per_s,  # and every slice over its link
+            # and every slice over the coordinator's link (a tail board's own link is in its host figures)
+            host_c=mode.host_c_s + (0.0 if mode.tail_board else 2 * per_sample / fleet.coordinator_link_bytes_per_s),
+            host_idle_w=mode.host_idle_w, host_active_w=mode.host_active_w,
             accumulate=fleet.accumulate,
         )
 
@@ -587,12 +591,13 @@ def _row_figures(fa: FleetArrays, stats: SubsetStats, makespan: np.ndarray, glob
     samples_per_s = fa.accumulate * global_batch / step  # a step is accumulate batches of the global batch
     epoch = fa.dataset_len / samples_per_s
     idle_out = stats.idle_out_w[rows] if count_idle else 0.0
-    power = stats.active_w[rows] + idle_out
+    power = stats.active_w[rows] + idle_out + fa.host_active_w
     idle_in = fa.idle_w.sum() - stats.idle_out_w[rows]  # the participants' idle power
     # sum_i (active_i - idle_i) * compute_i with compute_i = makespan - up_i (every gradient ready together)
     if busy_j is None:
         busy_j = np.maximum((stats.active_w[rows] - idle_in) * makespan - stats.up_j[rows], 0.0)
-    mean_power = idle_in + (busy_j + stats.link_j[rows]) / step + idle_out
+    host_j = (fa.host_active_w - fa.host_idle_w) * (fa.host_a + fa.host_c * global_batch)  # a tail board's work
+    mean_power = idle_in + (busy_j + stats.link_j[rows] + host_j) / step + idle_out + fa.host_idle_w
     energy = mean_power * epoch
     return {"compute_s": makespan, "exchange_s": exchange, "step_time_s": step, "samples_per_s": samples_per_s,
             "epoch_time_s": epoch, "power_w": power, "energy_per_epoch_j": energy, "edp_j_s": energy * epoch}

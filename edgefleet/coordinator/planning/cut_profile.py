@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from edgefleet.coordinator.planning.modes import TrainingMode, placed
+from edgefleet.coordinator.planning.modes import TrainingMode, placed, placed_on_board
 from edgefleet.protocol.errors import PlanError
 
 FLOAT_BYTES = 4
@@ -31,6 +31,12 @@ class CutProfile:
         return placed(self.name, grad_bytes=grad_bytes, head_bytes=self.head_params * FLOAT_BYTES,
                       per_sample_bytes=(self.boundary_elements + self.output_elements) * FLOAT_BYTES,
                       sample_scale=self.head_share, host_a_s=self.host_a_s, host_c_s=self.host_c_s)
+
+    def board_mode(self, grad_bytes: int, board: Any) -> TrainingMode:
+        """The planner's mode for this cut with the tail on ``board`` (``planning.modes.placed_on_board``)."""
+        return placed_on_board(self.name, board, grad_bytes=grad_bytes, head_bytes=self.head_params * FLOAT_BYTES,
+                               per_sample_bytes=(self.boundary_elements + self.output_elements) * FLOAT_BYTES,
+                               head_share=self.head_share)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -116,9 +116,16 @@ def with_cuts(profiles: dict[str, FleetProfile], *, model: str, dataset: str, da
     return out
 
 
+# Boards weighed as the tail's host, the fastest by their profiled seconds per sample: a tail wants compute, and each
+# host is another planner mode per cut (an exhaustive search's work grows with the modes).
+TAIL_BOARDS = 3
+
+
 def cut_modes(fleet: FleetProfile, *, only: str = "") -> tuple[tuple[TrainingMode, ...], str]:
-    """The planner's layer placement modes for ``fleet``'s cuts (every cut, or ``only`` that one), with why
-    there are none ("" when there are).
+    """The planner's layer placement modes for ``fleet``'s cuts, with why there are none ("" when there are).
+
+    ``only``: "" weighs every cut with the tail on the coordinator and on each of the :data:`TAIL_BOARDS` fastest
+    boards; ``CUT`` or ``CUT@coordinator`` that cut on the coordinator; ``CUT@BOARD`` that cut on that board.
 
     Raises:
         PlanError: ``only`` names a cut the profile does not hold (the message lists those it does).
@@ -127,12 +134,22 @@ def cut_modes(fleet: FleetProfile, *, only: str = "") -> tuple[tuple[TrainingMod
     if not cuts:
         return (), ("the profile file holds no cut of this model (profiled before layer placement existed, or the "
                     "model admits none): run edge-coordinator profile again to weigh it")
-    if only:
-        cuts = [c for c in cuts if c.name == only]
+    name, _, host = only.partition("@")
+    if name:
+        cuts = [c for c in cuts if c.name == name]
         if not cuts:
             raise PlanError(f"--placement {only}: no such cut in the profile; the cuts the model admits: "
                             f"{', '.join(c.name for c in fleet.cuts)}")
-    return tuple(c.mode(fleet.grad_bytes) for c in cuts), ""
+    if host and host != "coordinator":
+        if host not in fleet.boards:
+            raise PlanError(f"--placement {only}: no profile of board {host}; the profiled boards: "
+                            f"{', '.join(fleet.boards)}")
+        return tuple(c.board_mode(fleet.grad_bytes, fleet.boards[host]) for c in cuts), ""
+    modes = [c.mode(fleet.grad_bytes) for c in cuts]
+    if not host and len(fleet.boards) > 1:  # and the tail on each of the fastest boards (one head board at least)
+        fastest = sorted(fleet.boards.values(), key=lambda b: b.time_fit.slope)[:TAIL_BOARDS]
+        modes += [c.board_mode(fleet.grad_bytes, board) for c in cuts for board in fastest]
+    return tuple(modes), ""
 
 
 def _time_backward(module: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:

@@ -89,6 +89,11 @@ class TrainingMode:
         host_a_s, host_c_s: A step's serial work on the coordinator, ``host_a_s + host_c_s * N``
             for a global batch of N (layer placement: the tail's forward and backward).
         why: Why it may win, in words, for the plan's chosen line ("").
+        tail_board: Layer placement with the tail on this board (``--placement CUT@BOARD``, a two-stage pipeline):
+            the host figures are the board's own (its tail compute, every sample's activations over its link), the
+            board takes no part in the head's data parallelism, and its power is the host's (``host_idle_w``,
+            ``host_active_w``); "" for the coordinator's tail (whose power the plan does not count).
+        host_max_batch: The largest global batch the tail's host holds in memory (0: no limit known).
     """
 
     name: str
@@ -105,6 +110,10 @@ class TrainingMode:
     host_a_s: float = 0.0
     host_c_s: float = 0.0
     why: str = ""
+    tail_board: str = ""
+    host_idle_w: float = 0.0
+    host_active_w: float = 0.0
+    host_max_batch: int = 0
 
     def __post_init__(self) -> None:
         if not (0.0 < self.wire_fraction <= 1.0 and self.round_bytes >= 0 and self.compute_scale > 0
@@ -142,7 +151,8 @@ class TrainingMode:
                 "wire_fraction": self.wire_fraction, "round_bytes": self.round_bytes,
                 "compute_scale": self.compute_scale, "train_flags": list(self.train_flags),
                 "job_options": dict(self.job_options), "sample_scale": self.sample_scale,
-                "per_sample_bytes": self.per_sample_bytes, "host_a_s": self.host_a_s, "host_c_s": self.host_c_s}
+                "per_sample_bytes": self.per_sample_bytes, "host_a_s": self.host_a_s, "host_c_s": self.host_c_s,
+                **({"tail_board": self.tail_board} if self.tail_board else {})}
 
 
 EXACT_JOB_OPTIONS = frozenset({"placement"})  # the JobSpec keywords an exact mode may set (the mathematics stay)
@@ -199,6 +209,36 @@ def placed(cut: str, *, grad_bytes: int, head_bytes: int, per_sample_bytes: floa
                         host_c_s=host_c_s, train_flags=("--placement", cut), job_options={"placement": cut}, why=why)
 
 
+# The steps between a tail board's state uploads the planner assumes (``train``'s default --checkpoint-every: with
+# ``--stage-sync checkpoint`` the tail's board sends its parameters and optimizer state then, nothing between)
+TAIL_STATE_EVERY = 50
+TAIL_STATE_COPIES = 4  # gradient, parameters and Adam's two moments: the most a state step carries per parameter
+
+
+def placed_on_board(cut: str, board: Any, *, grad_bytes: int, head_bytes: int, per_sample_bytes: float,
+                    head_share: float, max_memory_fraction: float = 0.9) -> TrainingMode:
+    """Layer placement after ``cut`` with the tail on ``board`` (a ``BoardProfile``): ``train --placement CUT@BOARD
+    --stage-sync checkpoint``, a two-stage pipeline. The head boards send the board their activations (their
+    links: as :func:`placed`); the board's step is the tail's share of its profiled compute over the whole batch
+    plus every sample's activations in and gradients out over its own link, and its tail state at each checkpoint,
+    amortised (:data:`TAIL_STATE_EVERY`)."""
+    base = placed(cut, grad_bytes=grad_bytes, head_bytes=head_bytes, per_sample_bytes=per_sample_bytes,
+                  sample_scale=head_share, host_a_s=0.0, host_c_s=0.0)
+    tail_bytes = max(grad_bytes - head_bytes, 0)
+    link_s = board.up_s_per_byte + board.down_s_per_byte
+    host_a = board.time_fit.intercept + TAIL_STATE_COPIES * tail_bytes / TAIL_STATE_EVERY * board.up_s_per_byte
+    host_c = board.time_fit.slope * (1.0 - head_share) + per_sample_bytes * link_s
+    why = (f"{base.why}; {board.board_id} trains the tail over the whole batch and sends its state only at "
+           "checkpoints")
+    return dataclasses.replace(base, name=f"placed-{cut}@{board.board_id}",
+                               description=f"layer placement after {cut}, the tail on {board.board_id}",
+                               host_a_s=max(host_a, 0.0), host_c_s=max(host_c, 0.0),
+                               train_flags=("--placement", f"{cut}@{board.board_id}", "--stage-sync", "checkpoint"),
+                               why=why, tail_board=board.board_id, host_idle_w=board.idle_power_w,
+                               host_active_w=board.active_power_w,
+                               host_max_batch=max(int(board.max_batch(max_memory_fraction)), 1))
+
+
 def _kib(n: float) -> str:
     return f"{n / 1024:.1f} KiB" if n < 100 * 1024 else f"{n / 1024:,.0f} KiB"
 
@@ -214,5 +254,6 @@ def candidate_modes(*, allow_inexact: bool, placements: tuple[TrainingMode, ...]
     return (EXACT, *placements, *(local_sgd(h) for h in LOCAL_SGD_EVERY), *weighed)
 
 
-__all__ = ["DILOCO_EVERY", "EXACT", "EXACT_JOB_OPTIONS", "INEXACT_MARGIN", "LOCAL_SGD_EVERY", "ROUND_BYTES", "TrainingMode",
-           "candidate_modes", "diloco", "local_sgd", "placed"]
+__all__ = ["DILOCO_EVERY", "EXACT", "EXACT_JOB_OPTIONS", "INEXACT_MARGIN", "LOCAL_SGD_EVERY", "ROUND_BYTES",
+           "TAIL_STATE_COPIES", "TAIL_STATE_EVERY", "TrainingMode", "candidate_modes", "diloco", "local_sgd", "placed",
+           "placed_on_board"]

@@ -25,7 +25,7 @@ from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # numpy loads only when a plan is made, not with the command line's parser
-    from edgefleet.coordinator.planning import FleetProfile, PlanResult
+    from edgefleet.coordinator.planning import Candidate, FleetProfile, PlanResult
     from edgefleet.coordinator.planning.profiles import ProfileMeta
     from edgefleet.transport.settings import BrokerSettings
 
@@ -229,6 +229,23 @@ def mode_job_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def candidate_fields(candidate: Candidate) -> dict[str, Any]:
+    """The JobSpec keywords that train ``candidate`` as planned: its boards, batch sizes and mode. Layer placement
+    with the tail on a board is the two-stage pipeline ``HEAD+...,CUT@BOARD`` with the later stage's state sent only
+    at checkpoints (``--stage-sync checkpoint``), as its cost (``planning.modes.placed_on_board``) assumes.
+
+    Raises:
+        ConfigError: the mode sets a keyword this JobSpec lacks (:func:`mode_job_options`).
+    """
+    mode = candidate.mode
+    if mode.tail_board:
+        return {"boards": (*candidate.boards, mode.tail_board), "batch_sizes": (*candidate.batch_sizes, 0),
+                "placement": "", "pipeline": f"{'+'.join(candidate.boards)},{mode.placement}@{mode.tail_board}",
+                "stage_sync": "checkpoint"}
+    return {"boards": tuple(candidate.boards), "batch_sizes": tuple(candidate.batch_sizes), "placement": mode.placement,
+            **mode_job_options(mode.job_options)}
+
+
 __all__ = ["DEFAULT_FEWER_BOARDS_PCT", "DEFAULT_GLOBAL_BATCHES", "DEFAULT_MAX_MEMORY_FRACTION", "DEFAULT_VERIFY_STEPS",
-           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "deadline_text", "job_to_verify", "mode_job_options", "placement_modes",
-           "plan"]
+           "INEXACT_MARGIN_PCT", "PlanOutcome", "PlanRequest", "candidate_fields", "deadline_text", "job_to_verify",
+           "mode_job_options", "placement_modes", "plan"]

@@ -87,18 +87,24 @@ def placement_lines(result: PlanResult) -> list[str]:
     other = result.best_other_placement
     if chosen.mode.placement:
         b = max(chosen.candidate.batch_sizes)
+        tail = chosen.mode.tail_board
+        through = (f", and {tail}'s link carries the whole batch's, "
+                   f"{fmt_si(chosen.mode.per_sample_bytes * sum(chosen.candidate.batch_sizes), 'B')} each way"
+                   if tail else "")
         lines = [f"mode: {chosen.mode.description} (train {' '.join(chosen.mode.train_flags)}; the same mathematics): "
                  f"{chosen.mode.why}; the largest slice ({b} samples) adds "
-                 f"{fmt_si(chosen.mode.per_sample_bytes * b, 'B')} each way per step"]
+                 f"{fmt_si(chosen.mode.per_sample_bytes * b, 'B')} each way per step{through}"]
         if other is not None:
             gain = 1.0 - chosen.objective_value(objective) / other.objective_value(objective)
             lines.append(f"it is {gain:.0%} better by estimate ({OBJECTIVE_TEXT[objective]}) than the best data-parallel "
                          f"configuration, {batches_text(other)}: {format_duration(other.epoch_time_s)} per epoch")
         return lines
+    weighed = (f"{len({m.placement for m in placed})} cut(s) with the tail on "
+               f"{len({m.tail_board or 'coordinator' for m in placed})} host(s)")
     if other is None:
-        return [f"layer placement weighed at {len(placed)} cut(s): none is feasible"]
+        return [f"layer placement weighed at {weighed}: none is feasible"]
     loss = other.objective_value(objective) / chosen.objective_value(objective) - 1.0
-    return [f"layer placement weighed at {len(placed)} cut(s): the best, {other.mode.description} with "
+    return [f"layer placement weighed at {weighed}: the best, {other.mode.description} with "
             f"{batches_text(other)}, is {loss:.0%} worse by estimate ({OBJECTIVE_TEXT[objective]}): "
             "data-parallel chosen"]
 

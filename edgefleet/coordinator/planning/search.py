@@ -257,11 +257,18 @@ def _evaluate_all(fleets: Mapping[str, FleetProfile], global_batches: Sequence[i
                   method: str, modes: Sequence[TrainingMode]) -> list[Block]:
     """Every (variant, mode, global batch) block, in that order; each mode with its own link figures."""
     blocks = []
-    for label, fleet in fleets.items():
+    for label, whole in fleets.items():
         for mode in modes:
+            fleet = whole
+            if mode.tail_board:  # the tail's board trains no head: the head's boards are the others
+                if mode.tail_board not in whole.boards or len(whole.boards) < 2:
+                    continue
+                fleet = whole.select(b for b in whole.boards if b != mode.tail_board)
             fa = FleetArrays.from_fleet(fleet, limits.max_memory_fraction, mode)
             stats = SubsetStats.all_subsets(fa) if method == "exhaustive" else None
             for global_batch in sorted({int(b) for b in global_batches}):
+                if mode.host_max_batch and global_batch > mode.host_max_batch:
+                    continue  # the tail's board cannot hold the whole batch's activations
                 if stats is not None:
                     blocks.append(_evaluate(label, fleet, fa, stats, global_batch, limits, mode=mode))
                 else:

@@ -33,7 +33,7 @@ from edgefleet.coordinator.control.monitor import monitor_fleet
 from edgefleet.coordinator.control.power_meter import PowerMeter, PowerReading
 from edgefleet.coordinator.planning import INEXACT_MARGIN, Estimate, format_duration
 from edgefleet.coordinator.planning.objectives import OBJECTIVE_KEY
-from edgefleet.coordinator.planning.plan_job import mode_job_options
+from edgefleet.coordinator.planning.plan_job import candidate_fields
 from edgefleet.coordinator.planning.plan_summary import batches_text, estimate_json, fmt_si, fmt_step
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import EdgeTrainError
@@ -148,11 +148,13 @@ def pretraining_job(job: JobSpec, estimate: Estimate, total_steps: int) -> JobSp
     runs in its mode from the first step (``sync_warmup=0``: its estimate is the steady state).
     """
     c = estimate.candidate
-    mode = {} if c.mode.exact else mode_job_options({**c.mode.job_options, "sync_warmup": 0})
-    return replace(job, run_id=f"verify-{secrets.token_hex(3)}", boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
+    fields = candidate_fields(c)  # its boards, batch sizes and mode (layer placement too: it is measured placed)
+    if not c.mode.exact:
+        fields["sync_warmup"] = 0
+    return replace(job, run_id=f"verify-{secrets.token_hex(3)}", **fields,
                    model_options=dict(job.model_options) | dict(c.variant), epochs=None, steps=total_steps,
                    total_steps=total_steps, steps_per_epoch=total_steps, batches_per_epoch=0, checkpoint_every=10**9,
-                   logger="none", force_split=None, **mode)
+                   logger="none", force_split=None)
 
 
 def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter,

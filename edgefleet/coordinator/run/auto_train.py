@@ -33,7 +33,7 @@ from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.control.monitor import monitor_fleet, wait_for_snapshot
 from edgefleet.coordinator.control.power_meter import PowerMeter
 from edgefleet.coordinator.planning.plan_fleet import check_fleet, load_profile_file, restrict_to, select_variants
-from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, mode_job_options, placement_modes
+from edgefleet.coordinator.planning.plan_job import DEFAULT_VERIFY_STEPS, PlanRequest, candidate_fields, placement_modes
 from edgefleet.coordinator.planning.plan_summary import estimate_json, fewer_boards_line, summary_of
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
 from edgefleet.coordinator.planning.profiles import check_settings, settings_flags
@@ -218,12 +218,12 @@ def recheck_before_training(selected: dict[str, FleetProfile], check: FleetCheck
 
 def job_for(spec: JobSpec, chosen: Estimate, dataset_len: int) -> JobSpec:
     """The resolved job that trains ``chosen``: its boards, batch sizes, variant and training mode,
-    for the spec's epochs or steps. The chosen batch sizes are per batch (micro-batches with
-    accumulation); the spec keeps its data, ``accumulate_grad_batches`` and ``precision``."""
+    for the spec's epochs or steps (layer placement with the tail on a board: the two-stage pipeline
+    ``HEAD+...,CUT@BOARD`` with ``--stage-sync checkpoint``, as the plan's cost assumes). The chosen
+    batch sizes are per batch (micro-batches with accumulation); the spec keeps its data,
+    ``accumulate_grad_batches`` and ``precision``."""
     c = chosen.candidate
-    options = {"placement": c.mode.placement, **mode_job_options(c.mode.job_options)}  # data-parallel unless placed
-    planned = replace(spec, boards=tuple(c.boards), batch_sizes=tuple(c.batch_sizes),
-                      model_options=dict(spec.model_options) | dict(c.variant), **options)
+    planned = replace(spec, model_options=dict(spec.model_options) | dict(c.variant), **candidate_fields(c))
     return resolve_job(planned, dataset_len=dataset_len)
 
 
