@@ -142,3 +142,16 @@ def test_a_board_is_weighed_as_the_tail_host_and_chosen_where_the_coordinator_is
     assert [m.name for m in cut_modes(profile, only="net.6@big")[0]] == ["placed-net.6@big"]
     with pytest.raises(PlanError, match="no profile of board nowhere; the profiled boards: big, w0, w1, w2"):
         cut_modes(profile, only="net.6@nowhere")
+
+
+def test_train_auto_weighs_a_board_as_the_tail_host_only_where_every_board_has_its_own_key() -> None:
+    from edgefleet.coordinator.planning.plan_job import placement_modes  # the plan service: only here
+
+    profile = _fleet(link=2.5 * MB)
+    notes: list[str] = []
+    assert any(m.tail_board for m in placement_modes("auto", {"default": profile}, notes))  # plan: keys not known
+    modes = placement_modes("auto", {"default": profile}, notes, keyed={"w0", "w1"})
+    assert [m.name for m in modes] == ["placed-net.6"]
+    assert notes[-1] == ("a board as the tail host not weighed: its stage links need each board's own key, and w2, w3 "
+                         "have none here (--board-keys)")
+    assert len(placement_modes("auto", {"default": profile}, [], keyed={f"w{i}" for i in range(4)})) == 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -165,8 +165,12 @@ def profiled_fleet(profile_path: Path, *, model: str | None, variants: list[dict
     return dict(selected), meta, check, notes
 
 
-def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes: list[str]) -> tuple[TrainingMode, ...]:
+def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes: list[str], *,
+                    keyed: Collection[str] | None = None) -> tuple[TrainingMode, ...]:
     """The layer placement modes to weigh (``placement``: auto, a cut, or none); why none, in ``notes``.
+
+    ``keyed``: the boards with a key of their own on this coordinator (``train --auto``: a tail on a board is a
+    pipeline, whose stage links need every board's key), None: not known (``plan``), every board taken as keyed.
 
     Raises:
         PlanError: a named cut the model does not admit (the message lists those it does).
@@ -178,9 +182,15 @@ def placement_modes(placement: str, selected: Mapping[str, FleetProfile], notes:
         return ()
     from edgefleet.coordinator.planning.layer_profile import cut_modes  # torch: only when weighing cuts
 
-    modes, why_not = cut_modes(next(iter(selected.values())), only="" if placement == "auto" else placement)
+    profile = next(iter(selected.values()))
+    modes, why_not = cut_modes(profile, only="" if placement == "auto" else placement)
     if why_not:
         notes.append(f"layer placement not weighed: {why_not}")
+    unkeyed = sorted(set(profile.boards) - set(keyed)) if keyed is not None else []
+    if unkeyed and any(m.tail_board for m in modes):
+        modes = tuple(m for m in modes if not m.tail_board)
+        notes.append(f"a board as the tail host not weighed: its stage links need each board's own key, and "
+                     f"{', '.join(unkeyed)} have none here (--board-keys)")
     return modes
 
 

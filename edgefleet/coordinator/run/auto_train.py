@@ -42,6 +42,7 @@ from edgefleet.coordinator.planning.verify import WARMUP_STEPS, measure, step_in
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.coordinator.run.train_job import TrainObserver, resolve_job, train
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError, PlanError
+from edgefleet.protocol.signing import CoordinatorKeys
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.control.fleet_select import FleetSnapshot
@@ -277,7 +278,8 @@ def auto_train(spec: JobSpec, request: PlanRequest, *, broker: BrokerSettings, f
     for line in check.notes:
         observer.note(line)
     notes: list[str] = []
-    placements = placement_modes(placement, selected, notes)
+    keyed = CoordinatorKeys.from_bytes(fleet.fleet_key).board_keys or {}  # a tail on a board needs every board's key
+    placements = placement_modes(placement, selected, notes, keyed=set(keyed))
     for line in notes:
         observer.note(line)
     result = request.run(restrict_to(selected, check), placements=placements)
