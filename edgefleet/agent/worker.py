@@ -179,6 +179,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         sampler = EpochBatchSampler(indices_of, position, before_batch=seeder.before_loading)
         loader = (stage_host_loader(position) if later_stage  # a later stage's inputs come over its links
                   else data.train_loader(sampler))
+        del welcome  # its frame's buffer (the model's bytes) is freed once the optimizer state is restored from it
         try:
             trainer.fit(model, train_dataloaders=loader)
         except StopTraining as stop:

@@ -384,6 +384,7 @@ class GradientExchange:
         optimizer = trainer.optimizers[0]
         if self._optimizer_state:
             restore_optimizer_state(optimizer, self._optimizer_state)
+        self._optimizer_state = None  # views into the welcome's frame: let its buffer go (a big model's bytes)
         restore_scheduler_states(trainer.lr_scheduler_configs, self._scheduler_states)
         # A ReduceLROnPlateau decides on the coordinator, which has the monitored metric (its validation, the
         # fleet's logged values): its learning rates come with the results (``lrs``), the board steps none itself.
