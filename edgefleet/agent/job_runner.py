@@ -44,6 +44,9 @@ REFUSAL_INTERVAL_S = 1.0  # at most one refusal event a second: junk on the comm
 PROGRESS_JSON_INTERVAL_S = 1.0  # the JSON copy of the events carries at most one progress event a second
 MAX_EVENT_JSON_BYTES = 16 * 1024  # over this, the JSON copy leaves out the event's data (the msgpack event has it)
 _ENDING_PHASES = ("finished", "failed")
+# A failed event's ``data["worker"]`` when the worker stays for the next job all the same (a pipeline neighbour's fault,
+# ``protocol.errors.NeighbourFault``: the process is sound, and the re-planned job starts without a new one)
+KEPT = "kept"
 
 
 def _finite(value: Any) -> Any:
@@ -304,8 +307,9 @@ class JobRunner:
             self._publish(event)
             if event.phase in _ENDING_PHASES:
                 self._job_ended.set()
-                if self.keep_worker and event.phase == "finished":
-                    self._end_job(job_id, f"finished; worker {proc.pid} stays for the next job")
+                kept = event.phase == "finished" or (event.data or {}).get("worker") == KEPT
+                if self.keep_worker and kept:
+                    self._end_job(job_id, f"{event.phase}; worker {proc.pid} stays for the next job")
         code = proc.wait()
         job_id = self._current_job(worker)
         if job_id and not self._job_ended.is_set():
@@ -378,5 +382,5 @@ def _drain(stream: IO[bytes], tail: deque[str]) -> None:
         tail.append(raw.decode(errors="replace").rstrip())
 
 
-__all__ = ["IDLE", "MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobProgress", "JobRunner", "ProgressLimiter",
+__all__ = ["IDLE", "KEPT", "MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobProgress", "JobRunner", "ProgressLimiter",
            "WorkerContext", "event_json", "job_line"]

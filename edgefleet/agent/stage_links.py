@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.errors import DecodeError, NeighbourFault
 from edgefleet.protocol.exchange_auth import HelloProver
 from edgefleet.protocol.signing import ed25519_public_key
 from edgefleet.protocol.stage_auth import StageCredentials
@@ -65,7 +65,7 @@ FRAME_MARGIN_BYTES = 4096  # a frame's fields beside its tensor
 CLOSE_JOIN_S = 2.0  # how long close() waits for each of this host's threads once their sockets are shut
 
 
-class StageFault(EdgeTrainError):
+class StageFault(NeighbourFault):
     """A neighbour stalled, left, refused this host or sent what the plan does not allow (the message says which)."""
 
 

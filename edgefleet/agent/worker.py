@@ -23,11 +23,11 @@ from typing import Any
 from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.exchange_credential import hello_credential
 from edgefleet.agent.heap import release_free_heap
-from edgefleet.agent.job_runner import WorkerContext
+from edgefleet.agent.job_runner import KEPT, WorkerContext
 from edgefleet.agent.step_logs import StepLogs
 from edgefleet.agent.worker_events import EventWriter
 from edgefleet.protocol.codec import decode_value
-from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError, NeighbourFault
 from edgefleet.protocol.jobs import ProfileCommand, StopCommand, TrainCommand, command_from_dict
 from edgefleet.protocol.outer_optimizer import OuterOptimizer
 from edgefleet.protocol.split_schedule import SplitSchedule
@@ -273,6 +273,9 @@ def _run_one(line: str, events: EventWriter, defaults: _TorchDefaults) -> int:
 
             return run_profile(job, events, context)
         return run_job(job, events, context)
+    except NeighbourFault as exc:  # a pipeline neighbour left: this process is sound, a kept worker takes the re-plan
+        events.emit("failed", str(exc), data={"worker": KEPT})
+        return 0
     except EdgeTrainError as exc:  # unknown model or dataset, refused by the exchange, bad job
         events.emit("failed", str(exc))
         return 3

@@ -36,6 +36,11 @@ class PlanError(EdgeTrainError):
     """No candidate configuration satisfies the request."""
 
 
+class NeighbourFault(EdgeTrainError):
+    """A job ended because another party failed (a pipeline neighbour stalled or left): this process is sound, and a
+    kept training worker may take the next job (the re-planned one) without starting again."""
+
+
 class RoundTimeout(EdgeTrainError):
     """A training step did not complete before its deadline."""
 
@@ -45,6 +50,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "EdgeTrainError",
+    "NeighbourFault",
     "PlanError",
     "ProtocolError",
     "RoundTimeout",

@@ -71,7 +71,8 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
     state carried at every 4th step, nothing between) from the last checkpoint, the steps since trained again."""
     boards = [*BOARDS, "q4"]
     keys = make_keys(tmp_path, boards)
-    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b])) for b in boards}
+    kept = "[training]\nkeep_worker = true\n"  # the boards left keep their workers for the re-planned job
+    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b]) + kept) for b in boards}
     wait_boards_online(mosquitto.address, boards)
     run_dir = tmp_path / "killed"
     # stage 0 a group of two boards (data-parallel, 6 and 10 samples), then two stages: q3 up to the first dense
