@@ -1,17 +1,17 @@
 """A model larger than any board of the fleet trains as a pipeline over it (issue 35's first target).
 
 The lab's ``tight4`` fleet (lab/fleets/tight4.toml): four boards of 2 GiB each (cgroup memory limits),
-on gigabit links. The model: ``mlp`` with three hidden layers of ``--width`` units (8192 by default:
-142.7 M parameters, 571 MB of float32 weights; with their gradients and Adam's two moments 2.3 GB,
-more than a board holds with the training worker's own ~0.4 GB). Through the real ``edge-coordinator
-train`` and the lab's agents (their own keys: ``--board-keys``):
+on gigabit links. The model: ``mlp`` with four hidden layers of ``--width`` units (6144 by default:
+119.5 M parameters, 478 MB of float32 weights; with their gradients, Adam's two moments and the
+exchange's gradient vector 2.4 GB, more than a board holds beside the training worker's own ~0.3 GB).
+Through the real ``edge-coordinator train`` and the lab's agents (their own keys: ``--board-keys``):
 
 1. **Alone**: the model data-parallel on one board (``t1``), a few steps: it cannot train there;
    the run's failure and the board's memory counters (``memory.failcnt``, the peak against the
    limit) say so.
-2. **Piped**: ``--pipeline t1+t2,net.2@t3,net.4@t4`` (the first layer data-parallel on t1 and t2, one
-   8192 x 8192 layer on t3, the other and the classifier on t4), ``--micro-batches 2``, the global
-   batch 16 (8 + 8), ``--stage-sync checkpoint``, ``--steps`` steps (20): each board holds its own
+2. **Piped**: ``--pipeline t1,net.2@t2,net.4@t3,net.6@t4`` (the first layer and the data on t1, one
+   6144 x 6144 layer on each of t2 and t3, the last with the classifier on t4), ``--micro-batches 2``,
+   the global batch 16, ``--stage-sync checkpoint``, ``--steps`` steps (20): each board holds its own
    stage only (the other stages' weights released, the welcome cut to the stage). Its final model
    is compared with single-process training of the same model on this machine (the same seed,
    global batches and Adam: relative L2 per tensor, the issue's bound 1e-5), and its validation
@@ -26,7 +26,7 @@ Run as root from the repository root (about 5-8 min on a 2-core machine, most of
 and the pipelined steps of a 143 M-parameter model on 0.27 of a core each)::
 
     python bench/pipeline_memory.py
-    python bench/pipeline_memory.py --width 4096 --steps 10     # a quicker look (a model that fits alone)
+    python bench/pipeline_memory.py --width 3072 --steps 10     # a quicker look (a model that fits alone)
 
 Exit status: 0 when the piped run trained and matched single-process training within the bound and
 the alone run did not train; 1 otherwise; 2 when the lab could not be used.
@@ -51,8 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FLEET = ROOT / "lab/fleets/tight4.toml"
 BOUND = 1e-5
 SEED = 0
-BATCH = (8, 8)
-PIPELINE = "t1+t2,net.2@t3,net.4@t4"
+BATCH = (16,)
+LAYERS = 4
+PIPELINE = "t1,net.2@t2,net.4@t3,net.6@t4"
 RUN_TIMEOUT_S = 1200.0
 
 
@@ -66,6 +67,7 @@ def _train(lab: Any, key: Path, run_dir: Path, *flags: str, model_options: str) 
     started = time.monotonic()
     done = subprocess.run(in_coordinator_netns(lab, cmd), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                           check=False)
+    (run_dir.parent / f"{run_dir.name}.log").write_text(done.stdout + done.stderr)  # the whole of it, for --keep
     return done.returncode, (done.stdout + done.stderr)[-3000:], time.monotonic() - started
 
 
@@ -89,7 +91,10 @@ def _why(tail: str) -> str:
     """The run's own words for its failure: its last line that names an error, or its last line."""
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     for line in reversed(lines):
-        if any(word in line.lower() for word in ("memory", "killed", "error", "failed", "signal")):
+        if "killed" in line.lower() or "memory" in line.lower():
+            return line[:220]
+    for line in reversed(lines):
+        if any(word in line.lower() for word in ("error", "failed", "signal")):
             return line[:220]
     return lines[-1][:220] if lines else ""
 
@@ -134,10 +139,11 @@ def _gib(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=8192, help="units of each of the MLP's 3 hidden layers (8192)")
+    parser.add_argument("--width", type=int, default=6144, help=f"units of each of the MLP's {LAYERS} hidden layers (6144)")
     parser.add_argument("--steps", type=int, default=20, help="the pipelined run's steps (20)")
     parser.add_argument("--alone-steps", type=int, default=3, help="the one-board run's steps (3)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the figures here too")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the runs' directories and output here")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/pipeline_memory.py needs root (the lab's namespaces and cgroups)", file=sys.stderr)
@@ -145,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import Lab
 
-    options = f"layers=3,width={args.width}"
+    options = f"layers={LAYERS},width={args.width}"
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="efl-pipeline-memory-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="efl-pipeline-memory-") as scratch:
+        tmp = str(args.keep) if args.keep else scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         key = write_fleet_key(Path(tmp) / "fleet.key", ed25519=True)
         try:
             with Lab(load_fleet(FLEET), fleet_key_file=key) as lab:
@@ -171,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the lab could not be used: {exc}", file=sys.stderr)
             return 2
         print("single-process reference on this machine ...", file=sys.stderr, flush=True)
-        reference = _reference(args.steps, {"layers": 3, "width": args.width})
+        reference = _reference(args.steps, {"layers": LAYERS, "width": args.width})
         for row in rows:
             row["error"] = _error(Path(row["run_dir"]), reference) if row["run"] == "piped" else None
     if args.json:
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['samples_per_s']:.1f}" if row["samples_per_s"] else "-",
                       f"{row['val_accuracy']:.3f}" if row["val_accuracy"] is not None else "-",
                       f"{row['error']:.1e}" if row["error"] is not None else "-", row["why"] or "-"])
-    print_table(f"mlp layers=3 width={args.width} on tight4 (2 GiB boards)",
+    print_table(f"mlp layers={LAYERS} width={args.width} on tight4 (2 GiB boards)",
                 ["run", "exit", "peak GiB / limit per board", "s", "samples/s", "val acc", "vs 1 process", "why not"],
                 cells, caption=f"bound {BOUND:g}; the piped run: --pipeline {PIPELINE} --micro-batches 2 "
                                "--stage-sync checkpoint")

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import math
+import signal
 import subprocess
 import threading
 import time
@@ -314,7 +315,10 @@ class JobRunner:
         job_id = self._current_job(worker)
         if job_id and not self._job_ended.is_set():
             tail = " | ".join(worker.stderr_tail)[-600:]
-            reason = f"the worker exited with code {code}" if code >= 0 else f"the worker was killed by signal {-code}"
+            reason = (f"the worker exited with code {code}" if code >= 0 else f"the worker was killed by signal {-code}"
+                      + (" (SIGKILL: most often the kernel's out-of-memory killer; this board's memory may be too small "
+                         "for the job: a smaller batch or model, or a pipeline that splits the model across boards)"
+                         if -code == signal.SIGKILL else ""))
             log.warning("job %s: %s: %s", job_id, reason, tail)
             self._event(job_id, "failed", f"{reason}: {tail}" if tail else reason)
         with self._lock:

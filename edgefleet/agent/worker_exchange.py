@@ -47,7 +47,7 @@ from edgefleet.workloads.params import (
     restore_scheduler_states,
     trainable_params,
 )
-from edgefleet.workloads.stage_state import pack_stage_state
+from edgefleet.workloads.stage_state import pack_stage_state, state_elements
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,14 @@ class ExchangeClient:
         if hot is None:
             hot = self._hot[tensor["dtype"]] = (HotFrame("grad", tensor["dtype"]), HotFrame("avg", tensor["dtype"]))
             self._receiver.expected_bytes = hot[1].prefix_bytes + result_elements * hot[1].itemsize
-        self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor,
-                                               logs=logs or None).to_wire())
+        # the fixed layout where it applies: its segments go out as they are, no copy of a large vector (a later
+        # stage's state step carries its parameters and optimizer state)
+        segments = None if logs else Grad.encode_hot(hot[0], step=step, n=n, loss=loss, compute_s=compute_s, tensor=tensor)
+        if segments is None:
+            self._send(send_frame, self.sock, Grad(step=step, n=n, loss=loss, compute_s=compute_s, g=tensor,
+                                                   logs=logs or None).to_wire())
+        else:
+            self._send(send_segments, self.sock, segments)
         answer = self._recv(self._receiver.recv, hot[1].decode_any_array)
         return self._result_of(step, decode_step_reply(answer, elements=result_elements, dtype=hot[1].dtype))
 
@@ -486,9 +492,10 @@ class GradientExchange:
             return self._exchange_stage(np.zeros(0, dtype=np.float32), compute_s, accumulate)
         grads.gather()
         if kind == STATE:  # the gradient, then the stage's parameters and optimizer state as they are before the step
-            return self._exchange_stage(np.concatenate([self._flat[:self._grad_elements],
-                                                        pack_stage_state(self._params, self._optimizer)]),
-                                        compute_s, accumulate)
+            vector = np.empty(self._grad_elements + state_elements(self._params, self._optimizer), dtype=np.float32)
+            vector[:self._grad_elements] = self._flat[:self._grad_elements]
+            pack_stage_state(self._params, self._optimizer, out=vector[self._grad_elements:])
+            return self._exchange_stage(vector, compute_s, accumulate)
         if self._buffers:
             self._buffers.flatten_into(self._flat[self._grad_elements:])
         wire = self._flat

@@ -41,16 +41,25 @@ def state_elements(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.
 
 
 @torch.no_grad()
-def pack_stage_state(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> np.ndarray:
-    """``params``' values, then their optimizer state's, as one float32 vector."""
-    parts: list[np.ndarray] = [p.detach().reshape(-1).to("cpu", torch.float32).numpy() for p in params]
-    for p in params:
-        for _, value in _entries(p, optimizer):
-            if isinstance(value, torch.Tensor):
-                parts.append(value.detach().reshape(-1).to("cpu", torch.float32).numpy())
-            else:
-                parts.append(np.array([value], dtype=np.float32))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+def pack_stage_state(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, *,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """``params``' values, then their optimizer state's, as one float32 vector: written into ``out`` (of
+    :func:`state_elements` values) where given, so that a large stage is not held twice more while it is packed."""
+    vector = out if out is not None else np.empty(state_elements(params, optimizer), dtype=np.float32)
+    target = torch.from_numpy(vector)
+    at = 0
+    values: list[Any] = [*params, *(value for p in params for _, value in _entries(p, optimizer))]
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            n = value.numel()
+            target[at:at + n].copy_(value.detach().reshape(-1))
+        else:
+            n = 1
+            target[at] = float(value)
+        at += n
+    if at != vector.size:
+        raise ValueError(f"the stage's state takes {at} values, not the {vector.size} given")
+    return vector
 
 
 @torch.no_grad()

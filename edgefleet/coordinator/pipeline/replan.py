@@ -11,15 +11,21 @@ gives the pipeline it goes on with, from that very step: nothing is lost or trai
   batch, and so every step's samples, stay the run's).
 
 Nothing is left when all of stage 0's boards are gone.
+
+A board that comes back is taken up again (:class:`Comeback`): the re-planned run watches the boards
+it lost, and when one is online again it stops at its next whole step (with ``--stage-sync
+checkpoint``, a state step, so nothing is trained twice) and goes on with the plan it had before
+the loss, less any board still away.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from edgefleet.coordinator.pipeline.stage_plan import StagePlan
+from edgefleet.coordinator.pipeline.stage_plan import StagePlan, parse_stage_plan
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,40 @@ class Replanned:
     boards: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     why: str
+    micro_batches: int | None = None  # a pipeline's M and stage sync when they change (a comeback): None, the run's
+    stage_sync: str | None = None
+
+
+@dataclass(frozen=True)
+class Comeback:
+    """The pipeline a re-planned run returns to when boards it lost come back: the one it was planned with
+    (``pipeline``, ``batch_sizes``), and the boards lost since (``lost``)."""
+
+    pipeline: str
+    batch_sizes: tuple[int, ...]
+    lost: frozenset[str]
+    micro_batches: int = 1
+    stage_sync: str = "step"
+
+    def losing(self, boards: Collection[str]) -> Comeback:
+        """The same plan, ``boards`` lost too."""
+        return dataclasses.replace(self, lost=self.lost | set(boards))
+
+    def back(self, returned: Collection[str]) -> tuple[Replanned, Comeback | None]:
+        """The plan with ``returned`` boards back (the planned one once every lost board is), and what is still
+        awaited (None: nothing)."""
+        plan = parse_stage_plan(self.pipeline)
+        still = self.lost - set(returned)
+        names = ", ".join(sorted(set(returned) & self.lost))
+        m, sync = self.micro_batches, self.stage_sync
+        if not still:
+            return Replanned(pipeline=self.pipeline, boards=plan.boards, batch_sizes=self.batch_sizes,
+                             why=f"{names} back: the pipeline as planned", micro_batches=m, stage_sync=sync), None
+        partial = replan(plan, self.batch_sizes, still)
+        if partial is None:  # stage 0 still lost whole: cannot be, a run without it stopped; kept as it is
+            raise ValueError(f"the pipeline {self.pipeline} without {', '.join(sorted(still))} has no stage 0")
+        return (dataclasses.replace(partial, why=f"{names} back; {partial.why}", micro_batches=m, stage_sync=sync),
+                dataclasses.replace(self, lost=frozenset(still)))
 
 
 def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str]) -> Replanned | None:
@@ -65,4 +105,4 @@ def _share_out(boards: list[str], sizes: list[int], lost: set[str]) -> list[int]
     return [n + share + (1 if i < extra else 0) for i, (_, n) in enumerate(kept)]
 
 
-__all__ = ["Replanned", "replan"]
+__all__ = ["Comeback", "Replanned", "replan"]

@@ -188,9 +188,11 @@ def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSp
 
 def _replanned(spec: JobSpec, plan: Replanned) -> JobSpec:
     """The run's spec with the pipeline it goes on with (data-parallel when no later stage is left)."""
+    micro_batches = plan.micro_batches if plan.micro_batches is not None else spec.micro_batches
+    stage_sync = plan.stage_sync if plan.stage_sync is not None else spec.stage_sync
     return replace(spec, pipeline=plan.pipeline, boards=plan.boards, batch_sizes=plan.batch_sizes,
-                   micro_batches=spec.micro_batches if plan.pipeline else 1,
-                   stage_sync=spec.stage_sync if plan.pipeline else "step")
+                   micro_batches=micro_batches if plan.pipeline else 1,
+                   stage_sync=stage_sync if plan.pipeline else "step")
 
 
 def load_job(run_dir: Path) -> JobSpec:
@@ -253,12 +255,13 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                        lambda board, s: run.log_board_sample(board, s.power_w, s.cpu_percent, s.temp_c))
             while True:
                 outcome = asyncio.run(run.run())
-                if outcome.replan is not None:  # a pipeline lost a board for good: on from the step it stopped at
+                if outcome.replan is not None:  # a pipeline lost a board for good, or one came back: on from its step
                     spec = _replanned(spec, outcome.replan)
                     atomic_write_json(run_dir / "config.json", spec.to_json())
                     run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
                                       on_note=note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S,
-                                      on_join=observer.joined, recovering_since=outcome.lost_at)
+                                      on_join=observer.joined, recovering_since=outcome.lost_at,
+                                      comeback=outcome.comeback)
                     continue
                 if not outcome.rolled_back:
                     return outcome

@@ -47,7 +47,7 @@ from edgefleet.coordinator.exchange.modes import PipelineStages
 from edgefleet.coordinator.exchange.server import ExchangeError, ExchangeServer, StepResult
 from edgefleet.coordinator.pipeline.piped_run import PipedRun
 from edgefleet.coordinator.pipeline.piped_run import prepare as prepare_pipeline
-from edgefleet.coordinator.pipeline.replan import Replanned, replan
+from edgefleet.coordinator.pipeline.replan import Comeback, Replanned, replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.placement.placed_run import SAMPLE_ROWS, PlacedRun, prepare
 from edgefleet.coordinator.placement.tail_server import TailServer
@@ -124,7 +124,8 @@ class TrainOutcome:
     interrupted: bool
     rolled_back: list[AuditFailure] = field(default_factory=list)  # boards that failed an audit: the run goes back
     replan: Replanned | None = None  # a pipeline lost a board for good: the run goes on with this plan, from its step
-    lost_at: float = 0.0             # when (time.monotonic()) the pipeline lost it: recovery is counted from there
+    lost_at: float | None = None     # when (time.monotonic()) the pipeline lost it: recovery is counted from there
+    comeback: Comeback | None = None  # the planned pipeline and the boards it waits for (``pipeline.replan``)
 
 
 def exchange_host_for(broker: BrokerSettings) -> str:
@@ -305,7 +306,7 @@ class TrainingRun:
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False,
                  busy_wait_s: float = 0.0, on_join: Callable[[str, int, int], None] | None = None,
-                 recovering_since: float | None = None) -> None:
+                 recovering_since: float | None = None, comeback: Comeback | None = None) -> None:
         from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
@@ -341,6 +342,8 @@ class TrainingRun:
         self._user_stop = False
         self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
         self.recovering_since = recovering_since  # a re-planned pipeline's start: its first step ends the recovery
+        self.comeback = comeback  # a re-planned pipeline: the boards it lost, watched, and the plan it returns to
+        self._returned: list[str] = []  # of those, the ones online again: the run stops at its next whole step
         self.recovery_s: float | None = None
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
@@ -686,7 +689,8 @@ class TrainingRun:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
-        channel = BoardChannel(self.broker, self.fleet_key, list(self.spec.boards))
+        awaited = sorted(self.comeback.lost - set(self.spec.boards)) if self.comeback is not None else []
+        channel = BoardChannel(self.broker, self.fleet_key, [*self.spec.boards, *awaited])  # and the lost, watched
         self.adapt.explain = functools.partial(slowdown_cause, telemetry=channel.telemetry, caps=channel.caps)
         checker, tls = self._exchange_security()
         buffers = self.replica.buffers if self.placed is None else self.placed.head_buffers  # placed: the head's layers'
@@ -810,6 +814,18 @@ class TrainingRun:
                 self.on_note(f"board {event.board_id} failed: {event.message}")
                 exchange.fail(event.board_id, event.message)
         self._ask_back(channel, exchange)
+        self._watch_comeback(channel)
+
+    def _watch_comeback(self, channel: BoardChannel) -> None:
+        """A board the pipeline lost is online again: the run stops at its next whole step and goes back to the plan."""
+        if self.comeback is None or self._returned:
+            return
+        back = sorted(b for b in self.comeback.lost if b not in self.spec.boards
+                      and (status := channel.status.get(b)) is not None and status.state == "online")
+        if back:
+            self._returned = back
+            self.on_note(f"board(s) {', '.join(back)} online again: the run goes back to its planned pipeline "
+                         f"({self.comeback.pipeline}) after its next whole step")
 
     def _ask_back(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         """Send the job's command again to a board that left and is online and idle again (its agent restarted,
@@ -896,6 +912,8 @@ class TrainingRun:
             keeper = self.replica.stage_keeper
             if (step + 1) % spec.checkpoint_every == 0 or (keeper is not None and epoch_end):  # a sparse stage sync:
                 self._checkpoint(self.elapsed_before_s + elapsed)  # each epoch's end is a state step: kept on disk
+            if self._returned and (keeper is None or keeper.whole_after(step)):  # a lost board back: re-plan here
+                self._stop.set()
             if self.target_reached is not None:
                 self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
                              f"{spec.target_accuracy:g}; the run is complete")
@@ -926,8 +944,16 @@ class TrainingRun:
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
         summary = self._result(elapsed, samples, exchange, interrupted)
         atomic_write_json(self.run_dir / "result.json", summary)
+        comeback, lost_at = self.comeback, None
         replanned = await self._replan(channel) if self._stage_lost and interrupted else None
-        return TrainOutcome(self.run_dir, summary, interrupted, replan=replanned, lost_at=self._lost[0])
+        if replanned is not None:  # lost for good: the plan without them, and the plan to come back to
+            base = self.comeback or Comeback(self.spec.pipeline, tuple(self.spec.batch_sizes), frozenset(),
+                                             micro_batches=self.spec.micro_batches, stage_sync=self.spec.stage_sync)
+            comeback, lost_at = base.losing(set(channel.went_offline) & set(self._lost[1])), self._lost[0]
+        elif self._returned and interrupted and not self._user_stop and not self._stage_lost and comeback is not None:
+            replanned, comeback = comeback.back(self._returned)
+            self.on_note(f"re-planning from step {self.replica.step}: {replanned.why} ({replanned.pipeline})")
+        return TrainOutcome(self.run_dir, summary, interrupted, replan=replanned, lost_at=lost_at, comeback=comeback)
 
     async def _replan(self, channel: BoardChannel) -> Replanned | None:
         """The pipeline without the boards it lost for good: those of the step's missing boards whose agent went
