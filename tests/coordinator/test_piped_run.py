@@ -14,7 +14,7 @@ from edgefleet.agent.stage_worker import BoardStage, load_stage_weights, release
 from edgefleet.coordinator.cli.main import build_parser
 from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
-from edgefleet.coordinator.pipeline.replan import replan
+from edgefleet.coordinator.pipeline.replan import Comeback, replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.run.train_job import _replanned, repipeline
 from edgefleet.protocol.codec import decode_value, encode_value
@@ -174,3 +174,21 @@ def test_each_board_is_welcomed_with_its_own_stages_weights_and_optimizer_state_
                 torch.testing.assert_close(p, dict(model.named_parameters())[name], rtol=0, atol=0)
         with pytest.raises(EdgeTrainError, match=f"does not hold stage {stage}'s weights"):
             load_stage_weights(board, board_model, {})
+
+
+def test_a_lost_board_that_comes_back_is_planned_in_again_and_one_still_away_is_not() -> None:
+    planned = Comeback("q1+q2,net.2@q3,net.8@q4", (6, 10, 0, 0), frozenset(), micro_batches=4, stage_sync="checkpoint")
+    away = planned.losing({"q4"}).losing({"q3"})
+    assert away.lost == {"q3", "q4"}
+    partly, still = away.back({"q4"})
+    assert partly.pipeline == "q1+q2,net.8@q4"  # q3's layers stay with stage 0
+    assert partly.micro_batches == 4 and partly.stage_sync == "checkpoint"
+    assert still is not None and still.lost == {"q3"} and "q4 back" in partly.why
+    whole, none = still.back({"q3"})
+    assert whole.pipeline == "q1+q2,net.2@q3,net.8@q4" and whole.batch_sizes == (6, 10, 0, 0) and none is None
+    # a run re-planned to data-parallel goes back to the pipeline with its M and stage sync
+    dp = Comeback("q1+q2,net.6@q3", (6, 10, 0), frozenset({"q3"}), micro_batches=2, stage_sync="checkpoint")
+    spec = replace(_job("--boards", "q1,q2", "--batch", "6,10"), boards=("q1", "q2"), batch_sizes=(6, 10))
+    back = _replanned(spec, dp.back({"q3"})[0])
+    assert back.pipeline == "q1+q2,net.6@q3" and back.micro_batches == 2 and back.stage_sync == "checkpoint"
+    assert back.boards == ("q1", "q2", "q3") and back.batch_sizes == (6, 10, 0)
