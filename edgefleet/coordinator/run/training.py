@@ -113,6 +113,7 @@ class StepView:
     shown: dict[str, float] = field(default_factory=dict)  # logged with prog_bar=True (training_step, validation_step)
 
 
+BOARD_WORDS_WAIT_S = 3.0  # a step no board completed: how long the run waits for a board's word on why
 OFFLINE_WAIT_S = 20.0  # how long a pipeline that lost a board waits to learn which agent went offline
 OFFLINE_POLL_S = 0.5
 
@@ -344,6 +345,7 @@ class TrainingRun:
         self.recovering_since = recovering_since  # a re-planned pipeline's start: its first step ends the recovery
         self.comeback = comeback  # a re-planned pipeline: the boards it lost, watched, and the plan it returns to
         self._returned: list[str] = []  # of those, the ones online again: the run stops at its next whole step
+        self._failures: dict[str, str] = {}  # what each board said when its part of the job failed
         self.recovery_s: float | None = None
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
@@ -811,10 +813,25 @@ class TrainingRun:
             if event.job_id != self.spec.run_id:
                 continue
             if event.phase == "failed":
+                self._failures[event.board_id] = event.message
                 self.on_note(f"board {event.board_id} failed: {event.message}")
                 exchange.fail(event.board_id, event.message)
         self._ask_back(channel, exchange)
         self._watch_comeback(channel)
+
+    async def _with_boards_words(self, exc: ExchangeError, channel: BoardChannel) -> ExchangeError:
+        """``exc`` (a step that could not complete) with what the boards said of their failure: a board's (its worker
+        killed for memory, say) reaches the broker a moment after its connection to the exchange closed, so it is
+        waited for, up to :data:`BOARD_WORDS_WAIT_S`."""
+        words = dict(self._failures)
+        until = time.monotonic() + BOARD_WORDS_WAIT_S
+        while not words and (left := until - time.monotonic()) > 0:
+            event = await channel.next_event(min(0.5, left))
+            if event is not None and event.job_id == self.spec.run_id and event.phase == "failed":
+                words[event.board_id] = event.message
+        if not words:
+            return exc
+        return ExchangeError(f"{exc}. " + "; ".join(f"board {b}: {m}" for b, m in sorted(words.items())))
 
     def _watch_comeback(self, channel: BoardChannel) -> None:
         """A board the pipeline lost is online again: the run stops at its next whole step and goes back to the plan."""
@@ -887,7 +904,7 @@ class TrainingRun:
                 result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
             except ExchangeError as exc:
                 if self.piped is None:
-                    raise
+                    raise await self._with_boards_words(exc, channel) from None
                 self._lose_stage(step, [b for b in spec.boards if b not in exchange.connected], str(exc))
             if self._stage_lost:  # the step was not applied: the run ends at the last step every stage trained
                 break
