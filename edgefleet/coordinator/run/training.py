@@ -79,7 +79,7 @@ from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.jobs import StopCommand, TrainCommand
 from edgefleet.protocol.signing import HMAC_ALGORITHM, CoordinatorKeys
 from edgefleet.protocol.split_schedule import SplitSchedule
-from edgefleet.protocol.stage_sync import StageSync
+from edgefleet.protocol.stage_sync import STATE, StageSync
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
 from edgefleet.workloads.sharding import GlobalBatchPlan
@@ -113,6 +113,11 @@ class StepView:
     shown: dict[str, float] = field(default_factory=dict)  # logged with prog_bar=True (training_step, validation_step)
 
 
+# A pipeline's state step (--stage-sync checkpoint): its later stages' gradient, parameters and Adam's two moments (at
+# most, float32) are waited for at 10 Mbit/s (a slow edge link) on top of the step's deadline, for at most 10 minutes
+STATE_COPIES = 4
+STATE_BYTES_PER_S = 1.25e6
+MAX_STATE_WAIT_S = 600.0
 BOARD_WORDS_WAIT_S = 3.0  # a step no board completed: how long the run waits for a board's word on why
 OFFLINE_WAIT_S = 20.0  # how long a pipeline that lost a board waits to learn which agent went offline
 OFFLINE_POLL_S = 0.5
@@ -819,6 +824,18 @@ class TrainingRun:
         self._ask_back(channel, exchange)
         self._watch_comeback(channel)
 
+    def _deadline_s(self, step: int, exchange: ExchangeServer) -> float:
+        """The least a board is waited for at ``step``: ``--step-timeout``, and at a pipeline's state step (its later
+        stages' parameters and optimizer state, ``--stage-sync checkpoint``) the time their bytes take at
+        :data:`STATE_BYTES_PER_S` more, up to :data:`MAX_STATE_WAIT_S`: a state step moves far more than the
+        ordinary steps the deadline is fitted to."""
+        keeper, least = self.replica.stage_keeper, self.spec.step_timeout_s
+        if keeper is None or keeper.sync.kind(step) != STATE or self.piped is None:
+            return least
+        layout = self.piped.layout
+        state_bytes = 4 * STATE_COPIES * sum(layout.elements[layout.group:])
+        return exchange.deadline_for_next_step(least) + min(state_bytes / STATE_BYTES_PER_S, MAX_STATE_WAIT_S)
+
     async def _with_boards_words(self, exc: ExchangeError, channel: BoardChannel) -> ExchangeError:
         """``exc`` (a step that could not complete) with what the boards said of their failure: a board's (its worker
         killed for memory, say) reaches the broker a moment after its connection to the exchange closed, so it is
@@ -901,7 +918,7 @@ class TrainingRun:
             if self.piped is not None:
                 apply = self._pipeline_apply(apply, exchange)
             try:
-                result = await exchange.run_step(step, apply=apply, minimum_deadline_s=spec.step_timeout_s)
+                result = await exchange.run_step(step, apply=apply, minimum_deadline_s=self._deadline_s(step, exchange))
             except ExchangeError as exc:
                 if self.piped is None:
                     raise await self._with_boards_words(exc, channel) from None
