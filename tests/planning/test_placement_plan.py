@@ -49,7 +49,7 @@ def _placed_epoch_by_hand(link: float) -> float:
 
 def test_on_slow_links_the_plan_places_the_dense_layers_on_the_coordinator_and_says_why() -> None:
     modes, why_not = cut_modes(_fleet(link=2.5 * MB))
-    assert why_not == "" and [m.name for m in modes] == ["placed-net.6", *(f"placed-net.6@w{i}" for i in range(3))]
+    assert why_not == "" and [m.name for m in modes] == ["placed-net.6", *(f"placed-net.6@w{i}" for i in range(4))]
     result = plan({"default": _fleet(link=2.5 * MB)}, objective="time", modes=(EXACT, *modes))
 
     assert result.chosen.mode.placement == "net.6" and result.chosen.mode.exact
@@ -68,7 +68,7 @@ def test_on_fast_links_data_parallel_stays_and_the_plan_says_how_far_placement_w
 
     assert result.chosen.mode == EXACT
     [line] = placement_lines(result)
-    assert line.startswith("layer placement weighed at 1 cut(s) with the tail on 4 host(s): the best, layer placement "
+    assert line.startswith("layer placement weighed at 1 cut(s) with the tail on 5 host(s): the best, layer placement "
                            "after net.6") and \
         line.endswith("worse by estimate (time per epoch): data-parallel chosen")
 
@@ -101,7 +101,7 @@ def test_plan_json_names_the_placed_mode(tmp_path: Path, capsys: pytest.CaptureF
     args = parser.parse_args(["plan", "--profile", str(path), "--no-fleet-check", "--json", "--png", str(tmp_path / "f.png")])
     assert cmd_plan(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["modes"] == ["exact", "placed-net.6", *(f"placed-net.6@w{i}" for i in range(3))]
+    assert out["modes"] == ["exact", "placed-net.6", *(f"placed-net.6@w{i}" for i in range(4))]
     assert out["chosen"]["mode"]["train_flags"] == ["--placement", "net.6"]
     assert out["chosen"]["mode"]["job_options"] == {"placement": "net.6"}
 
@@ -154,4 +154,4 @@ def test_train_auto_weighs_a_board_as_the_tail_host_only_where_every_board_has_i
     assert [m.name for m in modes] == ["placed-net.6"]
     assert notes[-1] == ("a board as the tail host not weighed: its stage links need each board's own key, and w2, w3 "
                          "have none here (--board-keys)")
-    assert len(placement_modes("auto", {"default": profile}, [], keyed={f"w{i}" for i in range(4)})) == 4
+    assert len(placement_modes("auto", {"default": profile}, [], keyed={f"w{i}" for i in range(4)})) == 5

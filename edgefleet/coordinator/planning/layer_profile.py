@@ -116,16 +116,19 @@ def with_cuts(profiles: dict[str, FleetProfile], *, model: str, dataset: str, da
     return out
 
 
-# Boards weighed as the tail's host, the fastest by their profiled seconds per sample: a tail wants compute, and each
-# host is another planner mode per cut (an exhaustive search's work grows with the modes).
+# Boards weighed as the tail's host: every board of a fleet of up to TAIL_BOARDS_ALL; on a larger fleet the
+# TAIL_BOARDS fastest by their profiled seconds per sample (a tail wants compute, and each host is another planner mode
+# per cut, each searched over the other boards' subsets: 2^15 of them on 16 boards).
+TAIL_BOARDS_ALL = 8
 TAIL_BOARDS = 3
 
 
 def cut_modes(fleet: FleetProfile, *, only: str = "") -> tuple[tuple[TrainingMode, ...], str]:
     """The planner's layer placement modes for ``fleet``'s cuts, with why there are none ("" when there are).
 
-    ``only``: "" weighs every cut with the tail on the coordinator and on each of the :data:`TAIL_BOARDS` fastest
-    boards; ``CUT`` or ``CUT@coordinator`` that cut on the coordinator; ``CUT@BOARD`` that cut on that board.
+    ``only``: "" weighs every cut with the tail on the coordinator and on each board (on a fleet of more than
+    :data:`TAIL_BOARDS_ALL`, the :data:`TAIL_BOARDS` fastest); ``CUT`` or ``CUT@coordinator`` that cut on the
+    coordinator; ``CUT@BOARD`` that cut on that board.
 
     Raises:
         PlanError: ``only`` names a cut the profile does not hold (the message lists those it does).
@@ -147,7 +150,8 @@ def cut_modes(fleet: FleetProfile, *, only: str = "") -> tuple[tuple[TrainingMod
         return tuple(c.board_mode(fleet.grad_bytes, fleet.boards[host]) for c in cuts), ""
     modes = [c.mode(fleet.grad_bytes) for c in cuts]
     if not host and len(fleet.boards) > 1:  # and the tail on each of the fastest boards (one head board at least)
-        fastest = sorted(fleet.boards.values(), key=lambda b: b.time_fit.slope)[:TAIL_BOARDS]
+        fastest = sorted(fleet.boards.values(), key=lambda b: b.time_fit.slope)
+        fastest = fastest if len(fastest) <= TAIL_BOARDS_ALL else fastest[:TAIL_BOARDS]
         modes += [c.board_mode(fleet.grad_bytes, board) for c in cuts for board in fastest]
     return tuple(modes), ""
 

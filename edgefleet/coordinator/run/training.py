@@ -118,6 +118,7 @@ class StepView:
 STATE_COPIES = 4
 STATE_BYTES_PER_S = 1.25e6
 MAX_STATE_WAIT_S = 600.0
+NEXT_PLAN_WAIT_S = 15.0  # a run followed by a re-planned one waits this long for its stops' acks and its boards' idle
 BOARD_WORDS_WAIT_S = 3.0  # a step no board completed: how long the run waits for a board's word on why
 OFFLINE_WAIT_S = 20.0  # how long a pipeline that lost a board waits to learn which agent went offline
 OFFLINE_POLL_S = 0.5
@@ -351,6 +352,7 @@ class TrainingRun:
         self.comeback = comeback  # a re-planned pipeline: the boards it lost, watched, and the plan it returns to
         self._returned: list[str] = []  # of those, the ones online again: the run stops at its next whole step
         self._failures: dict[str, str] = {}  # what each board said when its part of the job failed
+        self._next_plan = False  # the run ends into a re-planned run of the same job
         self.recovery_s: float | None = None
         self.audits = run_audits(spec, model, self.data.train, self.data.collate_fn, run_dir=run_dir,
                                  batches_per_epoch=self.batches_per_epoch)
@@ -760,13 +762,25 @@ class TrainingRun:
             await exchange.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
             if self.placed is not None and self.placed.server is not None:
                 await self.placed.server.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
+            following = self._next_plan  # a re-planned run of the same job follows: its commands must not meet these stops
             for board in self.spec.boards:
-                channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(), wait_s=1.0)
+                channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(),
+                             wait_s=NEXT_PLAN_WAIT_S if following else 1.0)
+            if following:
+                await self._until_not_busy(channel)
             channel.close()
             self.lines.close()
             self.metrics.close()
             self.replica.close()
             close_logger(self.replica.logger)
+
+    async def _until_not_busy(self, channel: BoardChannel) -> None:
+        """Before a re-planned run of this job starts: wait (up to :data:`NEXT_PLAN_WAIT_S`) until this run's boards have
+        ended its job, so that none takes this run's stop, which names the same job, as the next run's."""
+        until = time.monotonic() + NEXT_PLAN_WAIT_S
+        while time.monotonic() < until and any((status := channel.status.get(b)) is not None and status.state == "busy"
+                                                for b in self.spec.boards):
+            await asyncio.sleep(OFFLINE_POLL_S)  # a poll of the broker's statuses, not a synchronisation
 
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
         need = set(self.spec.boards)
@@ -980,6 +994,7 @@ class TrainingRun:
         atomic_write_json(self.run_dir / "result.json", summary)
         comeback, lost_at = self.comeback, None
         replanned = await self._replan(channel) if self._stage_lost and interrupted else None
+        self._next_plan = replanned is not None or bool(self._returned and interrupted and not self._user_stop)
         if replanned is not None:  # lost for good: the plan without them, and the plan to come back to
             base = self.comeback or Comeback(self.spec.pipeline, tuple(self.spec.batch_sizes), frozenset(),
                                              micro_batches=self.spec.micro_batches, stage_sync=self.spec.stage_sync)
