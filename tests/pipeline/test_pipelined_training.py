@@ -47,13 +47,17 @@ def test_a_three_stage_pipeline_trains_the_model_a_single_process_trains(tmp_pat
                                                                          agents: AgentFactory) -> None:
     keys = _fleet(tmp_path, mosquitto, agents)
     run_dir = tmp_path / "piped"
+    # Adam with --stage-sync checkpoint: the later stages send nothing at most steps, their parameters and Adam's
+    # moments at every 8th and the last (the lost-board run of bench/pipeline.py covers a loss in this mode)
     code, out, err = finish(_train(mosquitto, keys, run_dir, "--pipeline", "q1,net.2@q2,net.8@q3",
-                                   "--micro-batches", "4", "--batch", "16", "--steps", "20"), 300)
+                                   "--micro-batches", "4", "--batch", "16", "--steps", "20", "--stage-sync", "checkpoint",
+                                   "--checkpoint-every", "8", model_options="optimizer=adam,lr=0.002"), 300)
     output = out + err
     assert code == 0, output[-4000:]
     assert "pipeline of 3 stages, 4 micro-batch(es) a step" in output, output[-3000:]
+    assert "parameters and optimizer state go to the coordinator's replica at its checkpoints" in output
     piped = torch.load(run_dir / "model.pt", weights_only=True)
-    reference = plain_lenet_training(20, 16, seed=SEED)
+    reference = plain_lenet_training(20, 16, seed=SEED, lr=0.002, optimizer="adam")
     assert max_relative_error(piped, reference) <= 1e-5
     assert max_relative_error(piped, plain_lenet_training(0, 16, seed=SEED)) > 1e-3  # it did train
 
@@ -69,8 +73,7 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 # float rounding grows (two orders of summation part by 1e-6 of the loss by step 80, 1e-2 of the weights by 200,
 # smoothly, with no jump where the board left or came back). 40 steps of 640 samples ended 3e-5 apart, measured:
 # its bound is 1e-4 (a stage restored wrong is off by far more); the 16-step run keeps the 1e-5.
-@pytest.mark.parametrize("stage_sync, optimizer, lr, steps, batch, bound", [
-    ("step", "sgd", 0.02, 40, (120, 200), 1e-4), ("checkpoint", "adam", 0.002, 16, (6, 10), 1e-5)])
+@pytest.mark.parametrize("stage_sync, optimizer, lr, steps, batch, bound", [("step", "sgd", 0.02, 40, (120, 200), 1e-4)])
 def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_step(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory, stage_sync: str, optimizer: str, lr: float,
         steps: int, batch: tuple[int, int], bound: float) -> None:
