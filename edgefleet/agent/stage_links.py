@@ -210,6 +210,7 @@ class StageEndpoint:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.bytes_sent = self.bytes_received = 0
+        self.waited_s = 0.0  # seconds spent waiting in recv for a neighbour's tensor, since the links opened
 
     # --- setting up ---------------------------------------------------------------------------------------------
     def listen(self, host: str, port: int = 0) -> int:
@@ -282,6 +283,7 @@ class StageEndpoint:
         inbox = self._inboxes[(stream, self._peer_for(stream, src, self._in_from, self.plan.fans_in(stream)))]
         until = time.monotonic() + self.stall_timeout_s
         key = (step, src, micro)
+        began = time.perf_counter()
         with self._cond:
             while key not in inbox.frames:
                 if inbox.error:  # only this stream's end matters here: a neighbour that finished closes its others
@@ -293,6 +295,7 @@ class StageEndpoint:
                                      "left")
                 self._cond.wait(left)
             frame = inbox.frames.pop(key)
+            self.waited_s += time.perf_counter() - began  # what this board's busy time leaves out (its step's compute)
         sample = self.plan.sample_shape(stream, sent_by=inbox.stage)
         try:
             got = StageTensor.from_wire(frame, stream, step=step, micro=micro, sample=sample, rows=rows,

@@ -161,6 +161,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             keep_own=later_stage, result_elements=stage.stage0_elements if later_stage else None,
             stage_sync=(StageSync(every=stage.spec.state_every, steps_per_epoch=sync.steps_per_epoch,
                                   total_steps=job.total_steps, start=start) if later_stage and stage is not None else None),
+            waited_s=(lambda: links.waited_s) if links is not None else None,
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)
         seeder = BatchSeeder(job.seed, job.board_index, batches_per_epoch)  # the same draws in every rerun of this split

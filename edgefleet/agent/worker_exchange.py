@@ -332,6 +332,9 @@ class GradientExchange:
             coordinator's answer (``result_elements`` values: stage 0's average, for stage 0's boards) is not used.
         stage_sync: A later pipeline stage's schedule (``protocol.stage_sync``): at each step its gradient, nothing,
             or its gradient then its parameters and optimizer state before the step (``workloads.stage_state``).
+        waited_s: A pipeline stage's time waiting on its neighbours so far (``StageEndpoint.waited_s``): the compute
+            time a step reports leaves it out, so that it is the board's own busy time (``coordinator.pipeline``'s
+            revision judges each board by it) and a slow neighbour does not make this board look slow.
 
     Periodic averaging (``sync.every`` > 1): from the warm-up's end on, the optimizer steps on this
     board's own gradient (Lightning's step, clipping and all) and the exchange comes after it, in
@@ -354,8 +357,10 @@ class GradientExchange:
                  sync: SyncSchedule | None = None, overlap: bool | None = None,
                  only: list[torch.nn.Parameter] | None = None, buffers: torch.nn.Module | None = None,
                  outer_state: Any = None, keep_own: bool = False, result_elements: int | None = None,
-                 stage_sync: StageSync | None = None) -> None:
+                 stage_sync: StageSync | None = None, waited_s: Callable[[], float] | None = None) -> None:
         self.client, self.step, self.wire_dtype = client, start_step, wire_dtype
+        self._waited_s = waited_s
+        self._waited_at_start = 0.0
         self._outer_state = outer_state
         self._buffers_of = buffers
         self._only = {id(p) for p in only} if only is not None else None
@@ -429,6 +434,7 @@ class GradientExchange:
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._started is None:
             self._started = time.perf_counter()
+            self._waited_at_start = self._waited_s() if self._waited_s is not None else 0.0
         anchor = self._anchor
         if anchor is not None and not anchor.taken and self._is_local(self.step):
             anchor.take()  # before the forward pass moves the float buffers: the model every board holds now
@@ -450,6 +456,8 @@ class GradientExchange:
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         compute_s = time.perf_counter() - (self._started or time.perf_counter())
+        if self._waited_s is not None and self._started is not None:  # a pipeline stage: its own work only
+            compute_s = max(compute_s - (self._waited_s() - self._waited_at_start), 0.0)
         self._started = None
         self._loss, self._window_loss = self._window_loss, None  # None: training_step skipped every batch
         if self._anchor is not None and self._is_local(self.step):

@@ -39,7 +39,9 @@ def _train(fleet: Fleet, run_dir: Path, boards: str, batch: str, *args: str) -> 
     return out, json.loads((run_dir / "result.json").read_text())
 
 
-@pytest.mark.parametrize("liar", sorted(LIARS))
+# The turned-around gradient only: the 2,000x one takes the same audit and rollback (the median test below runs its
+# board, and tests/coordinator/test_audit_parts.py checks that an audit finds both), for 28 s more of the suite.
+@pytest.mark.parametrize("liar", ["flipper"])
 def test_a_board_that_lies_in_its_gradient_is_found_and_changes_the_model_by_nothing(fleet: Fleet, tmp_path: Path,
                                                                                     liar: str) -> None:
     run_dir = tmp_path / liar

@@ -48,6 +48,10 @@ heat), the batch sizes are re-balanced at a step boundary with the same global b
 "step N: re-balancing from step M: ..." and a "rebalance" entry in that step's metrics.jsonl line.
 Once the new sizes have run a few steps they are checked in turn: a board still the slowest by a
 margin (it slowed further meanwhile) gets a second re-balance, "... still the slowest at the new sizes".
+A pipeline (--pipeline) is revised instead when a stage's board takes 30% longer for good: its layers
+are cut again at the measured speeds (or a slowed later stage left out), after a whole step, when that
+is 15% faster and pays for the restart before the run ends: "step N: q2 takes 3.1x its time ...;
+revising the pipeline ...", then "revised: step M trained on the revised pipeline ... s after ...".
 """
 
 
@@ -118,7 +122,7 @@ def add_train_parser(sub: Any) -> None:
                         "commands); only on a network you trust, or to measure what TLS costs")
     p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
                    help="move samples between boards when one's speed drifts, keeping the global batch (default on; "
-                        "global data mode only)")
+                        "global data mode only); a pipeline's stages are revised around a board that slowed")
     p.add_argument("--rebalance-threshold", type=float, default=0.15, metavar="FRACTION",
                    help="relative change of a board's time per sample that counts as drift (default 0.15); raise it "
                         "if the notes show re-balancing back and forth on a noisy fleet")

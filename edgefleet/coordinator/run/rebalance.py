@@ -161,7 +161,7 @@ class Rebalancer:
         drift: dict[str, float] = {}
         recent: dict[str, float] = {}
         for b, q in self._since.items():
-            sigma = _noise_sigma(self._history[b])
+            sigma = noise_sigma(self._history[b])
             step_s = statistics.median(list(q)[-self.window:]) * self._batches[b] if q else 0.0
             window = windows[b] = self._window_for(sigma, step_s)
             if len(q) < window + self.reference_steps:
@@ -202,7 +202,7 @@ class Rebalancer:
     def _standard_errors(self, inverse_counts: float) -> dict[str, float]:
         """Per board, the standard error (in log time) of a difference of medians of n1 and n2 steps,
         ``inverse_counts`` = 1/n1 + 1/n2, from the board's step-to-step noise."""
-        return {b: _MEDIAN_SE * _noise_sigma(self._history[b]) * math.sqrt(inverse_counts) for b in self._batches}
+        return {b: _MEDIAN_SE * noise_sigma(self._history[b]) * math.sqrt(inverse_counts) for b in self._batches}
 
     def _since_change(self, board: str, drift: float, window: int) -> float:
         """The median of ``board``'s newest run of steps past the threshold on ``drift``'s side (>= 2 steps),
@@ -259,7 +259,7 @@ class Rebalancer:
         return decision
 
 
-def _noise_sigma(log_times: deque[float]) -> float:
+def noise_sigma(log_times: deque[float]) -> float:
     """A board's step-to-step noise: the robust standard deviation of its log time per sample, from the
     differences of successive steps (a level shift is one outlier among them, not spread)."""
     if len(log_times) < 3:

@@ -148,7 +148,7 @@ def resolve_job(spec: JobSpec, *, broker: BrokerSettings | None = None, dataset_
 def _pipeline_boards(spec: JobSpec) -> JobSpec:
     """A pipeline's boards are its stages' (stage 0's group, then one per later stage), its batch sizes stage 0's
     boards' (``--batch``: one for each of them, or one for all) then 0 for each later stage: stage 0 holds the data.
-    Re-balancing is off (the stage hosts hold no data to move).
+    With --rebalance (the default) the pipeline is revised around a board that slows for good (``run.stage_reviser``).
 
     Raises:
         ConfigError: ``--boards`` names other boards than ``--pipeline``, or ``--batch`` does not fit stage 0's boards.
@@ -163,7 +163,7 @@ def _pipeline_boards(spec: JobSpec) -> JobSpec:
         group = given[:plan.group]
     else:
         group = per_board_batches(given, plan.boards[:plan.group])
-    return replace(spec, boards=plan.boards, batch_sizes=group + later, rebalance=False)
+    return replace(spec, boards=plan.boards, batch_sizes=group + later)
 
 
 def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSpec:
@@ -261,7 +261,7 @@ def train(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, run_dir: P
                     run = TrainingRun(spec, run_dir=run_dir, broker=broker, fleet_key=fleet_key, on_step=observer.step,
                                       on_note=note, resume=True, busy_wait_s=ROLLBACK_BUSY_WAIT_S,
                                       on_join=observer.joined, recovering_since=outcome.lost_at,
-                                      comeback=outcome.comeback)
+                                      comeback=outcome.comeback, revised=outcome.revised)
                     continue
                 if not outcome.rolled_back:
                     return outcome

@@ -72,6 +72,7 @@ from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run.run_logger import PendingLines, board_scalars, close_logger, lr_scalars, make_logger, step_scalars
 from edgefleet.coordinator.run.slowdown import slowdown_cause
 from edgefleet.coordinator.run.stage_keeper import StageKeeper
+from edgefleet.coordinator.run.stage_reviser import StageReviser
 from edgefleet.protocol.codec import encode_value
 from edgefleet.protocol.errors import ConfigError, DecodeError
 from edgefleet.protocol.exchange_auth import HelloChecker
@@ -82,6 +83,7 @@ from edgefleet.protocol.split_schedule import SplitSchedule
 from edgefleet.protocol.stage_sync import STATE, StageSync
 from edgefleet.transport.exchange_tls import make_job_certificate
 from edgefleet.transport.settings import BrokerSettings
+from edgefleet.workloads.layer_timing import input_sampler
 from edgefleet.workloads.sharding import GlobalBatchPlan
 from edgefleet.workloads.training_data import load_training_data
 
@@ -133,6 +135,7 @@ class TrainOutcome:
     replan: Replanned | None = None  # a pipeline lost a board for good: the run goes on with this plan, from its step
     lost_at: float | None = None     # when (time.monotonic()) the pipeline lost it: recovery is counted from there
     comeback: Comeback | None = None  # the planned pipeline and the boards it waits for (``pipeline.replan``)
+    revised: bool = False  # ``replan`` revises the pipeline around a board that slowed (``run.stage_reviser``)
 
 
 def exchange_host_for(broker: BrokerSettings) -> str:
@@ -217,7 +220,7 @@ class _Adaptation:
         self.schedule = SplitSchedule(spec.batch_sizes, splits)
         # With accumulation a step is a window of batches on each board: a re-split starts with a window
         # (the boards translate the step into its first batch).
-        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1
+        self.enabled = spec.rebalance and spec.data_mode == "global" and len(spec.boards) > 1 and not spec.pipeline
         self.watch_from = first_step + REBALANCE_WARMUP_STEPS
         self.explain: Callable[[str], str] | None = None  # a slowed board's likely cause (set once the channel is open)
         self.rebalancer = self._rebalancer(self.latest()) if self.enabled else None
@@ -313,7 +316,7 @@ class TrainingRun:
     def __init__(self, spec: JobSpec, *, run_dir: Path, broker: BrokerSettings, fleet_key: bytes,
                  on_step: Callable[[StepView], None], on_note: Callable[[str], None], resume: bool = False,
                  busy_wait_s: float = 0.0, on_join: Callable[[str, int, int], None] | None = None,
-                 recovering_since: float | None = None, comeback: Comeback | None = None) -> None:
+                 recovering_since: float | None = None, comeback: Comeback | None = None, revised: bool = False) -> None:
         from edgefleet.workloads.registry import build_model  # Lightning and the built-in models: only when a run starts
 
         if not spec.resolved:
@@ -345,10 +348,16 @@ class TrainingRun:
                                replay_data=self._replay_data())
         self.placed = self._placement() if spec.placement else None
         self.piped = self._pipeline() if spec.pipeline else None
+        # a pipeline is revised around a board that slows for good (--rebalance, as a data-parallel run's split)
+        self.reviser = (StageReviser(spec.pipeline, spec.batch_sizes, spec.micro_batches, model=self.replica.model,
+                                     sample=input_sampler(self.data.train, self.data.collate_fn),
+                                     total_steps=spec.total_steps, on_note=on_note)
+                        if self.piped is not None and spec.rebalance else None)
         self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
         self._user_stop = False
         self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
         self.recovering_since = recovering_since  # a re-planned pipeline's start: its first step ends the recovery
+        self.revised = revised  # ... re-planned around a board that slowed, not one that was lost
         self.comeback = comeback  # a re-planned pipeline: the boards it lost, watched, and the plan it returns to
         self._returned: list[str] = []  # of those, the ones online again: the run stops at its next whole step
         self._failures: dict[str, str] = {}  # what each board said when its part of the job failed
@@ -762,24 +771,28 @@ class TrainingRun:
             await exchange.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
             if self.placed is not None and self.placed.server is not None:
                 await self.placed.server.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
-            following = self._next_plan  # a re-planned run of the same job follows: its commands must not meet these stops
+            # a re-planned run of the same job follows: its commands must not meet these stops on its boards (a revision's
+            # are known; a board it leaves out, slowed, may take its time)
+            revision = self.reviser.next_plan if self.reviser is not None and not self._stage_lost else None
+            following = set(revision.boards if revision is not None else self.spec.boards) if self._next_plan else set()
             for board in self.spec.boards:
                 channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(),
-                             wait_s=NEXT_PLAN_WAIT_S if following else 1.0)
+                             wait_s=NEXT_PLAN_WAIT_S if board in following else 1.0)
             if following:
-                await self._until_not_busy(channel)
+                await self._until_not_busy(channel, following)
             channel.close()
             self.lines.close()
             self.metrics.close()
             self.replica.close()
             close_logger(self.replica.logger)
 
-    async def _until_not_busy(self, channel: BoardChannel) -> None:
-        """Before a re-planned run of this job starts: wait (up to :data:`NEXT_PLAN_WAIT_S`) until this run's boards have
-        ended its job, so that none takes this run's stop, which names the same job, as the next run's."""
+    async def _until_not_busy(self, channel: BoardChannel, boards: set[str]) -> None:
+        """Before a re-planned run of this job starts: wait (up to :data:`NEXT_PLAN_WAIT_S`) until the ``boards`` it
+        runs on have ended this run's job, so that none takes this run's stop, which names the same job, as the next
+        run's."""
         until = time.monotonic() + NEXT_PLAN_WAIT_S
         while time.monotonic() < until and any((status := channel.status.get(b)) is not None and status.state == "busy"
-                                                for b in self.spec.boards):
+                                                for b in boards):
             await asyncio.sleep(OFFLINE_POLL_S)  # a poll of the broker's statuses, not a synchronisation
 
     async def _join(self, channel: BoardChannel, exchange: ExchangeServer) -> None:
@@ -944,7 +957,9 @@ class TrainingRun:
                 return rolled_back
             if self.recovering_since is not None and self.recovery_s is None:
                 self.recovery_s = time.monotonic() - self.recovering_since
-                self.on_note(f"recovered: step {step} trained on the re-planned pipeline {self.recovery_s:.1f} s after "
+                self.on_note(f"revised: step {step} trained on the revised pipeline {self.recovery_s:.1f} s after the "
+                             "old one's last step" if self.revised else
+                             f"recovered: step {step} trained on the re-planned pipeline {self.recovery_s:.1f} s after "
                              "the board was lost")
             samples += result.n_total
             elapsed = time.monotonic() - started
@@ -956,12 +971,15 @@ class TrainingRun:
             if rebalance is not None:
                 self.on_note(_rebalance_note(rebalance))
             self._held.append(_HeldStep(result, elapsed, rebalance, samples, epoch_end, wait))
+            if self.reviser is not None and self.comeback is None and not self._returned:
+                await self.reviser.after_step(step, result.compute_s,
+                                              {b: c.ram_bytes for b, c in channel.caps.items() if c is not None})
             self._flush_steps(wait=wait)  # the steps whose figures are all there, in order (an epoch's end: validated)
             keeper = self.replica.stage_keeper
             if (step + 1) % spec.checkpoint_every == 0 or (keeper is not None and epoch_end):  # a sparse stage sync:
                 self._checkpoint(self.elapsed_before_s + elapsed)  # each epoch's end is a state step: kept on disk
-            if self._returned and (keeper is None or keeper.whole_after(step)):  # a lost board back: re-plan here
-                self._stop.set()
+            if (self._returned or self._revising) and (keeper is None or keeper.whole_after(step)):  # a lost board
+                self._stop.set()  # back, or a revision: the next plan from here
             if self.target_reached is not None:
                 self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
                              f"{spec.target_accuracy:g}; the run is complete")
@@ -994,7 +1012,9 @@ class TrainingRun:
         atomic_write_json(self.run_dir / "result.json", summary)
         comeback, lost_at = self.comeback, None
         replanned = await self._replan(channel) if self._stage_lost and interrupted else None
-        self._next_plan = replanned is not None or bool(self._returned and interrupted and not self._user_stop)
+        self._next_plan = replanned is not None or bool((self._returned or self._revising) and interrupted
+                                                        and not self._user_stop)
+        revised = False
         if replanned is not None:  # lost for good: the plan without them, and the plan to come back to
             base = self.comeback or Comeback(self.spec.pipeline, tuple(self.spec.batch_sizes), frozenset(),
                                              micro_batches=self.spec.micro_batches, stage_sync=self.spec.stage_sync)
@@ -1002,7 +1022,17 @@ class TrainingRun:
         elif self._returned and interrupted and not self._user_stop and not self._stage_lost and comeback is not None:
             replanned, comeback = comeback.back(self._returned)
             self.on_note(f"re-planning from step {self.replica.step}: {replanned.why} ({replanned.pipeline})")
-        return TrainOutcome(self.run_dir, summary, interrupted, replan=replanned, lost_at=lost_at, comeback=comeback)
+        elif self._revising and interrupted and not self._user_stop and not self._stage_lost and self.reviser is not None:
+            replanned, lost_at, revised = self.reviser.next_plan, time.monotonic(), True
+            self.on_note(f"revising from step {self.replica.step}: "
+                         f"{replanned.pipeline if replanned is not None and replanned.pipeline else 'data-parallel'}")
+        return TrainOutcome(self.run_dir, summary, interrupted, replan=replanned, lost_at=lost_at, comeback=comeback,
+                            revised=revised)
+
+    @property
+    def _revising(self) -> bool:
+        """A revision around a slowed board waits for the run's next whole step (``run.stage_reviser``)."""
+        return self.reviser is not None and self.reviser.next_plan is not None
 
     async def _replan(self, channel: BoardChannel) -> Replanned | None:
         """The pipeline without the boards it lost for good: those of the step's missing boards whose agent went
@@ -1076,7 +1106,8 @@ class TrainingRun:
                 "exchange_bytes_in": exchange.bytes_in, "exchange_bytes_out": exchange.bytes_out,
                 **self._placement_result(), "audits": self.audits.summary(),
                 **({"pipeline": self.spec.pipeline} if self.spec.pipeline else {}),
-                **({"recovery_s": round(self.recovery_s, 3)} if self.recovery_s is not None else {}),
+                **({"revision_s" if self.revised else "recovery_s": round(self.recovery_s, 3)}
+                   if self.recovery_s is not None else {}),
                 "boards": per_board, "wire_dtype": self.spec.wire_dtype,
                 "sync_every": self.spec.sync_every, "overlap": self.spec.overlap,
                 "sync_warmup": self.spec.sync_schedule.warmup if self.spec.sync_every > 1 else None,

@@ -1,0 +1,243 @@
+"""A pipeline revised around a board that slowed down for good (CEFT's run-time revision, issue 35).
+
+A pipeline's step is as fast as its slowest stage. When a board slows (a Pi throttling under heat, a
+co-tenant), :func:`revise` plans the run's boards again from what the run measured, not from the
+profile taken before it:
+
+* **The units.** The model's units (the layers between two admissible cuts, ``workloads.layer_timing``)
+  timed on the coordinator: a line ``intercept + per_sample * n`` for each unit's forward and backward.
+  They give the **shares** of a stage's work, not a board's speed.
+* **Each board's speed.** A board's busy time in the steps since its slowdown (its own stage's forward
+  and backward: the waits on its neighbours left out, ``agent.stage_runtime``) over the work its stage
+  is at the units' figures plus a step's fixed work (:data:`FIXED_STEP_S`: Lightning's loop, the
+  optimizer step, the exchange's round), a factor per board, the same for every unit it would run. The
+  fixed work keeps a slowed board from looking free when it is left a single cheap layer.
+* **The candidates.** The same boards in the same order with new cuts, stage 0's slices shared out by
+  its boards' speeds (the global batch, and so every step's samples, stay the run's); and, for each
+  slowed later stage, the pipeline without it (its layers to its neighbours). Dynamic programming over
+  the units keeps, per stage and last unit, the Pareto front of (slowest stage, sum of stages): a GPipe
+  step of M micro-batches takes about ``(sum + (M - 1) * slowest) / M``.
+* **Memory is a constraint.** A board is given no stage whose parameters, gradients and two optimizer
+  moments (4 x the parameters' bytes) and the activations its forward holds for its samples exceed what
+  its present stage needs or :data:`MEMORY_SHARE` of its RAM, whichever is more.
+
+The revision is taken only when it predicts a step at least ``min_gain`` shorter than the present plan
+at the same speeds, and the time it saves over the steps left exceeds what the change costs
+(``change_s``: the run stops at a whole step and goes on from it with the new plan, as after a lost
+board). The caller switches at a step boundary, so no step is lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgefleet.coordinator.pipeline.stage_plan import StagePlan
+from edgefleet.coordinator.planning.cost_model import min_max_split
+from edgefleet.protocol.profile_report import UnitReport
+
+log = logging.getLogger(__name__)
+
+# A step's fixed work on the coordinator's scale: Lightning's loop, self.log, the optimizer step and the round take
+# 6-8 ms of CPU at 0.12 of a core on a slow lab board (bench/step_fixed_costs.py), a few ms on a fast core.
+FIXED_STEP_S = 0.003
+MEMORY_SHARE = 0.5      # a revised stage may use up to this share of its board's RAM (or what its old stage needed)
+OPTIMIZER_COPIES = 4    # parameters, gradients and two optimizer moments (Adam's): bytes = 4 x the parameters'
+
+
+@dataclass(frozen=True)
+class Revision:
+    """The revised plan: its ``--pipeline`` text, boards and batch sizes (stage 0's slices, then 0 per later stage),
+    the step times it predicts now and after (s), and why, in words."""
+
+    pipeline: str
+    boards: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    current_s: float
+    predicted_s: float
+    why: str
+
+
+@dataclass(frozen=True)
+class _Option:
+    slowest: float
+    total: float
+    ends: tuple[int, ...]  # the last unit of each stage so far
+
+
+def unit_ends(units: Sequence[UnitReport], cuts: Sequence[str]) -> list[int] | None:
+    """The index of each stage's last unit under ``cuts`` (the last stage ends at the last unit); None when a cut is
+    not the end of a unit (the units were timed on another cut of the model)."""
+    names = [u.name for u in units]
+    ends = []
+    for cut in cuts:
+        if cut not in names:
+            return None
+        ends.append(names.index(cut))
+    if ends != sorted(set(ends)) or (ends and ends[-1] >= len(units) - 1):
+        return None
+    return [*ends, len(units) - 1]
+
+
+def revise(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, units: Sequence[UnitReport],
+           busy_s: Mapping[str, float], *, slowed: Sequence[str], ram_bytes: Mapping[str, int] | None = None,
+           min_gain: float = 0.15, steps_left: int | None = None, change_s: float = 0.0,
+           fixed_s: float = FIXED_STEP_S) -> Revision | None:
+    """The best revision of ``plan`` at the boards' measured speeds (module doc), or None when none gains enough.
+
+    Args:
+        plan: the pipeline in force.
+        batch_sizes: stage 0's boards' slices first (their sum is the global batch).
+        micro_batches: M.
+        units: the model's units, in order (their names end the stages at ``plan.cuts``).
+        busy_s: each board's busy time per step at the present plan (its recent median).
+        slowed: the boards that slowed (a later one of them may be left out).
+        ram_bytes: each board's RAM (0 or missing: its present stage's need is its limit).
+        min_gain: the smallest fall of the predicted step time worth a change.
+        steps_left: the run's steps after the change (None: unknown, no cost check).
+        change_s: what the change costs, in seconds of the run.
+        fixed_s: a step's fixed work on the units' scale (:data:`FIXED_STEP_S`).
+    """
+    ends = unit_ends(units, plan.cuts)
+    if ends is None or any(b not in busy_s or not busy_s[b] > 0 for b in plan.boards):
+        return None
+    group = list(plan.boards[:plan.group])
+    sizes = [int(n) for n in batch_sizes[:plan.group]]
+    total = sum(sizes)
+    m = max(1, micro_batches)
+    model = _Costs(units, m, total, sizes, fixed_s)
+    speeds: dict[str, float] = {}
+    starts = [0, *(e + 1 for e in ends[:-1])]
+    for k, (lo, hi) in enumerate(zip(starts, ends)):
+        for i, b in enumerate(group if k == 0 else [plan.boards[plan.group + k - 1]]):
+            speeds[b] = busy_s[b] / model.work(lo, hi, sizes[i] if k == 0 else total, host=k > 0)
+    if not all(math.isfinite(s) for s in speeds.values()):
+        return None
+    ram = dict(ram_bytes or {})
+    limits = {b: max(model.memory(lo, hi, sizes[group.index(b)] if k == 0 else total),
+                     MEMORY_SHARE * ram.get(b, 0))
+              for k, (lo, hi) in enumerate(zip(starts, ends))
+              for b in (group if k == 0 else [plan.boards[plan.group + k - 1]])}
+    current = _gpipe([model.stage0(lo=0, hi=ends[0], group=group, speeds=speeds, sizes=sizes)[0],
+                      *(speeds[h] * model.work(lo, hi, total, host=True)
+                        for h, lo, hi in zip(plan.hosts, starts[1:], ends[1:]))], m)
+    candidates = [list(plan.hosts), *([h for h in plan.hosts if h != s] for s in slowed if s in plan.hosts)]
+    best: tuple[float, str, tuple[str, ...], tuple[int, ...], str] | None = None
+    for hosts in candidates:
+        found = _best_cuts(model, group, hosts, speeds, limits, m, len(units))
+        if found is None:
+            continue
+        step_s, ends_new, split = found
+        cuts = tuple(units[e].name for e in ends_new[:-1])
+        if best is None or step_s < best[0] - 1e-12:
+            text = StagePlan(boards=(*group, *hosts), cuts=cuts, group=len(group)).text() if hosts else ""
+            dropped = [h for h in plan.hosts if h not in hosts]
+            why = (f"{', '.join(dropped)}'s layers to its neighbours; " if dropped else "")
+            why += f"cuts {','.join(cuts)}" if cuts else "data-parallel on stage 0's boards"
+            if tuple(split) != tuple(sizes):
+                why += f"; stage 0's slices {','.join(map(str, sizes))} -> {','.join(map(str, split))}"
+            best = (step_s, text, (*group, *hosts), (*split, *(0,) * len(hosts)), why)
+    if best is None or (best[1] == plan.text() and best[3][:plan.group] == tuple(sizes)):
+        return None
+    step_s, text, boards, new_sizes, why = best
+    pays = steps_left is None or (current - step_s) * steps_left > change_s
+    if step_s > current * (1 - min_gain) or not pays:
+        log.debug("no revision: %.4f s a step predicted against %.4f s now (%s steps left)", step_s, current, steps_left)
+        return None
+    return Revision(pipeline=text, boards=boards, batch_sizes=new_sizes, current_s=current, predicted_s=step_s,
+                    why=why)
+
+
+class _Costs:
+    """The units' work (seconds on the coordinator) and memory for a run of them."""
+
+    def __init__(self, units: Sequence[UnitReport], micro_batches: int, total: int, sizes: Sequence[int],
+                 fixed_s: float) -> None:
+        self.m, self.total, self.sizes, self.fixed_s = micro_batches, total, list(sizes), fixed_s
+        self.intercept = np.concatenate([[0.0], np.cumsum([u.forward_intercept_s + u.backward_intercept_s for u in units])])
+        self.per_sample = np.concatenate([[0.0], np.cumsum([u.forward_s_per_sample + u.backward_s_per_sample
+                                                             for u in units])])
+        self.params = np.concatenate([[0], np.cumsum([u.param_bytes for u in units])])
+        self.held = np.concatenate([[0], np.cumsum([u.held_bytes_per_sample + u.activation_bytes_per_sample
+                                                     for u in units])])
+        self.host_micros = sum(min(micro_batches, n) for n in sizes)
+
+    def work(self, lo: int, hi: int, samples: int, *, host: bool) -> float:
+        """A step's work (s at the units' pace) for units lo..hi over ``samples``: the fixed work, then the units'."""
+        micros = self.host_micros if host else min(self.m, max(samples, 1))
+        return self.fixed_s + float(max(self.intercept[hi + 1] - self.intercept[lo], 0.0) * micros
+                     + max(self.per_sample[hi + 1] - self.per_sample[lo], 0.0) * samples)
+
+    def memory(self, lo: int, hi: int, samples: int) -> float:
+        return float(OPTIMIZER_COPIES * (self.params[hi + 1] - self.params[lo]) + (self.held[hi + 1] - self.held[lo]) * samples)
+
+    def stage0(self, *, lo: int, hi: int, group: Sequence[str], speeds: Mapping[str, float],
+               sizes: Sequence[int] | None = None) -> tuple[float, list[int]]:
+        """Stage 0's time on ``group`` over units lo..hi, and its slices (``sizes``, or shared out by speed)."""
+        inter = float(self.intercept[hi + 1] - self.intercept[lo]) * self.m
+        per = float(self.per_sample[hi + 1] - self.per_sample[lo])
+        s = np.array([speeds[b] for b in group])
+        if sizes is None and len(group) > 1 and per > 0 and self.total >= len(group):
+            split = min_max_split(s * (self.fixed_s + inter), s * per, np.ones((1, len(group)), dtype=bool),
+                                  np.full(len(group), self.total, dtype=np.int64), self.total)[0]
+            sizes = [int(n) for n in split]
+        sizes = list(sizes) if sizes is not None else list(self.sizes)
+        return max(speeds[b] * self.work(lo, hi, n, host=False) for b, n in zip(group, sizes)), sizes
+
+
+def _gpipe(stage_s: Sequence[float], micro_batches: int) -> float:
+    """A GPipe step's time from its stages' busy times: the fill and drain, then the slowest stage's pace."""
+    return (sum(stage_s) + (micro_batches - 1) * max(stage_s)) / micro_batches
+
+
+def _best_cuts(model: _Costs, group: list[str], hosts: list[str], speeds: Mapping[str, float],
+               limits: Mapping[str, float], m: int, n_units: int) -> tuple[float, list[int], list[int]] | None:
+    """The best ends of the stages on ``group`` then ``hosts`` (in order): the predicted step, the ends, stage 0's
+    slices; None when no cut fits every board's memory."""
+    stages = 1 + len(hosts)
+    if n_units < stages:
+        return None
+    fronts: dict[int, list[_Option]] = {}
+    splits: dict[int, list[int]] = {}
+    for end in range(n_units - stages + 1):  # stage 0: units 0..end
+        if model.params[end + 1] <= 0:  # stage 0 must train a parameter (it sends the gradients back)
+            continue
+        t0, split = model.stage0(lo=0, hi=end, group=group, speeds=speeds)
+        if any(model.memory(0, end, n) > limits[b] for b, n in zip(group, split)):
+            continue
+        fronts[end] = [_Option(t0, t0, (end,))]
+        splits[end] = split
+    for k, host in enumerate(hosts, start=1):
+        last = k == stages - 1
+        nxt: dict[int, list[_Option]] = {}
+        for end, options in fronts.items():
+            for new_end in ([n_units - 1] if last else range(end + 1, n_units - (stages - k) + 1)):
+                if model.memory(end + 1, new_end, model.total) > limits[host]:
+                    continue
+                t = speeds[host] * model.work(end + 1, new_end, model.total, host=True)
+                for o in options:
+                    nxt.setdefault(new_end, []).append(_Option(max(o.slowest, t), o.total + t, (*o.ends, new_end)))
+        fronts = {e: _pareto(opts) for e, opts in nxt.items()}
+    finals = fronts.get(n_units - 1, []) if stages > 1 else [o for e, opts in fronts.items() if e == n_units - 1
+                                                              for o in opts]
+    if not finals:
+        return None
+    best = min(finals, key=lambda o: ((o.total + (m - 1) * o.slowest) / m, o.ends))
+    return (best.total + (m - 1) * best.slowest) / m, list(best.ends), splits[best.ends[0]]
+
+
+def _pareto(options: list[_Option]) -> list[_Option]:
+    """The options no other beats on both the slowest stage and the sum."""
+    options.sort(key=lambda o: (o.slowest, o.total, o.ends))
+    kept: list[_Option] = []
+    for o in options:
+        if not kept or o.total < kept[-1].total - 1e-15:
+            kept.append(o)
+    return kept
+
+
+__all__ = ["MEMORY_SHARE", "Revision", "revise", "unit_ends"]
