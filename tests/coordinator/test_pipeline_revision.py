@@ -10,6 +10,7 @@ import random
 import pytest
 
 from edgefleet.coordinator.pipeline import revision as revision_module
+from edgefleet.coordinator.pipeline.replan import replan
 from edgefleet.coordinator.pipeline.revision import OPTIMIZER_COPIES, unit_ends
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.pipeline.stage_watch import StageWatch
@@ -92,6 +93,28 @@ def test_a_revision_that_gains_little_or_does_not_pay_before_the_end_is_not_take
     busy = _busy(units, plan.text(), [64], {"b": 3.0})
     assert revise(plan, [64, 0], 4, units, busy, slowed=["b"], ram_bytes=RAM, steps_left=3, change_s=10.0) is None
     assert revise(plan, [64, 0], 4, units, busy, slowed=["b"], ram_bytes=RAM, steps_left=300, change_s=10.0) is not None
+
+
+def test_a_lost_boards_stages_are_cut_again_at_the_measured_speeds_not_merged_into_a_neighbour() -> None:
+    units = _units(1, 1, 1, 1, 1, 1)
+    plan = parse_stage_plan("a,u1@b,u3@c")
+    busy = _busy(units, plan.text(), [32], {})
+    del busy["c"]  # lost: its agent went offline
+    merged = replan(plan, [32, 0, 0], ["c"])
+    assert merged is not None and merged.pipeline == "a,u1@b"  # c's units to b: 4 of 6 on one board
+    measured = revision_module.replan_measured(plan, [32, 0, 0], 4, units, busy, lost=["c"], ram_bytes=RAM, fixed_s=0.0)
+    assert measured is not None and measured.pipeline == "a,u2@b" and measured.batch_sizes == (32, 0)
+    assert measured.why.startswith("without c, at the measured speeds: cuts u2")
+
+
+def test_a_lost_stage_0_board_leaves_its_samples_to_the_others_and_nothing_is_left_without_stage_0() -> None:
+    units = _units(2, 1, 1)
+    plan = parse_stage_plan("a1+a2,u0@b")
+    busy = _busy(units, plan.text(), [16, 16], {})
+    kept = revision_module.replan_measured(plan, [16, 16, 0], 2, units, busy, lost=["a2"], ram_bytes=RAM, fixed_s=0.0)
+    assert kept is not None and kept.boards == ("a1", "b") and kept.batch_sizes == (32, 0)
+    assert revision_module.replan_measured(plan, [16, 16, 0], 2, units, busy, lost=["a1", "a2"], ram_bytes=RAM) is None
+    assert revision_module.replan_measured(plan, [16, 16, 0], 2, units, {"a1": 0.1}, lost=["a2"]) is None  # b unmeasured
 
 
 def test_cuts_that_are_not_the_units_ends_give_no_revision() -> None:

@@ -64,18 +64,22 @@ def test_a_two_stage_plan_by_hand() -> None:
     # per sample: a 0.03 s of compute + 1000 B out and its gradient back at 1 MB/s each way = 0.032 s;
     # b 0.06 s / speed 2 + the same bytes in = 0.032 s; a micro-batch of 4 samples: 0.128 s on each stage
     assert [s.micro_batch_s for s in plan.stages] == pytest.approx([0.128, 0.128])
-    assert plan.step_time_s == pytest.approx((2 + 2 - 1) * 0.128)            # no group exchange: one board a stage
+    # stage 0 sends its gradient to the coordinator and takes the average back every step (1 MB each way at 1 MB/s);
+    # b, a later stage of one board, its state (2 MB x 3) every 50th step, amortised: 0.12 s, under stage 0's
+    assert [s.allreduce_s for s in plan.stages] == pytest.approx([2.0, 2 * 3 / 50])
+    step = (2 + 2 - 1) * 0.128 + 2.0
+    assert plan.step_time_s == pytest.approx(step)
     assert plan.bubble_fraction == pytest.approx(1 / 3)
     # memory: base 10 MB + parameters x 3 (weights, gradients, momentum) + held per sample x 4 samples x 2 in flight
     assert [m.used_bytes for m in plan.memory] == [10 * MB + 3 * MB + 8 * MB, 10 * MB + 6 * MB + 16 * MB]
-    assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(8000, 8000), (8000, 8000)]
+    assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(8000 + MB, 8000 + MB), (8000 + round(6 * MB / 50), 8000)]
     assert plan.power_w == pytest.approx(18.0)
     # idle 4 W over the step + (active - idle) while computing: a 8 W x 0.24 s, b 6 W x 0.24 s
-    energy = 4.0 * 0.384 + 8.0 * 0.24 + 6.0 * 0.24
+    energy = 4.0 * step + 8.0 * 0.24 + 6.0 * 0.24
     assert plan.energy_per_step_j == pytest.approx(energy)
-    assert plan.epoch_time_s == pytest.approx(38.4)                          # 100 steps
+    assert plan.epoch_time_s == pytest.approx(100 * step)                    # 100 steps
     assert plan.energy_per_epoch_j == pytest.approx(100 * energy)
-    assert plan.edp_j_s == pytest.approx(100 * energy * 38.4)
+    assert plan.edp_j_s == pytest.approx(100 * energy * 100 * step)
     assert plan.feasible and plan.board_batches() == {"a": 8, "b": 8}
 
 
@@ -298,9 +302,10 @@ def test_the_table() -> None:
     assert lines[0] == "pipeline: 2 stages, 2 micro-batches of 4 samples, gpipe, global batch 8"
     assert lines[1].split() == ["stage", "layers", "board", "batch", "micro", "memory", "used", "/", "limit", "up", "/",
                                 "step", "down", "/", "step"]
-    assert lines[2].split() == ["1", "0", "conv", "a", "8", "4", "21", "MB", "/", "100", "MB", "(21%)", "8", "kB", "8", "kB"]
+    assert lines[2].split() == ["1", "0", "conv", "a", "8", "4", "21", "MB", "/", "100", "MB", "(21%)", "1.01", "MB", "1.01",
+                                "MB"]  # its activations, and its gradient to the coordinator and the average back
     assert lines[3].split()[:6] == ["2", "1", "dense", "b", "8", "4"]
-    assert lines[4].startswith("step 384.0 ms (bubble 33%), 20.8 samples/s; peak 18.0 W; energy 4.9 J per step")
+    assert lines[4].startswith("step 2384.0 ms (bubble 33%), 3.4 samples/s; peak 18.0 W; energy 12.9 J per step")
     result = plan_pipeline(problem, "time")
     assert render_result(problem, result).endswith("chosen for the least time per epoch")
     no_fit = plan_pipeline(dataclasses.replace(problem, max_power_w=5.0), "time")

@@ -29,9 +29,10 @@ board). The caller switches at a step boundary, so no step is lost or trained tw
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,54 +103,97 @@ def revise(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, unit
         change_s: what the change costs, in seconds of the run.
         fixed_s: a step's fixed work on the units' scale (:data:`FIXED_STEP_S`).
     """
+    measured = _measure(plan, batch_sizes, micro_batches, units, busy_s, ram_bytes, fixed_s, lost=())
+    if measured is None:
+        return None
+    model, speeds, limits, ends = measured
+    group, sizes, m = list(plan.boards[:plan.group]), model.sizes, model.m
+    starts = [0, *(e + 1 for e in ends[:-1])]
+    current = _gpipe([model.stage0(lo=0, hi=ends[0], group=group, speeds=speeds, sizes=sizes)[0],
+                      *(speeds[h] * model.work(lo, hi, model.total, host=True)
+                        for h, lo, hi in zip(plan.hosts, starts[1:], ends[1:]))], m)
+    candidates = [list(plan.hosts), *([h for h in plan.hosts if h != s] for s in slowed if s in plan.hosts)]
+    best = _best_plan(model, plan, group, candidates, speeds, limits, units)
+    if best is None or (best.pipeline == plan.text() and best.batch_sizes[:plan.group] == tuple(sizes)):
+        return None
+    pays = steps_left is None or (current - best.predicted_s) * steps_left > change_s
+    if best.predicted_s > current * (1 - min_gain) or not pays:
+        log.debug("no revision: %.4f s a step predicted against %.4f s now (%s steps left)", best.predicted_s, current,
+                  steps_left)
+        return None
+    return dataclasses.replace(best, current_s=current)
+
+
+def replan_measured(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, units: Sequence[UnitReport],
+                    busy_s: Mapping[str, float], *, lost: Collection[str], ram_bytes: Mapping[str, int] | None = None,
+                    fixed_s: float = FIXED_STEP_S) -> Revision | None:
+    """The best plan of the boards ``plan`` has left after ``lost`` at their measured speeds (``busy_s``: theirs at
+    ``plan``), its stages cut again rather than a lost stage merged into its neighbour (``pipeline.replan``); None when
+    stage 0 has no board left, a board left has no busy time, or no plan fits their memory."""
+    group = [b for b in plan.boards[:plan.group] if b not in lost]
+    if not group:
+        return None
+    measured = _measure(plan, batch_sizes, micro_batches, units, busy_s, ram_bytes, fixed_s, lost=lost)
+    if measured is None:
+        return None
+    model, speeds, limits, _ = measured
+    hosts = [h for h in plan.hosts if h not in lost]
+    best = _best_plan(model, plan, group, [hosts], speeds, limits, units, lost)
+    if best is None:
+        return None
+    gone = ", ".join(sorted(set(lost) & set(plan.boards)))
+    return dataclasses.replace(best, why=f"without {gone}, at the measured speeds: {best.why}")
+
+
+def _measure(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, units: Sequence[UnitReport],
+             busy_s: Mapping[str, float], ram_bytes: Mapping[str, int] | None, fixed_s: float,
+             lost: Collection[str]) -> tuple[_Costs, dict[str, float], dict[str, float], list[int]] | None:
+    """The units' costs, each board's speed and memory limit under ``plan`` (the ``lost`` boards left out), and each
+    stage's last unit; None when the units do not match the cuts or a board has no busy time."""
     ends = unit_ends(units, plan.cuts)
-    if ends is None or any(b not in busy_s or not busy_s[b] > 0 for b in plan.boards):
+    if ends is None or any(b not in lost and not busy_s.get(b, 0.0) > 0 for b in plan.boards):
         return None
     group = list(plan.boards[:plan.group])
     sizes = [int(n) for n in batch_sizes[:plan.group]]
-    total = sum(sizes)
-    m = max(1, micro_batches)
-    model = _Costs(units, m, total, sizes, fixed_s)
+    model = _Costs(units, max(1, micro_batches), sum(sizes), sizes, fixed_s)
+    ram = dict(ram_bytes or {})
     speeds: dict[str, float] = {}
+    limits: dict[str, float] = {}
     starts = [0, *(e + 1 for e in ends[:-1])]
     for k, (lo, hi) in enumerate(zip(starts, ends)):
         for i, b in enumerate(group if k == 0 else [plan.boards[plan.group + k - 1]]):
-            speeds[b] = busy_s[b] / model.work(lo, hi, sizes[i] if k == 0 else total, host=k > 0)
-    if not all(math.isfinite(s) for s in speeds.values()):
+            if b in lost:
+                continue
+            samples = sizes[i] if k == 0 else model.total
+            speeds[b] = busy_s[b] / model.work(lo, hi, samples, host=k > 0)
+            limits[b] = max(model.memory(lo, hi, samples), MEMORY_SHARE * ram.get(b, 0))
+    if not all(math.isfinite(v) for v in speeds.values()):
         return None
-    ram = dict(ram_bytes or {})
-    limits = {b: max(model.memory(lo, hi, sizes[group.index(b)] if k == 0 else total),
-                     MEMORY_SHARE * ram.get(b, 0))
-              for k, (lo, hi) in enumerate(zip(starts, ends))
-              for b in (group if k == 0 else [plan.boards[plan.group + k - 1]])}
-    current = _gpipe([model.stage0(lo=0, hi=ends[0], group=group, speeds=speeds, sizes=sizes)[0],
-                      *(speeds[h] * model.work(lo, hi, total, host=True)
-                        for h, lo, hi in zip(plan.hosts, starts[1:], ends[1:]))], m)
-    candidates = [list(plan.hosts), *([h for h in plan.hosts if h != s] for s in slowed if s in plan.hosts)]
-    best: tuple[float, str, tuple[str, ...], tuple[int, ...], str] | None = None
+    return model, speeds, limits, ends
+
+
+def _best_plan(model: _Costs, plan: StagePlan, group: list[str], candidates: Sequence[list[str]],
+               speeds: Mapping[str, float], limits: Mapping[str, float], units: Sequence[UnitReport],
+               lost: Collection[str] = ()) -> Revision | None:
+    """The fastest of the candidates' best cuts (each a list of later stages' boards, in order), or None."""
+    best: Revision | None = None
     for hosts in candidates:
-        found = _best_cuts(model, group, hosts, speeds, limits, m, len(units))
+        found = _best_cuts(model, group, hosts, speeds, limits, model.m, len(units))
         if found is None:
             continue
         step_s, ends_new, split = found
+        if best is not None and step_s >= best.predicted_s - 1e-12:
+            continue
         cuts = tuple(units[e].name for e in ends_new[:-1])
-        if best is None or step_s < best[0] - 1e-12:
-            text = StagePlan(boards=(*group, *hosts), cuts=cuts, group=len(group)).text() if hosts else ""
-            dropped = [h for h in plan.hosts if h not in hosts]
-            why = (f"{', '.join(dropped)}'s layers to its neighbours; " if dropped else "")
-            why += f"cuts {','.join(cuts)}" if cuts else "data-parallel on stage 0's boards"
-            if tuple(split) != tuple(sizes):
-                why += f"; stage 0's slices {','.join(map(str, sizes))} -> {','.join(map(str, split))}"
-            best = (step_s, text, (*group, *hosts), (*split, *(0,) * len(hosts)), why)
-    if best is None or (best[1] == plan.text() and best[3][:plan.group] == tuple(sizes)):
-        return None
-    step_s, text, boards, new_sizes, why = best
-    pays = steps_left is None or (current - step_s) * steps_left > change_s
-    if step_s > current * (1 - min_gain) or not pays:
-        log.debug("no revision: %.4f s a step predicted against %.4f s now (%s steps left)", step_s, current, steps_left)
-        return None
-    return Revision(pipeline=text, boards=boards, batch_sizes=new_sizes, current_s=current, predicted_s=step_s,
-                    why=why)
+        text = StagePlan(boards=(*group, *hosts), cuts=cuts, group=len(group)).text() if hosts else ""
+        dropped = [h for h in plan.hosts if h not in hosts and h not in lost]
+        why = f"{', '.join(dropped)}'s layers to its neighbours; " if dropped else ""
+        why += f"cuts {','.join(cuts)}" if cuts else "data-parallel on stage 0's boards"
+        if tuple(split) != tuple(model.sizes):
+            why += f"; stage 0's slices {','.join(map(str, model.sizes))} -> {','.join(map(str, split))}"
+        best = Revision(pipeline=text, boards=(*group, *hosts), batch_sizes=(*split, *(0,) * len(hosts)),
+                        current_s=math.nan, predicted_s=step_s, why=why)
+    return best
 
 
 class _Costs:
@@ -181,11 +225,17 @@ class _Costs:
         inter = float(self.intercept[hi + 1] - self.intercept[lo]) * self.m
         per = float(self.per_sample[hi + 1] - self.per_sample[lo])
         s = np.array([speeds[b] for b in group])
-        if sizes is None and len(group) > 1 and per > 0 and self.total >= len(group):
-            split = min_max_split(s * (self.fixed_s + inter), s * per, np.ones((1, len(group)), dtype=bool),
-                                  np.full(len(group), self.total, dtype=np.int64), self.total)[0]
-            sizes = [int(n) for n in split]
-        sizes = list(sizes) if sizes is not None else list(self.sizes)
+        if sizes is None:  # shared out by speed (the global batch stays the run's)
+            if len(group) == 1:
+                sizes = [self.total]
+            elif per > 0 and self.total >= len(group):
+                split = min_max_split(s * (self.fixed_s + inter), s * per, np.ones((1, len(group)), dtype=bool),
+                                      np.full(len(group), self.total, dtype=np.int64), self.total)[0]
+                sizes = [int(n) for n in split]
+            else:
+                share, extra = divmod(self.total, len(group))
+                sizes = [share + (1 if i < extra else 0) for i in range(len(group))]
+        sizes = list(sizes)
         return max(speeds[b] * self.work(lo, hi, n, host=False) for b, n in zip(group, sizes)), sizes
 
 
@@ -240,4 +290,4 @@ def _pareto(options: list[_Option]) -> list[_Option]:
     return kept
 
 
-__all__ = ["MEMORY_SHARE", "Revision", "revise", "unit_ends"]
+__all__ = ["MEMORY_SHARE", "Revision", "replan_measured", "revise", "unit_ends"]

@@ -13,9 +13,12 @@ of each micro-batch (summing to b over G_s), so M * m_k per optimizer step. Per 
 * t_k = overhead_k + c_k * m_k, and the stage's time per micro-batch t_s = max_k t_k: the split
   minimises it over integers 1 <= m_k <= cap_k, cap_k being the most samples board k's memory holds
   (proportional to each board's speed, links included, as far as integers and memory allow);
-* allreduce_s = 0 for a group of one board, else max_k P_s / up_k + max(max_k P_s / down_k, |G_s| P_s / L):
-  the group's gradients up to the exchange and the average back, as the data-parallel cost model
-  charges them (L: the coordinator's link, when given).
+* allreduce_s = max_k P_s / up_k + max(max_k P_s / down_k, |G_s| P_s / L) for the first stage, even of
+  one board: its gradients go up to the coordinator's exchange every step and the average comes back,
+  as the data-parallel cost model charges them (L: the coordinator's link, when given); the same for
+  a later group; for a later stage of one board, its parameters and optimizer state at every
+  :data:`STATE_EVERY`-th step (``train --stage-sync checkpoint``: its gradient stays on the board
+  between), amortised: P_s (2 + o) / STATE_EVERY / up_k.
 
 A step, GPipe or 1F1B alike (both take M + S - 1 slots of the slowest stage):
 
@@ -33,9 +36,9 @@ Assumptions, each erring on the slow side: a board does not overlap computing wi
 the groups' gradient exchanges run after the flush, in parallel with each other, so the longest counts;
 a stage's micro-batches all take as long as its slowest board's; boards send activations to each
 other directly (over their own links; the coordinator's link carries only the groups' gradients);
-moving bytes draws idle power; the last stage's boards hold their samples' labels; a stage of one board
-sends no gradient anywhere (the coordinator's replica is brought up to date at checkpoints, a choice the
-runtime has still to make: a replica kept in step would add P_s / up_k to each such stage).
+moving bytes draws idle power; the last stage's boards hold their samples' labels; a later stage of one
+board sends its state to the coordinator's replica at checkpoints only (what ``plan --pipeline``'s train
+flags ask for), charged as if every step carried its share.
 
 A plan is ruled out, in this order, by ``batch`` (a group has more boards than a micro-batch has
 samples), ``memory`` (some board's memory_k over its limit, the board named) and ``power`` (over
@@ -64,6 +67,8 @@ from edgefleet.coordinator.planning.pipeline_model import (
 from edgefleet.protocol.errors import PlanError
 
 log = logging.getLogger(__name__)
+
+STATE_EVERY = 50  # a later stage's state steps (--checkpoint-every's default), amortised over the steps between
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +125,20 @@ class StageCoster:
         if max(excess) > 0:
             over = max(range(n), key=excess.__getitem__)
         time = max(k.overhead_s + c * m for k, c, m in zip(boards, per_sample, split))
-        allreduce = 0.0
-        if n > 1:
+        exchanged = n > 1 or first == 0  # stage 0 and any group: a gradient up and its average down, every step
+        if exchanged:
             down = max(params / k.link_down_bytes_per_s for k in boards)
             if problem.coordinator_link_bytes_per_s:
                 down = max(down, n * params / problem.coordinator_link_bytes_per_s)
             allreduce = max(params / k.link_up_bytes_per_s for k in boards) + down
+        else:  # a later stage of one board: its state at checkpoints only
+            allreduce = params * self.state_factor / STATE_EVERY / boards[0].link_up_bytes_per_s
         busy = sum((k.active_power_w - k.idle_power_w) * micro_batches * (k.overhead_s + m * work / k.speed)
                    for k, m in zip(boards, split))
-        moved = tuple(micro_batches * m * x + (params if n > 1 else 0) for m in split)
-        return StageCost(tuple(split), time, allreduce, busy, memory, moved, moved, over)
+        state = 0 if exchanged else round(params * self.state_factor / STATE_EVERY)
+        up = tuple(micro_batches * m * x + (params if exchanged else state) for m in split)
+        down_bytes = tuple(micro_batches * m * x + (params if exchanged else 0) for m in split)
+        return StageCost(tuple(split), time, allreduce, busy, memory, up, down_bytes, over)
 
 
 def split_micro_batch(total: int, overhead_s: Sequence[float], per_sample_s: Sequence[float],
@@ -260,4 +269,4 @@ def _check_specs(problem: PipelineProblem, specs: Sequence[StageSpec], micro_bat
         problem.board(b)
 
 
-__all__ = ["StageCost", "StageCoster", "StepFigures", "evaluate_plan", "in_flight", "split_micro_batch", "step_figures"]
+__all__ = ["STATE_EVERY", "StageCost", "StageCoster", "StepFigures", "evaluate_plan", "in_flight", "split_micro_batch", "step_figures"]

@@ -6,7 +6,9 @@ the coordinator (once per run, on a copy of the replica's model, in a thread: th
 asks ``pipeline.revision`` for a better plan at the measured speeds. A plan that pays becomes the
 run's next plan (a :class:`~coordinator.pipeline.replan.Replanned`): the run stops at its next whole
 step and goes on from it with the new stages, as after a lost board. One that does not pay is noted
-once, and the slowdown becomes the watch's new normal.
+once, and the slowdown becomes the watch's new normal. When a board is lost for good, the run's next
+plan is cut again at the speeds measured so far too (:meth:`StageReviser.without`), rather than its
+stage merged into a neighbour.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from edgefleet.coordinator.pipeline.replan import Replanned
-from edgefleet.coordinator.pipeline.revision import Revision, revise
+from edgefleet.coordinator.pipeline.revision import Revision, replan_measured, revise
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.pipeline.stage_watch import Drift, StageWatch
 from edgefleet.protocol.profile_report import UnitReport
@@ -81,6 +83,16 @@ class StageReviser:
                      f"({revision.pipeline or 'data-parallel'}; predicted {revision.current_s:.3f} s -> "
                      f"{revision.predicted_s:.3f} s a step)")
         return self.next_plan
+
+    async def without(self, lost: Collection[str], ram_bytes: Mapping[str, int]) -> Replanned | None:
+        """The run's plan without the ``lost`` boards, its stages cut again at the speeds the watch measured (None:
+        a board left was not measured yet, or the units cannot be timed: the caller merges the lost stages)."""
+        units = await self._unit_times()
+        if units is None:
+            return None
+        revision = replan_measured(self.plan, self.batch_sizes, self.micro_batches, units, self.watch.recent_s(),
+                                   lost=lost, ram_bytes=ram_bytes)
+        return _replanned(revision, revision.why) if revision is not None else None
 
     async def _unit_times(self) -> tuple[UnitReport, ...] | None:
         """The model's units timed on the coordinator (once; None when the model's units cannot be timed)."""

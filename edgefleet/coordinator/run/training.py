@@ -1047,7 +1047,10 @@ class TrainingRun:
         if not gone or self._user_stop:
             return None
         plan = parse_stage_plan(self.spec.pipeline)
-        replanned = replan(plan, self.spec.batch_sizes, gone)
+        ram = {b: c.ram_bytes for b, c in channel.caps.items() if c is not None}
+        # the stages cut again at the speeds measured so far (--rebalance), else the lost ones merged into a neighbour
+        measured = await self.reviser.without(gone, ram) if self.reviser is not None else None
+        replanned = measured or replan(plan, self.spec.batch_sizes, gone)
         if replanned is None:
             self.on_note(f"board(s) {', '.join(gone)} went offline and none of stage 0's boards is left: stopping "
                          "(--resume continues from the checkpoint)")
