@@ -45,6 +45,14 @@ cgroups, the boards' own keys for the stage links: ``Lab.board_keys_dir`` is ``-
    ``--stage-sync checkpoint`` does: the record keeps them once, so the coordinator's notes
    "stopping after step N" and "re-planning from step K" say which).
 
+3. **Revision around a slowed board.** The recovery pipeline in ``--stage-sync checkpoint`` (M = 2,
+   ``--slowdown-steps`` 96 steps, state every 4): once its watch has its reference (16 steps), the
+   victim's CPU quota is cut to ``--slowdown-factor`` (a fifth) of the fleet file's, as a Pi
+   throttling under heat. Reported: the step the coordinator revised at and its new pipeline, result.json's
+   ``revision_s`` (the old plan's last step to the new one's first), the median step period before the
+   cut, between the cut and the revision, and after it, and whether every step ran once. The quota is
+   put back after the run.
+
 Boards that take no part in a run spin at their quotas meanwhile (scaling's ballast), so a board
 never runs alone on an idle host. The host's steal and other processes' share of the CPU are
 printed per run; no retakes. The figures come as a table last (``bench/_table.py``); ``--json OUT``
@@ -56,6 +64,7 @@ Run as root from the repository root (about 6-8 min on a 2-core machine)::
     python bench/pipeline.py --modes piped piped-sync-checkpoint --micro-batches 1 2 4
     python bench/pipeline.py --no-recovery --split quota      # speed only, no profile
     python bench/pipeline.py --no-speed --victim x86-1        # recovery only, the last stage killed
+    python bench/pipeline.py --no-speed --no-recovery         # the revision around a slowed board only
 
 Exit status: 0 when every run was made (whatever its figures), 2 when one or more could not be
 (the lab, a run, ``--max-minutes``), 130 when interrupted; the lab comes down on every exit path.
@@ -119,6 +128,9 @@ KILL_AFTER = 8
 RECOVERY_TARGET_S = 30.0
 SPEED_TARGET_X = 2.0
 RUN_TIMEOUT_S = 360.0     # one recovery run, boards joining twice included
+SLOWDOWN_STEPS = 96
+SLOWDOWN_AFTER = 16       # the watch's reference: the 10 steps after the plan's first 3, and a few more
+SLOWDOWN_FACTOR = 0.2
 
 
 @dataclass(frozen=True)
@@ -383,6 +395,99 @@ def _recovery_run(ctx: scaling.FleetContext, mode: str, pipeline: str, victim: s
                        missing=missing, repeated=repeated, trained_again=again, note=note)
 
 
+@dataclass
+class SlowdownRow:
+    """One slowdown run's figures."""
+
+    pipeline: str
+    victim: str
+    quota: float
+    cut_after_step: int | None
+    exit_status: int
+    revised_at: int | None        # the step after which the coordinator revised (its note "revising from step N")
+    revised_to: str | None
+    revision_s: float | None
+    before_ms: float | None       # median step period before the cut, after the cut until the revision, after it
+    during_ms: float | None
+    after_ms: float | None
+    exactly_once: bool
+    note: str = ""
+
+
+def _periods_ms(metrics: Path, first: int, last: int) -> float | None:
+    """The median of steps first..last's periods (elapsed_s since the step before), in ms."""
+    elapsed = {}
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            elapsed[record["step"]] = record["elapsed_s"]
+    periods = [elapsed[k] - elapsed[k - 1] for k in range(max(first, 1), last + 1) if k in elapsed and k - 1 in elapsed]
+    return statistics.median(periods) * 1e3 if periods else None
+
+
+def _slowdown_run(ctx: scaling.FleetContext, pipeline: str, victim: str, factor: float, steps: int,
+                  extra: Sequence[str]) -> SlowdownRow:
+    """A pipelined run whose ``victim`` loses most of its CPU after :data:`SLOWDOWN_AFTER` steps (module doc, 3)."""
+    boards = _recovery_boards(pipeline)
+    run_dir = ctx.runs_dir / "slowdown"
+    cmd = in_coordinator_netns(ctx.lab, train_command(
+        ctx.lab, ctx.key_file, boards, [int(b) for b in RECOVERY_BATCH.split(",")], "--model", MODEL,
+        "--dataset", "digits", "--steps", str(steps), "--checkpoint-every", str(RECOVERY_CHECKPOINT_EVERY),
+        "--seed", "0", "--run-dir", str(run_dir), "--pipeline", pipeline, "--micro-batches",
+        str(RECOVERY_MICRO_BATCHES), *PIPED_MODES["piped-sync-checkpoint"], *extra, board_keys=True))
+    wait_ready(ctx.lab, boards)
+    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
+    log_path = run_dir.with_suffix(".log")
+    metrics = run_dir / "metrics.jsonl"
+    group = ctx.lab.board(victim).cgroup
+    quota = ctx.lab.board(victim).spec.cpu
+    cut_after: int | None = None
+    deadline = min(ctx.deadline, time.monotonic() + RUN_TIMEOUT_S)
+    try:
+        with ballast(ctx.ballast_info, idle), log_path.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ctx.runs_dir)
+            try:
+                while proc.poll() is None:
+                    done = metric_steps(metrics)
+                    if cut_after is None and len(done) >= SLOWDOWN_AFTER:
+                        cut_after = done[-1]
+                        group.set_cpu_quota(quota * factor)
+                        print(f"    cut {victim} to {quota * factor:.3f} of a core after step {cut_after}",
+                              file=sys.stderr, flush=True)
+                    if time.monotonic() > deadline:
+                        stop_job(proc)
+                        raise scaling.OutOfTime(f"slowdown: not done in {RUN_TIMEOUT_S:.0f} s (or --max-minutes)")
+                    time.sleep(scaling.POLL_S)
+            finally:
+                if proc.poll() is None:
+                    stop_job(proc)
+    finally:
+        group.set_cpu_quota(quota)
+    status = proc.wait()
+    output = log_path.read_text(errors="replace")
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    seen = metric_steps(metrics)
+    missing, repeated = steps_once(seen, steps)
+    found = re.search(r"revising from step (\d+)", output)
+    revised_at = int(found.group(1)) if found else None
+    cut = cut_after if cut_after is not None else steps
+    before = _periods_ms(metrics, 4, cut)
+    during = _periods_ms(metrics, cut + 2, (revised_at if revised_at is not None else steps) - 1)
+    after = _periods_ms(metrics, revised_at + 4, steps - 1) if revised_at is not None else None
+    note = "" if status == 0 else f"train exited with {status}: {log_tail(log_path, 3)}"
+    if revised_at is None:
+        kept = re.search(r"step \d+: [^\n]*the pipeline stays as it is", output)
+        note = note or (kept.group(0) if kept else "no revision")
+    return SlowdownRow(pipeline=pipeline, victim=victim, quota=quota * factor, cut_after_step=cut_after,
+                       exit_status=status, revised_at=revised_at, revised_to=result.get("pipeline") if found else None,
+                       revision_s=result.get("revision_s"), before_ms=before, during_ms=during, after_ms=after,
+                       exactly_once=not (missing or repeated) and len(seen) == steps, note=note)
+
+
 # ----------------------------------------------------------------------------- the session
 
 @dataclass
@@ -391,6 +496,7 @@ class Session:
 
     speed: list[SpeedRow] = field(default_factory=list)
     recovery: list[RecoveryRow] = field(default_factory=list)
+    slowdown: list[SlowdownRow] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -459,7 +565,7 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
         ranked = fastest_boards(scaling._fleet_quotas(lab.fleet), len(lab.boards))
         dp_boards = [tuple(ranked[:k]) for k in args.dp_boards] if args.speed else []
         used = sorted({*ranked[:max(args.dp_boards)], TAIL_BOARD, *(b for g in args.stage0 for b in g.split("+"))}
-                      | (set(_recovery_boards(args.recovery_pipeline)) if args.recovery else set()))
+                      | (set(_recovery_boards(args.recovery_pipeline)) if args.recovery or args.slowdown else set()))
         scaling._warm(ctx, used)
         if args.speed:
             _speed(ctx, args, dp_boards, quotas, session)
@@ -475,9 +581,21 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
                       file=sys.stderr, flush=True)
                 if row.exit_status != 0 or row.killed_after_step is None:
                     session.failures.append(f"recovery {mode}: {row.note}")
-                if mode != args.modes[-1]:
-                    lab.start_agent(args.victim)  # back for the next mode's run
+                if mode != args.modes[-1] or args.slowdown:
+                    lab.start_agent(args.victim)  # back for the next run
                     lab.wait_online(timeout_s=120)
+        if args.slowdown:
+            print(f"  slowdown: {args.recovery_pipeline}, {args.victim} cut to {args.slowdown_factor:g} of its quota "
+                  f"after {SLOWDOWN_AFTER} steps", file=sys.stderr, flush=True)
+            srow = _slowdown_run(ctx, args.recovery_pipeline, args.victim, args.slowdown_factor, args.slowdown_steps,
+                                 args.train_flag)
+            session.slowdown.append(srow)
+            print(f"    exit {srow.exit_status}, revised after step {srow.revised_at} to {srow.revised_to} "
+                  f"(revision_s {scaling._fmt(srow.revision_s, '.1f')}); step ms {scaling._fmt(srow.before_ms, '.0f')} / "
+                  f"{scaling._fmt(srow.during_ms, '.0f')} / {scaling._fmt(srow.after_ms, '.0f')}", file=sys.stderr,
+                  flush=True)
+            if srow.exit_status != 0:
+                session.failures.append(f"slowdown: {srow.note}")
 
 
 def _recovery_boards(pipeline: str) -> list[str]:
@@ -558,7 +676,18 @@ def print_figures(session: Session, wall_s: float) -> None:
                                "coordinator's 'stopping after step N' and 're-planning from step K').", *detail,
                                *(r.note for r in session.recovery if r.note)]),
             left_columns=3, min_width=150)
-    if not cells and not rec:
+    slow = [[r.pipeline, f"{r.victim} to {r.quota:.3f}", "-" if r.cut_after_step is None else str(r.cut_after_step),
+             "-" if r.revised_at is None else str(r.revised_at), r.revised_to or "-", scaling._fmt(r.revision_s, ".1f"),
+             f"{scaling._fmt(r.before_ms, '.0f')} / {scaling._fmt(r.during_ms, '.0f')} / {scaling._fmt(r.after_ms, '.0f')}",
+             "yes" if r.exactly_once else "NO", str(r.exit_status)] for r in session.slowdown]
+    if slow:
+        print_table(f"Revision on {FLEET}: a later stage's board slowed for good", [
+            "pipeline", "slowed (core)", "after step", "revised from", "revised to", "revision s",
+            "step ms before / slowed / revised", "steps once", "exit"], slow,
+            caption="\n".join(["--stage-sync checkpoint, M = 2; revision s: result.json's revision_s, from the old "
+                               "plan's last step to the new one's first; step ms: median periods.",
+                               *(r.note for r in session.slowdown if r.note)]), left_columns=2, min_width=150)
+    if not cells and not rec and not slow:
         print("\n".join(notes))
 
 
@@ -595,6 +724,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"kill it once this many steps are done (default {KILL_AFTER})")
     parser.add_argument("--recovery-steps", type=int, default=RECOVERY_STEPS, metavar="N",
                         help=f"the recovery run's length (default {RECOVERY_STEPS})")
+    parser.add_argument("--slowdown", action=argparse.BooleanOptionalAction, default=True,
+                        help="the revision run: the victim's CPU cut mid-run (default on)")
+    parser.add_argument("--slowdown-factor", type=float, default=SLOWDOWN_FACTOR, metavar="F",
+                        help=f"the victim's quota is cut to F of the fleet file's (default {SLOWDOWN_FACTOR:g})")
+    parser.add_argument("--slowdown-steps", type=int, default=SLOWDOWN_STEPS, metavar="N",
+                        help=f"the revision run's length (default {SLOWDOWN_STEPS})")
     parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
                         help="boards left out of a run spin at their quotas meanwhile (default on)")
     parser.add_argument("--max-minutes", type=float, default=25.0,
@@ -651,13 +786,15 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k not in ("deadline",)},
                                          "wall_s": wall, "speed": [asdict(r) for r in session.speed],
                                          "recovery": [asdict(r) for r in session.recovery],
+                                         "slowdown": [asdict(r) for r in session.slowdown],
                                          "failures": session.failures, "notes": session.notes,
                                          "interrupted": interrupted}, indent=1, default=str))
     print_figures(session, wall)
     if interrupted:
         return 130
     expected = (len(args.dp_boards) + len(args.modes) * len(args.stage0) * len(args.micro_batches)) * args.speed
-    made = len(session.speed) == expected and len(session.recovery) == len(args.modes) * args.recovery
+    made = (len(session.speed) == expected and len(session.recovery) == len(args.modes) * args.recovery
+            and len(session.slowdown) == int(args.slowdown))
     return 0 if made and not session.failures else 2
 
 

@@ -25,6 +25,7 @@ from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
 from edgefleet.coordinator.pipeline.stage_watch import Drift, StageWatch
 from edgefleet.protocol.profile_report import UnitReport
 from edgefleet.workloads.layer_cut import CutRefused
+from edgefleet.workloads.layer_timing import time_units
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,6 @@ class StageReviser:
         """The model's units timed on the coordinator (once; None when the model's units cannot be timed)."""
         if self._units is None and not self._units_failed:
             rows = max(2, sum(self.batch_sizes) // max(self.micro_batches, 1))
-            # torch: only in a pipelined run, long after it started
-            from edgefleet.workloads.layer_timing import time_units
-
             try:
                 self._units = await asyncio.to_thread(time_units, copy.deepcopy(self.model), self.sample,
                                                       (max(1, rows // 2), rows))
