@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from edgefleet.agent.grad_stream import GradientStream
 from edgefleet.agent.local_sgd import ParameterAnchor
 from edgefleet.agent.step_channel import StepChannel
 from edgefleet.protocol.codec import encode_array
-from edgefleet.protocol.errors import DecodeError, EdgeTrainError
+from edgefleet.protocol.errors import DecodeError, EdgeTrainError, NeighbourFault
 from edgefleet.protocol.exchange_frames import (
     Avg,
     BatchSplit,
@@ -56,6 +57,14 @@ RESULT_TIMEOUT_S = 900.0  # waiting for a step's result: slow boards and first s
 
 class ExchangeRefused(EdgeTrainError):
     """The coordinator refused this board (wrong token, wrong model, not part of the job, another protocol version)."""
+
+
+def _closed(exc: OSError) -> NeighbourFault:
+    """The coordinator closed the exchange under this board (a run that stops at a whole step to go on with a new plan
+    ends its boards' next step so): the job ends there, and this process is sound, so a kept worker takes the next
+    job."""
+    return NeighbourFault(f"the coordinator closed the gradient exchange ({type(exc).__name__}: {exc}); the job ends "
+                          "here")
 
 
 class StopTraining(Exception):
@@ -290,12 +299,16 @@ class ExchangeClient:
             return send(*args)
         except (BlockingIOError, TimeoutError):  # the kernel's send timeout, or Python's where it had to stand in
             raise TimeoutError(f"the coordinator took no gradient for {self.result_timeout_s:g} s") from None
+        except (ConnectionError, ssl.SSLError) as exc:
+            raise _closed(exc) from None
 
     def _recv(self, receive: Callable[..., Any], *args: Any) -> Any:
         try:
             return receive(*args)
         except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out (or the Python timeout standing in for it)
             raise TimeoutError(f"no answer from the coordinator within {self.result_timeout_s:g} s") from None
+        except (ConnectionError, ssl.SSLError) as exc:
+            raise _closed(exc) from None
 
     def close(self) -> None:
         self.sock.close()

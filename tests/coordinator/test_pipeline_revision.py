@@ -4,6 +4,7 @@ by speed, memory kept within each board's limit, and no revision that does not p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -21,11 +22,12 @@ revise = functools.partial(revision_module.revise, fixed_s=0.0)  # the figures b
 RAM = {b: 4 * 2**30 for b in ("a", "a1", "a2", "b", "c")}  # 4 GiB boards: memory binds only where a test says so
 
 
-def _units(*per_sample_ms: float, params: int = 1000) -> list[UnitReport]:
-    """Units u0, u1, ... each ``per_sample_ms`` of forward and backward a sample, no fixed cost."""
+def _units(*per_sample_ms: float, params: int = 1000, everywhere: bool = False) -> list[UnitReport]:
+    """Units u0, u1, ... each ``per_sample_ms`` of forward and backward a sample, no fixed cost; ``params`` bytes in
+    u0 (or in every unit): free to move into stage 0, whose exchange a revision may grow by a tenth of the model's."""
     return [UnitReport(name=f"u{i}", forward_intercept_s=0.0, forward_s_per_sample=t * MS / 2, backward_intercept_s=0.0,
-                       backward_s_per_sample=t * MS / 2, param_bytes=params, activation_bytes_per_sample=0,
-                       held_bytes_per_sample=0) for i, t in enumerate(per_sample_ms)]
+                       backward_s_per_sample=t * MS / 2, param_bytes=params if everywhere or i == 0 else 0,
+                       activation_bytes_per_sample=0, held_bytes_per_sample=0) for i, t in enumerate(per_sample_ms)]
 
 
 def _busy(units: list[UnitReport], plan_text: str, sizes: list[int], speed: dict[str, float]) -> dict[str, float]:
@@ -77,7 +79,7 @@ def test_stage_0s_slices_are_shared_out_by_its_boards_speeds() -> None:
 
 
 def test_no_board_is_given_more_than_its_memory_allows() -> None:
-    units = _units(1, 1, 1, 1, params=100_000_000)
+    units = _units(1, 1, 1, 1, params=100_000_000, everywhere=True)
     plan = parse_stage_plan("a,u1@b")
     busy = _busy(units, plan.text(), [64], {"a": 3.0})  # stage 0 slowed: the best plan moves layers onto b
     present = 2 * 100_000_000 * OPTIMIZER_COPIES  # b's stage now: two units
@@ -115,6 +117,18 @@ def test_a_lost_stage_0_board_leaves_its_samples_to_the_others_and_nothing_is_le
     assert kept is not None and kept.boards == ("a1", "b") and kept.batch_sizes == (32, 0)
     assert revision_module.replan_measured(plan, [16, 16, 0], 2, units, busy, lost=["a1", "a2"], ram_bytes=RAM) is None
     assert revision_module.replan_measured(plan, [16, 16, 0], 2, units, {"a1": 0.1}, lost=["a2"]) is None  # b unmeasured
+
+
+def test_a_revision_moves_no_parameter_heavy_layer_into_stage_0s_exchange() -> None:
+    units = [*_units(1, 1), *_units(1, 1, params=400_000)][:2] + [
+        dataclasses.replace(u, name=f"u{k + 2}") for k, u in enumerate(_units(1, 1, params=400_000))]
+    plan = parse_stage_plan("a,u1@b")  # a: u0, u1 (1,000 bytes); b: u2 (400,000 bytes), u3
+    busy = _busy(units, plan.text(), [64], {"b": 3.0})
+    revision = revise(plan, [64, 0], 4, units, busy, slowed=["b"], ram_bytes=RAM)
+    assert revision is None  # moving u2 would add 40x stage 0's bytes to every step's exchange
+    light = [*units[:2], dataclasses.replace(units[2], param_bytes=0), units[3]]
+    moved = revise(plan, [64, 0], 4, light, busy, slowed=["b"], ram_bytes=RAM)
+    assert moved is not None and moved.pipeline == "a,u2@b"  # the same layer without parameters moves
 
 
 def test_cuts_that_are_not_the_units_ends_give_no_revision() -> None:

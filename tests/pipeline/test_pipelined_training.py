@@ -124,7 +124,8 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
     a whole step, and goes on from there: every step once, the model the single process trains, faster again."""
     keys = make_keys(tmp_path, BOARDS)
     group = _cpu_group("q2")
-    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b])) for b in BOARDS}
+    kept = "[training]\nkeep_worker = true\n"  # the revised job runs on the workers of the old one
+    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b]) + kept) for b in BOARDS}
     proc = None
     try:
         group.add(started["q2"].proc.pid)  # the worker it starts for the job is in its group too
@@ -154,6 +155,8 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
     assert [s["step"] for s in records] == list(range(steps))  # none lost, none trained twice
     result = json.loads((run_dir / "result.json").read_text())
     assert result["pipeline"] != "q1,net.2@q2,net.8@q3" and 0 < result["revision_s"] < 30, result
+    # stage 0's worker, whose exchange the coordinator closed under it at the stop, stays for the revised job
+    assert "sending it to the running worker" in (tmp_path / "q1.log").read_text()
     since = re.search(r"revising from step (\d+)", output)
     assert since is not None, output[-4000:]
     revised_at = int(since.group(1))

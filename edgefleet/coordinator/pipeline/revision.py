@@ -17,6 +17,12 @@ profile taken before it:
   slowed later stage, the pipeline without it (its layers to its neighbours). Dynamic programming over
   the units keeps, per stage and last unit, the Pareto front of (slowest stage, sum of stages): a GPipe
   step of M micro-batches takes about ``(sum + (M - 1) * slowest) / M``.
+* **Stage 0's exchange.** Stage 0's boards send their stage's gradient to the coordinator every step
+  (a later stage of one board at checkpoints only, with ``--stage-sync checkpoint``), over links whose
+  speed the run does not measure. So stage 0 may gain at most :data:`STAGE0_GROWTH` of the model's
+  parameter bytes over what it holds: a revision moves convolutions into it, not a dense head whose
+  gradient would cross every stage-0 link every step (on fleet8 a re-plan without it moved conv_mlp's
+  535 k-parameter layer there).
 * **Memory is a constraint.** A board is given no stage whose parameters, gradients and two optimizer
   moments (4 x the parameters' bytes) and the activations its forward holds for its samples exceed what
   its present stage needs or :data:`MEMORY_SHARE` of its RAM, whichever is more.
@@ -46,6 +52,7 @@ log = logging.getLogger(__name__)
 # A step's fixed work on the coordinator's scale: Lightning's loop, self.log, the optimizer step and the round take
 # 6-8 ms of CPU at 0.12 of a core on a slow lab board (bench/step_fixed_costs.py), a few ms on a fast core.
 FIXED_STEP_S = 0.003
+STAGE0_GROWTH = 0.1   # stage 0 may gain this share of the model's parameter bytes (its gradient goes up every step)
 MEMORY_SHARE = 0.5      # a revised stage may use up to this share of its board's RAM (or what its old stage needed)
 OPTIMIZER_COPIES = 4    # parameters, gradients and two optimizer moments (Adam's): bytes = 4 x the parameters'
 
@@ -176,9 +183,12 @@ def _best_plan(model: _Costs, plan: StagePlan, group: list[str], candidates: Seq
                speeds: Mapping[str, float], limits: Mapping[str, float], units: Sequence[UnitReport],
                lost: Collection[str] = ()) -> Revision | None:
     """The fastest of the candidates' best cuts (each a list of later stages' boards, in order), or None."""
+    ends = unit_ends(units, plan.cuts)
+    assert ends is not None  # _measure checked them
+    stage0_params = model.params[ends[0] + 1] + STAGE0_GROWTH * model.params[-1]
     best: Revision | None = None
     for hosts in candidates:
-        found = _best_cuts(model, group, hosts, speeds, limits, model.m, len(units))
+        found = _best_cuts(model, group, hosts, speeds, limits, model.m, len(units), stage0_params)
         if found is None:
             continue
         step_s, ends_new, split = found
@@ -245,7 +255,8 @@ def _gpipe(stage_s: Sequence[float], micro_batches: int) -> float:
 
 
 def _best_cuts(model: _Costs, group: list[str], hosts: list[str], speeds: Mapping[str, float],
-               limits: Mapping[str, float], m: int, n_units: int) -> tuple[float, list[int], list[int]] | None:
+               limits: Mapping[str, float], m: int, n_units: int,
+               stage0_params: float = math.inf) -> tuple[float, list[int], list[int]] | None:
     """The best ends of the stages on ``group`` then ``hosts`` (in order): the predicted step, the ends, stage 0's
     slices; None when no cut fits every board's memory."""
     stages = 1 + len(hosts)
@@ -254,7 +265,7 @@ def _best_cuts(model: _Costs, group: list[str], hosts: list[str], speeds: Mappin
     fronts: dict[int, list[_Option]] = {}
     splits: dict[int, list[int]] = {}
     for end in range(n_units - stages + 1):  # stage 0: units 0..end
-        if model.params[end + 1] <= 0:  # stage 0 must train a parameter (it sends the gradients back)
+        if not 0 < model.params[end + 1] <= stage0_params:  # a parameter (it sends the gradients back), few more
             continue
         t0, split = model.stage0(lo=0, hi=end, group=group, speeds=speeds)
         if any(model.memory(0, end, n) > limits[b] for b, n in zip(group, split)):
@@ -290,4 +301,4 @@ def _pareto(options: list[_Option]) -> list[_Option]:
     return kept
 
 
-__all__ = ["MEMORY_SHARE", "Revision", "replan_measured", "revise", "unit_ends"]
+__all__ = ["MEMORY_SHARE", "STAGE0_GROWTH", "Revision", "replan_measured", "revise", "unit_ends"]
