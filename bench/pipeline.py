@@ -83,7 +83,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -348,6 +348,37 @@ def steps_once(steps: Sequence[int], expected: int) -> tuple[list[int], list[int
     return [s for s in range(expected) if s not in seen], sorted(s for s, n in seen.items() if n > 1)
 
 
+def _drive_acting(ctx: scaling.FleetContext, cmd: list[str], boards: Sequence[str], run_dir: Path, after: int,
+                  act: Callable[[], object], label: str) -> tuple[int, int | None]:
+    """Run ``cmd`` to its end (the idle boards spinning), calling ``act`` once ``after`` steps are done: the exit
+    status and the last step done when it acted (None: the run ended first).
+
+    Raises:
+        scaling.OutOfTime: not done in :data:`RUN_TIMEOUT_S` (or by ``--max-minutes``); the job is stopped.
+    """
+    wait_ready(ctx.lab, list(boards))
+    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
+    metrics = run_dir / "metrics.jsonl"
+    acted_after: int | None = None
+    deadline = min(ctx.deadline, time.monotonic() + RUN_TIMEOUT_S)
+    with ballast(ctx.ballast_info, idle), run_dir.with_suffix(".log").open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ctx.runs_dir)
+        try:
+            while proc.poll() is None:
+                done = metric_steps(metrics)
+                if acted_after is None and len(done) >= after:
+                    acted_after = done[-1]
+                    act()
+                if time.monotonic() > deadline:
+                    stop_job(proc)
+                    raise scaling.OutOfTime(f"{label}: not done in {RUN_TIMEOUT_S:.0f} s (or --max-minutes)")
+                time.sleep(scaling.POLL_S)
+        finally:
+            if proc.poll() is None:
+                stop_job(proc)
+    return proc.wait(), acted_after
+
+
 def _recovery_run(ctx: scaling.FleetContext, mode: str, pipeline: str, victim: str, extra: Sequence[str],
                   kill_after: int, steps: int) -> RecoveryRow:
     """A pipelined run whose ``victim`` agent is killed after ``kill_after`` steps; what result.json says after."""
@@ -358,29 +389,14 @@ def _recovery_run(ctx: scaling.FleetContext, mode: str, pipeline: str, victim: s
         "--dataset", "digits", "--steps", str(steps), "--checkpoint-every", str(RECOVERY_CHECKPOINT_EVERY),
         "--seed", "0", "--run-dir", str(run_dir), "--pipeline", pipeline,
         "--micro-batches", str(RECOVERY_MICRO_BATCHES), *PIPED_MODES[mode], *extra, board_keys=True))
-    wait_ready(ctx.lab, boards)
-    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
     log_path = run_dir.with_suffix(".log")
     metrics = run_dir / "metrics.jsonl"
-    killed_after: int | None = None
-    deadline = min(ctx.deadline, time.monotonic() + RUN_TIMEOUT_S)
-    with ballast(ctx.ballast_info, idle), log_path.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ctx.runs_dir)
-        try:
-            while proc.poll() is None:
-                done = metric_steps(metrics)
-                if killed_after is None and len(done) >= kill_after:
-                    killed_after = done[-1]
-                    os.kill(ctx.lab.agent(victim).pid, signal.SIGKILL)  # its worker ends with it
-                    print(f"    killed {victim}'s agent after step {killed_after}", file=sys.stderr, flush=True)
-                if time.monotonic() > deadline:
-                    stop_job(proc)
-                    raise scaling.OutOfTime(f"recovery {mode}: not done in {RUN_TIMEOUT_S:.0f} s (or --max-minutes)")
-                time.sleep(scaling.POLL_S)
-        finally:
-            if proc.poll() is None:
-                stop_job(proc)
-    status = proc.wait()
+
+    def kill() -> None:
+        os.kill(ctx.lab.agent(victim).pid, signal.SIGKILL)  # its worker ends with it
+        print(f"    killed {victim}'s agent", file=sys.stderr, flush=True)
+
+    status, killed_after = _drive_acting(ctx, cmd, boards, run_dir, kill_after, kill, f"recovery {mode}")
     result_path = run_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     seen = metric_steps(metrics)
@@ -438,35 +454,19 @@ def _slowdown_run(ctx: scaling.FleetContext, pipeline: str, victim: str, factor:
         "--dataset", "digits", "--steps", str(steps), "--checkpoint-every", str(RECOVERY_CHECKPOINT_EVERY),
         "--seed", "0", "--run-dir", str(run_dir), "--pipeline", pipeline, "--micro-batches",
         str(RECOVERY_MICRO_BATCHES), *PIPED_MODES["piped-sync-checkpoint"], *extra, board_keys=True))
-    wait_ready(ctx.lab, boards)
-    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
     log_path = run_dir.with_suffix(".log")
     metrics = run_dir / "metrics.jsonl"
     group = ctx.lab.board(victim).cgroup
     quota = ctx.lab.board(victim).spec.cpu
-    cut_after: int | None = None
-    deadline = min(ctx.deadline, time.monotonic() + RUN_TIMEOUT_S)
+
+    def throttle() -> None:
+        group.set_cpu_quota(quota * factor)
+        print(f"    cut {victim} to {quota * factor:.3f} of a core", file=sys.stderr, flush=True)
+
     try:
-        with ballast(ctx.ballast_info, idle), log_path.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ctx.runs_dir)
-            try:
-                while proc.poll() is None:
-                    done = metric_steps(metrics)
-                    if cut_after is None and len(done) >= SLOWDOWN_AFTER:
-                        cut_after = done[-1]
-                        group.set_cpu_quota(quota * factor)
-                        print(f"    cut {victim} to {quota * factor:.3f} of a core after step {cut_after}",
-                              file=sys.stderr, flush=True)
-                    if time.monotonic() > deadline:
-                        stop_job(proc)
-                        raise scaling.OutOfTime(f"slowdown: not done in {RUN_TIMEOUT_S:.0f} s (or --max-minutes)")
-                    time.sleep(scaling.POLL_S)
-            finally:
-                if proc.poll() is None:
-                    stop_job(proc)
+        status, cut_after = _drive_acting(ctx, cmd, boards, run_dir, SLOWDOWN_AFTER, throttle, "slowdown")
     finally:
         group.set_cpu_quota(quota)
-    status = proc.wait()
     output = log_path.read_text(errors="replace")
     result_path = run_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
