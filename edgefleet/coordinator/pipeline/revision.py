@@ -120,7 +120,7 @@ def revise(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, unit
                       *(speeds[h] * model.work(lo, hi, model.total, host=True)
                         for h, lo, hi in zip(plan.hosts, starts[1:], ends[1:]))], m)
     candidates = [list(plan.hosts), *([h for h in plan.hosts if h != s] for s in slowed if s in plan.hosts)]
-    best = _best_plan(model, plan, group, candidates, speeds, limits, units)
+    best = _best_plan(model, plan, ends, group, candidates, speeds, limits, units)
     if best is None or (best.pipeline == plan.text() and best.batch_sizes[:plan.group] == tuple(sizes)):
         return None
     pays = steps_left is None or (current - best.predicted_s) * steps_left > change_s
@@ -143,9 +143,9 @@ def replan_measured(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: 
     measured = _measure(plan, batch_sizes, micro_batches, units, busy_s, ram_bytes, fixed_s, lost=lost)
     if measured is None:
         return None
-    model, speeds, limits, _ = measured
+    model, speeds, limits, ends = measured
     hosts = [h for h in plan.hosts if h not in lost]
-    best = _best_plan(model, plan, group, [hosts], speeds, limits, units, lost)
+    best = _best_plan(model, plan, ends, group, [hosts], speeds, limits, units, lost)
     if best is None:
         return None
     gone = ", ".join(sorted(set(lost) & set(plan.boards)))
@@ -179,12 +179,11 @@ def _measure(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, un
     return model, speeds, limits, ends
 
 
-def _best_plan(model: _Costs, plan: StagePlan, group: list[str], candidates: Sequence[list[str]],
+def _best_plan(model: _Costs, plan: StagePlan, ends: Sequence[int], group: list[str], candidates: Sequence[list[str]],
                speeds: Mapping[str, float], limits: Mapping[str, float], units: Sequence[UnitReport],
                lost: Collection[str] = ()) -> Revision | None:
-    """The fastest of the candidates' best cuts (each a list of later stages' boards, in order), or None."""
-    ends = unit_ends(units, plan.cuts)
-    assert ends is not None  # _measure checked them
+    """The fastest of the candidates' best cuts (each a list of later stages' boards, in order), or None; ``ends``:
+    each stage's last unit under ``plan``."""
     stage0_params = model.params[ends[0] + 1] + STAGE0_GROWTH * model.params[-1]
     best: Revision | None = None
     for hosts in candidates:

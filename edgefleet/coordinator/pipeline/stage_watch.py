@@ -26,11 +26,17 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from edgefleet.coordinator.run.rebalance import MAX_WINDOW, MIN_WINDOW_S, NOISE_HISTORY, NOISE_Z, PERSIST_JUDGEMENTS, noise_sigma
+from edgefleet.coordinator.run.rebalance import (
+    MAX_WINDOW,
+    MEDIAN_SE,
+    MIN_WINDOW_S,
+    NOISE_HISTORY,
+    NOISE_Z,
+    PERSIST_JUDGEMENTS,
+    noise_sigma,
+)
 
 log = logging.getLogger(__name__)
-
-MEDIAN_SE = 1.2533  # the standard error of a median of n samples is about this x sigma / sqrt(n)
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,11 @@ class StageWatch:
         self.threshold, self.window, self.warmup = threshold, window, warmup
         self.reference_steps = 2 * window
         self._seen = 0
-        self._times: dict[str, list[float]] = {b: [] for b in boards}
+        # each board's newest busy times (the reference's, then a window's at most: a long run keeps no more) and how
+        # many it has taken since its reference began
+        keep = max(self.reference_steps, MAX_WINDOW)
+        self._times: dict[str, deque[float]] = {b: deque(maxlen=keep) for b in boards}
+        self._count: dict[str, int] = dict.fromkeys(self._times, 0)
         self._logs: dict[str, deque[float]] = {b: deque(maxlen=NOISE_HISTORY) for b in self._times}
         self._reference: dict[str, float] = {}
         self._judged_to: dict[str, int] = {}  # the index of each board's times up to which windows were judged
@@ -76,40 +86,43 @@ class StageWatch:
                 continue
             times = self._times[board]
             times.append(seconds)
+            self._count[board] += 1
             self._logs[board].append(math.log(seconds))
-            d = self._judge(board, times)
+            d = self._judge(board)
             if d is not None:
                 change[board] = d
-                recent[board] = statistics.median(times[-self._window_for(board, times):])
+                recent[board] = _median_of_last(times, self._window_for(times))
         if not change:
             return None
         return Drift(step=step, change=change, recent_s=recent)
 
     def recent_s(self) -> dict[str, float]:
         """Each board's median busy time over its last window (boards without one left out)."""
-        return {b: statistics.median(t[-self._window_for(b, t):]) for b, t in self._times.items() if t}
+        return {b: _median_of_last(t, self._window_for(t)) for b, t in self._times.items() if t}
 
     def settle(self, boards: Iterable[str]) -> None:
         """A drift no revision pays for becomes the new normal: the reference builds again from now."""
         for board in boards:
             if board in self._times:
-                self._times[board] = []
+                self._times[board].clear()
+                self._count[board] = 0
                 self._reference.pop(board, None)
                 self._judged_to.pop(board, None)
                 self._past[board] = 0
 
-    def _judge(self, board: str, times: list[float]) -> float | None:
+    def _judge(self, board: str) -> float | None:
+        times, count = self._times[board], self._count[board]
         if board not in self._reference:
-            if len(times) < self.reference_steps:
+            if count < self.reference_steps:
                 return None
             self._reference[board] = statistics.median(times)
-            self._judged_to[board] = len(times)
+            self._judged_to[board] = count
             return None
-        window = self._window_for(board, times)
-        if len(times) - self._judged_to[board] < window:
+        window = self._window_for(times)
+        if count - self._judged_to[board] < window:
             return None
-        self._judged_to[board] = len(times)
-        recent = statistics.median(times[-window:])
+        self._judged_to[board] = count
+        recent = _median_of_last(times, window)
         d = recent / self._reference[board] - 1.0
         se = MEDIAN_SE * noise_sigma(self._logs[board]) * math.sqrt(1.0 / window + 1.0 / self.reference_steps)
         past = abs(d) > self.threshold and abs(math.log1p(d)) > NOISE_Z * se
@@ -121,10 +134,15 @@ class StageWatch:
             return d
         return None
 
-    def _window_for(self, board: str, times: list[float]) -> int:
-        step_s = statistics.median(times[-self.window:]) if times else 0.0
+    def _window_for(self, times: deque[float]) -> int:
+        """A judged window's steps: ``window``, or enough to span MIN_WINDOW_S of the board's steps (MAX_WINDOW at most)."""
+        step_s = _median_of_last(times, self.window) if times else 0.0
         steps = math.ceil(MIN_WINDOW_S / step_s) if step_s > 0 else self.window
         return max(self.window, min(MAX_WINDOW, steps))
+
+
+def _median_of_last(times: deque[float], n: int) -> float:
+    return statistics.median(list(times)[-n:])
 
 
 __all__ = ["Drift", "StageWatch"]

@@ -68,7 +68,7 @@ MAX_WINDOW = 40           # the recent median's steps at most, however noisy or 
 MIN_WINDOW_S = 0.5        # a window spans at least this much of the board's compute: a blip is no drift
 CHANGE_COST_STEPS = 2.0   # what a change costs, in steps of compute: it must save more before the run ends
 _NORMAL_MAD = 0.6745      # the median absolute value of a standard normal variable
-_MEDIAN_SE = 1.2533       # the standard error of a median of n samples is about this x sigma / sqrt(n)
+MEDIAN_SE = 1.2533       # the standard error of a median of n samples is about this x sigma / sqrt(n)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +178,7 @@ class Rebalancer:
             self._unjudged[b] = 0
             reference = times[-skip - NOISE_HISTORY:-skip]
             d = recent[b] / statistics.median(reference) - 1.0
-            se[b] = _MEDIAN_SE * sigma * math.sqrt(1.0 / window + 1.0 / len(reference))
+            se[b] = MEDIAN_SE * sigma * math.sqrt(1.0 / window + 1.0 / len(reference))
             past = abs(d) > self.threshold and abs(math.log1p(d)) > NOISE_Z * se[b]
             side = int(math.copysign(1, d)) if past else 0
             self._past_bar[b] = self._past_bar[b] + side if side and self._past_bar[b] * side > 0 else side
@@ -193,7 +193,7 @@ class Rebalancer:
         """Steps in the recent median for a board with step-to-step noise ``sigma`` and steps of ``step_s``:
         ``window``, or more when that is too few to tell a board at half its speed (a log drift of ln 2)
         from noise or spans less than MIN_WINDOW_S, up to MAX_WINDOW."""
-        room = (math.log(2.0) / (NOISE_Z * _MEDIAN_SE * sigma)) ** 2 - 1.0 / self.reference_steps if sigma > 0 else math.inf
+        room = (math.log(2.0) / (NOISE_Z * MEDIAN_SE * sigma)) ** 2 - 1.0 / self.reference_steps if sigma > 0 else math.inf
         steps = MAX_WINDOW if room <= 1.0 / MAX_WINDOW else math.ceil(1.0 / room)
         if step_s > 0:
             steps = max(steps, math.ceil(MIN_WINDOW_S / step_s))
@@ -202,7 +202,7 @@ class Rebalancer:
     def _standard_errors(self, inverse_counts: float) -> dict[str, float]:
         """Per board, the standard error (in log time) of a difference of medians of n1 and n2 steps,
         ``inverse_counts`` = 1/n1 + 1/n2, from the board's step-to-step noise."""
-        return {b: _MEDIAN_SE * noise_sigma(self._history[b]) * math.sqrt(inverse_counts) for b in self._batches}
+        return {b: MEDIAN_SE * noise_sigma(self._history[b]) * math.sqrt(inverse_counts) for b in self._batches}
 
     def _since_change(self, board: str, drift: float, window: int) -> float:
         """The median of ``board``'s newest run of steps past the threshold on ``drift``'s side (>= 2 steps),

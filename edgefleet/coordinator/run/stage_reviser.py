@@ -58,8 +58,10 @@ class StageReviser:
         self._units: tuple[UnitReport, ...] | None = None
         self._units_failed = False
 
-    async def after_step(self, step: int, busy_s: Mapping[str, float], ram_bytes: Mapping[str, int]) -> Replanned | None:
-        """Take step ``step``'s busy times; the run's next plan when a revision pays (once: then the run stops)."""
+    async def after_step(self, step: int, busy_s: Mapping[str, float],
+                         ram_bytes: Callable[[], Mapping[str, int]]) -> Replanned | None:
+        """Take step ``step``'s busy times; the run's next plan when a revision pays (once: then the run stops).
+        ``ram_bytes`` gives each board's RAM, asked only on a drift."""
         if self.next_plan is not None:
             return None
         drift = self.watch.observe(step, busy_s)
@@ -71,7 +73,7 @@ class StageReviser:
             slowed = [b for b, d in drift.change.items() if d > 0]
             measured = {**self.watch.recent_s(), **drift.recent_s}
             revision = revise(self.plan, self.batch_sizes, self.micro_batches, units, measured, slowed=slowed,
-                              ram_bytes=ram_bytes, min_gain=MIN_GAIN, steps_left=self.total_steps - step - 1,
+                              ram_bytes=ram_bytes(), min_gain=MIN_GAIN, steps_left=self.total_steps - step - 1,
                               change_s=REVISION_COST_S)
         changed = _changes(drift)
         if revision is None:

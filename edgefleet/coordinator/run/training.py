@@ -972,8 +972,7 @@ class TrainingRun:
                 self.on_note(_rebalance_note(rebalance))
             self._held.append(_HeldStep(result, elapsed, rebalance, samples, epoch_end, wait))
             if self.reviser is not None and self.comeback is None and not self._returned:
-                await self.reviser.after_step(step, result.compute_s,
-                                              {b: c.ram_bytes for b, c in channel.caps.items() if c is not None})
+                await self.reviser.after_step(step, result.compute_s, lambda: _ram_bytes(channel))
             self._flush_steps(wait=wait)  # the steps whose figures are all there, in order (an epoch's end: validated)
             keeper = self.replica.stage_keeper
             if (step + 1) % spec.checkpoint_every == 0 or (keeper is not None and epoch_end):  # a sparse stage sync:
@@ -1047,9 +1046,8 @@ class TrainingRun:
         if not gone or self._user_stop:
             return None
         plan = parse_stage_plan(self.spec.pipeline)
-        ram = {b: c.ram_bytes for b, c in channel.caps.items() if c is not None}
         # the stages cut again at the speeds measured so far (--rebalance), else the lost ones merged into a neighbour
-        measured = await self.reviser.without(gone, ram) if self.reviser is not None else None
+        measured = await self.reviser.without(gone, _ram_bytes(channel)) if self.reviser is not None else None
         replanned = measured or replan(plan, self.spec.batch_sizes, gone)
         if replanned is None:
             self.on_note(f"board(s) {', '.join(gone)} went offline and none of stage 0's boards is left: stopping "
@@ -1133,6 +1131,11 @@ class TrainingRun:
             return {}
         return {"placement": self.spec.placement, "activation_bytes_in": server.bytes_in,
                 "activation_bytes_out": server.bytes_out}
+
+
+def _ram_bytes(channel: BoardChannel) -> dict[str, int]:
+    """Each board's RAM, from its caps (a pipeline's revision keeps every stage within it)."""
+    return {b: c.ram_bytes for b, c in channel.caps.items() if c is not None}
 
 
 def _rebalance_note(record: dict[str, Any]) -> str:
