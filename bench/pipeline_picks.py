@@ -1,0 +1,308 @@
+"""Does the pipeline planner pick the fastest plan? Ten lab cases, each plan measured side by side (issue 35).
+
+Issue 35's target: the planner's pick is the measured best, or within 5% of it, in at least 9 of
+10 lab cases. On the emulated lab's ``fleet8`` (root), through the real ``edge-coordinator train``:
+
+1. each model of the cases is profiled once on every board (``edge-coordinator profile``, per-layer
+   figures included; the other boards spin meanwhile), and the profile is kept;
+2. for each case (a model and a few of fleet8's boards, :data:`CASES`), every plan train can run
+   today over those boards is costed by the pipeline cost model (``bench/pipeline_candidates.py``:
+   data-parallel, or a stage-0 group and one or two later stages of one board, GPipe, M = 1, 2, 4);
+   the cheapest is the pick;
+3. the pick and the best plan of each other family (another shape, another M, another stage count;
+   at most 5) each train ``--epochs`` epochs (default 3, no target) with ``--stage-sync checkpoint``
+   as ``plan --pipeline``'s flags say and the split the model gives stage 0's boards; data-parallel
+   runs take the pipeline model's split too. Each run's samples/s counts the steps after the warm-up,
+   validation left out (``bench/scaling.py``'s definition), its state steps in.
+
+A case is a hit when the pick's samples/s is at least 95% of the best measured one's. Printed per
+plan: predicted and measured step time, samples/s against the case's best, and each board's median
+busy time a step (its step without the time it waited on a neighbour: ``compute_s``), which is what
+calibrating the cost model needs; ``--json OUT`` keeps it all with the profiles' paths.
+
+Run as root from the repository root (about 25-35 min on a 2-core machine)::
+
+    python bench/pipeline_picks.py --json OUT --keep-runs DIR
+    python bench/pipeline_picks.py --cases 1 6 --epochs 2        # a quicker look
+
+Exit status: 0 when every run was made (whatever the hits), 2 when one or more could not be, 130
+when interrupted; the lab comes down on every exit path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import scaling  # bench/ is the script's folder, first on sys.path
+from _harness import (
+    KEEP_WORKER,
+    ballast,
+    in_coordinator_netns,
+    log_tail,
+    sigterm_as_ctrl_c,
+    train_command,
+    wait_ready,
+    write_fleet_key,
+)
+from _table import print_table
+from pipeline_candidates import Candidate, runs_to_measure, trainable_plans
+
+if TYPE_CHECKING:
+    from edgefleet.coordinator.planning import FleetProfile
+
+log = logging.getLogger("bench.pipeline_picks")
+
+FLEET = "fleet8"
+HIT_SHARE = 0.95          # the pick within 5% of the measured best
+EPOCHS = 3
+CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("conv_mlp", ("x86-1", "pi5-1", "pi5-2")),
+    ("conv_mlp", ("x86-1", "pi5-2", "pi4-3")),
+    ("conv_mlp", ("pi5-1", "pi5-2", "pi4-3")),
+    ("conv_mlp", ("x86-1", "pi5-1", "pi5-2", "pi4-3")),
+    ("conv_mlp", ("x86-1", "pi4-1", "pi4-2")),
+    ("conv_mlp", ("pi4-1", "pi4-2", "pi4-3", "nano-1")),
+    ("lenet5", ("x86-1", "pi5-1", "pi5-2")),
+    ("lenet5", ("pi5-1", "pi5-2", "pi4-3")),
+    ("lenet5", ("x86-1", "pi4-1", "nano-1")),
+    ("lenet5", ("pi4-1", "pi4-2", "pi4-3", "nano-1")),
+)
+
+
+@dataclass
+class PlanRun:
+    """One measured plan of a case."""
+
+    label: str
+    pipeline: str | None            # train's --pipeline, None for data-parallel
+    boards: list[str]
+    batch_sizes: list[int]
+    micro_batches: int
+    predicted_step_ms: float
+    samples_per_s: float | None = None
+    step_ms: float | None = None    # the global batch over samples/s
+    busy_ms: dict[str, float] = field(default_factory=dict)  # each board's median compute_s a step
+    stolen: float = 0.0
+    others_share: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class CaseResult:
+    number: int
+    model: str
+    boards: list[str]
+    plans_costed: int
+    runs: list[PlanRun]
+
+    @property
+    def best(self) -> PlanRun | None:
+        done = [r for r in self.runs if r.samples_per_s]
+        return max(done, key=lambda r: r.samples_per_s or 0.0) if done else None
+
+    @property
+    def pick_share(self) -> float | None:
+        """The pick's samples/s over the best measured plan's."""
+        best, pick = self.best, self.runs[0] if self.runs else None
+        if best is None or pick is None or not pick.samples_per_s or not best.samples_per_s:
+            return None
+        return pick.samples_per_s / best.samples_per_s
+
+    @property
+    def hit(self) -> bool | None:
+        share = self.pick_share
+        return None if share is None else share >= HIT_SHARE
+
+
+def _busy(run_dir: Path, warmup: int) -> dict[str, float]:
+    """Each board's median ``compute_s`` over the steps after the warm-up, in ms."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [r for r in records if isinstance(r.get("compute_s"), dict)][warmup:]
+    boards = {b for r in records for b in r["compute_s"]}
+    return {b: round(statistics.median(r["compute_s"][b] for r in records if b in r["compute_s"]) * 1e3, 2)
+            for b in sorted(boards)}
+
+
+def _measure_plan(ctx: scaling.FleetContext, model: str, number: int, index: int, cand: Candidate,
+                  epochs: int, quotas: dict[str, float]) -> PlanRun:
+    workload = dataclasses.replace(scaling.WORKLOADS[model], target=1.01)  # never reached: the run goes its epochs
+    run = PlanRun(label=cand.label, pipeline=cand.shape if cand.later else None, boards=list(cand.boards),
+                  batch_sizes=list(cand.batch_sizes), micro_batches=cand.micro_batches,
+                  predicted_step_ms=round(cand.predicted_step_s * 1e3, 2))
+    run_dir = ctx.runs_dir / f"case{number}-plan{index}"
+    piped = ["--pipeline", cand.shape, "--micro-batches", str(cand.micro_batches), "--stage-sync", "checkpoint"]
+    # --batch is stage 0's boards' (a later stage's board takes the whole batch from its neighbour)
+    cmd = train_command(ctx.lab, ctx.key_file, cand.boards, cand.batch_sizes, "--model", model,
+                        "--dataset", workload.dataset, "--epochs", str(epochs), "--seed", "0", "--no-rebalance",
+                        "--run-dir", str(run_dir), *(piped if cand.later else []), board_keys=bool(cand.later))
+    cmd = in_coordinator_netns(ctx.lab, cmd)
+    cfg = scaling.Config(FLEET, model, "picks", cand.boards, (*cand.batch_sizes, *(0,) * len(cand.later)),
+                         tuple(quotas[b] for b in cand.boards), "planned")
+    wait_ready(ctx.lab, cand.boards)
+    idle = [b for b in ctx.ballast_info if b not in cand.boards] if ctx.ballast else []
+    cpu = scaling.StepCpu({b: ctx.board_cpuacct[b] for b in cand.boards})
+    log_path = run_dir.with_suffix(".log")
+    try:
+        with ballast(ctx.ballast_info, idle):
+            load = scaling.HostLoad(ctx.cpuacct_files)
+            started = time.monotonic()
+            status, _ = scaling._drive(cmd, run_dir, log_path, workload, f"case {number} {cand.label}", ctx.deadline, cpu)
+            wall = time.monotonic() - started
+            host = load.finish()
+        if status != 0 or not (run_dir / "metrics.jsonl").exists():
+            raise RuntimeError(f"train exited with {status}:\n{log_tail(log_path)}")
+        figures = scaling._figures(cfg, workload, run_dir, wall, False, host, cpu)
+    except RuntimeError as exc:
+        if isinstance(exc, scaling.OutOfTime):
+            raise
+        run.error = str(exc)
+        return run
+    run.samples_per_s = figures.samples_per_s
+    run.step_ms = (workload.global_batch / figures.samples_per_s * 1e3) if figures.samples_per_s else None
+    run.busy_ms = _busy(run_dir, scaling.WARMUP_STEPS)
+    run.stolen, run.others_share = figures.stolen, figures.others_share
+    return run
+
+
+def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) -> Any:
+    from edgefleet.coordinator.planning.pipeline_model import problem_from_fleet
+
+    problem, _ = problem_from_fleet(profile, global_batch=global_batch)
+    return dataclasses.replace(problem, boards=tuple(b for b in problem.boards if b.board_id in boards))
+
+
+def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[CaseResult],
+             profiles: dict[str, str], failures: list[str]) -> None:
+    from edgefleet.lab.fleet_file import load_fleet
+    from edgefleet.lab.lab import Lab
+
+    cases = [(n, *CASES[n - 1]) for n in args.cases]
+    started = time.monotonic()
+    print(f"{FLEET}: starting the lab", file=sys.stderr, flush=True)
+    logs = args.keep_runs / FLEET / "lab-logs" if args.keep_runs else None
+    with Lab(load_fleet(scaling.FLEETS[FLEET]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs) as lab:
+        lab.wait_online(timeout_s=180)
+        print(f"{FLEET}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        files = [board.cgroup.path("cpuacct") / "cpuacct.usage" for board in lab.boards.values()]
+        if lab.server_cgroup is not None:
+            files.append(lab.server_cgroup.path("cpuacct") / "cpuacct.usage")
+        info = {b: {"cpus": board.spec.cpu,
+                    "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
+                for b, board in lab.boards.items()}
+        runs_dir = (args.keep_runs or tmp) / FLEET
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        ctx = scaling.FleetContext(lab, key_file, info, files,
+                                   {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()},
+                                   runs_dir, args.deadline, args.ballast)
+        quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}
+        every = sorted(lab.boards)
+        scaling._warm(ctx, every)
+        fleets: dict[str, FleetProfile] = {}
+        for model in dict.fromkeys(model for _, model, _ in cases):
+            print(f"  profiling {model} on every board", file=sys.stderr, flush=True)
+            fleets[model], record = scaling._profile(ctx, model, every)
+            profiles[model] = str(runs_dir / f"profile-{model}.json")
+            print(f"    profiled in {record['profile_s']:.0f} s", file=sys.stderr, flush=True)
+        for number, model, boards in cases:
+            problem = _problem(fleets[model], boards, scaling.WORKLOADS[model].global_batch)
+            plans = trainable_plans(problem)
+            chosen = runs_to_measure(plans)
+            print(f"  case {number}: {model} on {'+'.join(boards)}: {len(plans)} plans costed, pick "
+                  f"{chosen[0].label if chosen else 'none'}", file=sys.stderr, flush=True)
+            result = CaseResult(number, model, list(boards), len(plans), [])
+            for index, cand in enumerate(chosen):
+                run = _measure_plan(ctx, model, number, index, cand, args.epochs, quotas)
+                result.runs.append(run)
+                if run.error:
+                    failures.append(f"case {number} {cand.label}: {run.error.splitlines()[0]}")
+                print(f"    {cand.label}: predicted {run.predicted_step_ms:.0f} ms, measured "
+                      f"{scaling._fmt(run.step_ms, '.0f')} ms, busy {run.busy_ms}{' FAILED' if run.error else ''}",
+                      file=sys.stderr, flush=True)
+            results.append(result)
+            print(f"    pick at {scaling._fmt(result.pick_share, '.2f')} of the best: "
+                  f"{'hit' if result.hit else 'miss'}", file=sys.stderr, flush=True)
+
+
+def print_figures(results: list[CaseResult], wall_s: float) -> None:
+    rows = []
+    for case in results:
+        best = case.best
+        for index, run in enumerate(case.runs):
+            rows.append([str(case.number) if index == 0 else "", case.model if index == 0 else "",
+                         ("pick: " if index == 0 else "") + run.label, f"{run.predicted_step_ms:.0f}",
+                         scaling._fmt(run.step_ms, ".0f"),
+                         scaling._fmt(run.samples_per_s / best.samples_per_s if best and best.samples_per_s
+                                      and run.samples_per_s else None, ".2f"),
+                         " ".join(f"{b} {v:.0f}" for b, v in run.busy_ms.items()) or run.error[:40]])
+    hits = [c.hit for c in results if c.hit is not None]
+    print_table("The pipeline planner's pick against the measured best, fleet8",
+                ["case", "model", "plan", "predicted ms", "measured ms", "x best", "busy ms a step"], rows,
+                caption=f"hits (pick within {1 - HIT_SHARE:.0%} of the best measured): {sum(hits)} of {len(hits)} "
+                        f"cases (target: 9 of 10); {wall_s / 60:.1f} min")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", type=int, default=list(range(1, len(CASES) + 1)),
+                        choices=range(1, len(CASES) + 1), metavar="N", help=f"which cases, 1 to {len(CASES)} (default all)")
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's length (default {EPOCHS})")
+    parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
+                        help="boards left out of a run spin at their quotas meanwhile (default on)")
+    parser.add_argument("--max-minutes", type=float, default=50.0, help="stop (exit 2) after this long (default 50)")
+    parser.add_argument("--keep-runs", type=Path, metavar="DIR", help="keep every run directory, log and profile here")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if os.geteuid() != 0:
+        print("pipeline_picks: needs root for the lab (network namespaces, cgroups)", file=sys.stderr)
+        return 2
+    from edgefleet.lab.lab import LabBusy, LabUnavailable
+
+    signal.signal(signal.SIGTERM, sigterm_as_ctrl_c)
+    started = time.monotonic()
+    args.deadline = started + args.max_minutes * 60
+    results: list[CaseResult] = []
+    profiles: dict[str, str] = {}
+    failures: list[str] = []
+    interrupted = False
+    with tempfile.TemporaryDirectory(prefix="efl-picks-") as tmp:
+        key_file = write_fleet_key(Path(tmp) / "fleet.key")
+        try:
+            _measure(args, key_file, Path(tmp), results, profiles, failures)
+        except (scaling.OutOfTime, LabUnavailable, LabBusy, TimeoutError, RuntimeError) as exc:
+            failures.append(str(exc))
+        except KeyboardInterrupt:
+            interrupted = True
+            print("pipeline_picks: interrupted; the lab is down", file=sys.stderr, flush=True)
+    wall = time.monotonic() - started
+    if args.json:
+        args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "deadline"},
+                                         "wall_s": wall, "profiles": profiles, "failures": failures,
+                                         "cases": [{**asdict(c), "pick_share": c.pick_share, "hit": c.hit}
+                                                   for c in results], "interrupted": interrupted},
+                                        indent=1, default=str))
+    print_figures(results, wall)
+    if interrupted:
+        return 130
+    return 0 if not failures and len(results) == len(args.cases) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

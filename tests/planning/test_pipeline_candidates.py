@@ -1,0 +1,65 @@
+"""The plans the pipeline picks benchmark measures (bench/pipeline_candidates.py): every plan train runs today,
+costed, and which of them a case measures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from edgefleet.coordinator.planning.pipeline_cost import evaluate_plan
+from edgefleet.coordinator.planning.pipeline_model import LayerCost, PipelineBoard, PipelineProblem, StageSpec
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+MB = 1_000_000
+
+
+def _load() -> ModuleType:
+    # bench/ is a folder of scripts, not a package: the module is loaded from its file.
+    spec = importlib.util.spec_from_file_location("pipeline_candidates", BENCH / "pipeline_candidates.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+pc = _load()
+
+
+def _problem() -> PipelineProblem:
+    layers = tuple(LayerCost(name=f"net.{k}", forward_s_per_sample=0.01 * (k + 1), backward_s_per_sample=0.02,
+                             param_bytes=(4 * MB if k == 2 else 10_000), activation_bytes_per_sample=2_000,
+                             held_bytes_per_sample=10_000) for k in range(3))
+    boards = tuple(PipelineBoard(board_id=name, speed=speed, memory_limit_bytes=500 * MB, link_up_bytes_per_s=2 * MB,
+                                 link_down_bytes_per_s=2 * MB, active_power_w=5.0, idle_power_w=2.0,
+                                 overhead_s=0.01) for name, speed in (("a", 1.0), ("b", 2.0), ("c", 1.5)))
+    return PipelineProblem(layers=layers, boards=boards, global_batch=8, dataset_len=80)
+
+
+def test_every_trainable_plan_is_costed_cheapest_first_and_none_has_a_later_group() -> None:
+    problem = _problem()
+    plans = pc.trainable_plans(problem)
+    assert [c.predicted_step_s for c in plans] == sorted(c.predicted_step_s for c in plans)
+    assert {c.stages for c in plans} == {1, 2, 3}
+    assert all(c.micro_batches == 1 for c in plans if c.stages == 1)  # data-parallel has no micro-batches
+    assert all(sum(c.batch_sizes) == problem.global_batch and len(c.batch_sizes) == len(c.stage0) for c in plans)
+    # the figures are the cost model's own for the plan as train would be told it
+    pick = plans[0]
+    names = [layer.name for layer in problem.layers]
+    stops = [names.index(cut) + 1 for cut, _ in pick.later]
+    edges = [0, *stops, len(names)]
+    groups = [pick.stage0, *((b,) for _, b in pick.later)]
+    plan = evaluate_plan(problem, [StageSpec(edges[k], edges[k + 1], g) for k, g in enumerate(groups)],
+                         micro_batches=pick.micro_batches, schedule="gpipe")
+    assert plan.step_time_s == pick.predicted_step_s
+
+
+def test_a_case_measures_the_pick_then_other_families_each_once() -> None:
+    plans = pc.trainable_plans(_problem())
+    runs = pc.runs_to_measure(plans)
+    assert runs[0] == plans[0] and len(runs) == len(set(runs)) <= pc.MAX_RUNS
+    assert runs[1].shape != runs[0].shape
+    assert {c.stages for c in runs} == {1, 2, 3}
+    assert pc.runs_to_measure([]) == []
