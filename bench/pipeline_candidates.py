@@ -3,7 +3,7 @@
 No script but a script's part, free of the lab (tests load it by its file name): every plan ``train
 --pipeline`` can run today over a case's boards is costed by the pipeline cost model
 (``planning.pipeline_cost.evaluate_plan``): one stage (plain data-parallel, M = 1), or a stage-0
-group followed by one or two later stages of one board each, cut at any of the model's admissible
+group followed by one or two later stages of one board each (every stage with parameters), cut at any of the model's admissible
 cuts, GPipe, M in :data:`MICRO_BATCHES`. The cheapest by the model is the planner's pick among them
 (what ``plan --pipeline`` would choose if it kept to what train runs). The runs to measure are the
 pick and the best plan of each other family (another shape, another M, another stage count), so
@@ -76,6 +76,8 @@ def trainable_plans(problem: PipelineProblem, *, max_stages: int = 3) -> list[Ca
                 shapes += [(later, stops) for stops in itertools.combinations(range(1, len(names)), count)]
         for later, stops in shapes:
             specs = _specs(problem, stage0, later, stops)
+            if any(not any(layer.param_bytes for layer in problem.layers[s.first_layer:s.stop_layer]) for s in specs):
+                continue  # a stage without parameters trains nothing: no board is given one
             for m in MICRO_BATCHES if later else (1,):
                 if problem.global_batch % m:
                     continue

@@ -175,6 +175,7 @@ BOARD_COUNTS = (1, 2, 4, 8)
 MODE_FLAGS: dict[str, tuple[str, ...]] = {  # mode -> extra train flags
     "exact": (), "exact-noaudit": ("--audit-share", "0"),
     "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)},
+    **{f"diloco-{h}": ("--sync-every", str(h), "--outer-optimizer", "diloco") for h in (4, 8, 16)},
     "placed": ("--placement", "net.6")}  # every workload's flatten before its dense layers
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
 PLANNED_MODES = {"powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}

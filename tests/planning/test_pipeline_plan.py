@@ -171,6 +171,32 @@ def test_the_programme_matches_exhaustive_search_and_beats_the_baselines() -> No
     assert pipelines and groups and none_fit                                # the cases exercise every shape
 
 
+def test_a_limit_on_later_groups_is_kept_by_the_programme_and_exhaustive_search_alike() -> None:
+    # plan --pipeline plans what train runs: one board at each later stage (max_later_group = 1)
+    rng = random.Random(36)
+    limited = 0
+    for case in range(40):
+        free = _random_problem(rng)
+        problem, objective = dataclasses.replace(free, max_later_group=1), OBJECTIVES[case % 3]
+        found, _ = search_pipeline(problem, objective)
+        optimum = exhaustive_search(problem, objective)
+        assert (found is None) == (optimum is None)
+        if found is None or optimum is None:
+            continue
+        assert all(len(s.boards) == 1 for s in found.stages[1:]), f"case {case}: a later group {found.stages}"
+        assert found.objective_value(objective) <= optimum.objective_value(objective) * 1.01
+        unlimited, _ = search_pipeline(free, objective)
+        assert unlimited is not None
+        if any(len(s.boards) > 1 for s in unlimited.stages[1:]):
+            limited += 1
+            ruled = evaluate_plan(problem, unlimited.specs, micro_batches=unlimited.micro_batches,
+                                  schedule=unlimited.schedule)
+            assert ruled.constraint == "group" and "over the 1 a later stage may have" in ruled.ruled_out
+    assert limited  # some cases' best plan had a later group, which the limit ruled out
+    with pytest.raises(PlanError, match="max_later_group"):
+        dataclasses.replace(_hand_problem(), max_later_group=0)
+
+
 def test_a_pipeline_fits_where_no_board_holds_the_model() -> None:
     # four layers of 20 MB: 60 MB each with gradients and momentum, 240 MB the model; a board allows 150 MB
     layers = tuple(_layer(f"l{i}", params=20 * MB, held=0.5 * MB) for i in range(4))

@@ -40,8 +40,9 @@ moving bytes draws idle power; the last stage's boards hold their samples' label
 board sends its state to the coordinator's replica at checkpoints only (what ``plan --pipeline``'s train
 flags ask for), charged as if every step carried its share.
 
-A plan is ruled out, in this order, by ``batch`` (a group has more boards than a micro-batch has
-samples), ``memory`` (some board's memory_k over its limit, the board named) and ``power`` (over
+A plan is ruled out, in this order, by ``group`` (a later stage has more boards than
+``max_later_group``: train runs one board at a later stage today), ``batch`` (a group has more boards
+than a micro-batch has samples), ``memory`` (some board's memory_k over its limit, the board named) and ``power`` (over
 ``max_power_w``).
 """
 
@@ -239,6 +240,11 @@ def evaluate_plan(problem: PipelineProblem, specs: Sequence[StageSpec], *, micro
 
 def _ruled_out(problem: PipelineProblem, costs: list[tuple[StageSpec, list[PipelineBoard], StageCost]],
                micro_batches: int, power_w: float) -> tuple[str, str]:
+    limit = problem.max_later_group
+    for position, (spec, boards, _) in enumerate(costs):
+        if position and limit is not None and len(boards) > limit:
+            return "group", (f"stage {position} is a group of {len(boards)} boards ({'+'.join(spec.boards)}), over the "
+                             f"{limit} a later stage may have")
     for spec, boards, cost in costs:
         if not cost.micro_batch_sizes:
             return "batch", (f"stage of layers {spec.first_layer}..{spec.stop_layer - 1} has {len(boards)} boards but a "

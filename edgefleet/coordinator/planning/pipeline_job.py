@@ -6,7 +6,7 @@ every selected variant and every global batch asked for, the best pipeline plan 
 planner's problem). The best over them is chosen; when none fits, the line of the variant and
 batch that came closest says what would (more boards, other micro-batches, a smaller variant).
 
-Plans GPipe (what ``train --pipeline`` runs); the chosen plan comes with the ``train`` flags that run it
+Plans GPipe with one board at each later stage (what ``train --pipeline`` runs); the chosen plan comes with the ``train`` flags that run it
 (``planning.pipeline_train``), or the reason train cannot yet.
 """
 
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # What train runs (``agent.stage_runtime``): GPipe. 1F1B stays the planner's own option (``PipelineProblem.schedules``)
 # until the runtime can keep the user's loss exact with it (docs/pipeline.md, "GPipe only").
 TRAINED_SCHEDULES = ("gpipe",)
+# train runs one board at each later stage (stage 0 may be a group): plans with a later group are planned again once
+# the runtime runs them (docs/pipeline.md, Next)
+TRAINED_LATER_GROUP = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,7 +81,7 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
             problem, lacking = problem_from_fleet(fleet, global_batch=global_batch,
                                                   max_memory_fraction=request.max_memory_fraction,
                                                   max_power_w=request.max_power_w, count_idle=request.count_idle)
-            problem = replace(problem, schedules=TRAINED_SCHEDULES)
+            problem = replace(problem, schedules=TRAINED_SCHEDULES, max_later_group=TRAINED_LATER_GROUP)
             options.append(PipelineOption(variant_label=label, global_batch=global_batch, problem=problem,
                                           result=plan_pipeline(problem, request.objective), notes=lacking))
     if not options:

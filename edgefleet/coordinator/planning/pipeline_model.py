@@ -100,6 +100,7 @@ class PipelineProblem:
     count_idle: bool = False                 # charge the idle power of the boards a plan leaves out
     micro_batches: tuple[int, ...] = ()      # the M to try; (): the divisors of global_batch up to MAX_MICRO_BATCHES
     schedules: tuple[str, ...] = SCHEDULES
+    max_later_group: int | None = None       # the most boards a stage after the first may have (None: any)
 
     def __post_init__(self) -> None:
         if not self.layers or not self.boards:
@@ -117,6 +118,8 @@ class PipelineProblem:
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown or not self.schedules:
             raise PlanError(f"schedules {list(self.schedules)}: each must be one of {', '.join(SCHEDULES)}")
+        if self.max_later_group is not None and self.max_later_group < 1:
+            raise PlanError(f"max_later_group {self.max_later_group} must be >= 1 (or None: any group)")
         if self.optimizer_bytes_per_param_byte < 0 or (self.max_power_w is not None and self.max_power_w <= 0):
             raise PlanError(f"optimizer bytes per parameter byte {self.optimizer_bytes_per_param_byte} must be >= 0 "
                             f"and --max-power {self.max_power_w} > 0")
@@ -196,7 +199,7 @@ class PipelinePlan:
     edp_j_s: float
     memory: tuple[BoardMemory, ...]      # per taking-part board, in stage order
     links: tuple[LinkLoad, ...]          # ditto
-    constraint: str = ""                 # "", "batch", "memory" or "power"
+    constraint: str = ""                 # "", "group", "batch", "memory" or "power"
     ruled_out: str = ""                  # why, with the figures
 
     @property

@@ -190,6 +190,7 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
     allowed = {code: _power_ok(problem, v, counts, active, idle) for code, v in vectors.items()}
     within: dict[int, list[int]] = {}   # the groups that fit in what is left, by what is left
     dims = {"time": (1, 1, 0), "power": (0, 0, 0)}.get(objective, (1, 1, 1))
+    limit = problem.max_later_group
     fronts: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(L + 1)]
     fronts[L][(0, 0)] = [_Label(0.0, 0.0, 0.0, (L, L, ()), None)]
     cache: dict[tuple[int, int, int, int], tuple[float, float, float] | None] = {}
@@ -204,6 +205,8 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
                 if not allowed[used + g]:
                     continue
                 for i in range(j - 1, -1, -1):
+                    if i and limit is not None and sum(vectors[g]) > limit:
+                        continue  # a later stage's group larger than the problem allows
                     key = (i, j, g, flight)
                     if key not in cache:
                         boards = [reps[k] for k, x in enumerate(vectors[g]) for _ in range(x)]
