@@ -550,17 +550,8 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
     with Lab(load_fleet(scaling.FLEETS[FLEET]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs) as lab:
         lab.wait_online(timeout_s=180)
         print(f"{FLEET}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        files = [board.cgroup.path("cpuacct") / "cpuacct.usage" for board in lab.boards.values()]
-        if lab.server_cgroup is not None:
-            files.append(lab.server_cgroup.path("cpuacct") / "cpuacct.usage")
-        info = {b: {"cpus": board.spec.cpu,
-                    "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
-                for b, board in lab.boards.items()}
         runs_dir = (args.keep_runs or tmp) / FLEET
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        ctx = scaling.FleetContext(lab, key_file, info, files,
-                                   {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()},
-                                   runs_dir, args.deadline, args.ballast)
+        ctx = scaling.FleetContext.of_lab(lab, key_file, runs_dir, args.deadline, args.ballast)
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}
         ranked = fastest_boards(scaling._fleet_quotas(lab.fleet), len(lab.boards))
         dp_boards = [tuple(ranked[:k]) for k in args.dp_boards] if args.speed else []

@@ -5,8 +5,8 @@ No script but a script's part, free of the lab (tests load it by its file name):
 (``planning.pipeline_cost.evaluate_plan``): one stage (plain data-parallel, M = 1), or a stage-0
 group followed by one or two later stages of one board each (every stage with parameters), cut at any of the model's admissible
 cuts, GPipe, M in :data:`MICRO_BATCHES`. The cheapest by the model is the planner's pick among them
-(what ``plan --pipeline`` would choose if it kept to what train runs). The runs to measure are the
-pick and the best plan of each other family (another shape, another M, another stage count), so
+(what ``plan --pipeline`` chooses: it keeps to what train runs). The runs to measure are the pick and
+the best plan of each other family (other boards, another M, another stage count), so
 that a miss of the model shows as a measured plan beating the pick.
 """
 
@@ -96,13 +96,14 @@ def _candidate(problem: PipelineProblem, plan: PipelinePlan, stage0: tuple[str, 
 
 
 def runs_to_measure(plans: Sequence[Candidate], *, limit: int = MAX_RUNS) -> list[Candidate]:
-    """The pick (the cheapest), then the best plan of another shape, the pick's shape at another M, and the best of
-    each other stage count, in that order, at most ``limit`` distinct plans."""
+    """The pick (the cheapest), then the best plan on other boards or the same boards in another order, the pick's
+    shape at another M, and the best of each other stage count, in that order, at most ``limit`` distinct plans.
+    (A cut moved by a layer without work, e.g. a flatten, is no other plan: the runs would measure noise.)"""
     if not plans:
         return []
     pick = plans[0]
     wanted = [pick,
-              next((c for c in plans if c.shape != pick.shape), None),
+              next((c for c in plans if c.boards != pick.boards), None),
               next((c for c in plans if c.shape == pick.shape and c.micro_batches != pick.micro_batches), None),
               *(next((c for c in plans if c.stages == s), None) for s in (1, 2, 3) if s != pick.stages)]
     chosen: list[Candidate] = []

@@ -15,7 +15,9 @@ Issue 35's target: the planner's pick is the measured best, or within 5% of it, 
    runs take the pipeline model's split too. Each run's samples/s counts the steps after the warm-up,
    validation left out (``bench/scaling.py``'s definition), its state steps in.
 
-A case is a hit when the pick's samples/s is at least 95% of the best measured one's. Printed per
+A case is a hit when the pick's samples/s is at least 95% of the best measured one's. Two runs of
+one plan differ by up to 8% on the lab, so a pick at 85-95% of the best is taken again with the best,
+and each counts the mean of its two runs. Printed per
 plan: predicted and measured step time, samples/s against the case's best, and each board's median
 busy time a step (its step without the time it waited on a neighbour: ``compute_s``), which is what
 calibrating the cost model needs; ``--json OUT`` keeps it all with the profiles' paths.
@@ -66,6 +68,7 @@ log = logging.getLogger("bench.pipeline_picks")
 
 FLEET = "fleet8"
 HIT_SHARE = 0.95          # the pick within 5% of the measured best
+RETAKE_SHARE = 0.85       # a pick this close to a miss: it and the best are taken again, each figure the mean of two
 EPOCHS = 3
 CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("conv_mlp", ("x86-1", "pi5-1", "pi5-2")),
@@ -91,7 +94,8 @@ class PlanRun:
     batch_sizes: list[int]
     micro_batches: int
     predicted_step_ms: float
-    samples_per_s: float | None = None
+    samples_per_s: float | None = None  # the mean over its takes
+    takes: list[float] = field(default_factory=list)  # each run's samples/s (a near miss is taken twice)
     step_ms: float | None = None    # the global batch over samples/s
     busy_ms: dict[str, float] = field(default_factory=dict)  # each board's median compute_s a step
     stolen: float = 0.0
@@ -136,12 +140,14 @@ def _busy(run_dir: Path, warmup: int) -> dict[str, float]:
 
 
 def _measure_plan(ctx: scaling.FleetContext, model: str, number: int, index: int, cand: Candidate,
-                  epochs: int, quotas: dict[str, float]) -> PlanRun:
+                  epochs: int, quotas: dict[str, float], run: PlanRun | None = None) -> PlanRun:
+    """Train ``cand`` and note its figures in ``run`` (a new one unless this is a retake)."""
     workload = dataclasses.replace(scaling.WORKLOADS[model], target=1.01)  # never reached: the run goes its epochs
-    run = PlanRun(label=cand.label, pipeline=cand.shape if cand.later else None, boards=list(cand.boards),
-                  batch_sizes=list(cand.batch_sizes), micro_batches=cand.micro_batches,
-                  predicted_step_ms=round(cand.predicted_step_s * 1e3, 2))
-    run_dir = ctx.runs_dir / f"case{number}-plan{index}"
+    if run is None:
+        run = PlanRun(label=cand.label, pipeline=cand.shape if cand.later else None, boards=list(cand.boards),
+                      batch_sizes=list(cand.batch_sizes), micro_batches=cand.micro_batches,
+                      predicted_step_ms=round(cand.predicted_step_s * 1e3, 2))
+    run_dir = ctx.runs_dir / f"case{number}-plan{index}-take{len(run.takes) + 1}"
     piped = ["--pipeline", cand.shape, "--micro-batches", str(cand.micro_batches), "--stage-sync", "checkpoint"]
     # --batch is stage 0's boards' (a later stage's board takes the whole batch from its neighbour)
     cmd = train_command(ctx.lab, ctx.key_file, cand.boards, cand.batch_sizes, "--model", model,
@@ -169,10 +175,12 @@ def _measure_plan(ctx: scaling.FleetContext, model: str, number: int, index: int
             raise
         run.error = str(exc)
         return run
-    run.samples_per_s = figures.samples_per_s
-    run.step_ms = (workload.global_batch / figures.samples_per_s * 1e3) if figures.samples_per_s else None
+    if figures.samples_per_s:
+        run.takes.append(figures.samples_per_s)
+        run.samples_per_s = statistics.fmean(run.takes)
+        run.step_ms = workload.global_batch / run.samples_per_s * 1e3
     run.busy_ms = _busy(run_dir, scaling.WARMUP_STEPS)
-    run.stolen, run.others_share = figures.stolen, figures.others_share
+    run.stolen, run.others_share = max(run.stolen, figures.stolen), max(run.others_share, figures.others_share)
     return run
 
 
@@ -195,17 +203,8 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
     with Lab(load_fleet(scaling.FLEETS[FLEET]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs) as lab:
         lab.wait_online(timeout_s=180)
         print(f"{FLEET}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        files = [board.cgroup.path("cpuacct") / "cpuacct.usage" for board in lab.boards.values()]
-        if lab.server_cgroup is not None:
-            files.append(lab.server_cgroup.path("cpuacct") / "cpuacct.usage")
-        info = {b: {"cpus": board.spec.cpu,
-                    "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
-                for b, board in lab.boards.items()}
         runs_dir = (args.keep_runs or tmp) / FLEET
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        ctx = scaling.FleetContext(lab, key_file, info, files,
-                                   {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()},
-                                   runs_dir, args.deadline, args.ballast)
+        ctx = scaling.FleetContext.of_lab(lab, key_file, runs_dir, args.deadline, args.ballast)
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}
         every = sorted(lab.boards)
         scaling._warm(ctx, every)
@@ -230,6 +229,11 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
                 print(f"    {cand.label}: predicted {run.predicted_step_ms:.0f} ms, measured "
                       f"{scaling._fmt(run.step_ms, '.0f')} ms, busy {run.busy_ms}{' FAILED' if run.error else ''}",
                       file=sys.stderr, flush=True)
+            share, best = result.pick_share, result.best
+            if share is not None and best is not None and RETAKE_SHARE <= share < HIT_SHARE:
+                print("    a near miss: the pick and the best measured taken again", file=sys.stderr, flush=True)
+                for index in (0, result.runs.index(best)):
+                    _measure_plan(ctx, model, number, index, chosen[index], args.epochs, quotas, result.runs[index])
             results.append(result)
             print(f"    pick at {scaling._fmt(result.pick_share, '.2f')} of the best: "
                   f"{'hit' if result.hit else 'miss'}", file=sys.stderr, flush=True)

@@ -515,6 +515,24 @@ class FleetContext:
     ballast: bool
     rebalance: bool = False          # train's default re-balancing on (--rebalance); off keeps the planned split
 
+    @classmethod
+    def of_lab(cls, lab: Lab, key_file: Path, runs_dir: Path, deadline: float, ballast: bool,
+               rebalance: bool = False) -> FleetContext:
+        """The context of a lab that is up: its boards' and its server's CPU counters, and ``runs_dir`` made."""
+        files = [board.cgroup.path("cpuacct") / "cpuacct.usage" for board in lab.boards.values()]
+        if lab.server_cgroup is not None:
+            files.append(lab.server_cgroup.path("cpuacct") / "cpuacct.usage")
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:  # the lab's own CPU would then count as other processes'
+            log.warning("no cpuacct.usage at %s: 'others' includes those groups' CPU", ", ".join(missing))
+        # The ballast joins the board's cpu group (its quota) and its cpuacct group (so that its CPU counts as the lab's).
+        info = {board_id: {"cpus": board.spec.cpu,
+                           "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
+                for board_id, board in lab.boards.items()}
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        board_cpuacct = {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()}
+        return cls(lab, key_file, info, files, board_cpuacct, runs_dir, deadline, ballast, rebalance)
+
 
 def _attempt(ctx: FleetContext, cfg: Config, attempt: int) -> RunFigures:
     workload = WORKLOADS[cfg.model]
@@ -663,20 +681,8 @@ def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, k
     with Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings=KEEP_WORKER) as lab:
         lab.wait_online(timeout_s=120)
         print(f"fleet {name}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        files = [board.cgroup.path("cpuacct") / "cpuacct.usage" for board in lab.boards.values()]
-        if lab.server_cgroup is not None:
-            files.append(lab.server_cgroup.path("cpuacct") / "cpuacct.usage")
-        missing = [str(f) for f in files if not f.exists()]
-        if missing:  # the lab's own CPU would then count as other processes'
-            log.warning("no cpuacct.usage at %s: 'others' includes those groups' CPU", ", ".join(missing))
-        # The ballast joins the board's cpu group (its quota) and its cpuacct group (so that its CPU counts as the lab's).
-        info = {board_id: {"cpus": board.spec.cpu,
-                           "procs_files": sorted({str(board.cgroup.path(c) / "cgroup.procs") for c in ("cpu", "cpuacct")})}
-                for board_id, board in lab.boards.items()}
-        runs_dir = (args.keep_runs or tmp) / name
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        board_cpuacct = {b: board.cgroup.path("cpuacct") / "cpuacct.usage" for b, board in lab.boards.items()}
-        ctx = FleetContext(lab, key_file, info, files, board_cpuacct, runs_dir, args.deadline, args.ballast, args.rebalance)
+        ctx = FleetContext.of_lab(lab, key_file, (args.keep_runs or tmp) / name, args.deadline, args.ballast,
+                                  args.rebalance)
         _warm(ctx, list(dict.fromkeys(b for cfg in configs for b in cfg.boards)))
         configs = _plan_splits(ctx, name, configs, session)
         for n, cfg in enumerate(configs, 1):

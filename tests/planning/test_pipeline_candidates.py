@@ -60,6 +60,6 @@ def test_a_case_measures_the_pick_then_other_families_each_once() -> None:
     plans = pc.trainable_plans(_problem())
     runs = pc.runs_to_measure(plans)
     assert runs[0] == plans[0] and len(runs) == len(set(runs)) <= pc.MAX_RUNS
-    assert runs[1].shape != runs[0].shape
+    assert runs[1].boards != runs[0].boards
     assert {c.stages for c in runs} == {1, 2, 3}
     assert pc.runs_to_measure([]) == []

@@ -155,7 +155,7 @@ class Stage:
     stop_layer: int                      # exclusive
     boards: tuple[str, ...]
     micro_batch_sizes: tuple[int, ...]   # per board, its samples of each micro-batch
-    micro_batch_s: float                 # its slowest board's forward + backward + activation transfers, per micro-batch
+    micro_batch_s: float                 # its slowest board's forward of a micro-batch and its share of the backward
     allreduce_s: float                   # its group's gradient exchange after the flush (0 for one board)
     in_flight: int                       # micro-batches whose activations it holds at once
 

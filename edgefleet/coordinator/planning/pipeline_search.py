@@ -9,12 +9,15 @@ not in u, giving (i, u + g, r + 1). Building backwards makes a stage's 1F1B acti
 is costed: it holds min(M, r + 1) micro-batches. Peak power depends on u alone, so ``max_power_w``
 prunes states, and memory prunes stages.
 
-The step time (``pipeline_cost``) is (M + S - 1) x the slowest stage + the longest group exchange,
-and energy adds the boards' idle power over the step to their summed busy energy: neither a sum nor a
-max of stage figures. So a state keeps every label (slowest stage, longest exchange, busy energy)
-that no other label beats on all three (a Pareto front; two figures for the time objective): the
-objective is monotone in each, so a dominated label never ends in a better plan, and the programme
-is exact over its plan space. At the end (j = 0) each label gives its plan's figures directly.
+The step time (``pipeline_cost``) sums the forward flow, the backwards and the cuts' transfers, adds
+M - 1 more slots of the flow's slowest element and the longest group exchange; a cut's transfer
+depends on the stages on both sides of it, and energy adds the boards' idle power over the step to
+their summed busy energy. So a label holds the plan so far as figures (the flow's slowest element,
+the serial sum, the longest exchange, busy energy, the stages' micro-batch fixed costs) and its first
+stage's links per byte (which the cut in front of it needs), and a state keeps every label that no
+other beats on all of them (a Pareto front): the step is monotone in each, so a dominated label
+never ends in a better plan, and the programme is exact over its plan space. At the end (j = 0) each
+label gives its plan's figures directly; ``max_later_group`` leaves out later groups larger than it.
 
 Its plan space is the exhaustive search's (every split into contiguous stages, every ordered choice
 of disjoint groups, every M and schedule); the tests check the two agree on small cases. When the
@@ -41,7 +44,15 @@ import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from edgefleet.coordinator.planning.pipeline_cost import StageCoster, evaluate_plan, in_flight, step_figures
+from edgefleet.coordinator.planning.pipeline_cost import (
+    StageCost,
+    StageCoster,
+    boundary_s,
+    evaluate_plan,
+    in_flight,
+    sources_s,
+    step_figures,
+)
 from edgefleet.coordinator.planning.pipeline_improve import improve_plan
 from edgefleet.coordinator.planning.pipeline_model import PipelineBoard, PipelinePlan, PipelineProblem, StageSpec
 
@@ -67,11 +78,15 @@ class BoardKinds:
 
 @dataclass(slots=True)
 class _Label:
-    slowest_s: float
+    flow_s: float                             # the forward flow's slowest element: a stage's forward or a cut's
+    serial_s: float                           # every element once: forwards, cuts both ways, backwards, intercept
     allreduce_s: float
     busy_j: float
+    first: StageCost | None                   # this stage's figures (its links); None: the empty rest
+    unit_s: float                             # the stages' micro-batch fixed costs, summed (stage 0's group adds to them)
     stage: tuple[int, int, tuple[int, ...]]   # first layer, stop layer, boards per kind
     rest: _Label | None                       # the plan of the layers after this stage
+    key: tuple[float, ...] = ()               # what the front compares (smaller is better in each)
 
 
 def search_pipeline(problem: PipelineProblem, objective: str = "edp", *,
@@ -189,11 +204,11 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
     idle = [r.idle_power_w for r in reps]
     allowed = {code: _power_ok(problem, v, counts, active, idle) for code, v in vectors.items()}
     within: dict[int, list[int]] = {}   # the groups that fit in what is left, by what is left
-    dims = {"time": (1, 1, 0), "power": (0, 0, 0)}.get(objective, (1, 1, 1))
     limit = problem.max_later_group
+    timed, energy = objective != "power", objective in ("energy", "edp")
     fronts: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(L + 1)]
-    fronts[L][(0, 0)] = [_Label(0.0, 0.0, 0.0, (L, L, ()), None)]
-    cache: dict[tuple[int, int, int, int], tuple[float, float, float] | None] = {}
+    fronts[L][(0, 0)] = [_Label(0.0, 0.0, 0.0, 0.0, None, 0.0, (L, L, ()), None)]
+    cache: dict[tuple[int, int, int, int], StageCost | None] = {}
     for j in range(L, 0, -1):
         for (used, r), front in fronts[j].items():
             flight = in_flight(schedule, micro_batches, r + 1, 0)
@@ -210,23 +225,26 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
                     key = (i, j, g, flight)
                     if key not in cache:
                         boards = [reps[k] for k, x in enumerate(vectors[g]) for _ in range(x)]
-                        cost = coster.cost(i, j, boards, micro_batches, flight)
-                        cache[key] = (cost.micro_batch_s, cost.allreduce_s, cost.busy_j) if cost.fits else None
-                    figures = cache[key]
-                    if figures is None:
+                        costed = coster.cost(i, j, boards, micro_batches, flight)
+                        cache[key] = costed if costed.fits else None
+                    cost = cache[key]
+                    if cost is None:
                         continue
-                    t, a, e = figures
                     target = fronts[i].setdefault((used + g, r + 1), [])
+                    act = problem.layers[j - 1].activation_bytes_per_sample
                     for label in front:
-                        _insert(target, _Label(max(label.slowest_s, t) * dims[0], max(label.allreduce_s, a) * dims[1],
-                                               (label.busy_j + e) * dims[2], (i, j, vectors[g]), label))
+                        new = _prepend(label, cost, (i, j, vectors[g]), act, micro_batches)
+                        new.key = (*((new.flow_s, new.serial_s, new.allreduce_s, cost.up_s_per_byte,
+                                      cost.down_s_per_byte, new.unit_s) if timed else ()),
+                                   *((new.busy_j,) if energy else ()))
+                        _insert(target, new)
     ranked = []
-    for (used, r), front in fronts[0].items():
+    for (used, _), front in fronts[0].items():
         active_w = sum(u * w for u, w in zip(vectors[used], active))
         idle_w = sum(u * w for u, w in zip(vectors[used], idle))
         for label in front:
-            f = step_figures(problem, micro_batches=micro_batches, stages=r, slowest_s=label.slowest_s,
-                             allreduce_s=label.allreduce_s, busy_j=label.busy_j, active_w=active_w, idle_w=idle_w)
+            step = label.serial_s + (micro_batches - 1) * label.flow_s + label.allreduce_s
+            f = step_figures(problem, step_s=step, busy_j=label.busy_j, active_w=active_w, idle_w=idle_w)
             value = {"time": f.epoch_time_s, "energy": f.energy_per_epoch_j, "edp": f.edp_j_s, "power": f.power_w}[objective]
             ranked.append((value, label))
     ranked.sort(key=lambda item: item[0])
@@ -243,13 +261,30 @@ def _power_ok(problem: PipelineProblem, used: tuple[int, ...], counts: tuple[int
     return power <= problem.max_power_w * (1 + 1e-9)
 
 
+def _prepend(label: _Label, cost: StageCost, stage: tuple[int, int, tuple[int, ...]], act_bytes: int,
+             micro_batches: int) -> _Label:
+    """The plan of ``label`` with the stage ``stage`` (costed ``cost``) in front of it (``pipeline_cost.step_time_s``
+    term by term: the new stage's forward and backward, the cut between it and the label's first stage, stage 0's
+    intercept)."""
+    busy, allreduce = label.busy_j + cost.busy_j, max(label.allreduce_s, cost.allreduce_s)
+    units = label.unit_s + cost.unit_s
+    if label.first is None:  # the last stage; alone, a one-stage plan
+        whole = stage[0] == 0
+        return _Label(0.0 if whole else cost.forward_s, cost.whole_s if whole else cost.forward_s + cost.backward_s,
+                      allreduce, busy, cost, units, stage, label)
+    forward, back = boundary_s(cost, label.first, act_bytes, micro_batches)
+    serial = label.serial_s + cost.forward_s + forward + cost.backward_s + back
+    if stage[0] == 0:  # stage 0: its intercept, and its boards' micro-batches at every later stage
+        serial += cost.intercept_s + sources_s(cost, label.unit_s, micro_batches)
+    return _Label(max(label.flow_s, cost.forward_s, forward), serial, allreduce, busy, cost, units, stage, label)
+
+
 def _insert(front: list[_Label], new: _Label) -> None:
-    """Add ``new`` to a Pareto front unless a label there is at least as good on every figure."""
+    """Add ``new`` to a Pareto front unless a label there is at least as good on every figure of its key."""
     for old in front:
-        if old.slowest_s <= new.slowest_s and old.allreduce_s <= new.allreduce_s and old.busy_j <= new.busy_j:
+        if all(o <= n for o, n in zip(old.key, new.key)):
             return
-    front[:] = [old for old in front if not (new.slowest_s <= old.slowest_s and new.allreduce_s <= old.allreduce_s
-                                             and new.busy_j <= old.busy_j)]
+    front[:] = [old for old in front if not all(n <= o for n, o in zip(new.key, old.key))]
     front.append(new)
 
 
