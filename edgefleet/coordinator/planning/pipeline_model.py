@@ -67,7 +67,7 @@ class PipelineBoard:
     active_power_w: float            # while computing
     idle_power_w: float              # while waiting or moving bytes
     base_memory_bytes: int = 0       # the training process without the model (runtime, data loader)
-    overhead_s: float = 0.0          # a micro-batch's fixed cost on this board (launch, loop), whatever its size
+    overhead_s: float = 0.0          # the board's fixed cost per step (its whole-step intercept), whatever the batch
 
     def __post_init__(self) -> None:
         positive = (self.speed, self.memory_limit_bytes, self.link_up_bytes_per_s, self.link_down_bytes_per_s)
@@ -259,8 +259,8 @@ def problem_from_fleet(fleet: FleetProfile, *, global_batch: int, max_memory_fra
                               coordinator_link_bytes_per_s=fleet.coordinator_link_bytes_per_s, max_power_w=max_power_w,
                               count_idle=count_idle)
     missing += (
-        "a micro-batch's fixed cost: each board's whole-step intercept (its optimizer step included), charged per "
-        "micro-batch and stage",
+        "a micro-batch's own fixed cost at a stage: 3 samples' work each way, fitted on the lab (not in the profile); "
+        "stage 0 pays 0.1 of its boards' whole-step intercept plus its share of the parameters",
         "the optimizer's state: "
         f"{optimizer_bytes_per_param_byte:g} x the parameters (not in the profile; pass the job's optimizer)",
     )
