@@ -45,7 +45,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import scaling  # bench/ is the script's folder, first on sys.path
 from _harness import (
@@ -63,6 +63,7 @@ from pipeline_candidates import Candidate, runs_to_measure, trainable_plans
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning import FleetProfile
+    from edgefleet.coordinator.planning.pipeline_model import PipelineProblem
 
 log = logging.getLogger("bench.pipeline_picks")
 
@@ -184,7 +185,7 @@ def _measure_plan(ctx: scaling.FleetContext, model: str, number: int, index: int
     return run
 
 
-def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) -> Any:
+def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) -> PipelineProblem:
     from edgefleet.coordinator.planning.pipeline_model import problem_from_fleet
 
     problem, _ = problem_from_fleet(profile, global_batch=global_batch)
@@ -233,7 +234,10 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
             if share is not None and best is not None and RETAKE_SHARE <= share < HIT_SHARE:
                 print("    a near miss: the pick and the best measured taken again", file=sys.stderr, flush=True)
                 for index in (0, result.runs.index(best)):
-                    _measure_plan(ctx, model, number, index, chosen[index], args.epochs, quotas, result.runs[index])
+                    again = _measure_plan(ctx, model, number, index, chosen[index], args.epochs, quotas,
+                                          result.runs[index])
+                    if again.error:
+                        failures.append(f"case {number} {again.label}, taken again: {again.error.splitlines()[0]}")
             results.append(result)
             print(f"    pick at {scaling._fmt(result.pick_share, '.2f')} of the best: "
                   f"{'hit' if result.hit else 'miss'}", file=sys.stderr, flush=True)
