@@ -90,7 +90,6 @@ from typing import TYPE_CHECKING
 
 import scaling  # bench/ is the script's folder, first on sys.path
 from _harness import (
-    KEEP_WORKER,
     ballast,
     in_coordinator_netns,
     log_tail,
@@ -541,15 +540,8 @@ def _splits(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list
 
 
 def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Session) -> None:
-    from edgefleet.lab.fleet_file import load_fleet
-    from edgefleet.lab.lab import Lab
-
-    started = time.monotonic()
-    print(f"{FLEET}: starting the lab", file=sys.stderr, flush=True)
     logs = args.keep_runs / FLEET / "lab-logs" if args.keep_runs else None  # the agents' logs outlive the lab there
-    with Lab(load_fleet(scaling.FLEETS[FLEET]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs) as lab:
-        lab.wait_online(timeout_s=180)
-        print(f"{FLEET}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    with scaling.lab_up(FLEET, key_file, logs_dir=logs) as lab:
         runs_dir = (args.keep_runs or tmp) / FLEET
         ctx = scaling.FleetContext.of_lab(lab, key_file, runs_dir, args.deadline, args.ballast)
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING
 
 import scaling  # bench/ is the script's folder, first on sys.path
 from _harness import (
-    KEEP_WORKER,
     ballast,
     in_coordinator_netns,
     log_tail,
@@ -194,16 +193,9 @@ def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) 
 
 def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[CaseResult],
              profiles: dict[str, str], failures: list[str]) -> None:
-    from edgefleet.lab.fleet_file import load_fleet
-    from edgefleet.lab.lab import Lab
-
     cases = [(n, *CASES[n - 1]) for n in args.cases]
-    started = time.monotonic()
-    print(f"{FLEET}: starting the lab", file=sys.stderr, flush=True)
-    logs = args.keep_runs / FLEET / "lab-logs" if args.keep_runs else None
-    with Lab(load_fleet(scaling.FLEETS[FLEET]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs) as lab:
-        lab.wait_online(timeout_s=180)
-        print(f"{FLEET}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    logs = args.keep_runs / FLEET / "lab-logs" if args.keep_runs else None  # the agents' logs outlive the lab there
+    with scaling.lab_up(FLEET, key_file, logs_dir=logs) as lab:
         runs_dir = (args.keep_runs or tmp) / FLEET
         ctx = scaling.FleetContext.of_lab(lab, key_file, runs_dir, args.deadline, args.ballast)
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}

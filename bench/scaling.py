@@ -108,6 +108,7 @@ the lab comes down on every exit path (Ctrl-C and SIGTERM included).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -117,7 +118,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -671,16 +672,26 @@ class Session:
     skipped: list[str] = field(default_factory=list)    # the configurations never run
 
 
-def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, key_file: Path, tmp: Path,
-                   session: Session) -> None:
+@contextlib.contextmanager
+def lab_up(name: str, key_file: Path, *, logs_dir: Path | None = None, timeout_s: float = 180.0,
+           prefix: str = "") -> Iterator[Lab]:
+    """Fleet ``name``'s lab up with kept workers and every board online, saying so on stderr (``prefix`` before the
+    name); down on leaving. ``logs_dir``: where the agents' logs outlive the lab."""
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import Lab
 
     started = time.monotonic()
-    print(f"fleet {name}: starting the lab", file=sys.stderr, flush=True)
-    with Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings=KEEP_WORKER) as lab:
-        lab.wait_online(timeout_s=120)
-        print(f"fleet {name}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    print(f"{prefix}{name}: starting the lab", file=sys.stderr, flush=True)
+    with Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs_dir) as lab:
+        lab.wait_online(timeout_s=timeout_s)
+        print(f"{prefix}{name}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr,
+              flush=True)
+        yield lab
+
+
+def _measure_fleet(name: str, configs: list[Config], args: argparse.Namespace, key_file: Path, tmp: Path,
+                   session: Session) -> None:
+    with lab_up(name, key_file, timeout_s=120, prefix="fleet ") as lab:
         ctx = FleetContext.of_lab(lab, key_file, (args.keep_runs or tmp) / name, args.deadline, args.ballast,
                                   args.rebalance)
         _warm(ctx, list(dict.fromkeys(b for cfg in configs for b in cfg.boards)))
