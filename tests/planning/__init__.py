@@ -6,15 +6,34 @@ measured at two batch sizes that lie exactly on them, so expected figures can be
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from edgefleet.coordinator.planning.profiles import BatchPoint, BoardProfile, FleetProfile
 
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 MB = 10**6
 GB = 10**9
 KEY = 'mlp{"layers":2}[1,32,32]'
+
+
+def load_bench(file_name: str, module_name: str, *, helpers: bool = False) -> ModuleType:
+    """A part of ``bench/`` loaded from its file ``file_name`` as ``module_name``: bench/ is a folder of scripts, not
+    a package. ``helpers``: bench/ goes on ``sys.path`` first, for the modules beside it that the file imports
+    (``_table``, ``_harness``), as when it runs as a script."""
+    if helpers and str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(module_name, BENCH / file_name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def board(board_id: str, *, a: float = 0.05, c: float = 0.01, m0: float = 200 * MB, m1: float = 1 * MB,

@@ -3,30 +3,11 @@ namespace names and the stale ones, and the cell's verdict. No namespace, proces
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.planning import load_bench
 
-
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file, with bench/ on the
-    # path for the helpers it imports (bench/_table.py, bench/exchange_round.py), as when it runs as a script.
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("exchange_tls_bench", BENCH / "exchange_tls.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-et = _load()
+et = load_bench("exchange_tls.py", "exchange_tls_bench", helpers=True)
 
 
 def test_the_link_floor_is_both_frames_at_the_rate_less_the_bucket() -> None:

@@ -3,29 +3,14 @@ difference after a board dies, and the coordinator's memory bound, on records sh
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.planning import load_bench
 
-
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file.
-    spec = importlib.util.spec_from_file_location("fault_soak_checks", BENCH / "fault_soak_checks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-fc = _load()
+fc = load_bench("fault_soak_checks.py", "fault_soak_checks")
 
 BOARDS = ["pi4-1", "pi5-1", "x86-1"]
 BATCHES = [10, 23, 31]

@@ -3,29 +3,14 @@ costed, and which of them a case measures."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 from edgefleet.coordinator.planning.pipeline_cost import evaluate_plan
 from edgefleet.coordinator.planning.pipeline_model import LayerCost, PipelineBoard, PipelineProblem, StageSpec
+from tests.planning import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 MB = 1_000_000
 
 
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file.
-    spec = importlib.util.spec_from_file_location("pipeline_candidates", BENCH / "pipeline_candidates.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-pc = _load()
+pc = load_bench("pipeline_candidates.py", "pipeline_candidates")
 
 
 def _problem() -> PipelineProblem:

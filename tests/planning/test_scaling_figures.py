@@ -13,20 +13,9 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.planning import BENCH, load_bench
 
-
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file.
-    spec = importlib.util.spec_from_file_location("scaling_figures", BENCH / "scaling_figures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-sf = _load()
+sf = load_bench("scaling_figures.py", "scaling_figures")
 
 FLEET8 = [sf.BoardQuota("pi4-1", 0.12, 20_000_000), sf.BoardQuota("pi4-2", 0.12, 20_000_000),
           sf.BoardQuota("pi4-3", 0.12, 100_000_000), sf.BoardQuota("pi5-1", 0.27, 60_000_000),

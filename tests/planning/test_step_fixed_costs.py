@@ -3,33 +3,14 @@ one-call gradient copies (workloads.params.FlatGradients) giving exactly what th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import numpy as np
 import pytest
 import torch
 
 from edgefleet.workloads.params import FlatGradients, assign_grads, flatten_grads
+from tests.planning import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file (it imports _table beside it).
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("step_fixed_costs", BENCH / "step_fixed_costs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-sfc = _load()
+sfc = load_bench("step_fixed_costs.py", "step_fixed_costs", helpers=True)
 
 
 def test_fit_line_recovers_the_fixed_cost_and_the_cost_per_sample() -> None:

@@ -6,34 +6,18 @@ both sides must decode every sample message to the same fields and refuse every 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from edgefleet.protocol.errors import DecodeError
+from tests.planning import load_bench
 
 pytest.importorskip("msgspec", reason="the bench extra: pip install -e '.[bench]'")
 pytest.importorskip("shtab", reason="the bench extra: pip install -e '.[bench]'")
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-def _load() -> ModuleType:
-    # bench/ is a folder of scripts, not a package: the module is loaded from its file (it imports _table beside it).
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("validation_libraries", BENCH / "validation_libraries.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-vl = _load()
+vl = load_bench("validation_libraries.py", "validation_libraries", helpers=True)
 msgspec, shtab, structs = vl.need_libraries()
 
 
