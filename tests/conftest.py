@@ -85,6 +85,14 @@ class AgentFactory:
         self.procs.append(agent)
         return agent
 
+    def tails(self, lines: int = 30) -> str:
+        """The last ``lines`` of each agent's log but its telemetry, for a failed test's message."""
+        parts = []
+        for agent in self.procs:
+            kept = [line for line in agent.log().splitlines() if "telemetry" not in line]
+            parts.append(f"--- {agent.board_id} (pid {agent.proc.pid}) ---\n" + "\n".join(kept[-lines:]))
+        return "\n".join(parts)
+
     def stop_all(self) -> None:
         for agent in self.procs:
             if agent.proc.poll() is None:

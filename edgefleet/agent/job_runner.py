@@ -11,6 +11,11 @@ finished and the next job goes to the same process, which saves the import (~20 
 limited to a fraction of a CPU). A stop command during a job still ends the worker; the next job
 starts a new one. A job that arrives while the last job's worker is exiting (it finished, the
 process is still ending) starts as soon as it has exited, instead of being refused as busy.
+
+A run is its job id and its exchange port: a re-planned run of a job (a pipeline revised around a
+board) keeps the id on a new exchange. Its command replaces an earlier run still going here (that
+worker is stopped and its events dropped: the coordinator has left that run), and a stop naming
+the earlier run's port never ends the new one.
 """
 
 from __future__ import annotations
@@ -146,6 +151,12 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=30))
     jobs: int = 0
+    superseded: bool = False  # its run was replaced by a re-planned run of the job: its events are dropped
+
+
+def run_port(command: TrainCommand | ProfileCommand | None) -> int:
+    """The exchange port that tells a job's runs apart (0: a profile, or none)."""
+    return command.exchange_port if isinstance(command, TrainCommand) else 0
 
 
 class JobRunner:
@@ -175,6 +186,7 @@ class JobRunner:
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
         self._job_id = ""                  # the running job; "" when idle
+        self._run_port = 0                 # the running job's exchange port (run_port)
         self._progress = IDLE              # the running job's kind and steps
         self._job_ended = threading.Event()  # the running job's worker said finished or failed
         self._next: TrainCommand | ProfileCommand | None = None  # arrived while the ended job's worker exits
@@ -213,7 +225,7 @@ class JobRunner:
             log.warning("refused a command for board %r: this is %r", command.board_id, self.board_id)
             return
         if isinstance(command, StopCommand):
-            self.stop(command.job_id)
+            self.stop(command.job_id, exchange_port=command.exchange_port)
         else:
             self._start(command)
 
@@ -238,14 +250,26 @@ class JobRunner:
                                ts=round(time.time(), 3), **fields))
 
     def _start(self, command: TrainCommand | ProfileCommand) -> None:
+        port = run_port(command)
         with self._lock:
             if self._job_id:
-                if command.job_id == self._job_id or (self._next is not None and command.job_id == self._next.job_id):
+                if (command.job_id, port) == (self._job_id, self._run_port) or (
+                        self._next is not None and (command.job_id, port) == (self._next.job_id, run_port(self._next))):
                     return  # a repeated delivery (QoS 1 may duplicate)
+                replaced = self._worker if command.job_id == self._job_id and self._next is None else None
                 if self._job_ended.is_set() and self._next is None:
                     # The last job is over and its worker is exiting: start this one when it has.
                     log.info("job %s: waits for the worker of job %s to exit", command.job_id, self._job_id)
                     self._next = command
+                elif replaced is not None:
+                    # The coordinator has left the earlier run of this job (its exchange is closed): end it, then this.
+                    log.info("job %s: a re-planned run (exchange port %d) replaces the earlier run (port %d) still "
+                             "going here; stopping its worker (pid %d)", command.job_id, port, self._run_port,
+                             replaced.proc.pid)
+                    replaced.superseded = True
+                    self._next = command
+                    threading.Thread(target=_end_worker, args=(replaced,), name=f"worker-{replaced.proc.pid}-end",
+                                     daemon=True).start()
                 else:
                     self._event(command.job_id, "rejected", f"board {self.board_id} is busy with job {self._job_id}")
                 return
@@ -259,6 +283,7 @@ class JobRunner:
             worker.jobs += 1
             worker.stderr_tail.clear()
             self._job_id = command.job_id
+            self._run_port = port
             self._progress = (JobProgress(activity="training", total_steps=command.total_steps)
                               if isinstance(command, TrainCommand) else JobProgress(activity="profiling"))
             self._job_ended.clear()
@@ -294,6 +319,8 @@ class JobRunner:
         assert proc.stdout is not None
         for line in proc.stdout:
             job_id = self._current_job(worker)
+            if worker.superseded:
+                continue  # a run the coordinator has left: a late event would read as the new run's
             try:
                 fields = json.loads(line)
                 event = JobEvent(job_id=job_id, board_id=self.board_id, ts=round(time.time(), 3), **fields)
@@ -313,7 +340,7 @@ class JobRunner:
                     self._end_job(job_id, f"{event.phase}; worker {proc.pid} stays for the next job")
         code = proc.wait()
         job_id = self._current_job(worker)
-        if job_id and not self._job_ended.is_set():
+        if job_id and not self._job_ended.is_set() and not worker.superseded:
             tail = " | ".join(worker.stderr_tail)[-600:]
             reason = (f"the worker exited with code {code}" if code >= 0 else f"the worker was killed by signal {-code}"
                       + (" (SIGKILL: most often the kernel's out-of-memory killer; this board's memory may be too small "
@@ -346,18 +373,23 @@ class JobRunner:
         log.info("job %s: ended (%s); back to idle", job_id, how)
         self._set_busy(False)
 
-    def stop(self, job_id: str | None = None, timeout_s: float = WORKER_STOP_TIMEOUT_S) -> None:
+    def stop(self, job_id: str | None = None, timeout_s: float = WORKER_STOP_TIMEOUT_S, *, exchange_port: int = 0) -> None:
         """Stop the running job and wait for its worker to exit.
 
         ``job_id`` None stops whatever runs and also ends a kept idle worker (the agent is stopping).
+        ``exchange_port`` (non-zero) names the run: another run of the job goes on (:func:`run_port`).
         """
         with self._lock:
             worker = self._worker
-            running = self._job_id
-            if self._next is not None and job_id in (None, self._next.job_id):
+            running, running_port = self._job_id, self._run_port
+            if self._next is not None and job_id in (None, self._next.job_id) and exchange_port in (0, run_port(self._next)):
                 log.info("job %s: stopped before it started", self._next.job_id)
                 self._next = None
         if worker is None or (job_id is not None and job_id != running):
+            return
+        if job_id is not None and exchange_port and running_port and exchange_port != running_port:
+            log.info("job %s: a stop for its earlier run (exchange port %d); the running one (port %d) goes on",
+                     job_id, exchange_port, running_port)
             return
         if job_id is not None and self.keep_worker and self._job_ended.wait(STOP_GRACE_S):
             log.info("job %s: ended on its own; the worker stays", job_id)
@@ -374,6 +406,15 @@ class JobRunner:
             worker.proc.wait(timeout=5)
 
 
+def _end_worker(worker: _Worker, timeout_s: float = WORKER_STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; its reader thread sees it exit."""
+    worker.proc.terminate()
+    try:
+        worker.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        worker.proc.kill()
+
+
 def _describe(command: TrainCommand | ProfileCommand) -> str:
     if isinstance(command, ProfileCommand):
         return (f"profile {command.model} on {command.dataset or command.datamodule} at batch sizes "
@@ -387,4 +428,4 @@ def _drain(stream: IO[bytes], tail: deque[str]) -> None:
 
 
 __all__ = ["IDLE", "KEPT", "MAX_EVENT_JSON_BYTES", "PROGRESS_JSON_INTERVAL_S", "JobProgress", "JobRunner", "ProgressLimiter",
-           "WorkerContext", "event_json", "job_line"]
+           "WorkerContext", "event_json", "job_line", "run_port"]

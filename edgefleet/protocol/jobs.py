@@ -257,6 +257,9 @@ class StopCommand:
     kind: str = "stop"
     job_id: str
     board_id: str
+    # the stopped run's exchange port: a re-planned run of the job (same id, a new exchange) is not stopped by the earlier
+    # run's late stop; 0 stops whatever runs under the id (an older coordinator's stop, a profile)
+    exchange_port: int = 0
     schema_version: int = JOB_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

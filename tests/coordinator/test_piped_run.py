@@ -3,6 +3,7 @@ cut and checked on a sample batch, and the exchange's layout (stage 0's group sh
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +17,7 @@ from edgefleet.coordinator.cli.train_args import job_from_args
 from edgefleet.coordinator.pipeline.piped_run import prepare
 from edgefleet.coordinator.pipeline.replan import Comeback, replan
 from edgefleet.coordinator.pipeline.stage_plan import parse_stage_plan
+from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.coordinator.run.train_job import _replanned, repipeline
 from edgefleet.protocol.codec import decode_value, encode_value
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
@@ -64,8 +66,8 @@ def test_the_layout_puts_each_stage_in_the_replicas_order_and_stage_0s_boards_sh
     assert layout.slots[0] == layout.slots[1] == [(0, 0, conv)] and layout.slots[2] == [(0, conv, layout.elements[2])]
     assert layout.global_batch == 16 and run.shapes == [(400,), (10,)]
     spec = run.spec({"p1": "10.0.0.1", "p2": "10.0.0.2", "p3": "10.0.0.3"}, {b: "ab" * 32 for b in ("p1", "p2", "p3")},
-                    47310)
-    assert spec.group == 2 and [p.port for p in spec.stages] == [47310, 47311, 47312] and spec.max_rows == 10
+                    {"p1": 47310, "p2": 47311, "p3": 47314})
+    assert spec.group == 2 and [p.port for p in spec.stages] == [47310, 47311, 47314] and spec.max_rows == 10
 
 
 class _Twice(LeNet5):
@@ -192,3 +194,19 @@ def test_a_lost_board_that_comes_back_is_planned_in_again_and_one_still_away_is_
     back = _replanned(spec, dp.back({"q3"})[0])
     assert back.pipeline == "q1+q2,net.6@q3" and back.micro_batches == 2 and back.stage_sync == "checkpoint"
     assert back.boards == ("q1", "q2", "q3") and back.batch_sizes == (6, 10, 0)
+
+
+def test_a_board_keeps_its_pipeline_port_in_every_run_of_the_job() -> None:
+    """A re-planned run's board listens where it did: the port of a board the re-plan left out may still be held by
+    its worker (slowed, it takes its time), which on one host (the tests) a board moved onto it would find taken."""
+    spec = replace(_job("--pipeline", "q1,net.2@q2,net.8@q3", "--pipeline-port", "30000"), boards=("q1", "q2", "q3"),
+                   batch_sizes=(64, 0, 0))
+    assert spec.pipeline_ports() == {"q1": 30000, "q2": 30001, "q3": 30002}
+    revised = replace(spec, pipeline="q1,net.2@q3", boards=("q1", "q3"), batch_sizes=(64, 0))
+    assert revised.pipeline_ports() == {"q1": 30000, "q3": 30002}  # not q2's 30001
+    alone = replace(revised, pipeline="", boards=("q1",), batch_sizes=(64,))
+    back = replace(alone, pipeline="q1,net.2@q4", boards=("q1", "q4"), batch_sizes=(64, 0))
+    assert back.pipeline_ports() == {"q1": 30000, "q4": 30003}  # a board new to the job: the next port
+    assert JobSpec.from_json(json.loads(json.dumps(revised.to_json()))).pipeline_ports() == revised.pipeline_ports()
+    with pytest.raises(ConfigError, match="pipeline_slots 'q1' in config.json is not a list of board ids"):
+        JobSpec.from_json({**revised.to_json(), "pipeline_slots": "q1"})

@@ -29,12 +29,32 @@ SEED = 7
 BOARDS = ["q1", "q2", "q3"]
 
 
+def _pipeline_port() -> str:
+    """The boards' first stage port: below Linux's ephemeral ports (32768-60999), where no connection's own end can take
+    it (all the boards listen on 127.0.0.1 here), and one range for each xdist worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return str(24000 + 100 * int(worker or 0))
+
+
 def _train(mosquitto: LocalBroker, keys: FleetKeys, run_dir: Path, *extra: str,
            model_options: str = "optimizer=sgd,lr=0.05") -> subprocess.Popen[str]:
-    cmd = train_command("--board-keys", str(keys.board_keys), *extra, broker=mosquitto, fleet_key=keys.fleet_key,
+    cmd = train_command("--board-keys", str(keys.board_keys), "--pipeline-port", _pipeline_port(), *extra,
+                        broker=mosquitto, fleet_key=keys.fleet_key,
                         model="lenet5", model_options=model_options, dataset="digits", seed=SEED, threads=1,
                         run_dir=run_dir)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_steps(proc: subprocess.Popen[str], agents: AgentFactory, run_dir: Path, count: int) -> None:
+    """Wait for ``count`` steps in the run's metrics, or for the run to end (the assertions after ``finish`` say why);
+    on time-out, fail with the coordinator's output and the agents' logs."""
+    try:
+        wait_until(lambda: len(_steps(run_dir)) >= count or proc.poll() is not None, timeout_s=180,
+                   what=f"{count} pipelined steps")
+    except AssertionError as exc:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{exc}\n{(out + err)[-3000:]}\n{agents.tails()}") from None
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -70,7 +90,7 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
                   "--no-rebalance",  # its plans are the loss's and the comeback's: no revision on a busy host's noise
                   model_options=f"optimizer={optimizer},lr={lr}")
     try:
-        wait_until(lambda: len(_steps(run_dir)) >= 6, timeout_s=180, what="6 pipelined steps")
+        _wait_steps(proc, agents, run_dir, 6)
         os.kill(started["q4"].proc.pid, signal.SIGKILL)  # the last stage's board: its agent, and its worker with it
         if comes_back:  # once the run goes on without it, its agent starts again (the board rebooted)
             wait_until(lambda: any("q4" not in s["boards"] for s in _steps(run_dir)), timeout_s=120,
@@ -81,7 +101,7 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
         if proc.poll() is None:
             proc.kill()
     output = out + err
-    assert code == 0 and "Traceback" not in output, output[-4000:]
+    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
     assert "stage 0 on q1+q2" in output and "went offline: re-planning from step" in output, output[-4000:]
     assert "q1+q2,net.2@q3" in output and "recovered: step" in output, output[-4000:]
     if stage_sync == "checkpoint":
@@ -136,7 +156,7 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
                       "--micro-batches", "4", "--steps", str(steps), "--checkpoint-every", "8", "--stage-sync",
                       "checkpoint", model_options="optimizer=adam,lr=0.002")
         # the watch's reference: the 10 steps after the plan's first 3
-        wait_until(lambda: len(_steps(run_dir)) >= 14, timeout_s=180, what="14 pipelined steps")
+        _wait_steps(proc, agents, run_dir, 14)
         group.set_cpu_quota(0.02)  # about a thirtieth of what it had
         code, out, err = finish(proc, 300)
     finally:
@@ -145,7 +165,7 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
         agents.stop_all()
         group.remove()
     output = out + err
-    assert code == 0 and "Traceback" not in output, output[-4000:]
+    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
     assert "pipeline of 3 stages, 4 micro-batch(es) a step" in output, output[-3000:]
     assert "parameters and optimizer state go to the coordinator's replica at its checkpoints" in output
     assert re.search(r"q2 takes [\d.]+x its time since the plan began", output), output[-4000:]

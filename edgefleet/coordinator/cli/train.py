@@ -176,7 +176,8 @@ def add_train_parser(sub: Any) -> None:
                           help="micro-batches each stage-0 board's batch is split into (default 1): more keep more "
                                "stages busy at once")
     pipeline.add_argument("--pipeline-port", type=int, default=47310, metavar="PORT",
-                          help="the pipeline's i-th board listens for its neighbours on PORT + i (default 47310)")
+                          help="the pipeline's i-th board listens for its neighbours on PORT + i (default 47310); "
+                               "a re-planned pipeline keeps each board's port")
     pipeline.add_argument("--stage-sync", choices=("step", "checkpoint"), default="step",
                           help="when each later stage's board sends the coordinator its stage: 'step' (its gradient "
                                "every step, the default: a lost board costs no step) or 'checkpoint' (its parameters "

@@ -107,10 +107,11 @@ class PipedRun:
             tree["state"] = {k: v for k, v in tree["state"].items() if int(k) not in dropped}
         return dataclasses.replace(welcome, model=model, optimizer=encode_value(tree))
 
-    def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], port: int) -> PipelineSpec:
-        """The command's pipeline: each board at ``hosts[board]``, on ``port`` + its place in the pipeline."""
-        peers = [PipelinePeer(board_id=b, host=hosts[b], port=port + k, public_key=public_keys[b])
-                 for k, b in enumerate(self.plan.boards)]
+    def spec(self, hosts: Mapping[str, str], public_keys: Mapping[str, str], ports: Mapping[str, int]) -> PipelineSpec:
+        """The command's pipeline: each board at ``hosts[board]``, listening on ``ports[board]``
+        (``JobSpec.pipeline_ports``)."""
+        peers = [PipelinePeer(board_id=b, host=hosts[b], port=ports[b], public_key=public_keys[b])
+                 for b in self.plan.boards]
         return PipelineSpec(cuts=list(self.plan.cuts), micro_batches=self.micro_batches, stages=peers,
                             shapes=[list(s) for s in self.shapes], max_rows=max(self.batch_sizes), group=self.plan.group,
                             state_every=self.sync.every if self.sync is not None else 0)

@@ -38,6 +38,7 @@ BUFFER_SYNC = ("broadcast", "average")  # float buffers after each step: the fir
 
 # When a pipeline's later stages send their state to the replica (``protocol.stage_sync``): every step, or at checkpoints
 STAGE_SYNCS = ("step", "checkpoint")
+PIPELINE_PORTS = 64  # a pipeline's boards listen on --pipeline-port and the ports after it, one each
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +102,11 @@ class JobSpec:
             stage order, and the batch sizes stage 0's boards' then a 0 for each later stage: stage 0 holds the data.
             Stage 0 may be several boards joined by ``+`` (data-parallel among them).
         micro_batches: A pipeline's micro-batches per step (GPipe: every forward, then every backward).
-        pipeline_port: The pipeline's i-th board listens for its neighbours on this port + i.
+        pipeline_port: A pipeline's board listens for its neighbours on this port + its place in
+            ``pipeline_slots``.
+        pipeline_slots: The boards in the order of their pipeline ports: the job's first pipeline's, then any board
+            a re-plan adds. Kept through re-plans, so a board keeps its port in every run of the job (a board another
+            run left out may still hold its own: on one host, as in the tests, the ports must not move).
         stage_sync: When a pipeline's later stages send the replica what (``protocol.stage_sync``): ``step`` (their
             gradient every step: a lost board costs no step) or ``checkpoint`` (their state at checkpoints and
             epoch ends only, their links free of it otherwise; a lost board sends the run back to the last one).
@@ -163,6 +168,7 @@ class JobSpec:
     pipeline: str = ""
     micro_batches: int = 1
     pipeline_port: int = 47310
+    pipeline_slots: tuple[str, ...] = ()
     stage_sync: str = "step"
     aggregate: str = "mean"
     audit_share: float = 0.25
@@ -178,6 +184,12 @@ class JobSpec:
         # config.json holds lists; a spec holds tuples
         object.__setattr__(self, "boards", tuple(self.boards))
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        if not isinstance(self.pipeline_slots, (list, tuple)) or not all(isinstance(b, str) for b in self.pipeline_slots):
+            raise ConfigError(f"pipeline_slots {self.pipeline_slots!r:.40} in config.json is not a list of board ids")
+        slots = tuple(self.pipeline_slots)
+        if self.pipeline:
+            slots += tuple(b for b in self.boards if b not in slots)
+        object.__setattr__(self, "pipeline_slots", slots)
         if isinstance(self.force_split, dict):  # as config.json holds it
             try:
                 object.__setattr__(self, "force_split", BatchSplit.from_wire(self.force_split))
@@ -276,8 +288,12 @@ class JobSpec:
             raise ConfigError(f"pipeline {self.pipeline!r:.20} in config.json is not BOARD,CUT@BOARD,...")
         if type(self.micro_batches) is not int or not 1 <= self.micro_batches <= 4096:
             raise ConfigError(f"--micro-batches {self.micro_batches!r:.20}: give a whole number from 1 to 4096")
-        if type(self.pipeline_port) is not int or not 1024 <= self.pipeline_port <= 65535 - 64:
-            raise ConfigError(f"--pipeline-port {self.pipeline_port!r:.20}: give a port from 1024 to {65535 - 64}")
+        if type(self.pipeline_port) is not int or not 1024 <= self.pipeline_port <= 65535 - PIPELINE_PORTS:
+            raise ConfigError(f"--pipeline-port {self.pipeline_port!r:.20}: give a port from 1024 to "
+                              f"{65535 - PIPELINE_PORTS}")
+        if len(self.pipeline_slots) > PIPELINE_PORTS:
+            raise ConfigError(f"a pipeline over {len(self.pipeline_slots)} boards: its ports (--pipeline-port and the "
+                              f"{PIPELINE_PORTS - 1} after it) hold at most {PIPELINE_PORTS}")
         if self.stage_sync not in STAGE_SYNCS:
             raise ConfigError(f"--stage-sync {self.stage_sync!r:.20} is not one of {', '.join(STAGE_SYNCS)}")
         if not self.pipeline:
@@ -369,6 +385,10 @@ class JobSpec:
     def data_name(self) -> str:
         """The dataset's or DataModule's spec, whichever the job uses."""
         return self.datamodule or self.dataset
+
+    def pipeline_ports(self) -> dict[str, int]:
+        """Where each of the pipeline's boards listens for its neighbours: the same port in every run of the job."""
+        return {board: self.pipeline_port + self.pipeline_slots.index(board) for board in self.boards}
 
     def to_json(self) -> dict[str, Any]:
         """The spec as ``config.json`` holds it."""

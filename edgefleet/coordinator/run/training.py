@@ -470,7 +470,7 @@ class TrainingRun:
                                   "its edge-agent, or set [training] address in its config")
             hosts[board] = address
         self.on_note(self.piped.describe())
-        return self.piped.spec(hosts, keys, self.spec.pipeline_port).to_dict()
+        return self.piped.spec(hosts, keys, self.spec.pipeline_ports()).to_dict()
 
     def _pipeline_apply(self, apply: Callable[[Any, StepResult], None],
                         exchange: ExchangeServer) -> Callable[[Any, StepResult], None]:
@@ -731,6 +731,7 @@ class TrainingRun:
         self.audits.keep_start(self.replica.step, lambda: self._checkpoint_state(0.0))
         self._announced_lrs = self.replica.learning_rates()  # the boards start with these (the welcome's optimizer)
         await channel.open()
+        port = 0  # this run's exchange, named in its stops: a re-planned run of the job is not stopped by them
         try:
             await check_boards_ready(channel, self.spec.boards, busy_wait_s=self.busy_wait_s)
             host = self.spec.exchange_host or exchange_host_for(self.broker)
@@ -771,12 +772,12 @@ class TrainingRun:
             await exchange.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
             if self.placed is not None and self.placed.server is not None:
                 await self.placed.server.close("job finished" if not self._stop.is_set() else "stopped by the coordinator")
-            # a re-planned run of the same job follows: its commands must not meet these stops on its boards (a revision's
+            # a re-planned run of the same job follows: its boards end this run before its commands come (a revision's
             # are known; a board it leaves out, slowed, may take its time)
             revision = self.reviser.next_plan if self.reviser is not None and not self._stage_lost else None
             following = set(revision.boards if revision is not None else self.spec.boards) if self._next_plan else set()
             for board in self.spec.boards:
-                channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board).to_dict(),
+                channel.send(board, StopCommand(job_id=self.spec.run_id, board_id=board, exchange_port=port).to_dict(),
                              wait_s=NEXT_PLAN_WAIT_S if board in following else 1.0)
             if following:
                 await self._until_not_busy(channel, following)
@@ -788,8 +789,9 @@ class TrainingRun:
 
     async def _until_not_busy(self, channel: BoardChannel, boards: set[str]) -> None:
         """Before a re-planned run of this job starts: wait (up to :data:`NEXT_PLAN_WAIT_S`) until the ``boards`` it
-        runs on have ended this run's job, so that none takes this run's stop, which names the same job, as the next
-        run's."""
+        runs on have ended this run's job, so that a kept worker takes the next run's command (a board still in this
+        run when it arrives stops this run's worker for it; the stops name this run's exchange, and leave the next run
+        alone: ``agent.job_runner``)."""
         until = time.monotonic() + NEXT_PLAN_WAIT_S
         while time.monotonic() < until and any((status := channel.status.get(b)) is not None and status.state == "busy"
                                                 for b in boards):
