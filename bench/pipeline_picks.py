@@ -195,7 +195,7 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
              profiles: dict[str, str], failures: list[str]) -> None:
     cases = [(n, *CASES[n - 1]) for n in args.cases]
     logs = args.keep_runs / FLEET / "lab-logs" if args.keep_runs else None  # the agents' logs outlive the lab there
-    with scaling.lab_up(FLEET, key_file, logs_dir=logs) as lab:
+    with scaling.lab_up(FLEET, key_file, logs_dir=logs, cpu_period_ms=args.cpu_period_ms) as lab:
         runs_dir = (args.keep_runs or tmp) / FLEET
         ctx = scaling.FleetContext.of_lab(lab, key_file, runs_dir, args.deadline, args.ballast)
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}
@@ -261,6 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's length (default {EPOCHS})")
     parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
                         help="boards left out of a run spin at their quotas meanwhile (default on)")
+    parser.add_argument("--cpu-period-ms", type=float, metavar="MS",
+                        help="the boards' CFS period instead of the fleet file's 10 ms; 1 gives each board the shortest "
+                             "the kernel allows (a 1 ms quota), so a later stage's short bursts run at its board's speed")
     parser.add_argument("--max-minutes", type=float, default=50.0, help="stop (exit 2) after this long (default 50)")
     parser.add_argument("--keep-runs", type=Path, metavar="DIR", help="keep every run directory, log and profile here")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure here")

@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -674,15 +675,20 @@ class Session:
 
 @contextlib.contextmanager
 def lab_up(name: str, key_file: Path, *, logs_dir: Path | None = None, timeout_s: float = 180.0,
-           prefix: str = "") -> Iterator[Lab]:
+           prefix: str = "", cpu_period_ms: float | None = None) -> Iterator[Lab]:
     """Fleet ``name``'s lab up with kept workers and every board online, saying so on stderr (``prefix`` before the
-    name); down on leaving. ``logs_dir``: where the agents' logs outlive the lab."""
+    name); down on leaving. ``logs_dir``: where the agents' logs outlive the lab; ``cpu_period_ms``: the boards' CFS
+    period instead of the fleet file's."""
     from edgefleet.lab.fleet_file import load_fleet
     from edgefleet.lab.lab import Lab
 
     started = time.monotonic()
-    print(f"{prefix}{name}: starting the lab", file=sys.stderr, flush=True)
-    with Lab(load_fleet(FLEETS[name]), fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs_dir) as lab:
+    fleet = load_fleet(FLEETS[name])
+    if cpu_period_ms is not None:
+        fleet = dataclasses.replace(fleet, lab=dataclasses.replace(fleet.lab, cpu_period_ms=cpu_period_ms))
+    print(f"{prefix}{name}: starting the lab (CPU quotas in {fleet.lab.cpu_period_ms:g} ms periods)", file=sys.stderr,
+          flush=True)
+    with Lab(fleet, fleet_key_file=key_file, agent_settings=KEEP_WORKER, logs_dir=logs_dir) as lab:
         lab.wait_online(timeout_s=timeout_s)
         print(f"{prefix}{name}: {len(lab.boards)} boards online in {time.monotonic() - started:.0f} s", file=sys.stderr,
               flush=True)

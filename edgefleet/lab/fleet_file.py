@@ -7,6 +7,7 @@ A fleet file is TOML (see ``fleets/mixed4.toml`` for a commented example)::
     reserved_cpus = 0.5         # cores left to the broker, the coordinator and the host
     telemetry_interval_s = 1.0  # the agents' [telemetry] interval_s
     keepalive_s = 10            # the agents' [broker] keepalive_s
+    cpu_period_ms = 10          # the CPU quotas' CFS period (1: the shortest the kernel allows each board)
 
     [server]                    # optional: broker and coordinator in a namespace of their own
     rate_up = "1gbit"
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgefleet.lab.cgroups import CFS_PERIOD_US
 from edgefleet.lab.units import UnitError, format_rate, format_size, parse_rate, parse_size
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.topics import valid_board_id
@@ -104,6 +106,10 @@ class LabSettings:
     reserved_cpus: float = DEFAULT_RESERVED_CPUS
     telemetry_interval_s: float = 1.0
     keepalive_s: int = 10
+    # the CFS period of the boards' CPU quotas; a board whose quota of it would be under the kernel's 1 ms floor gets a
+    # longer one (lab.cgroups). 1 gives each board the shortest the kernel allows: a board computing in bursts (a later
+    # pipeline stage) then runs at most 1 ms at the host's speed before its quota stops it, as a real slower CPU would
+    cpu_period_ms: float = CFS_PERIOD_US / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +134,7 @@ class Fleet:
 
 _BOARD_KEYS = {"id", "model", "cpu", "memory", "rate_up", "rate_down", "idle_w", "max_w"}
 _BOARD_REQUIRED = ("id", "cpu", "memory", "rate_up", "rate_down", "idle_w", "max_w")
-_LAB_KEYS = {"name", "reserved_cpus", "telemetry_interval_s", "keepalive_s"}
+_LAB_KEYS = {"name", "reserved_cpus", "telemetry_interval_s", "keepalive_s", "cpu_period_ms"}
 _SERVER_KEYS = {"rate_up", "rate_down"}
 _TOP_KEYS = {"lab", "server", "board"}
 
@@ -162,13 +168,18 @@ def _parse_lab(table: Any, source: str) -> LabSettings:
     reserved = _number(data.get("reserved_cpus", DEFAULT_RESERVED_CPUS), where="[lab]", key="reserved_cpus", source=source)
     interval = _number(data.get("telemetry_interval_s", 1.0), where="[lab]", key="telemetry_interval_s", source=source)
     keepalive = data.get("keepalive_s", 10)
+    period = _number(data.get("cpu_period_ms", CFS_PERIOD_US / 1000), where="[lab]", key="cpu_period_ms", source=source)
+    if not 1 <= period <= 100:
+        raise FleetError(f"{source}: [lab]: cpu_period_ms = {period:g} is outside 1-100 ms (1: the shortest the kernel "
+                         "allows each board)")
     if reserved < 0:
         raise FleetError(f"{source}: [lab]: reserved_cpus = {reserved:g} cannot be negative")
     if not 0.05 <= interval <= 3600:
         raise FleetError(f"{source}: [lab]: telemetry_interval_s = {interval:g} is outside 0.05-3600 seconds")
     if isinstance(keepalive, bool) or not isinstance(keepalive, int) or not 2 <= keepalive <= 3600:
         raise FleetError(f"{source}: [lab]: keepalive_s = {keepalive!r} should be a whole number of seconds, 2-3600")
-    return LabSettings(name=name, reserved_cpus=reserved, telemetry_interval_s=interval, keepalive_s=keepalive)
+    return LabSettings(name=name, reserved_cpus=reserved, telemetry_interval_s=interval, keepalive_s=keepalive,
+                       cpu_period_ms=period)
 
 
 def _rate(data: dict[str, Any], key: str, *, where: str, source: str) -> int:

@@ -238,7 +238,7 @@ class Lab:
         links.create_member(board.netns, host_if=board.host_if, peer_if=peer_ifname(index), address=board.address,
                             rate_up_bps=spec.rate_up_bps, rate_down_bps=spec.rate_down_bps)
         board.cgroup.create()
-        board.cgroup.set_cpu_quota(spec.cpu)
+        board.cgroup.set_cpu_quota(spec.cpu, period_us=round(self.fleet.lab.cpu_period_ms * 1000))
         board.cgroup.set_memory_limit(spec.memory_bytes)
         write_board_sysfs(board.home / "sys", spec)
         return board

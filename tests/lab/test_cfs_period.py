@@ -39,3 +39,11 @@ def test_a_quota_is_set_in_10_ms_periods_or_a_longer_one_below_a_tenth_of_a_core
     group.set_cpu_quota(cpus)
     assert (_read(group, "cpu.cfs_period_us"), _read(group, "cpu.cfs_quota_us")) == (period_us, quota_us)
     assert group.cpu_quota() == pytest.approx(cpus, rel=0.01)  # the board gets what the fleet file says, no more
+
+
+@pytest.mark.parametrize("cpus, period_us", [(0.36, 2_778), (0.27, 3_704), (0.09, 11_112)])
+def test_the_shortest_period_gives_each_board_a_1_ms_quota(group: Cgroup, cpus: float, period_us: int) -> None:
+    """A fleet file's ``cpu_period_ms = 1``: a board runs at most 1 ms at the host's speed before its quota stops it."""
+    group.set_cpu_quota(cpus, period_us=1_000)
+    assert (_read(group, "cpu.cfs_period_us"), _read(group, "cpu.cfs_quota_us")) == (period_us, 1_000)
+    assert group.cpu_quota() == pytest.approx(cpus, rel=0.01)

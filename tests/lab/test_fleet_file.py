@@ -97,6 +97,7 @@ def test_fleet8_puts_the_server_on_gigabit() -> None:
     (_fleet(_board("a", replace={"idle_w = 2.7": "idle_w = 9.0"})), ["board 'a'", "idle_w = 9", "max_w = 6.4"]),
     (_fleet(_board("a/b")), ["board 'a/b'", "not a valid board id"]),
     (_fleet(_board("a", replace={"cpu = 0.2": 'cpu = "0.2"'})), ["board 'a'", "cpu = '0.2'", "should be a number"]),
+    (_fleet(_board("a"), head='[lab]\ncpu_period_ms = 0.5\n'), ["[lab]", "cpu_period_ms = 0.5", "outside 1-100 ms"]),
     ("[lab]\nname = \"x\"\n", ["no boards"]),
     ("[[board]\n", ["not valid TOML"]),
 ])
@@ -114,6 +115,12 @@ def test_reserved_cpus_is_what_makes_room_for_the_broker() -> None:
     with pytest.raises(FleetError, match="1.80 CPUs"):
         parse_fleet(two, host_cores=2)
     assert parse_fleet('[lab]\nreserved_cpus = 0.2\n' + two, host_cores=2).cpu_total == pytest.approx(1.8)
+
+
+def test_the_cpu_period_is_ten_ms_unless_the_fleet_file_says() -> None:
+    one = _fleet(_board("a", 0.2))
+    assert parse_fleet(one, host_cores=2).lab.cpu_period_ms == 10
+    assert parse_fleet('[lab]\ncpu_period_ms = 1\n' + one, host_cores=2).lab.cpu_period_ms == 1
 
 
 def test_a_board_larger_than_this_machine_is_refused() -> None:
