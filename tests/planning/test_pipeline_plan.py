@@ -62,17 +62,19 @@ TWO_STAGES = (StageSpec(0, 1, ("a",)), StageSpec(1, 2, ("b",)))
 
 @pytest.fixture
 def hand_constants(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fitted constant at a round value, so that the hand examples do not move when it is fitted again."""
-    monkeypatch.setattr(pipeline_cost, "MICRO_FIXED_WORK", 2.0)
+    """The fitted constants at round values, so that the hand examples do not move when they are fitted again."""
+    monkeypatch.setattr(pipeline_cost, "MICRO_FIXED_SHARE", 0.1)
+    monkeypatch.setattr(pipeline_cost, "INTERCEPT_FIXED", 0.1)
 
 
 @pytest.mark.usefixtures("hand_constants")
 def test_a_two_stage_plan_by_hand() -> None:
-    plan = evaluate_plan(_hand_problem(), TWO_STAGES, micro_batches=2, schedule="gpipe")
-    # the model's work is 0.09 s a sample at speed 1, so a micro-batch's own fixed cost (MICRO_FIXED_WORK = 2 samples'
-    # worth, each way) is 0.18 s on a and 0.09 s on b (speed 2). A micro-batch has 4 samples.
+    boards = (_board("a", speed=1.0, active=10.0, overhead=1.8), _board("b", speed=2.0, active=8.0, overhead=0.9))
+    plan = evaluate_plan(_hand_problem(boards=boards), TWO_STAGES, micro_batches=2, schedule="gpipe")
+    # a micro-batch's own fixed cost each way is a tenth (MICRO_FIXED_SHARE) of its board's whole-step fixed cost: 0.18 s
+    # on a, 0.09 s on b. A micro-batch has 4 samples.
     # a: forward 4 x 0.01 + 0.18 = 0.22 s a micro-batch; backward 2 x (4 x 0.02 + 0.18) = 0.52 s a step
-    # b: forward (4 x 0.02 + 0.18) / 2 = 0.13 s; backward 2 x (4 x 0.04 + 0.18) / 2 = 0.34 s
+    # b (speed 2): forward 4 x 0.02 / 2 + 0.09 = 0.13 s; backward 2 x (4 x 0.04 / 2 + 0.09) = 0.34 s
     assert [s.micro_batch_s for s in plan.stages] == pytest.approx([0.22 + 0.52 / 2, 0.13 + 0.34 / 2])
     # stage 0 sends its gradient to the coordinator and takes the average back every step (1 MB each way at 1 MB/s);
     # b, a later stage of one board, its state (2 MB x 3) every 50th step, amortised: 0.12 s, under stage 0's
@@ -80,15 +82,18 @@ def test_a_two_stage_plan_by_hand() -> None:
     # the cut: 4 x 1000 B a micro-batch at 1 MB/s forward (0.004 s), 8000 B back a step (0.008 s). The forward flow
     # (0.22, 0.004, 0.13) takes its sum and M - 1 more slots of its slowest element; the backwards and the gradients
     # back run one after the other; then the exchange.
-    step = (0.22 + 0.004 + 0.13) + (2 - 1) * 0.22 + (0.52 + 0.008 + 0.34) + 2.0
+    # Stage 0 pays 0.1 + 0.9 x its third of the parameters = 0.4 of a's 1.8 s whole-step fixed cost (INTERCEPT_FIXED),
+    # b none (a later stage's optimizer step runs while the stages before it work).
+    step = 0.72 + (0.22 + 0.004 + 0.13) + (2 - 1) * 0.22 + (0.52 + 0.008 + 0.34) + 2.0
     assert plan.step_time_s == pytest.approx(step)
     assert plan.bubble_fraction == pytest.approx(1 / 3)
     # memory: base 10 MB + parameters x 3 (weights, gradients, momentum) + held per sample x 4 samples x 2 in flight
     assert [m.used_bytes for m in plan.memory] == [10 * MB + 3 * MB + 8 * MB, 10 * MB + 6 * MB + 16 * MB]
     assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(8000 + MB, 8000 + MB), (8000 + round(6 * MB / 50), 8000)]
     assert plan.power_w == pytest.approx(18.0)
-    # idle 4 W over the step + (active - idle) while computing: a 8 W x (0.24 + 4 x 0.18) s, b 6 W x (0.24 + 4 x 0.09) s
-    energy = 4.0 * step + 8.0 * 0.96 + 6.0 * 0.60
+    # idle 4 W over the step + (active - idle) while computing: a 8 W x (0.72 + 0.24 + 4 x 0.18) s, b 6 W x (0.24 + 4 x
+    # 0.09) s
+    energy = 4.0 * step + 8.0 * 1.68 + 6.0 * 0.60
     assert plan.energy_per_step_j == pytest.approx(energy)
     assert plan.epoch_time_s == pytest.approx(100 * step)                    # 100 steps
     assert plan.energy_per_epoch_j == pytest.approx(100 * energy)
@@ -341,7 +346,7 @@ def test_the_table() -> None:
     assert lines[2].split() == ["1", "0", "conv", "a", "8", "4", "21", "MB", "/", "100", "MB", "(21%)", "1.01", "MB", "1.01",
                                 "MB"]  # its activations, and its gradient to the coordinator and the average back
     assert lines[3].split()[:6] == ["2", "1", "dense", "b", "8", "4"]
-    assert lines[4].startswith("step 3442.0 ms (bubble 33%), 2.3 samples/s; peak 18.0 W; energy 25 J per step")
+    assert lines[4].startswith("step 2452.0 ms (bubble 33%), 3.3 samples/s; peak 18.0 W; energy 13.2 J per step")
     result = plan_pipeline(problem, "time")
     assert render_result(problem, result).endswith("chosen for the least time per epoch")
     no_fit = plan_pipeline(dataclasses.replace(problem, max_power_w=5.0), "time")

@@ -8,10 +8,11 @@ per sample at speed 1 (1.0 for a profile's layers). Per stage:
 * F_s, K_s = the layers' forward and backward seconds per sample on a board of speed 1 (w_s their
   sum); P_s their parameter bytes; h_s the bytes per sample they hold from forward to backward;
   x_s = the activation bytes per sample at the cut after the stage;
-* u = :data:`MICRO_FIXED_WORK` x W: a micro-batch's own fixed cost at a stage, each way (its frames,
-  the runtime's loop and hooks), as samples of work (none for a one-stage plan, which sends none);
-* f_s = max_k (m_k F_s + u) / speed_k: a micro-batch's forward on the slowest board;
-  k_s = max_k M (m_k K_s + u) / speed_k: a step's backward (every micro-batch's at once);
+* u_k = :data:`MICRO_FIXED_SHARE` x overhead_k: a micro-batch's own fixed cost on board k, each way (its
+  frames, the runtime's loop and hooks: framework work, which the board's whole-step intercept
+  overhead_k measures; none for a one-stage plan, which sends none);
+* f_s = max_k (m_k F_s / speed_k + u_k): a micro-batch's forward on the slowest board;
+  k_s = max_k M (m_k K_s / speed_k + u_k): a step's backward (every micro-batch's at once);
 * the split minimises max_k o_k + m_k c_k over integers 1 <= m_k <= cap_k, with c_k = w_s / speed_k +
   (x in + x out) (1 / up_k + 1 / down_k) and cap_k the most samples board k's memory holds;
 * I = max_k overhead_k x share_0: stage 0's fixed cost per step, share_0 = :data:`INTERCEPT_FIXED` +
@@ -84,9 +85,9 @@ from edgefleet.protocol.errors import PlanError
 log = logging.getLogger(__name__)
 
 STATE_EVERY = 50  # a later stage's state steps (--checkpoint-every's default), amortised over the steps between
-# Fitted on bench/pipeline_picks.py's first three lab runs, 132 plans in 30 cases (docs/pipeline.md, "The model"):
-MICRO_FIXED_WORK = 3.0    # a micro-batch's own fixed cost at a stage, each way (its frames, the loop, the hooks), in
-#                           samples of the whole model's work on the board (1 / speed each)
+# Fitted on bench/pipeline_picks.py's lab runs (docs/pipeline.md, "The model"):
+MICRO_FIXED_SHARE = 0.08  # a micro-batch's own fixed cost at a stage, each way (its frames, the loop, the hooks), as
+#                           a share of the board's whole-step fixed cost (both are the framework's work on that board)
 INTERCEPT_FIXED = 0.1     # stage 0's share of its boards' whole-step fixed cost whatever its layers; the rest of it
 #                           goes with the share of the model's parameters the stage holds (the optimizer's step)
 
@@ -100,7 +101,7 @@ class StageCost:
     backward_s: float                    # the slowest board's backward of a step's micro-batches
     whole_s: float                       # as a one-stage plan: the slowest board's fixed cost and step
     intercept_s: float                   # as stage 0 of a pipeline: its boards' fixed cost per step (the largest)
-    unit_s: float                        # a micro-batch's own fixed cost one way, on the group's slowest board
+    unit_s: float                        # a micro-batch's own fixed cost one way, the group's largest (u_k)
     up_s_per_byte: float                 # max over the group of m_k / up_k: a micro-batch's per-sample byte time up
     down_s_per_byte: float               # the same down
     allreduce_s: float
@@ -168,10 +169,11 @@ class StageCoster:
         if max(excess) > 0:
             over = max(range(n), key=excess.__getitem__)
         M = micro_batches
-        # a micro-batch's own cost each way, as samples of the whole model (a one-stage plan sends no frames)
-        fixed = 0.0 if first == 0 and stop == len(layers) else MICRO_FIXED_WORK * self.work[-1]
-        forward_s = max((m * forward + fixed) / k.speed for k, m in zip(boards, split))
-        backward_s = max(M * (m * (work - forward) + fixed) / k.speed for k, m in zip(boards, split))
+        # a micro-batch's own cost each way on each board, a share of its fixed cost (a one-stage plan sends no frames)
+        share_u = 0.0 if first == 0 and stop == len(layers) else MICRO_FIXED_SHARE
+        units = [share_u * k.overhead_s for k in boards]
+        forward_s = max(m * forward / k.speed + u for k, m, u in zip(boards, split, units))
+        backward_s = max(M * (m * (work - forward) / k.speed + u) for k, m, u in zip(boards, split, units))
         whole_s = max(o + M * m * work / k.speed for o, k, m in zip(overheads, boards, split))
         up = max(m / k.link_up_bytes_per_s for k, m in zip(boards, split))
         down = max(m / k.link_down_bytes_per_s for k, m in zip(boards, split))
@@ -183,12 +185,12 @@ class StageCoster:
             allreduce = max(params / k.link_up_bytes_per_s for k in boards) + down_x
         else:  # a later stage of one board: its state at checkpoints only
             allreduce = params * self.state_factor / STATE_EVERY / boards[0].link_up_bytes_per_s
-        busy = sum((k.active_power_w - k.idle_power_w) * (o + M * (m * work + 2 * fixed) / k.speed)
-                   for o, k, m in zip(overheads, boards, split))
+        busy = sum((k.active_power_w - k.idle_power_w) * (o + M * (m * work / k.speed + 2 * u))
+                   for o, k, m, u in zip(overheads, boards, split, units))
         state = 0 if exchanged else round(params * self.state_factor / STATE_EVERY)
         up_bytes = tuple(M * m * x + (params if exchanged else state) for m in split)
         down_bytes = tuple(M * m * x + (params if exchanged else 0) for m in split)
-        unit = max(fixed / k.speed for k in boards)
+        unit = max(units)
         return StageCost(tuple(split), forward_s, backward_s, whole_s, max(overheads), unit, up, down, allreduce, busy,
                          memory, up_bytes, down_bytes, over)
 
@@ -360,6 +362,6 @@ def _check_specs(problem: PipelineProblem, specs: Sequence[StageSpec], micro_bat
         problem.board(b)
 
 
-__all__ = ["INTERCEPT_FIXED", "MICRO_FIXED_WORK", "STATE_EVERY", "StageCost", "StageCoster",
+__all__ = ["INTERCEPT_FIXED", "MICRO_FIXED_SHARE", "STATE_EVERY", "StageCost", "StageCoster",
            "StepFigures", "boundary_s", "cut_bytes", "evaluate_plan", "in_flight", "sources_s",
            "split_micro_batch", "step_figures", "step_time_s"]

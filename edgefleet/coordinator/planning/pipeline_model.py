@@ -259,7 +259,8 @@ def problem_from_fleet(fleet: FleetProfile, *, global_batch: int, max_memory_fra
                               coordinator_link_bytes_per_s=fleet.coordinator_link_bytes_per_s, max_power_w=max_power_w,
                               count_idle=count_idle)
     missing += (
-        "a micro-batch's own fixed cost at a stage: 3 samples' work each way, fitted on the lab (not in the profile); "
+        "a micro-batch's own fixed cost at a stage: 0.08 of its board's whole-step intercept each way, fitted on the lab "
+        "(not in the profile); "
         "stage 0 pays 0.1 of its boards' whole-step intercept plus its share of the parameters",
         "the optimizer's state: "
         f"{optimizer_bytes_per_param_byte:g} x the parameters (not in the profile; pass the job's optimizer)",
