@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from edgefleet.agent.heap import HEAP_SETTINGS, worker_environment
 from edgefleet.agent.job_runner import JobRunner
 
@@ -61,11 +63,18 @@ def test_the_worker_environment_adds_the_settings_and_keeps_the_users() -> None:
 
 def test_training_steps_stop_faulting_their_memory_in_again() -> None:
     bare = {k: v for k, v in worker_environment().items() if k not in HEAP_SETTINGS}
-    default = float(_python(STEP_FAULTS, bare))
     kept = float(_python(STEP_FAULTS, worker_environment()))
-    # glibc 2.36 here: 2,300-10,000 faults a step by default (10-40 MB zero-filled again); with the
-    # settings none in most steps
-    assert kept * 10 < default, (kept, default)
+    # glibc 2.36 here: 2,300-10,000 faults a step by default (10-40 MB zero-filled again) in most processes; in about
+    # one in three its dynamic mmap threshold has risen before the timed steps and none fault (measured): the default
+    # is taken up to three times, its worst kept. With the settings none fault in most steps.
+    defaults = []
+    for _ in range(3):
+        defaults.append(float(_python(STEP_FAULTS, bare)))
+        if defaults[-1] > 0:
+            break
+    if max(defaults) == 0:
+        pytest.skip(f"glibc's default faulted in no step of {len(defaults)} processes: nothing to compare the settings with")
+    assert kept * 10 < max(defaults), (kept, defaults)
 
 
 def test_a_kept_worker_gives_freed_memory_back_between_jobs() -> None:
