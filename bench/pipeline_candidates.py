@@ -113,4 +113,24 @@ def runs_to_measure(plans: Sequence[Candidate], *, limit: int = MAX_RUNS) -> lis
     return chosen
 
 
-__all__ = ["MAX_RUNS", "MICRO_BATCHES", "Candidate", "runs_to_measure", "trainable_plans"]
+def candidate_of_flags(flags: list[str], predicted_step_s: float) -> Candidate:
+    """The plan ``train`` flags run (``planning.pipeline_train``), as a :class:`Candidate`."""
+    given = dict(zip(flags[::2], flags[1::2]))
+    batches = tuple(int(b) for b in given["--batch"].split(","))
+    if "--pipeline" not in given:
+        return Candidate(stage0=tuple(given["--boards"].split(",")), later=(), micro_batches=1, batch_sizes=batches,
+                         predicted_step_s=predicted_step_s)
+    first, *later = given["--pipeline"].split(",")
+    stages = tuple((cut, board) for cut, _, board in (item.partition("@") for item in later))
+    return Candidate(stage0=tuple(first.split("+")), later=stages, micro_batches=int(given["--micro-batches"]),
+                     batch_sizes=batches, predicted_step_s=predicted_step_s)
+
+
+def same_plan(a: Candidate, b: Candidate) -> bool:
+    """Whether two candidates train alike (stage 0's boards in any order)."""
+    return (sorted(a.stage0), a.later, a.micro_batches if a.later else 1) == (sorted(b.stage0), b.later,
+                                                                             b.micro_batches if b.later else 1)
+
+
+__all__ = ["MAX_RUNS", "MICRO_BATCHES", "Candidate", "candidate_of_flags", "runs_to_measure", "same_plan",
+           "trainable_plans"]

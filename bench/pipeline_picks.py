@@ -8,8 +8,11 @@ Issue 35's target: the planner's pick is the measured best, or within 5% of it, 
 2. for each case (a model and a few of fleet8's boards, :data:`CASES`), every plan train can run
    today over those boards is costed by the pipeline cost model (``bench/pipeline_candidates.py``:
    data-parallel, or a stage-0 group and one or two later stages of one board, GPipe, M = 1, 2, 4);
-   the cheapest is the pick;
-3. the pick and the best plan of each other family (another shape, another M, another stage count;
+   the cheapest is the model's pick. With ``--verify K`` (default 3) the case's pick is
+   ``edge-coordinator plan --pipeline --boards ... --verify K`` instead: the K best distinct plans by the
+   model, each pre-trained for 3 + 20 real steps, the fastest measured chosen (``planning.pipeline_verify``);
+   ``--verify 0`` takes the model's pick as it is;
+3. the pick, the model's pick and the best plan of each other family (another shape, another M, another stage count;
    at most 5) each train ``--epochs`` epochs (default 3, no target) with ``--stage-sync checkpoint``
    as ``plan --pipeline``'s flags say and the split the model gives stage 0's boards; data-parallel
    runs take the pipeline model's split too. Each run's samples/s counts the steps after the warm-up,
@@ -19,14 +22,15 @@ The boards' CPU quotas run in each board's shortest CFS period (``--cpu-period-m
 the fleet file's 10 ms a later stage, computing in bursts between micro-batches, runs them at the
 host core's speed, which no real board does (docs/lab.md).
 
-A case is a hit when the pick's samples/s is at least 95% of the best measured one's. Two runs of
+A case is a hit when the pick's samples/s is at least 95% of the best measured one's; the model's own pick
+is scored alike, for the record of what the pre-training adds. Two runs of
 one plan differ by up to 8% on the lab, so a pick at 85-95% of the best is taken again with the best,
 and each counts the mean of its two runs. Printed per
 plan: predicted and measured step time, samples/s against the case's best, and each board's median
 busy time a step (its step without the time it waited on a neighbour: ``compute_s``), which is what
 calibrating the cost model needs; ``--json OUT`` keeps it all with the profiles' paths.
 
-Run as root from the repository root (about 17-20 min on a 2-core machine)::
+Run as root from the repository root (about 30 min on a 2-core machine; 17-20 with ``--verify 0``)::
 
     python bench/pipeline_picks.py --json OUT --keep-runs DIR
     python bench/pipeline_picks.py --cases 1 6 --epochs 2        # a quicker look
@@ -44,6 +48,7 @@ import logging
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +67,7 @@ from _harness import (
     write_fleet_key,
 )
 from _table import print_table
-from pipeline_candidates import Candidate, runs_to_measure, trainable_plans
+from pipeline_candidates import Candidate, candidate_of_flags, runs_to_measure, same_plan, trainable_plans
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning import FleetProfile
@@ -74,6 +79,7 @@ FLEET = "fleet8"
 HIT_SHARE = 0.95          # the pick within 5% of the measured best
 RETAKE_SHARE = 0.85       # a pick this close to a miss: it and the best are taken again, each figure the mean of two
 EPOCHS = 3
+VERIFY = 3                # plan --pipeline --verify K: the K best plans by the model pre-trained
 CPU_PERIOD_MS = 1.0  # each board's shortest CFS period (lab.fleet_file.LabSettings.cpu_period_ms)
 CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("conv_mlp", ("x86-1", "pi5-1", "pi5-2")),
@@ -115,6 +121,8 @@ class CaseResult:
     boards: list[str]
     plans_costed: int
     runs: list[PlanRun]
+    model_pick: str = ""                # the model's pick's label (the pick itself with --verify 0)
+    verify: dict[str, object] = field(default_factory=dict)  # plan --pipeline --verify's trials and choice
 
     @property
     def best(self) -> PlanRun | None:
@@ -133,6 +141,15 @@ class CaseResult:
     def hit(self) -> bool | None:
         share = self.pick_share
         return None if share is None else share >= HIT_SHARE
+
+    @property
+    def model_hit(self) -> bool | None:
+        """Whether the model's own pick is within 5% of the best measured plan."""
+        best = self.best
+        model = next((r for r in self.runs if r.label == self.model_pick), None)
+        if best is None or model is None or not model.samples_per_s or not best.samples_per_s:
+            return None
+        return model.samples_per_s / best.samples_per_s >= HIT_SHARE
 
 
 def _busy(run_dir: Path, warmup: int) -> dict[str, float]:
@@ -196,6 +213,36 @@ def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) 
     return dataclasses.replace(problem, boards=tuple(b for b in problem.boards if b.board_id in boards))
 
 
+def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: tuple[str, ...], profile: str,
+                   count: int) -> tuple[Candidate, dict[str, object]]:
+    """``plan --pipeline --verify count`` over the case's boards: the plan it chooses on measurement, and its record.
+
+    Raises:
+        RuntimeError: plan failed (its output's tail included).
+    """
+    from edgefleet.launch import module_command
+
+    workload = scaling.WORKLOADS[model]
+    log_path = ctx.runs_dir / f"case{number}-verify.log"
+    cmd = in_coordinator_netns(ctx.lab, module_command(
+        "edgefleet.coordinator.cli", "--broker", ctx.lab.broker_address, "plan", "--profile", profile, "--pipeline",
+        "--objective", "time", "--batch", str(workload.global_batch), "--boards", ",".join(boards), "--verify", str(count),
+        "--fleet-key", str(ctx.key_file), "--board-keys", str(ctx.lab.board_keys_dir), "--json"))
+    idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
+    wait_ready(ctx.lab, boards)
+    timeout = max(1.0, ctx.deadline - time.monotonic())
+    with ballast(ctx.ballast_info, idle), log_path.open("w") as err:
+        try:
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise scaling.OutOfTime(f"case {number}: plan --verify not done in {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"case {number}: plan --pipeline --verify exited with {done.returncode}:\n{log_tail(log_path)}")
+    verify = json.loads(done.stdout)["verify"]
+    chosen = verify["trials"][verify["chosen"]]
+    return candidate_of_flags(chosen["train_flags"], chosen["predicted"]["step_time_s"]), verify
+
+
 def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[CaseResult],
              profiles: dict[str, str], failures: list[str]) -> None:
     cases = [(n, *CASES[n - 1]) for n in args.cases]
@@ -216,9 +263,16 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
             problem = _problem(fleets[model], boards, scaling.WORKLOADS[model].global_batch)
             plans = trainable_plans(problem)
             chosen = runs_to_measure(plans)
-            print(f"  case {number}: {model} on {'+'.join(boards)}: {len(plans)} plans costed, pick "
+            print(f"  case {number}: {model} on {'+'.join(boards)}: {len(plans)} plans costed, the model's pick "
                   f"{chosen[0].label if chosen else 'none'}", file=sys.stderr, flush=True)
-            result = CaseResult(number, model, list(boards), len(plans), [])
+            result = CaseResult(number, model, list(boards), len(plans), [], model_pick=chosen[0].label if chosen else "")
+            if args.verify and chosen:
+                started = time.monotonic()
+                pick, result.verify = _verified_pick(ctx, model, number, boards, profiles[model], args.verify)
+                same = next((c for c in chosen if same_plan(c, pick)), None)
+                chosen = [same or pick, *(c for c in chosen if not same_plan(c, pick))]  # the model's pick stays measured
+                print(f"    plan --verify {args.verify} chose {pick.label} in {time.monotonic() - started:.0f} s",
+                      file=sys.stderr, flush=True)
             for index, cand in enumerate(chosen):
                 run = _measure_plan(ctx, model, number, index, cand, args.epochs, quotas)
                 result.runs.append(run)
@@ -252,10 +306,14 @@ def print_figures(results: list[CaseResult], wall_s: float) -> None:
                                       and run.samples_per_s else None, ".2f"),
                          " ".join(f"{b} {v:.0f}" for b, v in run.busy_ms.items()) or run.error[:40]])
     hits = [c.hit for c in results if c.hit is not None]
+    model_hits = [c.model_hit for c in results if c.model_hit is not None]
+    verified = any(c.verify for c in results)
     print_table("The pipeline planner's pick against the measured best, fleet8",
                 ["case", "model", "plan", "predicted ms", "measured ms", "x best", "busy ms a step"], rows,
                 caption=f"hits (pick within {1 - HIT_SHARE:.0%} of the best measured): {sum(hits)} of {len(hits)} "
-                        f"cases (target: 9 of 10); {wall_s / 60:.1f} min")
+                        f"cases (target: 9 of 10)"
+                        + (f"; the model's own pick: {sum(model_hits)} of {len(model_hits)}" if verified else "")
+                        + f"; {wall_s / 60:.1f} min")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -264,13 +322,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="+", type=int, default=list(range(1, len(CASES) + 1)),
                         choices=range(1, len(CASES) + 1), metavar="N", help=f"which cases, 1 to {len(CASES)} (default all)")
     parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's length (default {EPOCHS})")
+    parser.add_argument("--verify", type=int, default=VERIFY, metavar="K",
+                        help=f"the pick is plan --pipeline --verify K's (default {VERIFY}); 0: the cost model's pick")
     parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
                         help="boards left out of a run spin at their quotas meanwhile (default on)")
     parser.add_argument("--cpu-period-ms", type=float, metavar="MS", default=CPU_PERIOD_MS,
                         help=f"the boards' CFS period (default {CPU_PERIOD_MS:g}: each board's shortest, a 1 ms quota, so "
                              "that a later stage's short bursts run at its board's speed; the fleet file's 10 ms lets "
                              "them run at the host's)")
-    parser.add_argument("--max-minutes", type=float, default=50.0, help="stop (exit 2) after this long (default 50)")
+    parser.add_argument("--max-minutes", type=float, default=70.0, help="stop (exit 2) after this long (default 70)")
     parser.add_argument("--keep-runs", type=Path, metavar="DIR", help="keep every run directory, log and profile here")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write every figure here")
     return parser.parse_args(argv)
@@ -304,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "deadline"},
                                          "wall_s": wall, "profiles": profiles, "failures": failures,
-                                         "cases": [{**asdict(c), "pick_share": c.pick_share, "hit": c.hit}
+                                         "cases": [{**asdict(c), "pick_share": c.pick_share, "hit": c.hit,
+                                                    "model_hit": c.model_hit}
                                                    for c in results], "interrupted": interrupted},
                                         indent=1, default=str))
     print_figures(results, wall)

@@ -48,3 +48,24 @@ def test_a_case_measures_the_pick_then_other_families_each_once() -> None:
     assert runs[1].boards != runs[0].boards
     assert {c.stages for c in runs} == {1, 2, 3}
     assert pc.runs_to_measure([]) == []
+
+
+def test_the_planner_s_train_flags_read_back_as_the_plan_the_bench_measures() -> None:
+    """``plan --pipeline --verify``'s choice reaches the bench as train flags (``planning.pipeline_train``): read back,
+    every trainable plan is the one the bench costed."""
+    from edgefleet.coordinator.planning.pipeline_train import train_flags
+
+    problem = _problem()
+    names = [layer.name for layer in problem.layers]
+    for cand in pc.trainable_plans(problem):
+        stops = [names.index(cut) + 1 for cut, _ in cand.later]
+        edges = [0, *stops, len(names)]
+        groups = [cand.stage0, *((b,) for _, b in cand.later)]
+        plan = evaluate_plan(problem, [StageSpec(edges[k], edges[k + 1], g) for k, g in enumerate(groups)],
+                             micro_batches=cand.micro_batches, schedule="gpipe")
+        back = pc.candidate_of_flags(list(train_flags(problem, plan).flags), plan.step_time_s)
+        assert pc.same_plan(back, cand) and back.batch_sizes == cand.batch_sizes and back.label == cand.label
+    first = pc.trainable_plans(problem)[0]
+    assert pc.same_plan(first, pc.Candidate(stage0=tuple(reversed(first.stage0)), later=first.later,
+                                            micro_batches=first.micro_batches, batch_sizes=first.batch_sizes,
+                                            predicted_step_s=0.0))

@@ -161,8 +161,11 @@ def test_plan_pipeline_prints_the_stages_and_says_what_would_fit(tmp_path: Path,
     assert all(m["used_bytes"] <= m["limit_bytes"] for m in out["memory"].values())
     assert out["step_time_s"] > 0 and 0 <= out["bubble_fraction"] < 1
     assert out["schedule"] == "gpipe"  # what train runs
-    if out["train_flags"] is not None:  # stage 0's boards, then CUT@BOARD: the layer ending the stage before
-        flags = out["train_flags"]
+    flags = out["train_flags"]
+    if len(out["stages"]) == 1:  # data parallelism: train's --boards and --batch, no --pipeline (it needs two stages)
+        assert flags[:2] == ["--boards", ",".join(out["stages"][0]["boards"])] and flags[2] == "--batch"
+        assert "--pipeline" not in flags
+    elif flags is not None:  # stage 0's boards, then CUT@BOARD: the layer ending the stage before
         pipeline = flags[flags.index("--pipeline") + 1]
         assert pipeline.split(",")[0] == "+".join(out["stages"][0]["boards"])
         for before, stage, cut in zip(out["stages"], out["stages"][1:], pipeline.split(",")[1:]):

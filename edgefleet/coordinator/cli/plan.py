@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,13 @@ from edgefleet.coordinator.planning.objectives import DEFAULT_OBJECTIVE, OBJECTI
 from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipeline_job
 from edgefleet.coordinator.planning.pipeline_render import render_result
 from edgefleet.coordinator.planning.pipeline_train import train_flags
+from edgefleet.coordinator.planning.pipeline_verify import (
+    PipelineVerifyResult,
+    front_runners,
+    pipeline_verify_json,
+    verify_lines,
+    verify_plans,
+)
 from edgefleet.coordinator.planning.plan_job import (
     DEFAULT_FEWER_BOARDS_PCT,
     DEFAULT_GLOBAL_BATCHES,
@@ -36,12 +44,15 @@ from edgefleet.coordinator.planning.plan_job import (
 from edgefleet.coordinator.planning.plan_summary import estimate_json, plan_notes, summary_of
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE
 from edgefleet.coordinator.planning.verify import verify_candidates, verify_json
+from edgefleet.coordinator.run.job_spec import DEFAULT_PIPELINE_PORT
 from edgefleet.protocol.errors import BrokerError, ConfigError
+from edgefleet.workloads.quiet_lightning import quiet_lightning
 
 if TYPE_CHECKING:  # numpy, rich and matplotlib load only when a plan is made, not with the parser
     from rich.console import Console
 
     from edgefleet.coordinator.planning import PlanResult
+    from edgefleet.coordinator.planning.pipeline_job import PipelineOutcome
     from edgefleet.coordinator.planning.plan_job import PlanOutcome
     from edgefleet.coordinator.planning.verify import VerifyResult
 
@@ -67,6 +78,9 @@ examples:
   edge-coordinator plan --verify 2 --fleet-key fleet.key  pre-train the best 2 for 20 steps, choose on measurement
   edge-coordinator plan --no-fleet-check --json           plan on the profile file alone, for scripts
   edge-coordinator plan --pipeline --objective time       pipeline stages over board groups, and the train flags
+  edge-coordinator plan --pipeline --verify 3 --fleet-key fleet.key --board-keys keys/
+                                                          pre-train the 3 best pipeline plans, choose on measurement
+  edge-coordinator plan --boards x86-1,pi5-1,pi4-3        plan over these boards only
 
 The profile comes from `edge-coordinator profile` (default ./edgefleet-profile.json). A profiled
 board that is offline now is left out, with a line saying so; a profile measured for another
@@ -127,13 +141,18 @@ def add_plan_parser(sub: Any) -> None:
                         "each board's memory against its limit, the bytes each link carries and the bubble, from the "
                         "boards' per-layer profiles; for a model no single board can train. GPipe, as train runs it; "
                         "the last line gives train's --pipeline flags for the plan (docs/pipeline.md)")
+    p.add_argument("--boards", default="", metavar="B,B,…",
+                   help="plan over these profiled boards only (default: every profiled board that can take part now); "
+                        "a named board that cannot is refused, saying why")
     p.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N", help=f"rows in the table (default {DEFAULT_TOP})")
     p.add_argument("--png", type=Path, metavar="FILE", help="where to draw the Pareto front (default <profile>-pareto.png)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON for scripts (notes go to stderr)")
     p.add_argument("--no-fleet-check", action="store_true",
                    help="plan on the profile alone: do not ask the broker which boards are online and their versions")
     p.add_argument("--verify", type=int, default=0, metavar="K",
-                   help="pre-train the best K candidates for a few real steps and choose on the measured figures")
+                   help="pre-train the best K candidates for a few real steps and choose on the measured figures (with "
+                        "--pipeline: the K best distinct plans train can run, runners-up included; a pipeline's stage "
+                        "links need every board's key, --board-keys)")
     p.add_argument("--verify-steps", type=int, default=DEFAULT_VERIFY_STEPS, metavar="N",
                    help=f"timed steps per pre-trained candidate, after 3 warm-up steps (default {DEFAULT_VERIFY_STEPS})")
     p.add_argument("--fleet-key", metavar="FILE", help=f"with --verify: {FLEET_KEY_HELP}")
@@ -141,6 +160,9 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--allow-token-boards", action="store_true",
                    help="with --verify: let boards without a key of their own join the pre-training with a token in their "
                         "command (as train --allow-token-boards)")
+    p.add_argument("--pipeline-port", type=int, default=DEFAULT_PIPELINE_PORT, metavar="PORT",
+                   help=f"with --pipeline --verify: the pre-trained pipeline's i-th board listens on PORT + i (as train's; "
+                        f"default {DEFAULT_PIPELINE_PORT})")
 
 
 def request_from_args(args: argparse.Namespace, global_batches: list[int], epochs: float) -> PlanRequest:
@@ -190,15 +212,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     request = request_from_args(args, parse_int_list(args.batch, "--batch"), args.epochs)
     cfg = None if args.no_fleet_check else load_config(args)
     if getattr(args, "pipeline", False):
-        if args.verify:
-            raise ConfigError("--verify pre-trains data-parallel candidates; a pipeline plan cannot be pre-trained yet: "
-                              "drop --verify or --pipeline")
-        return _plan_pipeline(args, request, None if cfg is None else cfg.broker)
+        return _plan_pipeline(args, request, cfg)
     try:
         outcome = plan(request, profile_path=args.profile, model=args.model,
                        variants=requested_variants(args, _parse_options(args.model_options)), dataset=args.dataset,
                        dataset_options=_parse_options(args.dataset_options), broker=None if cfg is None else cfg.broker,
-                       placement=placement_choice(args.placement))
+                       placement=placement_choice(args.placement), boards=_boards(args))
     except BrokerError as exc:
         raise BrokerError(f"{exc} (or plan on the profile alone with --no-fleet-check)") from None
     notes = list(outcome.notes)
@@ -216,30 +235,67 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_pipeline(args: argparse.Namespace, request: PlanRequest, broker: Any) -> int:
-    """``plan --pipeline``: the best pipeline plan, or the line saying what would fit (exit 1)."""
+def _boards(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--boards``, as board ids."""
+    return tuple(b.strip() for b in args.boards.split(",") if b.strip())
+
+
+def _plan_pipeline(args: argparse.Namespace, request: PlanRequest, cfg: Any) -> int:
+    """``plan --pipeline``: the best pipeline plan, or the line saying what would fit (exit 1); with ``--verify K``,
+    the K best pre-trained and the choice made on measurement."""
+    broker = None if cfg is None else cfg.broker
     try:
         outcome = plan_pipeline_job(request, profile_path=args.profile, model=args.model,
                                     variants=requested_variants(args, _parse_options(args.model_options)),
                                     dataset=args.dataset, dataset_options=_parse_options(args.dataset_options),
-                                    broker=broker)
+                                    broker=broker, boards=_boards(args))
     except BrokerError as exc:
         raise BrokerError(f"{exc} (or plan on the profile alone with --no-fleet-check)") from None
     option = outcome.chosen
-    if args.json:
+    console = None if args.json else _console()
+    if console is None:
         for note in [*outcome.notes, *option.notes]:
             print(note, file=sys.stderr)
-        json.dump(pipeline_json(outcome, request.objective), sys.stdout, indent=2)
-        sys.stdout.write("\n")
     else:
-        console = _console()
         for note in [*outcome.notes, *option.notes]:
             console.print(note, markup=False, soft_wrap=True)
         console.print(f"variant {option.variant_label}, global batch {option.global_batch}", markup=False)
         console.print(render_result(option.problem, option.result), markup=False, soft_wrap=True)
         if option.result.plan is not None:
             console.print(train_flags(option.problem, option.result.plan).line(), markup=False, soft_wrap=True)
+    doc = pipeline_json(outcome, request.objective) if args.json else {}
+    if args.verify and outcome.fits:
+        verified = _verify_pipeline(args, outcome, request, cfg, console)
+        if console is None:
+            doc["verify"] = pipeline_verify_json(verified)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
     return 0 if outcome.fits else 1
+
+
+def _verify_pipeline(args: argparse.Namespace, outcome: PipelineOutcome, request: PlanRequest, cfg: Any,
+                     console: Console | None) -> PipelineVerifyResult:
+    """Pre-train the ``--verify`` best pipeline plans; print the comparison unless --json."""
+    keys = coordinator_keys(args, cfg, missing="--verify sends training commands: give --fleet-key FILE or "
+                                               "[security] fleet_key_file")
+    _quiet_lightning(args)
+    job = replace(job_to_verify(outcome.meta, model=args.model, model_options=_parse_options(args.model_options),
+                                dataset=args.dataset, dataset_options=_parse_options(args.dataset_options),
+                                allow_token_boards=args.allow_token_boards), pipeline_port=args.pipeline_port)
+
+    def note(text: str) -> None:
+        if console is None:
+            print(text, file=sys.stderr)
+        else:
+            console.print(text, markup=False, soft_wrap=True)
+
+    verified = verify_plans(front_runners(outcome, request.objective, args.verify), job, broker=cfg.broker,
+                            fleet_key=keys, objective=request.objective, steps=args.verify_steps,
+                            fleet_boards=list(outcome.check.boards), count_idle=args.count_idle, on_note=note)
+    for line in verify_lines(verified):
+        note(line)
+    return verified
 
 
 def _draw(result: PlanResult, path: Path, notes: list[str]) -> Path | None:
@@ -255,6 +311,7 @@ def _verify(args: argparse.Namespace, outcome: PlanOutcome, fleet_key: bytes, br
     """Pre-train the best ``--verify`` candidates; print the comparison unless --json."""
     from edgefleet.coordinator.cli.verify_render import verify_report  # rich: only when candidates are verified
 
+    _quiet_lightning(args)
     job = job_to_verify(outcome.meta, model=args.model, model_options=_parse_options(args.model_options),
                         dataset=args.dataset, dataset_options=_parse_options(args.dataset_options),
                         allow_token_boards=args.allow_token_boards)
@@ -267,6 +324,11 @@ def _verify(args: argparse.Namespace, outcome: PlanOutcome, fleet_key: bytes, br
     if console is not None:
         verify_report(console, verified)
     return verified
+
+
+def _quiet_lightning(args: argparse.Namespace) -> None:
+    """Lightning's INFO lines off (the replica of every pre-training builds a Trainer), unless -v."""
+    quiet_lightning(verbose=getattr(args, "verbose", False))
 
 
 def _console() -> Console:

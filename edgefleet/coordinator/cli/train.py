@@ -17,7 +17,7 @@ from edgefleet.coordinator.cli.exporter import listen_address
 from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg, coordinator_keys, load_config
 from edgefleet.coordinator.cli.train_args import job_from_args, pipeline_flag, tail_board
 from edgefleet.coordinator.exporter.metrics_server import LISTEN_HELP, serve_fleet_metrics
-from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS
+from edgefleet.coordinator.run.job_spec import BUFFER_SYNC, DEFAULT_BATCH, DEFAULT_EPOCHS, DEFAULT_PIPELINE_PORT
 from edgefleet.coordinator.run.run_logger import LOGGERS
 from edgefleet.coordinator.run.train_job import default_run_dir, load_job, repipeline, resolve_job
 from edgefleet.protocol.aggregates import AGGREGATES
@@ -175,8 +175,8 @@ def add_train_parser(sub: Any) -> None:
     pipeline.add_argument("--micro-batches", type=int, default=1, metavar="M",
                           help="micro-batches each stage-0 board's batch is split into (default 1): more keep more "
                                "stages busy at once")
-    pipeline.add_argument("--pipeline-port", type=int, default=47310, metavar="PORT",
-                          help="the pipeline's i-th board listens for its neighbours on PORT + i (default 47310); "
+    pipeline.add_argument("--pipeline-port", type=int, default=DEFAULT_PIPELINE_PORT, metavar="PORT",
+                          help=f"the pipeline's i-th board listens for its neighbours on PORT + i (default {DEFAULT_PIPELINE_PORT}); "
                                "a re-planned pipeline keeps each board's port")
     pipeline.add_argument("--stage-sync", choices=("step", "checkpoint"), default="step",
                           help="when each later stage's board sends the coordinator its stage: 'step' (its gradient "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgefleet.coordinator.run.job_spec import JobSpec
+from edgefleet.coordinator.run.job_spec import DEFAULT_PIPELINE_PORT, JobSpec
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import BatchSplit
 from edgefleet.protocol.outer_optimizer import AVERAGE, DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
@@ -64,7 +64,7 @@ def job_from_args(args: argparse.Namespace, *, batch_sizes: tuple[int, ...] | No
                    outer_momentum=getattr(args, "outer_momentum", DEFAULT_OUTER_MOMENTUM),
                    overlap=getattr(args, "overlap", False), placement=_placement(args),
                    pipeline=pipeline, micro_batches=getattr(args, "micro_batches", 1),
-                   pipeline_port=getattr(args, "pipeline_port", 47310),
+                   pipeline_port=getattr(args, "pipeline_port", DEFAULT_PIPELINE_PORT),
                    stage_sync=getattr(args, "stage_sync", "step"),
                    aggregate=getattr(args, "aggregate", "mean"),
                    audit_share=getattr(args, "audit_share", 0.25), audit_every=getattr(args, "audit_every", None),

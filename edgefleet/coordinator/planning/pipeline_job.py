@@ -13,6 +13,7 @@ Plans GPipe with one board at each later stage (what ``train --pipeline`` runs);
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from edgefleet.protocol.errors import PlanError
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning.plan_job import PlanRequest
+    from edgefleet.coordinator.planning.profiles import ProfileMeta
     from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class PipelineOption:
     """One variant at one global batch, planned."""
 
     variant_label: str
+    variant: dict[str, Any]          # its model options (the profile's variant)
     global_batch: int
     problem: PipelineProblem
     result: PipelineResult
@@ -56,6 +59,7 @@ class PipelineOutcome:
     chosen: PipelineOption
     options: tuple[PipelineOption, ...]
     check: FleetCheck
+    meta: ProfileMeta | None = None   # the profile's job (what ``--verify`` pre-trains unless told otherwise)
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -66,15 +70,15 @@ class PipelineOutcome:
 def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | None = None,
                       variants: list[dict[str, Any]] | None = None, dataset: str | None = None,
                       dataset_options: dict[str, Any] | None = None,
-                      broker: BrokerSettings | None = None) -> PipelineOutcome:
-    """Plan pipeline stages for the job over the profile file's boards that can take part now.
+                      broker: BrokerSettings | None = None, boards: Sequence[str] = ()) -> PipelineOutcome:
+    """Plan pipeline stages for the job over the profile file's boards that can take part now (``boards``: these only).
 
     Raises:
         PlanError: the profile does not fit the job or the fleet, or holds no cut of the model.
         BrokerError: the broker cannot be reached.
     """
-    selected, _, check, notes = profiled_fleet(profile_path, model=model, variants=variants, dataset=dataset,
-                                               dataset_options=dataset_options, broker=broker)
+    selected, meta, check, notes = profiled_fleet(profile_path, model=model, variants=variants, dataset=dataset,
+                                               dataset_options=dataset_options, broker=broker, boards=boards)
     options = []
     for label, fleet in restrict_to(selected, check).items():
         for global_batch in request.global_batches:
@@ -82,14 +86,15 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
                                                   max_memory_fraction=request.max_memory_fraction,
                                                   max_power_w=request.max_power_w, count_idle=request.count_idle)
             problem = replace(problem, schedules=TRAINED_SCHEDULES, max_later_group=TRAINED_LATER_GROUP)
-            options.append(PipelineOption(variant_label=label, global_batch=global_batch, problem=problem,
+            options.append(PipelineOption(variant_label=label, variant=dict(fleet.variant), global_batch=global_batch,
+                                          problem=problem,
                                           result=plan_pipeline(problem, request.objective), notes=lacking))
     if not options:
         raise PlanError("no variant and global batch to plan a pipeline for: give --batch and a profiled variant")
     fitting = [o for o in options if o.result.plan is not None]
     chosen = (min(fitting, key=lambda o: o.result.require().objective_value(request.objective)) if fitting
               else options[-1])  # the largest batch of the last variant: its line says what would fit
-    return PipelineOutcome(chosen=chosen, options=tuple(options), check=check, notes=tuple(notes))
+    return PipelineOutcome(chosen=chosen, options=tuple(options), check=check, meta=meta, notes=tuple(notes))
 
 
 def pipeline_json(outcome: PipelineOutcome, objective: str) -> dict[str, Any]:

@@ -98,6 +98,44 @@ def search_pipeline(problem: PipelineProblem, objective: str = "edp", *,
     Returns:
         The plan (None when none fits) and notes (kinds merged to keep the search small).
     """
+    starts, notes = _search(problem, objective, max_pairs, None)
+    return min(starts.values(), key=lambda plan: plan.objective_value(objective), default=None), notes
+
+
+def ranked_pipelines(problem: PipelineProblem, objective: str = "edp", *, limit: int = RECOST_BEST,
+                     max_pairs: int = MAX_PAIRS) -> tuple[list[PipelinePlan], tuple[str, ...]]:
+    """The best distinct feasible plans the search weighed, best first: :func:`search_pipeline`'s plan, then the
+    runners-up (``plan --pipeline --verify`` pre-trains the first few).
+
+    The runners-up are the complete plans of the programme's last Pareto fronts (up to :data:`RECOST_BEST` for each M
+    and schedule), costed on the real boards: a plan worse than another of the same boards and stage count on every
+    figure of the front's key is not among them. Two plans are one when they differ only by a cut moved across a
+    layer without work or parameters (the same boards, M and schedule, the same step time), or, with one stage, only
+    by M (data parallelism on the same boards: the best of them is kept).
+    """
+    runners: list[PipelinePlan] = []
+    starts, notes = _search(problem, objective, max_pairs, runners)
+    ranked, seen = [], set()
+    for plan in sorted([*starts.values(), *runners], key=lambda p: p.objective_value(objective)):
+        key = _sameness(plan)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(plan)
+    return ranked[:limit], notes
+
+
+def _sameness(plan: PipelinePlan) -> tuple[object, ...]:
+    """What tells two plans apart when they are to be measured (:func:`ranked_pipelines`)."""
+    boards = tuple(s.boards for s in plan.stages)
+    if len(plan.stages) == 1:  # data parallelism: its micro-batches (and the split they round to) are no other plan
+        return (boards,)
+    return boards, plan.micro_batches, plan.schedule, round(plan.step_time_s, 9)
+
+
+def _search(problem: PipelineProblem, objective: str, max_pairs: int, runners: list[PipelinePlan] | None
+            ) -> tuple[dict[tuple[int, str, str], PipelinePlan], tuple[str, ...]]:
+    """The best plan of each M, schedule and source (module doc), and the notes; ``runners``, if given, receives every
+    other feasible plan of the programme's ranked lists, costed on the real boards."""
     kinds = board_kinds(problem.boards, max_pairs)
     notes: tuple[str, ...] = ()
     if not kinds.exact:
@@ -113,9 +151,12 @@ def search_pipeline(problem: PipelineProblem, objective: str = "edp", *,
         for schedule in problem.schedules:
             for source, view in zip(("least capable", "typical"), views):
                 ranked = _programme(problem, view, coster, micro_batches, schedule, objective)
-                for _, specs in ranked[:1 if kinds.exact else RECOST_BEST]:
-                    _keep_better(starts, evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule),
-                                 objective, source)
+                costed = 1 if kinds.exact and runners is None else RECOST_BEST
+                for _, specs in ranked[:costed]:
+                    plan = evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule)
+                    _keep_better(starts, plan, objective, source)
+                    if runners is not None and plan.feasible:
+                        runners.append(plan)
     if not kinds.exact and objective != "power":  # a heuristic now: the baselines too, and local search from each
         for baseline in (equal_layers_baseline(problem, objective), data_parallel_baseline(problem, objective),
                          memory_packing_baseline(problem, objective)):
@@ -123,7 +164,7 @@ def search_pipeline(problem: PipelineProblem, objective: str = "edp", *,
                 _keep_better(starts, baseline, objective, "baseline")
         for (_, _, source), plan in list(starts.items()):  # local optima differ by start: climb from each
             _keep_better(starts, improve_plan(problem, plan, objective), objective, source)
-    return min(starts.values(), key=lambda plan: plan.objective_value(objective), default=None), notes
+    return starts, notes
 
 
 def _keep_better(plans: dict[tuple[int, str, str], PipelinePlan], plan: PipelinePlan, objective: str,
@@ -379,4 +420,4 @@ def _best_of(problem: PipelineProblem, options: Sequence[tuple[StageSpec, ...]],
 
 
 __all__ = ["MAX_PAIRS", "BoardKinds", "board_kinds", "data_parallel_baseline", "equal_layers_baseline",
-           "exhaustive_search", "memory_packing_baseline", "search_pipeline"]
+           "exhaustive_search", "memory_packing_baseline", "ranked_pipelines", "search_pipeline"]

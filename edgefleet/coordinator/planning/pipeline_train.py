@@ -6,6 +6,7 @@ named by the cut that ends it: ``planning.pipeline_model``). ``--batch`` is stag
 (each its micro-batch size x M), ``--micro-batches`` M, and ``--stage-sync checkpoint`` because the
 cost model charges a later stage of one board no gradient exchange. The runtime trains GPipe and one
 board a later stage: a plan with a later group cannot be trained yet, and :func:`train_flags` says so.
+A plan of one stage is data parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
 """
 
 from __future__ import annotations
@@ -42,12 +43,27 @@ def train_flags(problem: PipelineProblem, plan: PipelinePlan) -> TrainFlags:
     if plan.schedule != "gpipe":
         return TrainFlags((), f"the plan's schedule is {plan.schedule}, and train runs GPipe only")
     first = plan.stages[0]
-    text = "+".join(first.boards)
-    for before, stage in zip(plan.stages, plan.stages[1:]):
-        text += f",{problem.layers[before.stop_layer - 1].name}@{stage.boards[0]}"
+    if len(plan.stages) == 1:
+        return _data_parallel(plan)
     batches = ",".join(str(m * plan.micro_batches) for m in first.micro_batch_sizes)
-    return TrainFlags(("--pipeline", text, "--batch", batches, "--micro-batches", str(plan.micro_batches),
+    return TrainFlags(("--pipeline", pipeline_text(problem, plan), "--batch", batches, "--micro-batches", str(plan.micro_batches),
                        "--stage-sync", "checkpoint"))
 
 
-__all__ = ["TrainFlags", "train_flags"]
+def pipeline_text(problem: PipelineProblem, plan: PipelinePlan) -> str:
+    """``--pipeline`` for a plan of two or more stages: stage 0's boards, then ``CUT@BOARD`` for each later stage."""
+    text = "+".join(plan.stages[0].boards)
+    for before, stage in zip(plan.stages, plan.stages[1:]):
+        text += f",{problem.layers[before.stop_layer - 1].name}@{stage.boards[0]}"
+    return text
+
+
+def _data_parallel(plan: PipelinePlan) -> TrainFlags:
+    """A one-stage plan's flags: every layer on every board, each its whole share of the batch (under GPipe its M
+    micro-batches cost what one does and hold as much, and train's data parallelism has none)."""
+    first = plan.stages[0]
+    batches = ",".join(str(m * plan.micro_batches) for m in first.micro_batch_sizes)
+    return TrainFlags(("--boards", ",".join(first.boards), "--batch", batches))
+
+
+__all__ = ["TrainFlags", "pipeline_text", "train_flags"]

@@ -212,6 +212,20 @@ def check_fleet(profiles: Mapping[str, FleetProfile], rows: Sequence[BoardRow], 
     return FleetCheck(boards=tuple(usable), left_out=left_out, versions=versions, notes=tuple(notes))
 
 
+def only_named(check: FleetCheck, named: Sequence[str]) -> FleetCheck:
+    """The check cut down to the boards ``named`` (``plan --boards``), each of which must be able to take part.
+
+    Raises:
+        PlanError: a named board that cannot take part now (saying why) or that the profile does not hold.
+    """
+    for board in named:
+        if board not in check.boards:
+            why = check.left_out.get(board)
+            raise PlanError(f"--boards names {board}, which " + (
+                f"cannot take part now: {why}" if why else "the profile does not hold: profile it, or leave it out"))
+    return dataclasses.replace(check, boards=tuple(b for b in check.boards if b in named), left_out={}, notes=())
+
+
 def restrict_to(profiles: Mapping[str, FleetProfile], check: FleetCheck) -> dict[str, FleetProfile]:
     """Each variant's profile cut down to the boards that can take part (variants with none are dropped)."""
     out = {}
@@ -224,4 +238,4 @@ def restrict_to(profiles: Mapping[str, FleetProfile], check: FleetCheck) -> dict
     return out
 
 
-__all__ = ["FleetCheck", "check_fleet", "load_profile_file", "restrict_to", "select_variants"]
+__all__ = ["FleetCheck", "check_fleet", "load_profile_file", "only_named", "restrict_to", "select_variants"]

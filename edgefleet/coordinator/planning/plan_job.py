@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,14 @@ from edgefleet.coordinator.control.fleet_select import fleet_snapshot
 from edgefleet.coordinator.planning import candidate_modes, format_duration
 from edgefleet.coordinator.planning import plan as search_plan  # this module's plan() is the service around it
 from edgefleet.coordinator.planning.modes import TrainingMode
-from edgefleet.coordinator.planning.plan_fleet import FleetCheck, check_fleet, load_profile_file, restrict_to, select_variants
+from edgefleet.coordinator.planning.plan_fleet import (
+    FleetCheck,
+    check_fleet,
+    load_profile_file,
+    only_named,
+    restrict_to,
+    select_variants,
+)
 from edgefleet.coordinator.run.job_spec import JobSpec
 from edgefleet.protocol.errors import ConfigError, PlanError
 
@@ -116,7 +123,7 @@ class PlanOutcome:
 def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
          variants: list[dict[str, Any]] | None = None, dataset: str | None = None,
          dataset_options: dict[str, Any] | None = None, broker: BrokerSettings | None = None,
-         placement: str = "auto") -> PlanOutcome:
+         placement: str = "auto", boards: Sequence[str] = ()) -> PlanOutcome:
     """Plan the job over the profile file's boards that can take part now.
 
     Args:
@@ -129,6 +136,7 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
         placement: ``auto``: weigh layer placement at every cut the model admits against data-parallel
             (the profile file's cuts, measured on the coordinator: ``planning.layer_profile``); a cut's
             name: that cut only; ``none``: data-parallel only.
+        boards: Plan over these boards only (``--boards``); () = every board that can take part.
 
     Raises:
         PlanError: the profile does not fit the job or the fleet, or no configuration meets the
@@ -136,17 +144,19 @@ def plan(request: PlanRequest, *, profile_path: Path, model: str | None = None,
         BrokerError: the broker cannot be reached.
     """
     selected, meta, check, notes = profiled_fleet(profile_path, model=model, variants=variants, dataset=dataset,
-                                                  dataset_options=dataset_options, broker=broker)
-    placements = placement_modes(placement, selected, notes)
-    result = request.run(restrict_to(selected, check), placements=placements)
+                                                  dataset_options=dataset_options, broker=broker, boards=boards)
+    fleet = restrict_to(selected, check)
+    placements = placement_modes(placement, fleet, notes)  # a tail's host is one of the boards that can take part
+    result = request.run(fleet, placements=placements)
     return PlanOutcome(result=result, profiles=selected, meta=meta, check=check, notes=tuple(notes))
 
 
 def profiled_fleet(profile_path: Path, *, model: str | None, variants: list[dict[str, Any]] | None,
-                   dataset: str | None, dataset_options: dict[str, Any] | None, broker: BrokerSettings | None
-                   ) -> tuple[dict[str, FleetProfile], ProfileMeta | None, FleetCheck, list[str]]:
+                   dataset: str | None, dataset_options: dict[str, Any] | None, broker: BrokerSettings | None,
+                   boards: Sequence[str] = ()) -> tuple[dict[str, FleetProfile], ProfileMeta | None, FleetCheck, list[str]]:
     """The job's profiled variants, the profile's meta, the boards that can take part now and the notes on them:
     what a data-parallel plan (:func:`plan`) and a pipeline plan (``planning.pipeline_job``) start from.
+    ``boards``: plan over these only (``--boards``; () = every board that can take part).
 
     Raises:
         PlanError: the profile does not fit the job or the fleet.
@@ -161,6 +171,8 @@ def profiled_fleet(profile_path: Path, *, model: str | None, variants: list[dict
         notes.append("not checked against the fleet (--no-fleet-check): boards and agent versions are the profile's")
     else:
         check = check_fleet(selected, fleet_snapshot(broker).rows)
+    if boards:
+        check = only_named(check, boards)
     notes += check.notes
     return dict(selected), meta, check, notes
 

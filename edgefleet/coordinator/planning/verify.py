@@ -164,13 +164,29 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
     ``job``'s model options are the base every variant's options go on top of. In a mode that
     exchanges every H steps, ``steps`` is rounded up to whole periods of H.
     """
-    from edgefleet.coordinator.run.training import StepView, TrainingRun  # torch: only to pre-train
-
     c = estimate.candidate
     period = c.mode.sync_every
     steps = -(-steps // period) * period
-    total = warmup_steps + steps + 1
-    spec = pretraining_job(job, estimate, total)
+    spec = pretraining_job(job, estimate, warmup_steps + steps + 1)
+    intervals, readings = timed_steps(spec, broker=broker, fleet_key=fleet_key, meter=meter,
+                                      warmup_steps=warmup_steps, what=batches_text(estimate))
+    return measure(intervals, readings, boards=c.boards, global_batch=c.global_batch, dataset_len=dataset_len,
+                   count_idle=count_idle, period=period, accumulate=spec.accumulate_grad_batches)
+
+
+def timed_steps(spec: JobSpec, *, broker: BrokerSettings, fleet_key: bytes, meter: PowerMeter, warmup_steps: int,
+                what: str) -> tuple[list[float], dict[str, PowerReading]]:
+    """Train the resolved ``spec`` (``warmup_steps``, the timed steps, one more that also validates) with no run
+    directory kept: the intervals between the timed steps' completions, and each board's power over them.
+
+    Raises:
+        EdgeTrainError: a board failed its audit or left a pipeline, or the run stopped early (``what`` names the
+            candidate).
+        KeyboardInterrupt: Ctrl-C.
+    """
+    from edgefleet.coordinator.run.training import StepView, TrainingRun  # torch: only to pre-train
+
+    total = spec.total_steps
     done: list[float] = []
     window: dict[str, float] = {}
 
@@ -187,14 +203,15 @@ def pretrain(estimate: Estimate, job: JobSpec, *, broker: BrokerSettings, fleet_
         outcome = asyncio.run(run.run())
     if outcome.rolled_back:  # a board failed its audit: this candidate's figures would not be the honest boards'
         raise EdgeTrainError(f"pre-training: {outcome.rolled_back[0].describe()}; leave it out (--boards) and plan again")
+    if outcome.replan is not None:  # a pipeline's board left, or slowed for good: the plan was not measured as planned
+        raise EdgeTrainError(f"pre-training {what}: a board left the pipeline after {len(done)} of {total} steps, so it "
+                             "was not measured; check the boards (edge-coordinator status) and plan again")
     if outcome.interrupted:  # Ctrl-C: stop pre-training altogether
         raise KeyboardInterrupt
     if "end" not in window:
-        raise EdgeTrainError(f"pre-training {batches_text(estimate)} stopped after {len(done)} of {total} steps")
+        raise EdgeTrainError(f"pre-training {what} stopped after {len(done)} of {total} steps")
     readings = meter.average(window.get("start", done[0]), window["end"])
-    intervals = step_intervals(done[:-1], warmup_steps=warmup_steps)
-    return measure(intervals, readings, boards=c.boards, global_batch=c.global_batch, dataset_len=dataset_len,
-                   count_idle=count_idle, period=period, accumulate=spec.accumulate_grad_batches)
+    return step_intervals(done[:-1], warmup_steps=warmup_steps), readings
 
 
 def verify_candidates(estimates: Sequence[Estimate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
@@ -312,5 +329,5 @@ def verify_json(result: VerifyResult) -> dict[str, Any]:
 
 
 __all__ = ["DISAGREEMENT", "FIGURES", "Measurement", "Trial", "VerifyResult", "choose_measured", "differences", "disagreement_line",
-           "disagreements", "measure", "pretrain", "pretraining_job", "step_intervals", "verify_candidates", "verify_json",
-           "wait_ready"]
+           "disagreements", "measure", "pretrain", "pretraining_job", "step_intervals", "timed_steps", "verify_candidates",
+           "verify_json", "wait_ready"]

@@ -38,6 +38,7 @@ BUFFER_SYNC = ("broadcast", "average")  # float buffers after each step: the fir
 
 # When a pipeline's later stages send their state to the replica (``protocol.stage_sync``): every step, or at checkpoints
 STAGE_SYNCS = ("step", "checkpoint")
+DEFAULT_PIPELINE_PORT = 47310  # a pipeline's first board's port (--pipeline-port)
 PIPELINE_PORTS = 64  # a pipeline's boards listen on --pipeline-port and the ports after it, one each
 
 
@@ -167,7 +168,7 @@ class JobSpec:
     placement: str = ""
     pipeline: str = ""
     micro_batches: int = 1
-    pipeline_port: int = 47310
+    pipeline_port: int = DEFAULT_PIPELINE_PORT
     pipeline_slots: tuple[str, ...] = ()
     stage_sync: str = "step"
     aggregate: str = "mean"
@@ -422,4 +423,4 @@ def batches_per_epoch(spec: JobSpec, dataset_len: int, batch_sizes: tuple[int, .
     return max(1, dataset_len // max(sizes))
 
 
-__all__ = ["BUFFER_SYNC", "DEFAULT_BATCH", "DEFAULT_EPOCHS", "JobSpec", "batches_per_epoch"]
+__all__ = ["BUFFER_SYNC", "DEFAULT_BATCH", "DEFAULT_EPOCHS", "DEFAULT_PIPELINE_PORT", "JobSpec", "batches_per_epoch"]

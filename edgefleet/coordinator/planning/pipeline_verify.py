@@ -1,0 +1,220 @@
+"""``plan --pipeline --verify K``: pre-train the K best pipeline plans for a few real steps and choose on measurement.
+
+The pipeline cost model is within 11-17% of the lab's measured steps (docs/benchmarks.md), and a fleet's front
+runners are often closer together than that: plans a few percent apart by estimate that differ by 10-20% when
+trained. As ``plan --verify`` does for data parallelism (``planning.verify``), the K best plans that train can run
+(:func:`front_runners`: over every variant and global batch planned, runners-up included, each distinct) are trained
+in turn as real runs of ``3 + N + 1`` steps on the boards, and the best measured objective is chosen. A plan of one
+stage trains data-parallel; the others as ``train --pipeline`` runs them (GPipe, ``--stage-sync checkpoint``, the
+board's pipeline port from ``--pipeline-port``), with no revision during the few steps (a revision would measure
+another plan). Every plan is exact (``Trainer.fit``'s mathematics), so no margin is asked of any of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from edgefleet.coordinator.control.monitor import monitor_fleet
+from edgefleet.coordinator.control.power_meter import PowerMeter
+from edgefleet.coordinator.planning import format_duration
+from edgefleet.coordinator.planning.pipeline_job import PipelineOption, PipelineOutcome
+from edgefleet.coordinator.planning.pipeline_model import PipelinePlan
+from edgefleet.coordinator.planning.pipeline_search import ranked_pipelines
+from edgefleet.coordinator.planning.pipeline_train import TrainFlags, pipeline_text, train_flags
+from edgefleet.coordinator.planning.plan_summary import fmt_step
+from edgefleet.coordinator.planning.verify import WARMUP_STEPS, Measurement, measure, timed_steps, wait_ready
+from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
+from edgefleet.protocol.errors import EdgeTrainError
+from edgefleet.transport.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineCandidate:
+    """A plan train can run, with the variant and global batch it was planned for."""
+
+    option: PipelineOption
+    plan: PipelinePlan
+    flags: TrainFlags
+
+    @property
+    def boards(self) -> tuple[str, ...]:
+        return tuple(b for s in self.plan.stages for b in s.boards)
+
+    def label(self) -> str:
+        """The plan in train's words: ``x86-1+pi5-1,net.5@pi4-3 M=4`` or ``data-parallel x86-1+pi5-1``."""
+        if len(self.plan.stages) == 1:
+            return f"data-parallel {'+'.join(self.boards)}"
+        return f"{pipeline_text(self.option.problem, self.plan)} M={self.plan.micro_batches}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineTrial:
+    """One pre-trained plan."""
+
+    candidate: PipelineCandidate
+    measured: Measurement | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineVerifyResult:
+    objective: str
+    trials: tuple[PipelineTrial, ...]   # best estimate first
+    chosen: PipelineTrial               # best measured objective
+    elapsed_s: float
+
+    @property
+    def agrees(self) -> bool:
+        """True when the measurements chose the plan the estimates ranked first."""
+        return self.chosen is self.trials[0]
+
+
+def front_runners(outcome: PipelineOutcome, objective: str, count: int) -> list[PipelineCandidate]:
+    """The ``count`` best distinct plans train can run, over every variant and global batch planned, best first."""
+    found = []
+    for option in outcome.options:
+        if option.result.plan is None:
+            continue
+        plans, _ = ranked_pipelines(option.problem, objective, limit=max(count * 3, 8))
+        for plan in plans:
+            flags = train_flags(option.problem, plan)
+            if flags.flags:
+                found.append(PipelineCandidate(option=option, plan=plan, flags=flags))
+    found.sort(key=lambda c: c.plan.objective_value(objective))
+    return found[:count]
+
+
+def pipeline_pretraining_job(job: JobSpec, candidate: PipelineCandidate, total_steps: int) -> JobSpec:
+    """``job`` as ``candidate`` trains, for ``total_steps`` steps: its variant, boards and batch sizes, and for two or
+    more stages its pipeline and micro-batches. No checkpoint, logger or revision (``planning.verify``'s
+    ``pretraining_job`` for data parallelism keeps the job's other settings alike).
+
+    Its epochs are the data's, as the boards count them: a later stage's board sends its state at each epoch's end
+    (``protocol.stage_sync``), and the coordinator must expect it at the same steps.
+    """
+    plan, option = candidate.plan, candidate.option
+    first = plan.stages[0]
+    stage0 = tuple(m * plan.micro_batches for m in first.micro_batch_sizes)
+    fields: dict[str, Any] = {"boards": first.boards, "batch_sizes": stage0}
+    if len(plan.stages) > 1:
+        fields = {"boards": candidate.boards, "batch_sizes": stage0 + (0,) * (len(plan.stages) - 1),
+                  "pipeline": pipeline_text(option.problem, plan), "micro_batches": plan.micro_batches,
+                  "stage_sync": "checkpoint", "pipeline_slots": ()}
+    spec = replace(job, run_id=f"verify-{secrets.token_hex(3)}", **fields,
+                   model_options=dict(job.model_options) | dict(option.variant), epochs=None, steps=total_steps,
+                   total_steps=total_steps, checkpoint_every=10**9, logger="none", force_split=None, rebalance=False,
+                   sync_every=1, sync_warmup=None, placement="")
+    batches = batches_per_epoch(spec, option.problem.dataset_len, spec.batch_sizes)
+    return replace(spec, batches_per_epoch=batches, steps_per_epoch=-(-batches // spec.accumulate_grad_batches))
+
+
+def pretrain_plan(candidate: PipelineCandidate, job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
+                  meter: PowerMeter, steps: int, warmup_steps: int = WARMUP_STEPS,
+                  count_idle: bool = False) -> Measurement:
+    """Train ``candidate`` for ``warmup_steps + steps + 1`` real steps and measure it."""
+    spec = pipeline_pretraining_job(job, candidate, warmup_steps + steps + 1)
+    intervals, readings = timed_steps(spec, broker=broker, fleet_key=fleet_key, meter=meter,
+                                      warmup_steps=warmup_steps, what=candidate.label())
+    return measure(intervals, readings, boards=candidate.boards, global_batch=candidate.plan.global_batch,
+                   dataset_len=candidate.option.problem.dataset_len, count_idle=count_idle)
+
+
+def verify_plans(candidates: Sequence[PipelineCandidate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
+                 objective: str, steps: int, fleet_boards: Sequence[str], count_idle: bool = False,
+                 warmup_steps: int = WARMUP_STEPS, on_note: Callable[[str], None] = lambda _: None
+                 ) -> PipelineVerifyResult:
+    """Pre-train each candidate in turn and choose the best by its measured objective.
+
+    Raises:
+        EdgeTrainError: no candidate to pre-train, or every pre-training failed (the message lists why).
+    """
+    if not candidates:
+        raise EdgeTrainError("no plan that train can run to pre-train: plan without --verify to see why")
+    started = time.monotonic()
+    trials: list[PipelineTrial] = []
+    with monitor_fleet(broker, preferred=fleet_boards) as view, PowerMeter(view, fleet_boards) as meter:
+        for i, candidate in enumerate(candidates, 1):
+            on_note(f"pre-training plan {i}/{len(candidates)}: {candidate.label()} (global batch "
+                    f"{candidate.plan.global_batch}, {candidate.option.variant_label}), {warmup_steps} warm-up + "
+                    f"{steps} timed steps")
+            try:
+                wait_ready(view, candidate.boards)
+                measured = pretrain_plan(candidate, job, broker=broker, fleet_key=fleet_key, meter=meter, steps=steps,
+                                         warmup_steps=warmup_steps, count_idle=count_idle)
+            except EdgeTrainError as exc:
+                on_note(f"plan {i} could not be pre-trained: {exc}")
+                trials.append(PipelineTrial(candidate=candidate, measured=None, error=str(exc)))
+                continue
+            trials.append(PipelineTrial(candidate=candidate, measured=measured))
+        wait_ready(view, sorted({b for c in candidates for b in c.boards}))
+    ok = [t for t in trials if t.measured is not None]
+    if not ok:
+        raise EdgeTrainError("no plan could be pre-trained: " + "; ".join(t.error for t in trials))
+    chosen = min(ok, key=lambda t: measured_objective(t, objective))
+    result = PipelineVerifyResult(objective=objective, trials=tuple(trials), chosen=chosen,
+                                  elapsed_s=time.monotonic() - started)
+    log.info("pipeline verify: %d plans pre-trained in %.1f s; chosen %s", len(ok), result.elapsed_s,
+             chosen.candidate.label())
+    return result
+
+
+def measured_objective(trial: PipelineTrial, objective: str) -> float:
+    """The trial's measured figure for ``objective``; energy and EDP without power telemetry use the plan's power."""
+    m = trial.measured
+    assert m is not None
+    value = m.objective_value(objective)
+    if value is None:
+        epoch = m.epoch_time_s
+        value = trial.candidate.plan.power_w * epoch * (epoch if objective == "edp" else 1)
+    return value
+
+
+def verify_lines(result: PipelineVerifyResult) -> list[str]:
+    """The comparison in words: each plan's predicted and measured step, and the choice with its train flags."""
+    lines = []
+    for i, t in enumerate(result.trials, 1):
+        plan, m = t.candidate.plan, t.measured
+        mark = "chosen " if t is result.chosen else ""
+        if m is None:
+            lines.append(f"  {i}. {t.candidate.label()}: predicted {fmt_step(plan.step_time_s)} a step; not measured: "
+                         f"{t.error}")
+            continue
+        off = m.step_time_s / plan.step_time_s - 1.0
+        lines.append(f"  {i}. {mark}{t.candidate.label()}: predicted {fmt_step(plan.step_time_s)} a step, measured "
+                     f"{fmt_step(m.step_time_s)} ({off:+.0%}), {m.samples_per_s:.0f} samples/s, epoch "
+                     f"{format_duration(m.epoch_time_s)}")
+    head = (f"pre-trained {len(result.trials)} plans in {format_duration(result.elapsed_s)}: "
+            + ("the measurements agree with the estimate's pick" if result.agrees
+               else f"the measurements choose plan {result.trials.index(result.chosen) + 1}, not the estimate's pick"))
+    return [head, *lines, result.chosen.candidate.flags.line()]
+
+
+def pipeline_verify_json(result: PipelineVerifyResult) -> dict[str, Any]:
+    """The pre-training's figures and choice, as ``plan --pipeline --json`` prints them."""
+
+    def trial(t: PipelineTrial) -> dict[str, Any]:
+        m, plan = t.measured, t.candidate.plan
+        return {"plan": t.candidate.label(), "variant": t.candidate.option.variant_label,
+                "global_batch": plan.global_batch, "micro_batches": plan.micro_batches,
+                "boards": list(t.candidate.boards), "train_flags": list(t.candidate.flags.flags),
+                "predicted": {"step_time_s": plan.step_time_s, "epoch_time_s": plan.epoch_time_s, "power_w": plan.power_w,
+                              "energy_per_epoch_j": plan.energy_per_epoch_j, "edp_j_s": plan.edp_j_s},
+                "error": t.error,
+                "measured": None if m is None else {
+                    "step_time_s": m.step_time_s, "samples_per_s": m.samples_per_s, "epoch_time_s": m.epoch_time_s,
+                    "power_w": m.power_w, "energy_per_epoch_j": m.energy_per_epoch_j, "edp_j_s": m.edp_j_s,
+                    "power_measured": m.power_measured, "steps": m.steps}}
+
+    return {"objective": result.objective, "elapsed_s": result.elapsed_s, "agrees": result.agrees,
+            "chosen": result.trials.index(result.chosen), "trials": [trial(t) for t in result.trials]}
+
+
+__all__ = ["PipelineCandidate", "PipelineTrial", "PipelineVerifyResult", "front_runners", "measured_objective",
+           "pipeline_pretraining_job", "pipeline_verify_json", "pretrain_plan", "verify_lines", "verify_plans"]
