@@ -122,3 +122,47 @@ def test_plan_boards_plans_over_the_named_boards_only(tmp_path: Path, capsys: py
         assert "pi-2" in out and "pi-1" not in out
     with pytest.raises(PlanError, match="--boards names pi-9, which the profile does not hold"):
         _plan_cli(path, "--batch", "32", "--boards", "pi-1,pi-9", "--pipeline")
+
+
+def test_the_plans_to_pretrain_are_the_best_of_each_layout_first() -> None:
+    from edgefleet.coordinator.planning.pipeline_job import PipelineOutcome
+    from edgefleet.coordinator.planning.pipeline_verify import front_runners
+    from edgefleet.coordinator.planning.plan_fleet import FleetCheck
+
+    problem = _hand_problem(micro_batches=(1, 2, 4))
+    option = _option(problem)
+    outcome = PipelineOutcome(chosen=option, options=(option,), check=FleetCheck(boards=("a", "b")))
+    ranked, _ = ranked_pipelines(problem, "time", limit=50)
+    layouts = list(dict.fromkeys(tuple(s.boards for s in p.stages) for p in ranked))  # in the estimate's order
+
+    picked = front_runners(outcome, "time", 3)
+
+    assert [tuple(s.boards for s in c.plan.stages) for c in picked] == layouts[:3]  # three layouts, none twice
+    assert picked[0].plan.objective_value("time") == ranked[0].objective_value("time")
+    assert all(c.flags.flags for c in picked)  # each one train can run
+    more = front_runners(outcome, "time", len(layouts) + 2)  # past the layouts: the same boards at another M
+    assert len({(tuple(s.boards for s in c.plan.stages), c.plan.micro_batches) for c in more}) == len(more)
+
+
+def test_the_layers_are_the_whole_profile_s_whichever_boards_take_part(tmp_path: Path) -> None:
+    """A layer's share of a step is the median over every profiled board: naming two boards (or one going offline)
+    must not change the model's layers, only the boards they are planned on."""
+    from edgefleet.coordinator.planning.pipeline_job import plan_pipeline_job
+    from edgefleet.coordinator.planning.pipeline_model import problem_from_fleet
+    from edgefleet.coordinator.planning.plan_job import PlanRequest
+
+    boards = [dataclasses.replace(board(b, c=0.01, memory=2 * GB), units=_units(times=times)) for b, times in (
+        ("pi-1", ((2e-4, 4e-4), (1e-4, 1e-4), (0.5e-4, 1.5e-4))), ("pi-2", ((3e-4, 4e-4), (1e-4, 1e-4), (0.5e-4, 1.5e-4))),
+        ("pi-3", ((1e-4, 4e-4), (2e-4, 1e-4), (0.5e-4, 1.5e-4))))]
+    whole = _fleet(*boards)
+    path = tmp_path / "edgefleet-profile.json"
+    save_profiles(path, {"default": whole}, meta=ProfileMeta(model="mlp", dataset="digits", batch_sizes=[8, 32]))
+    request = PlanRequest(objective="time", max_power_w=None, deadline_s=None, global_batches=(32,), count_idle=False,
+                          max_memory_fraction=0.9, top=10)
+
+    outcome = plan_pipeline_job(request, profile_path=path, boards=("pi-2", "pi-3"))
+
+    problem = outcome.options[0].problem
+    assert [b.board_id for b in problem.boards] == ["pi-2", "pi-3"]
+    assert problem.layers == problem_from_fleet(whole, global_batch=32)[0].layers
+    assert problem.layers != problem_from_fleet(whole.select(["pi-2", "pi-3"]), global_batch=32)[0].layers

@@ -151,7 +151,7 @@ def add_plan_parser(sub: Any) -> None:
                    help="plan on the profile alone: do not ask the broker which boards are online and their versions")
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="pre-train the best K candidates for a few real steps and choose on the measured figures (with "
-                        "--pipeline: the K best distinct plans train can run, runners-up included; a pipeline's stage "
+                        "--pipeline: K plans train can run, the best of each layout of boards first; a pipeline's stage "
                         "links need every board's key, --board-keys)")
     p.add_argument("--verify-steps", type=int, default=DEFAULT_VERIFY_STEPS, metavar="N",
                    help=f"timed steps per pre-trained candidate, after 3 warm-up steps (default {DEFAULT_VERIFY_STEPS})")

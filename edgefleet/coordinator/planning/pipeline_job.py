@@ -82,10 +82,13 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
     options = []
     for label, fleet in restrict_to(selected, check).items():
         for global_batch in request.global_batches:
-            problem, lacking = problem_from_fleet(fleet, global_batch=global_batch,
+            # the layers' shares from every profiled board (figures of the model, the more boards the surer), then
+            # the boards that can take part: the same layers whichever boards are online or named
+            problem, lacking = problem_from_fleet(selected[label], global_batch=global_batch,
                                                   max_memory_fraction=request.max_memory_fraction,
                                                   max_power_w=request.max_power_w, count_idle=request.count_idle)
-            problem = replace(problem, schedules=TRAINED_SCHEDULES, max_later_group=TRAINED_LATER_GROUP)
+            problem = replace(problem, boards=tuple(b for b in problem.boards if b.board_id in fleet.boards),
+                              schedules=TRAINED_SCHEDULES, max_later_group=TRAINED_LATER_GROUP)
             options.append(PipelineOption(variant_label=label, variant=dict(fleet.variant), global_batch=global_batch,
                                           problem=problem,
                                           result=plan_pipeline(problem, request.objective), notes=lacking))

@@ -2,9 +2,9 @@
 
 The pipeline cost model is within 11-17% of the lab's measured steps (docs/benchmarks.md), and a fleet's front
 runners are often closer together than that: plans a few percent apart by estimate that differ by 10-20% when
-trained. As ``plan --verify`` does for data parallelism (``planning.verify``), the K best plans that train can run
-(:func:`front_runners`: over every variant and global batch planned, runners-up included, each distinct) are trained
-in turn as real runs of ``3 + N + 1`` steps on the boards, and the best measured objective is chosen. A plan of one
+trained. As ``plan --verify`` does for data parallelism (``planning.verify``), K plans that train can run
+(:func:`front_runners`: the best of each layout of boards first, over every variant and global batch planned) are
+trained in turn as real runs of ``3 + N + 1`` steps on the boards, and the best measured objective is chosen. A plan of one
 stage trains data-parallel; the others as ``train --pipeline`` runs them (GPipe, ``--stage-sync checkpoint``, the
 board's pipeline port from ``--pipeline-port``), with no revision during the few steps (a revision would measure
 another plan). Every plan is exact (``Trainer.fit``'s mathematics), so no margin is asked of any of them.
@@ -77,18 +77,36 @@ class PipelineVerifyResult:
 
 
 def front_runners(outcome: PipelineOutcome, objective: str, count: int) -> list[PipelineCandidate]:
-    """The ``count`` best distinct plans train can run, over every variant and global batch planned, best first."""
+    """The ``count`` plans to pre-train, over every variant and global batch planned, best estimate first.
+
+    Plans on other boards or in another order are what the estimate may rank wrong by more than its error; a cut
+    moved by a layer or another M on the same boards mostly costs what the plan does, and two short runs of such
+    twins differ by noise alone (on the lab, 10-20%). So the best plan of each layout (the boards of each stage) comes
+    first, in the estimate's order, then the best of a layout at another M, then the rest.
+    """
     found = []
     for option in outcome.options:
         if option.result.plan is None:
             continue
-        plans, _ = ranked_pipelines(option.problem, objective, limit=max(count * 3, 8))
+        plans, _ = ranked_pipelines(option.problem, objective, limit=max(count * 4, 12))
         for plan in plans:
             flags = train_flags(option.problem, plan)
             if flags.flags:
                 found.append(PipelineCandidate(option=option, plan=plan, flags=flags))
     found.sort(key=lambda c: c.plan.objective_value(objective))
-    return found[:count]
+    chosen: list[PipelineCandidate] = []
+    for key in (_layout, lambda c: (*_layout(c), c.plan.micro_batches), id):
+        seen = {key(c) for c in chosen}
+        for candidate in found:
+            if len(chosen) < count and key(candidate) not in seen and candidate not in chosen:
+                seen.add(key(candidate))
+                chosen.append(candidate)
+    return sorted(chosen, key=lambda c: c.plan.objective_value(objective))
+
+
+def _layout(candidate: PipelineCandidate) -> tuple[object, ...]:
+    """A plan's boards stage by stage, with its variant and global batch."""
+    return (candidate.option.variant_label, candidate.plan.global_batch, *(s.boards for s in candidate.plan.stages))
 
 
 def pipeline_pretraining_job(job: JobSpec, candidate: PipelineCandidate, total_steps: int) -> JobSpec:
