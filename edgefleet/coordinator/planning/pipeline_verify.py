@@ -98,7 +98,7 @@ def front_runners(outcome: PipelineOutcome, objective: str, count: int) -> list[
     for key in (_layout, lambda c: (*_layout(c), c.plan.micro_batches), id):
         seen = {key(c) for c in chosen}
         for candidate in found:
-            if len(chosen) < count and key(candidate) not in seen and candidate not in chosen:
+            if len(chosen) < count and key(candidate) not in seen:  # a chosen one's key is in seen
                 seen.add(key(candidate))
                 chosen.append(candidate)
     return sorted(chosen, key=lambda c: c.plan.objective_value(objective))
@@ -124,7 +124,7 @@ def pipeline_pretraining_job(job: JobSpec, candidate: PipelineCandidate, total_s
     if len(plan.stages) > 1:
         fields = {"boards": candidate.boards, "batch_sizes": stage0 + (0,) * (len(plan.stages) - 1),
                   "pipeline": pipeline_text(option.problem, plan), "micro_batches": plan.micro_batches,
-                  "stage_sync": "checkpoint", "pipeline_slots": ()}
+                  "stage_sync": "checkpoint"}
     spec = replace(job, run_id=f"verify-{secrets.token_hex(3)}", **fields,
                    model_options=dict(job.model_options) | dict(option.variant), epochs=None, steps=total_steps,
                    total_steps=total_steps, checkpoint_every=10**9, logger="none", force_split=None, rebalance=False,
