@@ -10,7 +10,8 @@ Issue 35's target: the planner's pick is the measured best, or within 5% of it, 
    data-parallel, or a stage-0 group and one or two later stages of one board, GPipe, M = 1, 2, 4);
    the cheapest is the model's pick. With ``--verify K`` (default 3) the case's pick is
    ``edge-coordinator plan --pipeline --boards ... --verify K`` instead: the K best distinct plans by the
-   model, each pre-trained for 3 + 20 real steps, the fastest measured chosen (``planning.pipeline_verify``);
+   model, each pre-trained for 3 + 20 real steps ``--verify-rounds`` times in turn (default 2: A B C C B A), the
+   fastest by the mean of its runs chosen (``planning.pipeline_verify``);
    ``--verify 0`` takes the model's pick as it is;
 3. the pick, the model's pick and the best plan of each other family (another shape, another M, another stage count;
    at most 5) each train ``--epochs`` epochs (default 3, no target) with ``--stage-sync checkpoint``
@@ -68,6 +69,8 @@ from _harness import (
 )
 from _table import print_table
 from pipeline_candidates import Candidate, candidate_of_flags, runs_to_measure, same_plan, trainable_plans
+
+from edgefleet.coordinator.planning.pipeline_verify import DEFAULT_VERIFY_ROUNDS
 
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning import FleetProfile
@@ -214,8 +217,8 @@ def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) 
 
 
 def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: tuple[str, ...], profile: str,
-                   count: int) -> tuple[Candidate, dict[str, object]]:
-    """``plan --pipeline --verify count`` over the case's boards: the plan it chooses on measurement, and its record.
+                   count: int, rounds: int) -> tuple[Candidate, dict[str, object]]:
+    """``plan --pipeline --verify count --verify-rounds rounds`` over the case's boards: the plan it chooses on measurement, and its record.
 
     Raises:
         RuntimeError: plan failed (its output's tail included).
@@ -227,7 +230,7 @@ def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: t
     cmd = in_coordinator_netns(ctx.lab, module_command(
         "edgefleet.coordinator.cli", "--broker", ctx.lab.broker_address, "plan", "--profile", profile, "--pipeline",
         "--objective", "time", "--batch", str(workload.global_batch), "--boards", ",".join(boards), "--verify", str(count),
-        "--fleet-key", str(ctx.key_file), "--board-keys", str(ctx.lab.board_keys_dir), "--json"))
+        "--verify-rounds", str(rounds), "--fleet-key", str(ctx.key_file), "--board-keys", str(ctx.lab.board_keys_dir), "--json"))
     idle = [b for b in ctx.ballast_info if b not in boards] if ctx.ballast else []
     wait_ready(ctx.lab, boards)
     timeout = max(1.0, ctx.deadline - time.monotonic())
@@ -268,7 +271,8 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
             result = CaseResult(number, model, list(boards), len(plans), [], model_pick=chosen[0].label if chosen else "")
             if args.verify and chosen:
                 started = time.monotonic()
-                pick, result.verify = _verified_pick(ctx, model, number, boards, profiles[model], args.verify)
+                pick, result.verify = _verified_pick(ctx, model, number, boards, profiles[model], args.verify,
+                                                    args.verify_rounds)
                 same = next((c for c in chosen if same_plan(c, pick)), None)
                 chosen = [same or pick, *(c for c in chosen if not same_plan(c, pick))]  # the model's pick stays measured
                 print(f"    plan --verify {args.verify} chose {pick.label} in {time.monotonic() - started:.0f} s",
@@ -324,6 +328,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's length (default {EPOCHS})")
     parser.add_argument("--verify", type=int, default=VERIFY, metavar="K",
                         help=f"the pick is plan --pipeline --verify K's (default {VERIFY}); 0: the cost model's pick")
+    parser.add_argument("--verify-rounds", type=int, default=DEFAULT_VERIFY_ROUNDS, metavar="R",
+                        help=f"with --verify: each plan pre-trained R times, forth and back (default {DEFAULT_VERIFY_ROUNDS})")
     parser.add_argument("--ballast", action=argparse.BooleanOptionalAction, default=True,
                         help="boards left out of a run spin at their quotas meanwhile (default on)")
     parser.add_argument("--cpu-period-ms", type=float, metavar="MS", default=CPU_PERIOD_MS,

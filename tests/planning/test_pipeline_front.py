@@ -166,3 +166,41 @@ def test_the_layers_are_the_whole_profile_s_whichever_boards_take_part(tmp_path:
     assert [b.board_id for b in problem.boards] == ["pi-2", "pi-3"]
     assert problem.layers == problem_from_fleet(whole, global_batch=32)[0].layers
     assert problem.layers != problem_from_fleet(whole.select(["pi-2", "pi-3"]), global_batch=32)[0].layers
+
+
+def test_rounds_go_forth_and_back_so_a_drift_falls_on_every_plan_alike() -> None:
+    from edgefleet.coordinator.planning.pipeline_verify import round_order
+
+    assert round_order(3, 1) == [0, 1, 2]
+    assert round_order(3, 2) == [0, 1, 2, 2, 1, 0]
+    assert round_order(2, 3) == [0, 1, 1, 0, 0, 1]
+    # A host slowing by the same amount each pre-training: with two rounds every plan's mean position is the same
+    for count in (2, 3, 5):
+        order = round_order(count, 2)
+        places = {i: [n for n, j in enumerate(order) if j == i] for i in range(count)}
+        assert len({sum(p) for p in places.values()}) == 1
+    with pytest.raises(ValueError):
+        round_order(0, 2)
+
+
+def test_a_plan_s_runs_combine_into_the_mean_of_their_steps_and_power() -> None:
+    from edgefleet.coordinator.control.power_meter import PowerReading
+    from edgefleet.coordinator.planning.verify import Measurement, mean_measurement, measure
+
+    def run(intervals: list[float], watts: float | None) -> Measurement:
+        readings = {} if watts is None else {"a": PowerReading(board_id="a", mean_power_w=watts, samples=5,
+                                                                power_source="hwmon:ina219")}
+        return measure(intervals, readings, boards=["a"], global_batch=64, dataset_len=6400)
+
+    one, two = run([0.1, 0.1, 0.3], 10.0), run([0.2, 0.2, 0.1], 14.0)
+    both = mean_measurement([one, two])
+    assert one.intervals_s == (0.1, 0.1, 0.3) and one.step_time_s == pytest.approx(0.1)
+    assert both.step_time_s == pytest.approx(0.15)
+    assert both.samples_per_s == pytest.approx(64 / 0.15) and both.epoch_time_s == pytest.approx(100 * 0.15)
+    assert both.power_w == pytest.approx(12.0) and both.energy_per_epoch_j == pytest.approx(12.0 * 15.0)
+    assert both.edp_j_s == pytest.approx(12.0 * 15.0 ** 2)
+    assert both.steps == 6 and both.power_measured
+    no_power = mean_measurement([one, run([0.2], None)])
+    assert no_power.power_w is None and no_power.energy_per_epoch_j is None  # one run without power: none for all
+    with pytest.raises(ValueError):
+        mean_measurement([])

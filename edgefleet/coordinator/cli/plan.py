@@ -24,6 +24,7 @@ from edgefleet.coordinator.planning.pipeline_job import pipeline_json, plan_pipe
 from edgefleet.coordinator.planning.pipeline_render import render_result
 from edgefleet.coordinator.planning.pipeline_train import train_flags
 from edgefleet.coordinator.planning.pipeline_verify import (
+    DEFAULT_VERIFY_ROUNDS,
     PipelineVerifyResult,
     front_runners,
     pipeline_verify_json,
@@ -155,6 +156,9 @@ def add_plan_parser(sub: Any) -> None:
                         "links need every board's key, --board-keys)")
     p.add_argument("--verify-steps", type=int, default=DEFAULT_VERIFY_STEPS, metavar="N",
                    help=f"timed steps per pre-trained candidate, after 3 warm-up steps (default {DEFAULT_VERIFY_STEPS})")
+    p.add_argument("--verify-rounds", type=int, default=DEFAULT_VERIFY_ROUNDS, metavar="R",
+                   help=f"with --pipeline --verify: pre-train each plan R times, in turn forth and back (A B C C B A), "
+                        f"and compare their means; short runs of one plan differ by 10-20%% (default {DEFAULT_VERIFY_ROUNDS})")
     p.add_argument("--fleet-key", metavar="FILE", help=f"with --verify: {FLEET_KEY_HELP}")
     add_board_keys_arg(p, what="with --verify: ")
     p.add_argument("--allow-token-boards", action="store_true",
@@ -205,8 +209,8 @@ def _parse_options(text: str) -> dict[str, Any] | None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``edge-coordinator plan``; returns the exit status."""
-    if args.verify < 0 or args.verify_steps < 1:
-        raise ConfigError("--verify K needs K >= 1 (0 = no pre-training) and --verify-steps N >= 1")
+    if args.verify < 0 or args.verify_steps < 1 or args.verify_rounds < 1:
+        raise ConfigError("--verify K needs K >= 1 (0 = no pre-training), --verify-steps N >= 1 and --verify-rounds R >= 1")
     if args.verify and args.no_fleet_check:
         raise ConfigError("--verify pre-trains on the boards, so it needs the broker: drop --no-fleet-check")
     request = request_from_args(args, parse_int_list(args.batch, "--batch"), args.epochs)
@@ -292,7 +296,8 @@ def _verify_pipeline(args: argparse.Namespace, outcome: PipelineOutcome, request
 
     verified = verify_plans(front_runners(outcome, request.objective, args.verify), job, broker=cfg.broker,
                             fleet_key=keys, objective=request.objective, steps=args.verify_steps,
-                            fleet_boards=list(outcome.check.boards), count_idle=args.count_idle, on_note=note)
+                            rounds=args.verify_rounds, fleet_boards=list(outcome.check.boards),
+                            count_idle=args.count_idle, on_note=note)
     for line in verify_lines(verified):
         note(line)
     return verified

@@ -4,7 +4,10 @@ The pipeline cost model is within 11-17% of the lab's measured steps (docs/bench
 runners are often closer together than that: plans a few percent apart by estimate that differ by 10-20% when
 trained. As ``plan --verify`` does for data parallelism (``planning.verify``), K plans that train can run
 (:func:`front_runners`: the best of each layout of boards first, over every variant and global batch planned) are
-trained in turn as real runs of ``3 + N + 1`` steps on the boards, and the best measured objective is chosen. A plan of one
+trained in turn as real runs of ``3 + N + 1`` steps on the boards, and the best measured objective is chosen. With
+``--verify-rounds R`` (default 2) each plan is trained R times, in turn forth and back (A B C C B A), and its figure is
+the mean of its runs: one short run of a plan on the lab is 0.87-1.28 of a long one's step, and a host's drift over the
+comparison falls on the first plans and the last alike (docs/benchmarks.md, 2026-11-30). A plan of one
 stage trains data-parallel; the others as ``train --pipeline`` runs them (GPipe, ``--stage-sync checkpoint``, the
 board's pipeline port from ``--pipeline-port``), with no revision during the few steps (a revision would measure
 another plan). Every plan is exact (``Trainer.fit``'s mathematics), so no margin is asked of any of them.
@@ -27,12 +30,21 @@ from edgefleet.coordinator.planning.pipeline_model import PipelinePlan
 from edgefleet.coordinator.planning.pipeline_search import ranked_pipelines
 from edgefleet.coordinator.planning.pipeline_train import TrainFlags, pipeline_text, train_flags
 from edgefleet.coordinator.planning.plan_summary import fmt_step
-from edgefleet.coordinator.planning.verify import WARMUP_STEPS, Measurement, measure, timed_steps, wait_ready
+from edgefleet.coordinator.planning.verify import (
+    WARMUP_STEPS,
+    Measurement,
+    mean_measurement,
+    measure,
+    timed_steps,
+    wait_ready,
+)
 from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
 from edgefleet.protocol.errors import EdgeTrainError
 from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+
+DEFAULT_VERIFY_ROUNDS = 2   # each plan pre-trained twice, A B C C B A
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,11 +68,12 @@ class PipelineCandidate:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineTrial:
-    """One pre-trained plan."""
+    """One pre-trained plan: ``measured`` is the mean of ``takes``, its runs in the order they were trained."""
 
     candidate: PipelineCandidate
     measured: Measurement | None
     error: str = ""
+    takes: tuple[Measurement, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,9 +159,10 @@ def pretrain_plan(candidate: PipelineCandidate, job: JobSpec, *, broker: BrokerS
 
 def verify_plans(candidates: Sequence[PipelineCandidate], job: JobSpec, *, broker: BrokerSettings, fleet_key: bytes,
                  objective: str, steps: int, fleet_boards: Sequence[str], count_idle: bool = False,
-                 warmup_steps: int = WARMUP_STEPS, on_note: Callable[[str], None] = lambda _: None
-                 ) -> PipelineVerifyResult:
-    """Pre-train each candidate in turn and choose the best by its measured objective.
+                 warmup_steps: int = WARMUP_STEPS, rounds: int = DEFAULT_VERIFY_ROUNDS,
+                 on_note: Callable[[str], None] = lambda _: None) -> PipelineVerifyResult:
+    """Pre-train each candidate ``rounds`` times in turn (:func:`round_order`) and choose the best by the mean of its
+    measured objective. A plan that fails once is not trained again.
 
     Raises:
         EdgeTrainError: no candidate to pre-train, or every pre-training failed (the message lists why).
@@ -156,31 +170,44 @@ def verify_plans(candidates: Sequence[PipelineCandidate], job: JobSpec, *, broke
     if not candidates:
         raise EdgeTrainError("no plan that train can run to pre-train: plan without --verify to see why")
     started = time.monotonic()
-    trials: list[PipelineTrial] = []
+    takes: dict[int, list[Measurement]] = {i: [] for i in range(len(candidates))}
+    errors: dict[int, str] = {}
+    order = round_order(len(candidates), rounds)
     with monitor_fleet(broker, preferred=fleet_boards) as view, PowerMeter(view, fleet_boards) as meter:
-        for i, candidate in enumerate(candidates, 1):
-            on_note(f"pre-training plan {i}/{len(candidates)}: {candidate.label()} (global batch "
+        for n, i in enumerate(order, 1):
+            candidate = candidates[i]
+            if i in errors:
+                continue
+            on_note(f"pre-training {n}/{len(order)}: plan {i + 1}, {candidate.label()} (global batch "
                     f"{candidate.plan.global_batch}, {candidate.option.variant_label}), {warmup_steps} warm-up + "
                     f"{steps} timed steps")
             try:
                 wait_ready(view, candidate.boards)
-                measured = pretrain_plan(candidate, job, broker=broker, fleet_key=fleet_key, meter=meter, steps=steps,
-                                         warmup_steps=warmup_steps, count_idle=count_idle)
+                takes[i].append(pretrain_plan(candidate, job, broker=broker, fleet_key=fleet_key, meter=meter,
+                                              steps=steps, warmup_steps=warmup_steps, count_idle=count_idle))
             except EdgeTrainError as exc:
-                on_note(f"plan {i} could not be pre-trained: {exc}")
-                trials.append(PipelineTrial(candidate=candidate, measured=None, error=str(exc)))
-                continue
-            trials.append(PipelineTrial(candidate=candidate, measured=measured))
+                on_note(f"plan {i + 1} could not be pre-trained: {exc}")
+                errors[i] = str(exc)
         wait_ready(view, sorted({b for c in candidates for b in c.boards}))
+    trials = tuple(PipelineTrial(candidate=c, measured=None, error=errors[i], takes=tuple(takes[i])) if i in errors
+                   else PipelineTrial(candidate=c, measured=mean_measurement(takes[i]), takes=tuple(takes[i]))
+                   for i, c in enumerate(candidates))
     ok = [t for t in trials if t.measured is not None]
     if not ok:
         raise EdgeTrainError("no plan could be pre-trained: " + "; ".join(t.error for t in trials))
     chosen = min(ok, key=lambda t: measured_objective(t, objective))
-    result = PipelineVerifyResult(objective=objective, trials=tuple(trials), chosen=chosen,
+    result = PipelineVerifyResult(objective=objective, trials=trials, chosen=chosen,
                                   elapsed_s=time.monotonic() - started)
-    log.info("pipeline verify: %d plans pre-trained in %.1f s; chosen %s", len(ok), result.elapsed_s,
-             chosen.candidate.label())
+    log.info("pipeline verify: %d plans pre-trained %d times in %.1f s; chosen %s", len(ok), rounds,
+             result.elapsed_s, chosen.candidate.label())
     return result
+
+
+def round_order(count: int, rounds: int) -> list[int]:
+    """The order ``rounds`` turns over ``count`` plans are trained in: forth, back, forth... (0 1 2 2 1 0 for 3, 2)."""
+    if count < 1 or rounds < 1:
+        raise ValueError(f"count {count} and rounds {rounds} must be at least 1")
+    return [i for r in range(rounds) for i in (range(count) if r % 2 == 0 else reversed(range(count)))]
 
 
 def measured_objective(trial: PipelineTrial, objective: str) -> float:
@@ -205,10 +232,13 @@ def verify_lines(result: PipelineVerifyResult) -> list[str]:
                          f"{t.error}")
             continue
         off = m.step_time_s / plan.step_time_s - 1.0
+        each = f" (mean of {', '.join(fmt_step(x.step_time_s) for x in t.takes)})" if len(t.takes) > 1 else ""
         lines.append(f"  {i}. {mark}{t.candidate.label()}: predicted {fmt_step(plan.step_time_s)} a step, measured "
-                     f"{fmt_step(m.step_time_s)} ({off:+.0%}), {m.samples_per_s:.0f} samples/s, epoch "
+                     f"{fmt_step(m.step_time_s)}{each} ({off:+.0%}), {m.samples_per_s:.0f} samples/s, epoch "
                      f"{format_duration(m.epoch_time_s)}")
-    head = (f"pre-trained {len(result.trials)} plans in {format_duration(result.elapsed_s)}: "
+    runs = max(len(t.takes) for t in result.trials)
+    head = (f"pre-trained {len(result.trials)} plans{f', {runs} runs each,' if runs > 1 else ''} in "
+            f"{format_duration(result.elapsed_s)}: "
             + ("the measurements agree with the estimate's pick" if result.agrees
                else f"the measurements choose plan {result.trials.index(result.chosen) + 1}, not the estimate's pick"))
     return [head, *lines, result.chosen.candidate.flags.line()]
@@ -228,11 +258,13 @@ def pipeline_verify_json(result: PipelineVerifyResult) -> dict[str, Any]:
                 "measured": None if m is None else {
                     "step_time_s": m.step_time_s, "samples_per_s": m.samples_per_s, "epoch_time_s": m.epoch_time_s,
                     "power_w": m.power_w, "energy_per_epoch_j": m.energy_per_epoch_j, "edp_j_s": m.edp_j_s,
-                    "power_measured": m.power_measured, "steps": m.steps}}
+                    "power_measured": m.power_measured, "steps": m.steps},
+                "takes": [{"step_time_s": x.step_time_s, "power_w": x.power_w, "intervals_s": list(x.intervals_s)}
+                          for x in t.takes]}
 
     return {"objective": result.objective, "elapsed_s": result.elapsed_s, "agrees": result.agrees,
             "chosen": result.trials.index(result.chosen), "trials": [trial(t) for t in result.trials]}
 
 
-__all__ = ["PipelineCandidate", "PipelineTrial", "PipelineVerifyResult", "front_runners", "measured_objective",
-           "pipeline_pretraining_job", "pipeline_verify_json", "pretrain_plan", "verify_lines", "verify_plans"]
+__all__ = ["DEFAULT_VERIFY_ROUNDS", "PipelineCandidate", "PipelineTrial", "PipelineVerifyResult", "front_runners", "measured_objective",
+           "pipeline_pretraining_job", "pipeline_verify_json", "pretrain_plan", "round_order", "verify_lines", "verify_plans"]

@@ -58,6 +58,7 @@ class Measurement:
     edp_j_s: float | None
     power_measured: bool           # every board's figure came from a sensor (else some are estimates)
     steps: int                     # step intervals timed
+    intervals_s: tuple[float, ...] = ()  # the timed intervals themselves (empty: a mean of several runs)
 
     def objective_value(self, objective: str) -> float | None:
         """The measured figure ``objective`` minimises (None: energy or EDP without power telemetry)."""
@@ -122,7 +123,28 @@ def measure(intervals: Sequence[float], readings: dict[str, PowerReading], *, bo
     energy = None if power is None else power * epoch
     return Measurement(step_time_s=step, samples_per_s=samples_per_s, epoch_time_s=epoch, power_w=power,
                        energy_per_epoch_j=energy, edp_j_s=None if energy is None else energy * epoch,
-                       power_measured=bool(known) and all(r.measured for r in known), steps=len(intervals))
+                       power_measured=bool(known) and all(r.measured for r in known), steps=len(intervals),
+                       intervals_s=tuple(intervals))
+
+
+def mean_measurement(takes: Sequence[Measurement]) -> Measurement:
+    """One candidate measured in several runs, as one: the mean of their step times and of their power.
+
+    Each run's step is already a median; the mean over runs taken in turn forth and back (A B C C B A) cancels a
+    host's drift over the whole comparison, which one run of each cannot.
+    """
+    if not takes:
+        raise ValueError("no measurement to combine")
+    first = takes[0]
+    step = statistics.fmean(m.step_time_s for m in takes)
+    scale = step / first.step_time_s
+    epoch = first.epoch_time_s * scale
+    powers = [m.power_w for m in takes]
+    power = None if any(p is None for p in powers) else statistics.fmean(p for p in powers if p is not None)
+    energy = None if power is None else power * epoch
+    return Measurement(step_time_s=step, samples_per_s=first.samples_per_s / scale, epoch_time_s=epoch, power_w=power,
+                       energy_per_epoch_j=energy, edp_j_s=None if energy is None else energy * epoch,
+                       power_measured=all(m.power_measured for m in takes), steps=sum(m.steps for m in takes))
 
 
 def wait_ready(view: Any, boards: Sequence[str], *, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -329,5 +351,5 @@ def verify_json(result: VerifyResult) -> dict[str, Any]:
 
 
 __all__ = ["DISAGREEMENT", "FIGURES", "Measurement", "Trial", "VerifyResult", "choose_measured", "differences", "disagreement_line",
-           "disagreements", "measure", "pretrain", "pretraining_job", "step_intervals", "timed_steps", "verify_candidates",
-           "verify_json", "wait_ready"]
+           "disagreements", "mean_measurement", "measure", "pretrain", "pretraining_job", "step_intervals", "timed_steps",
+           "verify_candidates", "verify_json", "wait_ready"]
