@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -202,6 +203,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="edgefleet-test-cache-")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if Path(cache).name.startswith("edgefleet-test-cache-"):
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def fleet(request: pytest.FixtureRequest, mosquitto: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The module's fleet on the session's broker, as its ``pytestmark = pytest.mark.fleet(boards=…, …)`` describes."""
@@ -255,7 +262,13 @@ _FOLDER_MARKERS = ("lab", "deploy")
 # a shared lock on this file while it runs, a lab test an exclusive one; a turnstile lock taken before either
 # keeps a worker that runs test after test from starving a lab test that waits.
 _EXCLUSIVE_DIRS = ("lab",)
+# ...except these lab tests, which time nothing and leave the host's own names alone (test_teardown counts every efl-*
+# name, so it stays alone): they run beside the other worker's tests
+_SHARING_LAB_FILES = ("test_lab_status.py", "test_memory_limit.py", "test_fleet_file.py", "test_agent_config.py")
 _LOCK_DIR = Path(os.environ.get("TMPDIR", "/tmp"))
+# EDGEFLEET_TEST_TIMELINE=FILE: each test's worker, wait for the lock and run, one line a test (tab-separated epoch
+# seconds), to see where the suite's wall time goes (a lab test's wait is the other worker's idle time)
+_TIMELINE = os.environ.get("EDGEFLEET_TEST_TIMELINE", "")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -277,7 +290,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     run = worker["testrunuid"]
     path = Path(str(item.fspath)).resolve().relative_to(REPO)
-    exclusive = len(path.parts) > 2 and path.parts[1] in _EXCLUSIVE_DIRS
+    exclusive = len(path.parts) > 2 and path.parts[1] in _EXCLUSIVE_DIRS and path.name not in _SHARING_LAB_FILES
+    asked = time.time()
     with open(_LOCK_DIR / f"edgefleet-tests-{run}.turnstile", "a") as turnstile, \
             open(_LOCK_DIR / f"edgefleet-tests-{run}.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
@@ -286,9 +300,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         finally:
             if not exclusive:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+        started = time.time()
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             if exclusive:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+            if _TIMELINE:  # where the suite's time goes: worker, asked for the lock, got it, done, test
+                with open(_TIMELINE, "a") as out:
+                    out.write(f"{worker['workerid']}\t{asked:.2f}\t{started:.2f}\t{time.time():.2f}\t{item.nodeid}\n")

@@ -35,7 +35,8 @@ STEPS = 20
 EVERY = 5
 MODEL_OPTIONS = {"optimizer": "sgd", "lr": 0.05}
 
-pytestmark = pytest.mark.fleet(boards=BOARDS)  # two real agents for the real training job (its one test that asks)
+# two real agents for the real training job (its one test that asks); its resumed run skips the worker's start
+pytestmark = pytest.mark.fleet(boards=BOARDS, keep_worker=True)
 
 
 def _mount_tmpfs(where: Path, size: str) -> None:

@@ -43,7 +43,7 @@ EVERY, WARMUP = 3, 2  # exact 0-1, then sync steps 4, 7, 10, 13 (and the run's l
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.5
 LENET = {"optimizer": "sgd", "lr": 0.05}
 
-pytestmark = pytest.mark.fleet(boards=("d1", "d2"), agent_args=("--interval", "0.2"), wait="online")
+pytestmark = pytest.mark.fleet(boards=("d1", "d2"), agent_args=("--interval", "0.2"), wait="online", keep_worker=True)
 
 
 class _Observer(TrainObserver):

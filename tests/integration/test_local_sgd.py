@@ -40,7 +40,8 @@ BATCHES = (8, 16)
 STEPS, EVERY, WARMUP = 8, 3, 2  # exact 0-1, local 2-3, sync 4, local 5-6, sync 7 (the run's last step)
 KINDS = ["exact", "exact", "local", "local", "sync", "local", "local", "sync"]
 LENET = {"optimizer": "sgd", "lr": 0.05}
-FLEET = pytest.mark.fleet(boards=("l1", "l2"), agent_args=("--interval", "0.2"), wait="online")  # here and in test_overlap
+FLEET = pytest.mark.fleet(boards=("l1", "l2"), agent_args=("--interval", "0.2"), wait="online",
+                         keep_worker=True)  # here and in test_overlap
 
 pytestmark = FLEET
 

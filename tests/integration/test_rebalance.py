@@ -23,7 +23,7 @@ from tests.integration.test_training import LENET_JOB, SEED
 
 BOARDS = ("r1", "r2", "r3")
 
-pytestmark = pytest.mark.fleet(boards=BOARDS)  # three training boards, shared by the tests
+pytestmark = pytest.mark.fleet(boards=BOARDS, keep_worker=True)  # three training boards, shared; a job skips the worker's start
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:

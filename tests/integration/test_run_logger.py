@@ -20,7 +20,8 @@ from tests.conftest import Fleet
 
 SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"   # one thermal zone per board (its SOURCES.md)
 pytestmark = pytest.mark.fleet(boards={"g1": {"config_extra": f'[telemetry]\nsysfs_root = "{SYSFS / "pi5"}"\n'},
-                                       "g2": {"config_extra": f'[telemetry]\nsysfs_root = "{SYSFS / "orin"}"\n'}})
+                                       "g2": {"config_extra": f'[telemetry]\nsysfs_root = "{SYSFS / "orin"}"\n'}},
+                               keep_worker=True)  # the second job skips the worker's start
 
 BOARDS = ("g1", "g2")
 LR = 0.05

@@ -18,7 +18,7 @@ from tests.conftest import Fleet
 from tests.helpers import COORDINATOR, wait_until
 from tests.integration.warning_module import WARNING_TEXT
 
-pytestmark = pytest.mark.fleet(boards=("w1", "w2"))
+pytestmark = pytest.mark.fleet(boards=("w1", "w2"), keep_worker=True)  # a job after the first skips the worker's start
 
 JOB = {"boards": "w1,w2", "model": "tests.integration.warning_module:WarningMLP", "dataset": "synthetic", "seed": 3,
        "threads": 1}
