@@ -218,7 +218,8 @@ def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) 
 
 def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: tuple[str, ...], profile: str,
                    count: int, rounds: int) -> tuple[Candidate, dict[str, object]]:
-    """``plan --pipeline --verify count --verify-rounds rounds`` over the case's boards: the plan it chooses on measurement, and its record.
+    """``plan --pipeline --verify count --verify-rounds rounds`` over the case's boards: the plan it chooses on
+    measurement, and its record.
 
     Raises:
         RuntimeError: plan failed (its output's tail included).

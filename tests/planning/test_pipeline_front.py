@@ -202,5 +202,6 @@ def test_a_plan_s_runs_combine_into_the_mean_of_their_steps_and_power() -> None:
     assert both.steps == 6 and both.power_measured
     no_power = mean_measurement([one, run([0.2], None)])
     assert no_power.power_w is None and no_power.energy_per_epoch_j is None  # one run without power: none for all
+    assert mean_measurement([one]) is one  # one run: its own figures, intervals and all
     with pytest.raises(ValueError):
         mean_measurement([])

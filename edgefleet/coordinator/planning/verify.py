@@ -135,6 +135,8 @@ def mean_measurement(takes: Sequence[Measurement]) -> Measurement:
     """
     if not takes:
         raise ValueError("no measurement to combine")
+    if len(takes) == 1:
+        return takes[0]
     first = takes[0]
     step = statistics.fmean(m.step_time_s for m in takes)
     scale = step / first.step_time_s
