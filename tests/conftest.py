@@ -199,6 +199,7 @@ def _wait_connected(agents: list[AgentProcess]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fleet(boards=..., **options): the module's shared fleet (tests/conftest.py start_fleet)")
+    config.addinivalue_line("markers", "untimed: a lab test that times nothing, run beside the other worker's tests")
     # `status` keeps the board ids it saw for shell completion in the user's cache: the tests' go to a folder of their own
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="edgefleet-test-cache-")
 
@@ -262,9 +263,8 @@ _FOLDER_MARKERS = ("lab", "deploy")
 # a shared lock on this file while it runs, a lab test an exclusive one; a turnstile lock taken before either
 # keeps a worker that runs test after test from starving a lab test that waits.
 _EXCLUSIVE_DIRS = ("lab",)
-# ...except these lab tests, which time nothing and leave the host's own names alone (test_teardown counts every efl-*
-# name, so it stays alone): they run beside the other worker's tests
-_SHARING_LAB_FILES = ("test_lab_status.py", "test_memory_limit.py", "test_fleet_file.py", "test_agent_config.py")
+# ...except those marked untimed: they time nothing and leave the host's own names alone (test_teardown counts every
+# efl-* name, so it stays alone), so they run beside the other worker's tests, slower but to the same result.
 _LOCK_DIR = Path(os.environ.get("TMPDIR", "/tmp"))
 # EDGEFLEET_TEST_TIMELINE=FILE: each test's worker, wait for the lock and run, one line a test (tab-separated epoch
 # seconds), to see where the suite's wall time goes (a lab test's wait is the other worker's idle time)
@@ -290,7 +290,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     run = worker["testrunuid"]
     path = Path(str(item.fspath)).resolve().relative_to(REPO)
-    exclusive = len(path.parts) > 2 and path.parts[1] in _EXCLUSIVE_DIRS and path.name not in _SHARING_LAB_FILES
+    exclusive = len(path.parts) > 2 and path.parts[1] in _EXCLUSIVE_DIRS and item.get_closest_marker("untimed") is None
     asked = time.time()
     with open(_LOCK_DIR / f"edgefleet-tests-{run}.turnstile", "a") as turnstile, \
             open(_LOCK_DIR / f"edgefleet-tests-{run}.lock", "a") as lock:

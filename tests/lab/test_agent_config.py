@@ -22,6 +22,8 @@ from edgefleet.lab.lab import (
 )
 from edgefleet.lab.naming import board_address
 
+pytestmark = pytest.mark.untimed  # it times nothing: it runs beside the other worker's tests (tests/conftest.py)
+
 
 def _board(lab: Lab, tmp_path: Path, index: int = 0) -> Board:
     spec = lab.fleet.boards[index]

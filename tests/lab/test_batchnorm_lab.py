@@ -21,6 +21,8 @@ from edgefleet.lab.lab import Lab, agent_supports_fleet_key
 from tests.helpers import train_command, write_fleet_key
 from tests.lab.quota_fleet import quota_fleet_toml
 
+pytestmark = pytest.mark.untimed  # it times nothing: it runs beside the other worker's tests (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 QUOTAS = {"big": 0.70, "mid": 0.50, "small": 0.25}
 BATCHES = {"big": 30, "mid": 22, "small": 12}

@@ -116,6 +116,7 @@ def test_the_agent_cgroup_cpu_source_sees_the_board_not_the_host(lab: Lab) -> No
 TORCH_IMPORT_TIMEOUT_S = 90.0  # torch's import is ~1.7 s of a whole core: 0.2 of a core on a busy host takes much longer
 
 
+@pytest.mark.untimed  # it waits on torch's import in a 0.2-core board and times nothing
 def test_a_board_trains_with_the_threads_its_quota_fits_and_its_caps_say_so(lab: Lab) -> None:
     """torch would start one thread per host CPU in a 0.2-core board; the worker's default is one."""
     script = ("import torch\n"

@@ -17,6 +17,8 @@ from edgefleet.lab.fleet_file import FleetError, load_fleet, parse_fleet
 from edgefleet.lab.links import tbf_parameters
 from edgefleet.lab.units import UnitError, parse_rate, parse_size
 
+pytestmark = pytest.mark.untimed  # it times nothing: it runs beside the other worker's tests (tests/conftest.py)
+
 THIS_MACHINE_CORES = 2  # the lab machine the shipped fleets are sized for
 
 GOOD_BOARD = """

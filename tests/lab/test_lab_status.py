@@ -15,6 +15,8 @@ from edgefleet.lab.fixtures import TEST_KEEPALIVE_S
 from edgefleet.lab.lab import Lab
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.untimed  # it times nothing: it runs beside the other worker's tests (tests/conftest.py)
+
 
 def test_every_board_appears_with_the_lab_s_power_labels(lab: Lab) -> None:
     rows = lab.wait_online(timeout_s=60)

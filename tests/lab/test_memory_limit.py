@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
+
 from edgefleet.lab.lab import Lab
 from edgefleet.lab.measurements import MEMORY_HOG
 from edgefleet.lab.units import format_size
 from tests.helpers import wait_until
+
+pytestmark = pytest.mark.untimed  # it times nothing: it runs beside the other worker's tests (tests/conftest.py)
 
 
 def test_the_kernel_holds_every_board_s_memory_limit(lab: Lab) -> None:

@@ -69,6 +69,27 @@ def test_the_runners_up_are_the_best_distinct_plans_as_exhaustive_search_ranks_t
     assert cases >= 50 and agree >= 0.9 * cases
 
 
+def test_a_ranked_pipeline_comes_at_every_m_that_fits() -> None:
+    """The programme keeps a layout at an M only where it is on that M's front; the ranked list has its other Ms too
+    (bench/pipeline_picks.py run 10, case 6: a layout beaten at M = 1 by another on the same boards ran fastest at 1)."""
+    rng = random.Random(38)
+    twinned = 0
+    for case in range(40):
+        problem, objective = _random_problem(rng), OBJECTIVES[case % 3]
+        ranked, _ = ranked_pipelines(problem, objective, limit=500)
+        listed = {(p.specs, p.micro_batches, p.schedule) for p in ranked}
+        for plan in ranked[:5]:
+            if len(plan.stages) == 1:
+                continue
+            for m in problem.micro_batch_counts:
+                twin = evaluate_plan(problem, plan.specs, micro_batches=m, schedule=plan.schedule)
+                if twin.feasible and (plan.specs, m, plan.schedule) not in listed:
+                    # another plan of the same sameness (a cut across a layer without work) may stand for it
+                    assert any(_sameness(p) == _sameness(twin) for p in ranked), (case, plan.specs, m)
+                twinned += twin.feasible and m != plan.micro_batches
+    assert twinned >= 20  # the cases did have pipelines at several Ms
+
+
 def test_a_one_stage_plan_trains_data_parallel() -> None:
     problem = _hand_problem(micro_batches=(1, 2))
     for m in (1, 2):

@@ -109,19 +109,46 @@ def ranked_pipelines(problem: PipelineProblem, objective: str = "edp", *, limit:
 
     The runners-up are the complete plans of the programme's last Pareto fronts (up to :data:`RECOST_BEST` for each M
     and schedule), costed on the real boards: a plan worse than another of the same boards and stage count on every
-    figure of the front's key is not among them. Two plans are one when they differ only by a cut moved across a
+    figure of the front's key is not among them, but the pipelines of the ``limit`` best are also costed at every
+    other M. Two plans are one when they differ only by a cut moved across a
     layer without work or parameters (the same boards, M and schedule, the same step time), or, with one stage, only
     by M (data parallelism on the same boards: the best of them is kept).
     """
     runners: list[PipelinePlan] = []
     starts, notes = _search(problem, objective, max_pairs, runners)
+    best = _distinct([*starts.values(), *runners], objective)[:limit]
+    return _distinct([*best, *_other_micro_batches(problem, best)], objective)[:limit], notes
+
+
+def _distinct(plans: Iterable[PipelinePlan], objective: str) -> list[PipelinePlan]:
+    """``plans`` best first, one of each :func:`_sameness`."""
     ranked, seen = [], set()
-    for plan in sorted([*starts.values(), *runners], key=lambda p: p.objective_value(objective)):
+    for plan in sorted(plans, key=lambda p: p.objective_value(objective)):
         key = _sameness(plan)
         if key not in seen:
             seen.add(key)
             ranked.append(plan)
-    return ranked[:limit], notes
+    return ranked
+
+
+def _other_micro_batches(problem: PipelineProblem, plans: Sequence[PipelinePlan]) -> list[PipelinePlan]:
+    """The feasible twins of ``plans``' pipelines at every other M: the programme keeps a layout at an M only where it
+    is on that M's front, and a layout beaten at M = 1 by another on the same boards can be what a fleet runs fastest
+    at M = 1 all the same (the lab's case 6 of bench/pipeline_picks.py, run 10: its M = 2 twin was all the pre-training
+    tried)."""
+    known = {(p.specs, p.micro_batches, p.schedule) for p in plans}
+    twins = []
+    for plan in plans:
+        if len(plan.stages) == 1:
+            continue
+        for m in problem.micro_batch_counts:
+            if (plan.specs, m, plan.schedule) in known:
+                continue
+            known.add((plan.specs, m, plan.schedule))
+            twin = evaluate_plan(problem, plan.specs, micro_batches=m, schedule=plan.schedule)
+            if twin.feasible:
+                twins.append(twin)
+    return twins
 
 
 def _sameness(plan: PipelinePlan) -> tuple[object, ...]:
