@@ -211,8 +211,11 @@ class JobRunner:
                                         "refuses every command: install the coordinator's public key on it (python -m "
                                         "edgefleet.transport.fleet_key --public fleet.key > fleet.pub) and restart edge-agent")
             return
+        verified = False
         try:
-            command = command_from_dict(self._verify(payload))
+            body = self._verify(payload)
+            verified = True
+            command = command_from_dict(body)
         except ProtocolError as exc:  # unsigned, forged, stale, replayed or malformed
             shown = self._refusal_log.allow()  # a flood of junk on the command topic must not fill the journal
             if shown is not None:
@@ -220,6 +223,8 @@ class JobRunner:
             if isinstance(exc, SignatureError) and exc.tell_sender:
                 hint = f"; {exc.hint}" if exc.hint else ""
                 self._tell_refusal(payload, f"board {self.board_id} refused the command: {exc}{hint}")
+            elif verified:  # the fleet's own coordinator sent what this board cannot take (a newer version, say)
+                self._tell_refusal(payload, f"board {self.board_id} refused the command: {exc}")
             return
         if command.board_id != self.board_id:
             log.warning("refused a command for board %r: this is %r", command.board_id, self.board_id)

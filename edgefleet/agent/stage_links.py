@@ -5,16 +5,19 @@ Ed25519 board key (``transport.board_tls``); its neighbours check that certifica
 board's public key, which the signed plan lists (``StagePeer.public_key``). It opens a connection for each stream it sends
 (``protocol.stage_frames``: ``act`` downstream, ``dact`` upstream, ``out`` from the last stage to the
 first and ``dout`` back) and accepts one for each stream it receives, from the board the plan puts
-at the sending stage, proving its key (``protocol.stage_auth``). A connection carries one stream in
+at the sending stage, proving its key (``protocol.stage_auth``). Where a stage is a group of boards,
+each micro-batch of a step goes to the one board the plan's routes give it (``protocol.stage_routes``),
+so a board opens a stream to (and takes one from) each board its micro-batches go to (come from). A connection carries one stream in
 one direction after its hello, so no TLS connection is read and written at once, and a reader
 thread per incoming stream keeps every socket drained: no send waits on a peer that is itself
 blocked sending.
 
-Incoming tensors wait in an inbox keyed by (stream, step, micro-batch) until the training thread
+Incoming tensors wait in an inbox keyed by (step, source board, micro-batch) until the training thread
 takes them (:meth:`StageEndpoint.recv`), each bounded by the plan: a frame no larger than the
 stream's largest micro-batch, at most two steps' micro-batches queued, shapes checked on taking.
 Whatever goes wrong (a stall past the deadline, a closed connection, a malformed, oversized or
-non-finite frame, a refusal) ends the job on this host with :class:`StageFault`, one line naming
+non-finite frame, a micro-batch the routes do not send this way, a refusal)
+ends the job on this host with :class:`StageFault`, one line naming
 the neighbour, its stage and why: never a hang, never a silently wrong step.
 
 Imported only by a pipelined job's worker (``agent.stage_runtime``, ``agent.stage_worker``): it needs numpy.
@@ -35,6 +38,7 @@ import numpy as np
 
 from edgefleet.protocol.errors import DecodeError, NeighbourFault
 from edgefleet.protocol.exchange_auth import HelloProver
+from edgefleet.protocol.pipeline_command import stage_and_member
 from edgefleet.protocol.signing import ed25519_public_key
 from edgefleet.protocol.stage_auth import StageCredentials
 from edgefleet.protocol.stage_frames import (
@@ -51,6 +55,7 @@ from edgefleet.protocol.stage_frames import (
     StageTensor,
     decode_stage_reply,
 )
+from edgefleet.protocol.stage_routes import StageRoutes, Unit, stage_routes
 from edgefleet.transport.board_tls import board_certificate, connect_board_tls
 from edgefleet.transport.exchange_tls import BoardTlsSocket, TlsRefused
 from edgefleet.transport.frame_io import ConnectionClosed, recv_frame, send_frame
@@ -87,14 +92,17 @@ class StageLinkPlan:
     Args:
         job_id: the job.
         stage: this host's stage, from 0 (the first stage holds the data).
-        peers: every board of the pipeline: stage 0's group (``group`` boards, each with its slice of the batch), then
-            one board for each later stage, in stage order.
+        peers: every board of the pipeline, stage by stage: stage 0's group (``group`` boards, each with its slice of
+            the batch), then each later stage's board, or its group's boards (``sizes``).
         shapes: each stage's output shape per sample, in stage order (the last is the model's output).
         max_rows: the most samples a micro-batch holds (bounds every frame before it is read).
         micro_batches: the most micro-batches a board's step holds (bounds each inbox: two steps' worth).
         tls: False only with ``--no-exchange-tls`` (plain TCP; the hellos' proofs are still checked).
         group: how many boards stage 0 has (data-parallel among them).
-        member: this board's place in stage 0's group (stage 0 only).
+        member: this board's place in its stage's group.
+        sizes: each stage's boards, stage 0's first (): ``group``, then one a later stage.
+        batch_sizes: stage 0's boards' slices, which the routes of a later group follow (``protocol.stage_routes``);
+            (): ``micro_batches`` samples each (every board of stage 0 makes M micro-batches).
     """
 
     job_id: str
@@ -106,54 +114,90 @@ class StageLinkPlan:
     tls: bool = True
     group: int = 1
     member: int = 0
+    sizes: tuple[int, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
+    routes: StageRoutes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = self.sizes or (self.group,) + (1,) * (len(self.peers) - self.group)
+        if sum(sizes) != len(self.peers) or sizes[0] != self.group:
+            raise ValueError(f"stage sizes {list(sizes)} do not fit {len(self.peers)} boards with stage 0's {self.group}")
+        object.__setattr__(self, "sizes", tuple(sizes))
+        slices = self.batch_sizes or (self.micro_batches,) * self.group
+        object.__setattr__(self, "routes", stage_routes(sizes, slices, self.micro_batches))
 
     @property
     def stages(self) -> int:
-        return len(self.peers) - self.group + 1
+        return len(self.sizes)
 
     def index_of(self, stage: int, member: int = 0) -> int:
-        """The board of ``stage`` (of stage 0: its ``member``-th) as an index into :attr:`peers`."""
-        return member if stage == 0 else self.group + stage - 1
+        """The board of ``stage`` (its ``member``-th) as an index into :attr:`peers`."""
+        return sum(self.sizes[:stage]) + member
 
     def stage_at(self, index: int) -> int:
         """The stage of :attr:`peers`' ``index``-th board."""
-        return 0 if index < self.group else index - self.group + 1
+        return stage_and_member(list(self.sizes), index)[0]
 
     @property
     def me(self) -> StagePeer:
         return self.peers[self.index_of(self.stage, self.member)]
 
-    @property
-    def members(self) -> list[int]:
-        return list(range(self.group))
+    def units(self) -> list[Unit]:
+        """The units of a step this board handles (at stage 0: its own micro-batches)."""
+        return self.routes.units_of(self.stage, self.member)
+
+    def board_of(self, stage: int, src: int, micro: int) -> int:
+        """The board (an index into :attr:`peers`) of ``stage`` that handles unit ``(src, micro)``."""
+        member = self.routes.member(stage, src, micro)
+        if member is None:
+            raise StageFault(f"source board {src} makes no micro-batch {micro}")
+        return self.index_of(stage, member)
+
+    def sent_to(self, stream: str) -> int:
+        """The stage this board sends ``stream`` to."""
+        if self.stage == 0:
+            return 1 if stream == ACT else self.stages - 1  # dout to the last stage
+        if stream == DACT:
+            return self.stage - 1
+        return 0 if stream == OUT else self.stage + 1
+
+    def sent_by(self, stream: str) -> int:
+        """The stage that sends this board ``stream``."""
+        if self.stage == 0:
+            return 1 if stream == DACT else self.stages - 1  # out from the last stage
+        if stream == ACT:
+            return self.stage - 1
+        return 0 if stream == DOUT else self.stage + 1
+
+    def _streams(self, sending: bool) -> list[tuple[str, int]]:
+        s, last = self.stage, self.stages - 1
+        if sending:
+            names = [ACT, DOUT] if s == 0 else [OUT if s == last else ACT, DACT]
+            other = self.sent_to
+        else:
+            names = [OUT, DACT] if s == 0 else [ACT, DOUT if s == last else DACT]
+            other = self.sent_by
+        found: list[tuple[str, int]] = []
+        for stream in names:
+            for src, micro, _ in self.units():
+                pair = (stream, self.board_of(other(stream), src, micro))
+                if pair not in found:
+                    found.append(pair)
+        return found
 
     def sends(self) -> list[tuple[str, int]]:
         """The streams this board sends, each with its receiver (an index into :attr:`peers`)."""
-        s, last = self.stage, self.stages - 1
-        if s == 0:
-            return [(ACT, self.index_of(1)), (DOUT, self.index_of(last))]
-        forward = [(ACT, self.index_of(s + 1))] if s < last else [(OUT, m) for m in self.members]
-        back = [(DACT, m) for m in self.members] if s == 1 else [(DACT, self.index_of(s - 1))]
-        return forward + back
+        return self._streams(True)
 
     def receives(self) -> list[tuple[str, int]]:
         """The streams this board receives, each with its sender (an index into :attr:`peers`)."""
-        s, last = self.stage, self.stages - 1
-        if s == 0:
-            return [(OUT, self.index_of(last)), (DACT, self.index_of(1))]
-        forward = [(ACT, m) for m in self.members] if s == 1 else [(ACT, self.index_of(s - 1))]
-        back = [(DOUT, m) for m in self.members] if s == last else [(DACT, self.index_of(s + 1))]
-        return forward + back
+        return self._streams(False)
 
-    def fans_out(self, stream: str) -> bool:
-        """Whether this board sends ``stream`` to each board of stage 0's group, by the micro-batch's source board:
-        stage 1's ``dact``, the last stage's ``out``."""
-        return self.stage != 0 and ((self.stage == 1 and stream == DACT) or (self.stage == self.stages - 1 and stream == OUT))
-
-    def fans_in(self, stream: str) -> bool:
-        """Whether this board receives ``stream`` from each board of stage 0's group: stage 1's ``act``, the last
-        stage's ``dout``."""
-        return self.stage != 0 and ((self.stage == 1 and stream == ACT) or (self.stage == self.stages - 1 and stream == DOUT))
+    def sender_of(self, stream: str, src: int, micro: int) -> int | None:
+        """The board that sends this board unit ``(src, micro)`` on ``stream``; None: this board does not take it."""
+        if self.routes.member(self.stage, src, micro) != self.member:
+            return None
+        return self.board_of(self.sent_by(stream), src, micro)
 
     def sample_shape(self, stream: str, *, sent_by: int) -> tuple[int, ...]:
         """One sample's shape on ``stream`` sent by stage ``sent_by``: an output of a stage, or the gradient of one."""
@@ -259,8 +303,10 @@ class StageEndpoint:
         Raises:
             StageFault: the connection failed (naming the neighbour).
         """
-        to = self._peer_for(stream, src, self._out_to, self.plan.fans_out(stream))
-        sock = self._out[(stream, to)]
+        to = self.plan.board_of(self.plan.sent_to(stream), src, micro)
+        sock = self._out.get((stream, to))
+        if sock is None:
+            raise StageFault(f"this board sends no {stream} of source board {src} micro-batch {micro}")
         frame = StageTensor(stream, step, micro, micros, np.ascontiguousarray(tensor, dtype=np.float32), src).to_wire()
         try:
             self.bytes_sent += send_frame(sock, frame)
@@ -280,7 +326,10 @@ class StageEndpoint:
             StageFault: it did not come within the stall timeout, the stream failed, or the tensor is not what the
                 plan allows (naming the neighbour and what was wrong).
         """
-        inbox = self._inboxes[(stream, self._peer_for(stream, src, self._in_from, self.plan.fans_in(stream)))]
+        sender = self.plan.sender_of(stream, src, micro)
+        inbox = self._inboxes.get((stream, sender)) if sender is not None else None
+        if inbox is None:
+            raise StageFault(f"this board takes no {stream} of source board {src} micro-batch {micro}")
         until = time.monotonic() + self.stall_timeout_s
         key = (step, src, micro)
         began = time.perf_counter()
@@ -335,22 +384,6 @@ class StageEndpoint:
                 thread.join(CLOSE_JOIN_S)
 
     # --- inside ---------------------------------------------------------------------------------------------------
-    def _out_to(self, stream: str) -> list[int]:
-        return [to for s, to in self._out if s == stream]
-
-    def _in_from(self, stream: str) -> list[int]:
-        return [i for s, i in self._inboxes if s == stream]
-
-    def _peer_for(self, stream: str, src: int, peers_of: Any, fans: bool) -> int:
-        """The board ``stream`` goes to (or comes from) for source board ``src``: that board of stage 0's group where
-        the stream fans out to (in from) each of them, else its one neighbour."""
-        if not 0 <= src < self.plan.group:
-            raise StageFault(f"source board {src} is not one of stage 0's {self.plan.group}")
-        if fans:
-            return src
-        (only,) = peers_of(stream)
-        return int(only)
-
     def _open(self, stream: str, peer: StagePeer, stage: int, start: int, until: float) -> socket.socket:
         where = f"board {peer.board_id} (stage {stage}) at {peer.host}:{peer.port}"
         while True:
@@ -473,8 +506,8 @@ class StageEndpoint:
                 step, src, micro, micros = StageTensor.key_of(frame, stream)
                 if micros > self.plan.micro_batches:
                     raise DecodeError(f"a step of {micros} micro-batches; the plan has at most {self.plan.micro_batches}")
-                if src >= self.plan.group or (self.plan.fans_in(stream) and src != inbox.index):
-                    raise DecodeError(f"a micro-batch of source board {src}, which this stream does not carry")
+                if not 0 <= src < self.plan.group or self._carried_by(stream, src, micro) != inbox.index:
+                    raise DecodeError(f"micro-batch {micro} of source board {src}, which this stream does not carry")
                 with self._cond:
                     if len(inbox.frames) >= 2 * self.plan.micro_batches * self.plan.group:
                         raise DecodeError(f"it sent more {stream} micro-batches ahead than the plan allows "
@@ -492,6 +525,12 @@ class StageEndpoint:
                 self._fail(inbox, f"{exc}")
         finally:
             self._drop(link)
+
+    def _carried_by(self, stream: str, src: int, micro: int) -> int | None:
+        try:
+            return self.plan.sender_of(stream, src, micro)
+        except StageFault:
+            return None
 
     def _drop(self, link: socket.socket) -> None:
         with self._cond:

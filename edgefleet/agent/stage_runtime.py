@@ -26,6 +26,13 @@ global batch, so that its gradient is the global loss's, as ``Trainer.fit``'s; t
 it sends back are each board's own loss's (the weight taken out again), as board i's backward and
 the exchange's average expect.
 
+**A later stage's group.** A later stage may be several boards too. Each runs some of the step's
+units (micro-batches, each of one source board: ``protocol.stage_routes``) and weighs a unit's terms
+by n_src / R, its source board's slice over the R samples this board runs; the exchange averages the
+group's gradients weighted by R, so the stage's gradient is sum over units of n_src / N x its
+source's loss's, the global loss's again. Every board of the group steps on that average, as stage
+0's boards do.
+
 One step of the loop is one batch on every host. The step's result equals single-process
 ``Trainer.fit`` on the same batches up to float rounding in the micro-batches' sums (1e-5 is the
 bar): the layers are applied per sample (BatchNorm with more than one micro-batch is refused by the
@@ -48,20 +55,13 @@ import torch
 
 from edgefleet.agent.stage_links import StageEndpoint, StageFault
 from edgefleet.protocol.stage_frames import ACT, DACT, DOUT, OUT
+from edgefleet.protocol.stage_routes import micro_rows
 from edgefleet.workloads.stage_cut import StagedModel
 
 log = logging.getLogger(__name__)
 
 BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_batch_transfer", "on_after_batch_transfer",
                "transfer_batch_to_device")
-
-
-def micro_rows(rows: int, micro_batches: int) -> list[int]:
-    """The samples of each micro-batch of a batch of ``rows``: as equal as can be, the larger first
-    (``torch.tensor_split``'s split); fewer micro-batches than asked when the batch is smaller."""
-    count = max(1, min(micro_batches, rows))
-    base, extra = divmod(rows, count)
-    return [base + 1] * extra + [base] * (count - extra)
 
 
 class FirstStage:
@@ -122,23 +122,31 @@ class _RestOfPipeline(torch.autograd.Function):
 
 
 class StageHost:
-    """A stage after the first: its ``training_step`` is the stage's GPipe step over the incoming micro-batches.
+    """A stage after the first: its ``training_step`` is the stage's GPipe step over the micro-batches it handles.
 
     Args:
         staged: this board's copy of the module, cut.
         stage: this host's stage (1 to S-1).
-        endpoint: this host's stage links, connected.
+        endpoint: this host's stage links, connected: their plan's routes say which units of a step this board runs
+            (every unit, at a stage of one board) and each source board's slice.
         start: the step the run starts at.
-        group: stage 0's boards, whose micro-batches each step brings (board by board, in order).
     """
 
-    def __init__(self, staged: StagedModel, stage: int, endpoint: StageEndpoint, *, start: int = 0,
-                 group: int = 1) -> None:
+    def __init__(self, staged: StagedModel, stage: int, endpoint: StageEndpoint, *, start: int = 0) -> None:
         if not 0 < stage < len(staged.stages):
             raise ValueError(f"stage {stage} is not a stage host of a {len(staged.stages)}-stage pipeline")
         self.staged, self.stage, self.endpoint, self.step = staged, stage, endpoint, start
         self.last = stage == len(staged.stages) - 1
-        self.group = group
+        plan = endpoint.plan
+        self.units = plan.units()  # (source board, micro-batch, samples), in order: the same sums every run
+        self.rows = sum(rows for _, _, rows in self.units)
+        routes = plan.routes
+        # A unit's terms weigh n_src / rows: its source board's share of the global batch over this board's share, so
+        # that this board's gradient, averaged by the exchange over its group by samples (rows), is the global loss's;
+        # with one board at stage 0 and at this stage, 1 (nothing is multiplied).
+        self.weights = {src: routes.batch_sizes[src] / self.rows for src in range(routes.sizes[0])}
+        self.plain = routes.sizes[0] == 1 and self.rows == routes.global_batch
+        self.micro_counts = {src: routes.micro_count(src) for src in range(routes.sizes[0])}
 
     def install(self, model: Any) -> None:
         """Give ``model`` (this board's copy) the stage's ``training_step``; the batch hooks the module overrides are
@@ -156,38 +164,31 @@ class StageHost:
         self.step += 1
         layers = self.staged.stages[self.stage]
         device = _device_of(layers)
-        weights: dict[int, float] = {}  # each source board's share of the step's samples, known once all came in
-        held: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (source board, input, output) of each micro-batch
-        for src in range(self.group):  # board by board, micro-batch by micro-batch: the same sums every run
-            first, micros = self.endpoint.recv(ACT, step, 0, src=src)
-            for micro in range(micros):
-                array = first if micro == 0 else self.endpoint.recv(ACT, step, micro, src=src)[0]
-                x = torch.from_numpy(array).to(device).requires_grad_(True)
-                # torch leaves Tensor.register_hook untyped; the hook sends this input's gradient when autograd reaches it
-                x.register_hook(self._send_back(step, src, micro, micros, weights))  # type: ignore[no-untyped-call]
-                y = layers(x)
-                if not isinstance(y, torch.Tensor):
-                    raise StageFault(f"stage {self.stage} gave a {type(y).__name__}, not a tensor")
-                self.endpoint.send(OUT if self.last else ACT, step, micro, micros, y.detach().cpu().numpy(), src=src)
-                held.append((src, x, y))
-        total_rows = sum(int(x.shape[0]) for _, x, _ in held)
-        for src in range(self.group):
-            weights[src] = sum(int(x.shape[0]) for s, x, _ in held if s == src) / total_rows
+        held: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (source board, micro-batch, input, output)
+        for src, micro, rows in self.units:
+            array, micros = self.endpoint.recv(ACT, step, micro, rows=rows, src=src)
+            if micros != self.micro_counts[src]:
+                raise StageFault(f"source board {src} split step {step} into {micros} micro-batches; the plan makes "
+                                 f"{self.micro_counts[src]}")
+            x = torch.from_numpy(array).to(device).requires_grad_(True)
+            # torch leaves Tensor.register_hook untyped; the hook sends this input's gradient when autograd reaches it
+            x.register_hook(self._send_back(step, src, micro, micros))  # type: ignore[no-untyped-call]
+            y = layers(x)
+            if not isinstance(y, torch.Tensor):
+                raise StageFault(f"stage {self.stage} gave a {type(y).__name__}, not a tensor")
+            self.endpoint.send(OUT if self.last else ACT, step, micro, micros, y.detach().cpu().numpy(), src=src)
+            held.append((src, micro, x, y))
         stream = DOUT if self.last else DACT
         total = torch.zeros((), device=device)
-        micro_of: dict[int, int] = {}
-        for src, x, y in held:
-            micro = micro_of.get(src, 0)
-            micro_of[src] = micro + 1
+        for src, micro, x, y in held:
             grad = torch.from_numpy(self.endpoint.recv(stream, step, micro, rows=int(x.shape[0]), src=src)[0]).to(device)
             term = (y * grad).sum()
-            total = total + (term if self.group == 1 else term * weights[src])
+            total = total + (term if self.plain else term * self.weights[src])
         return total
 
-    def _send_back(self, step: int, src: int, micro: int, micros: int,
-                   weights: dict[int, float]) -> Callable[[torch.Tensor], None]:
+    def _send_back(self, step: int, src: int, micro: int, micros: int) -> Callable[[torch.Tensor], None]:
         def send(grad: torch.Tensor) -> None:
-            own = grad if self.group == 1 else grad / weights[src]  # the source board's own loss's gradient
+            own = grad if self.plain else grad / self.weights[src]  # the source board's own loss's gradient
             self.endpoint.send(DACT, step, micro, micros, own.detach().cpu().numpy(), src=src)
         return send
 
@@ -198,4 +199,4 @@ def _device_of(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-__all__ = ["BATCH_HOOKS", "FirstStage", "StageHost", "micro_rows"]
+__all__ = ["BATCH_HOOKS", "FirstStage", "StageHost", "micro_rows"]  # micro_rows: protocol.stage_routes's

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BoardStage:
-    """This board's stage of a pipelined job (``member``: its place in stage 0's group, at stage 0)."""
+    """This board's stage of a pipelined job (``member``: its place in its stage's group)."""
 
     spec: PipelineSpec
     stage: int
@@ -57,6 +57,12 @@ class BoardStage:
     @property
     def elements(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    @property
+    def grouped_later(self) -> bool:
+        """A later stage of several boards: its gradient is averaged over its group every step, and its board steps on
+        the average, as stage 0's boards do on theirs."""
+        return self.stage > 0 and self.spec.sizes[self.stage] > 1
 
 
 def stage_of(job: TrainCommand, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> BoardStage:
@@ -77,7 +83,7 @@ def stage_of(job: TrainCommand, model: torch.nn.Module, optimizer: torch.optim.O
         ids = {id(p) for p in staged.params[k]}
         return [p for p in trainable if id(p) in ids]
 
-    return BoardStage(spec=spec, stage=stage, member=job.board_index if stage == 0 else 0, staged=staged,
+    return BoardStage(spec=spec, stage=stage, member=spec.member_of(job.board_index), staged=staged,
                       params=of(stage), stage0_elements=sum(p.numel() for p in of(0)))
 
 
@@ -127,7 +133,8 @@ def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_fi
     peers = [StagePeer(board_id=p.board_id, host=p.host, port=p.port, public_key=p.public_key) for p in spec.stages]
     plan = StageLinkPlan(job_id=job.job_id, stage=board.stage, peers=peers, shapes=[tuple(s) for s in spec.shapes],
                          max_rows=spec.max_rows, micro_batches=spec.micro_batches, tls=bool(job.exchange_tls_sha256),
-                         group=spec.group, member=board.member)
+                         group=spec.group, member=board.member, sizes=tuple(spec.sizes),
+                         batch_sizes=tuple(job.batch_sizes[:spec.group]))
     endpoint = StageEndpoint(plan, seed=seed)
     try:
         endpoint.listen(plan.me.host, plan.me.port)
@@ -142,7 +149,7 @@ def link_stage(board: BoardStage, job: TrainCommand, model: Any, *, board_key_fi
     if board.stage == 0:
         FirstStage(board.staged, endpoint, spec.micro_batches, start=start, member=board.member).install(model)
     else:
-        StageHost(board.staged, board.stage, endpoint, start=start, group=spec.group).install(model)
+        StageHost(board.staged, board.stage, endpoint, start=start).install(model)
     log.info("pipeline: stage %d of %d linked (%d micro-batches a step)", board.stage, spec.stage_count,
              spec.micro_batches)
     return endpoint

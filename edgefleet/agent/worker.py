@@ -143,6 +143,8 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             indices_of: Any = functools.partial(plan.indices_under, schedule, board_index=0 if later_stage else job.board_index)
             batch_size: Any = (lambda step: sum(schedule.batch_sizes_at(first_batch(step))) if later_stage  # noqa: E731
                                else schedule.batch_sizes_at(first_batch(step))[job.board_index])
+            if stage is not None and stage.grouped_later:  # its units' samples (a pipeline's split never changes)
+                batch_size = links.plan.routes.rows_of(stage.stage, stage.member)
             on_split: Any = lambda step, sizes: schedule.add(first_batch(step), sizes)  # noqa: E731
         else:
             indices_of, batch_size, on_split = local.indices, job.batch_size, None
@@ -150,6 +152,7 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
         sync = SyncSchedule(every=job.sync_every, warmup=job.sync_warmup, total_steps=job.total_steps,
                             steps_per_epoch=steps_per_epoch(batches_per_epoch, trainer_options.accumulate_grad_batches),
                             outer=OuterOptimizer(name=job.outer_optimizer, lr=job.outer_lr, momentum=job.outer_momentum))
+        own_stage = later_stage and not stage.grouped_later
         package = package_of(model)
         exchange = callback_class(package, GradientExchange, "GradientExchange")(
             client, batch_size=batch_size, start_step=start, wire_dtype=job.wire_dtype,
@@ -158,9 +161,11 @@ def run_job(job: TrainCommand, events: EventWriter, context: WorkerContext | Non
             only=(cut.head_params if cut is not None else stage.params if stage is not None else None),
             # a pipeline's vector carries no buffers (the coordinator refuses modules with them): an empty module
             buffers=(cut.head_layers() if cut is not None else torch.nn.Module() if stage is not None else None),
-            keep_own=later_stage, result_elements=stage.stage0_elements if later_stage else None,
+            # a later stage of one board keeps its own gradient (the answer is stage 0's average); a later group's boards
+            # step on their group's average, as stage 0's do
+            keep_own=own_stage, result_elements=stage.stage0_elements if own_stage else None,
             stage_sync=(StageSync(every=stage.spec.state_every, steps_per_epoch=sync.steps_per_epoch,
-                                  total_steps=job.total_steps, start=start) if later_stage and stage is not None else None),
+                                  total_steps=job.total_steps, start=start) if own_stage and stage is not None else None),
             waited_s=(lambda: links.waited_s) if links is not None else None,
             outer_state=decode_value(welcome.outer_state) if welcome.outer_state is not None else None)
         positioner = callback_class(package, LoopPositioner, "LoopPositioner")(position)

@@ -54,8 +54,11 @@ JOB_SCHEMA_VERSION = 1
 # Version 10 may ask a pipeline's later stages to send their state only at checkpoints (``pipeline.state_every``,
 # ``protocol.stage_sync``): a version-9 agent would ignore it and send its gradient every step, which the coordinator
 # would refuse at the first step (:data:`STAGE_SYNC_TRAIN_SCHEMA_VERSION`).
+# Version 11 may give a later pipeline stage a group of boards (``pipeline.groups``, ``protocol.stage_routes``): a
+# version-10 agent would ignore it and take its place in the list for another stage's (:data:`STAGE_GROUPS_TRAIN_SCHEMA_VERSION`).
 # The versioning rule of every message and file: docs/protocol.md.
-TRAIN_SCHEMA_VERSION = 10  # what every train command is sent as
+TRAIN_SCHEMA_VERSION = 11  # what every train command is sent as
+STAGE_GROUPS_TRAIN_SCHEMA_VERSION = 11  # a command of an older version cannot ask for ``pipeline.groups``
 STAGE_SYNC_TRAIN_SCHEMA_VERSION = 10  # a command of an older version cannot ask for ``pipeline.state_every``
 PIPELINE_TRAIN_SCHEMA_VERSION = 9  # a command of an older version cannot ask for a ``pipeline`` (refused)
 OUTER_TRAIN_SCHEMA_VERSION = 8  # a command of an older version cannot ask for an ``outer_optimizer`` (refused)
@@ -110,6 +113,9 @@ def _check_pipeline(command: TrainCommand) -> None:
     spec = PipelineSpec.from_dict(command.pipeline)
     if spec.state_every and command.schema_version < STAGE_SYNC_TRAIN_SCHEMA_VERSION:
         raise ValueError(f"pipeline.state_every needs schema_version {STAGE_SYNC_TRAIN_SCHEMA_VERSION}, the command says "
+                         f"{command.schema_version}")
+    if spec.later_groups and command.schema_version < STAGE_GROUPS_TRAIN_SCHEMA_VERSION:
+        raise ValueError(f"pipeline.groups needs schema_version {STAGE_GROUPS_TRAIN_SCHEMA_VERSION}, the command says "
                          f"{command.schema_version}")
     others = [what for what, asked in (("placement", bool(command.placement)), ("sync_every > 1", command.sync_every > 1),
                                        ("overlap", command.overlap),

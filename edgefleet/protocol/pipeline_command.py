@@ -14,6 +14,7 @@ never half used. Keys this side does not know are ignored, as every control-plan
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,7 +109,8 @@ def _check_peer(board_id: Any, host: Any, port: Any, public_key: Any, *, field: 
 class PipelineSpec:
     """A model cut into S stages trained GPipe-style: what every stage's board is told. Stage 0 is a group of
     ``group`` boards, data-parallel among them (each with its slice of the global batch); every later stage one
-    board.
+    board, or with ``groups`` (each stage's board count, stage 0's first) a group of its own, whose boards share the
+    step's micro-batches out (``protocol.stage_routes``).
 
     Raises:
         ValueError: on construction, naming the field that is wrong (``pipeline.<field>``).
@@ -123,11 +125,19 @@ class PipelineSpec:
     # 0: every later stage's board sends its gradient every step; N: its state every N steps and at epoch ends,
     # nothing at the other steps (``protocol.stage_sync``)
     state_every: int = 0
+    # each stage's boards, stage 0's group first (S entries summing to len(stages)); []: one board a later stage
+    groups: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        stages = _list(self.stages, "stages", low=MIN_STAGES, high=MAX_STAGES + MAX_GROUP)
+        stages = _list(self.stages, "stages", low=MIN_STAGES, high=MAX_STAGES * MAX_GROUP)
         group = _whole(self.group, "group", low=1, high=min(MAX_GROUP, len(stages) - 1))
-        count = len(stages) - group + 1  # S
+        groups = _list(self.groups, "groups", low=0, high=MAX_STAGES)
+        for index, size in enumerate(groups):
+            _whole(size, f"groups[{index}]", low=1, high=MAX_GROUP)
+        if groups and (len(groups) < MIN_STAGES or groups[0] != group or sum(groups) != len(stages)):
+            raise ValueError(f"pipeline.groups {groups!s:.80} should give each of at least {MIN_STAGES} stages its "
+                             f"boards, stage 0's {group} first, {len(stages)} in all")
+        count = len(groups) if groups else len(stages) - group + 1  # S
         if count > MAX_STAGES:
             raise ValueError(f"pipeline.stages makes {count} stages (after stage 0's group of {group}); at most "
                              f"{MAX_STAGES}")
@@ -164,17 +174,32 @@ class PipelineSpec:
     @property
     def stage_count(self) -> int:
         """S, the number of stages."""
-        return len(self.stages) - self.group + 1
+        return len(self.sizes)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each stage's boards, stage 0's group first."""
+        return list(self.groups) if self.groups else [self.group] + [1] * (len(self.stages) - self.group)
+
+    @property
+    def later_groups(self) -> bool:
+        """Whether a stage after the first has more than one board."""
+        return any(size > 1 for size in self.sizes[1:])
 
     def stage_of(self, index: int) -> int:
         """The stage of the ``index``-th board of :attr:`stages`."""
-        return 0 if index < self.group else index - self.group + 1
+        return stage_and_member(self.sizes, index)[0]
+
+    def member_of(self, index: int) -> int:
+        """The ``index``-th board's place in its stage's group."""
+        return stage_and_member(self.sizes, index)[1]
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain maps, lists and scalars (what ``TrainCommand.pipeline`` holds)."""
         return {"cuts": list(self.cuts), "micro_batches": self.micro_batches,
                 "stages": [peer.to_dict() for peer in self.stages], "shapes": [list(s) for s in self.shapes],
-                "max_rows": self.max_rows, "group": self.group, "state_every": self.state_every}
+                "max_rows": self.max_rows, "group": self.group, "state_every": self.state_every,
+                **({"groups": list(self.groups)} if self.later_groups else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> PipelineSpec:
@@ -195,7 +220,20 @@ class PipelineSpec:
             shapes = [list(shape) if isinstance(shape, list) else shape for shape in shapes]
         return cls(cuts=list(cuts) if isinstance(cuts, list) else cuts, micro_batches=data["micro_batches"],
                    stages=peers, shapes=shapes, max_rows=data["max_rows"], group=data.get("group", 1),
-                   state_every=data.get("state_every", 0))
+                   state_every=data.get("state_every", 0), groups=_copied(data.get("groups", [])))
 
 
-__all__ = ["MAX_CUT_CHARS", "MAX_SHAPE_DIMS", "MIN_STAGES", "PipelinePeer", "PipelineSpec"]
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def stage_and_member(sizes: list[int], index: int) -> tuple[int, int]:
+    """The stage of the ``index``-th board of a pipeline whose stages have ``sizes`` boards, and its place there."""
+    for stage, size in enumerate(sizes):
+        if index < size:
+            return stage, index
+        index -= size
+    raise IndexError(f"board {index} is beyond the pipeline's {sum(sizes)} boards")
+
+
+__all__ = ["MAX_CUT_CHARS", "MAX_SHAPE_DIMS", "MIN_STAGES", "PipelinePeer", "PipelineSpec", "stage_and_member"]

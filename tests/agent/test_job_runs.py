@@ -78,3 +78,22 @@ def test_a_replanned_run_replaces_the_earlier_one_and_its_late_stop_leaves_the_n
     assert [p for p, _ in phases][:2] == ["accepted", "accepted"], phases
     # the replaced run's worker says nothing: its "failed" would read as the new run's
     assert sum(p == "failed" for p, _ in phases) == 1, phases  # the new run's, stopped at the end
+
+
+def test_a_signed_command_of_a_newer_version_is_answered_at_once_saying_so() -> None:
+    """A board that runs an older edgefleet than the coordinator refuses its command and says why on the bus, so the
+    run fails at once naming the board and the upgrade instead of waiting for a board that never connects."""
+    from edgefleet.protocol.jobs import TRAIN_SCHEMA_VERSION
+    from edgefleet.protocol.signing import CommandVerifier, sign_command
+
+    key = b"k" * 32
+    events: list[JobEvent] = []
+    runner = JobRunner(board_id="b1", verify=CommandVerifier(key).verify, publish_event=events.append,
+                       set_busy=lambda busy: None)
+    command = TrainCommand(job_id=JOB, board_id="b1", exchange_host="127.0.0.1", exchange_port=9, token="t",
+                           model="lenet5", dataset="digits", board_index=0, batch_sizes=[8], seed=0,
+                           total_steps=2).to_dict()
+    runner.handle(sign_command({**command, "schema_version": TRAIN_SCHEMA_VERSION + 1}, key=key))
+    assert [(e.job_id, e.phase) for e in events] == [(JOB, "rejected")]
+    assert f"schema_version {TRAIN_SCHEMA_VERSION + 1} is newer than this side understands" in events[0].message
+    assert not runner.busy

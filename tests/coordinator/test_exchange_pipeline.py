@@ -292,6 +292,90 @@ def test_stage_0s_group_is_averaged_sample_weighted_and_each_of_its_boards_gets_
         np.testing.assert_allclose(got[index], average, rtol=1e-6)  # every board is answered stage 0's average
 
 
+def test_a_later_stage_group_is_averaged_by_its_boards_samples_and_each_of_its_boards_gets_its_stage_s_average() -> None:
+    """Stage 1 is two boards (12 and 20 of the step's 32 samples): their vectors' sample-weighted average lands in stage
+    1's slots and goes back to them, stage 0's (a group of two) to stage 0's boards, and stage 2's board is answered
+    stage 0's as before."""
+    boards = [("g0", 8), ("g1", 24), ("h0", 0), ("h1", 0), ("s2", 0)]
+    layout = PipelineLayout(elements=[ELEMENTS[0], ELEMENTS[0], ELEMENTS[1], ELEMENTS[1], ELEMENTS[2]],
+                            slots=[SLOTS[0], SLOTS[0], SLOTS[1], SLOTS[1], SLOTS[2]], full_elements=FULL,
+                            global_batch=GLOBAL_BATCH, group=2, sizes=(2, 2, 1), rows=(8, 24, 12, 20, GLOBAL_BATCH))
+    vectors = {0: _grad(0, 0), 1: _grad(1, 0), 2: _grad(0, 1), 3: _grad(1, 1), 4: _grad(0, 2)}
+    answers = [ELEMENTS[0], ELEMENTS[0], ELEMENTS[1], ELEMENTS[1], ELEMENTS[0]]
+    got: dict[int, np.ndarray] = {}
+
+    def board(index: int, port: int) -> None:
+        client = ExchangeClient("127.0.0.1", port)
+        client.hello(job_id="job", board_id=boards[index][0], token="secret", param_count=layout.elements[index])
+        got[index] = np.array(client.exchange(step=0, grad=vectors[index], n=layout.rows[index], loss=1.0,
+                                              compute_s=0.01, result_elements=answers[index]))
+        client.close()
+
+    async def main() -> list[np.ndarray]:
+        server = ExchangeServer(job_id="job", token="secret", boards=boards, param_count=FULL, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({}), encode_value({})), pipeline=layout)
+        port = await server.start("127.0.0.1", 0)
+        threads = [threading.Thread(target=board, args=(i, port), daemon=True) for i in range(len(boards))]
+        for thread in threads:
+            thread.start()
+        await server.wait_for_boards(10, need={b for b, _ in boards})
+        applied: list[np.ndarray] = []
+        result = await server.run_step(0, apply=lambda g, r: applied.append(g.copy()))
+        await server.close()
+        for thread in threads:
+            thread.join(10)
+        assert not result.refused and result.n_total == GLOBAL_BATCH
+        return applied
+
+    (full,) = asyncio.run(main())
+    stage0 = vectors[0] * np.float32(8 / 32) + vectors[1] * np.float32(24 / 32)
+    stage1 = vectors[2] * np.float32(12 / 32) + vectors[3] * np.float32(20 / 32)
+    np.testing.assert_allclose(full[[0, 1, 11, 12]], stage0, rtol=1e-6)
+    np.testing.assert_allclose(full[2:8], stage1, rtol=1e-6)  # stage 1's slots: its group's weighted average
+    np.testing.assert_array_equal(full[[9, 10, 13]], vectors[4])
+    for index, want in ((0, stage0), (1, stage0), (2, stage1), (3, stage1), (4, stage0)):
+        np.testing.assert_allclose(got[index], want, rtol=1e-6)
+
+
+def test_a_later_group_s_board_that_claims_other_samples_than_its_units_is_refused() -> None:
+    boards = [("g0", GLOBAL_BATCH), ("h0", 0), ("h1", 0)]
+    layout = PipelineLayout(elements=[ELEMENTS[0], ELEMENTS[1], ELEMENTS[1]], slots=[SLOTS[0], SLOTS[1], SLOTS[1]],
+                            full_elements=FULL, global_batch=GLOBAL_BATCH, sizes=(1, 2), rows=(GLOBAL_BATCH, 16, 16))
+    errors: dict[int, BaseException] = {}
+
+    def board(index: int, port: int) -> None:
+        client = ExchangeClient("127.0.0.1", port)
+        client.hello(job_id="job", board_id=boards[index][0], token="secret", param_count=layout.elements[index])
+        try:  # h1 claims 30 samples, to weigh its gradient as nearly the whole stage's
+            client.exchange(step=0, grad=np.ones(layout.elements[index], np.float32), n=(16, 16, 30)[index] if index
+                            else GLOBAL_BATCH, loss=1.0, compute_s=0.01, result_elements=(ELEMENTS[0], ELEMENTS[1],
+                                                                                           ELEMENTS[1])[index])
+        except (ExchangeRefused, StopTraining, OSError) as exc:
+            errors[index] = exc
+        client.close()
+
+    async def main() -> StepResult | ExchangeError:
+        server = ExchangeServer(job_id="job", token="secret", boards=boards, param_count=FULL, wire_dtype="float32",
+                                welcome_state=lambda: (0, encode_value({}), encode_value({})), pipeline=layout)
+        port = await server.start("127.0.0.1", 0)
+        threads = [threading.Thread(target=board, args=(i, port), daemon=True) for i in range(len(boards))]
+        for thread in threads:
+            thread.start()
+        await server.wait_for_boards(10, need={b for b, _ in boards})
+        try:
+            return await server.run_step(0, apply=lambda g, r: None)
+        except ExchangeError as exc:
+            return exc
+        finally:
+            await server.close()
+            for thread in threads:
+                thread.join(10)
+
+    outcome = asyncio.run(main())
+    refused = outcome.refused if isinstance(outcome, StepResult) else []
+    assert isinstance(outcome, ExchangeError) or any(b == "h1" for b, _ in refused), outcome
+
+
 SPARSE = StageSync(every=3, steps_per_epoch=100, total_steps=100)  # step 0: gradients; 2 and 5: state; else nothing
 STATE_EXTRA = {1: 14, 2: 9}  # a stage's parameters and optimizer state after its gradient (the board's layout)
 

@@ -70,6 +70,20 @@ def test_the_layout_puts_each_stage_in_the_replicas_order_and_stage_0s_boards_sh
     assert spec.group == 2 and [p.port for p in spec.stages] == [47310, 47311, 47314] and spec.max_rows == 10
 
 
+def test_a_later_stage_may_be_a_group_whose_boards_share_its_slots_and_each_runs_its_micro_batches() -> None:
+    model = _lenet()
+    params = list(model.parameters())
+    plan = parse_stage_plan("p1,net.6@p2+p3")
+    assert plan.sizes == (1, 2) and plan.stage_boards(1) == ("p2", "p3") and plan.text() == "p1,net.6@p2+p3"
+    run = prepare(model, plan, 4, params, _sample(), [16, 0, 0])
+    layout = run.layout
+    assert layout.sizes == (1, 2) and layout.slots[1] == layout.slots[2] and layout.rows == (16, 8, 8)
+    assert layout.averaged(1) and layout.averaged(2) and layout.stage_of(2) == 1
+    spec = run.spec({b: "10.0.0.1" for b in plan.boards}, {b: "ab" * 32 for b in plan.boards},
+                    {"p1": 47310, "p2": 47311, "p3": 47312})
+    assert spec.groups == [1, 2] and spec.stage_count == 2 and "stage 1 on p2+p3" in run.describe()
+
+
 class _Twice(LeNet5):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch

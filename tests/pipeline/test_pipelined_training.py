@@ -186,3 +186,47 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
     model = torch.load(run_dir / "model.pt", weights_only=True)
     assert max_relative_error(model, plain_lenet_training(steps, 64, seed=SEED, lr=0.002, optimizer="adam")) <= 1e-5
     assert max_relative_error(model, plain_lenet_training(0, 64, seed=SEED)) > 1e-3  # it did train
+
+
+@pytest.mark.slow
+def test_a_later_stage_group_shares_the_micro_batches_and_a_lost_board_leaves_them_to_the_others(
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    """Stage 0 a group of two boards and stage 1 a group of two (each runs some of the step's four micro-batches, the
+    group's gradient averaged by samples), stage 2 one board whose state goes at checkpoints: the model is a single
+    process's within the issue's 1e-5. Then one board of stage 1's group is killed mid-run: its micro-batches go to the
+    other, from the last checkpoint, and the model is still the single process's."""
+    boards = ["g1", "g2", "g3", "g4", "g5"]
+    keys = make_keys(tmp_path, boards)
+    kept = "[training]\nkeep_worker = true\n"
+    configs = {b: agent_config(b, keys, keys.own[b]) + kept for b in boards}
+    started = {b: agents.start(b, mosquitto.address, config=configs[b]) for b in boards}
+    wait_boards_online(mosquitto.address, boards)
+    pipeline = ["--pipeline", "g1+g2,net.2@g3+g4,net.8@g5", "--batch", "30,34", "--micro-batches", "2",
+                "--stage-sync", "checkpoint", "--checkpoint-every", "4", "--no-rebalance"]
+    plain = tmp_path / "plain"
+    proc = _train(mosquitto, keys, plain, *pipeline, "--steps", "16")
+    code, out, err = finish(proc, 300)
+    output = out + err
+    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
+    assert "stage 1 on g3+g4" in output and "stage 2 on g5" in output, output[-4000:]
+    assert [s["step"] for s in _steps(plain)] == list(range(16))
+    model = torch.load(plain / "model.pt", weights_only=True)
+    assert max_relative_error(model, plain_lenet_training(16, 64, seed=SEED)) <= 1e-5
+
+    killed = tmp_path / "killed"
+    proc = _train(mosquitto, keys, killed, *pipeline, "--steps", "24")
+    try:
+        _wait_steps(proc, agents, killed, 6)
+        os.kill(started["g4"].proc.pid, signal.SIGKILL)  # a board of stage 1's group: its agent and its worker
+        code, out, err = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out + err
+    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
+    assert "g4's micro-batches (after net.2) to g3" in output and "recovered: step" in output, output[-4000:]
+    result = json.loads((killed / "result.json").read_text())
+    assert result["pipeline"] == "g1+g2,net.2@g3,net.8@g5"
+    assert [s["step"] for s in _steps(killed)] == list(range(24))  # none lost, none trained twice
+    model = torch.load(killed / "model.pt", weights_only=True)
+    assert max_relative_error(model, plain_lenet_training(24, 64, seed=SEED)) <= 1e-5

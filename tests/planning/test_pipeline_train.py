@@ -31,7 +31,7 @@ def test_a_later_group_or_1f1b_cannot_be_trained_yet_and_says_why() -> None:
     grouped = evaluate_plan(PROBLEM, (StageSpec(0, 2, ("p1",)), StageSpec(2, 3, ("p3", "p4"))), micro_batches=2,
                             schedule="gpipe")
     assert train_flags(PROBLEM, grouped).flags == ()
-    assert "stage 1 is a group of boards (p3+p4), and only stage 0 may be a group" in train_flags(PROBLEM, grouped).line()
+    assert "stage 1 is a group of boards (p3+p4) sharing each micro-batch's samples" in train_flags(PROBLEM, grouped).line()
     one_f_one_b = evaluate_plan(PROBLEM, (StageSpec(0, 2, ("p1",)), StageSpec(2, 3, ("p3",))), micro_batches=2,
                                 schedule="1f1b")
     assert "train runs GPipe only" in train_flags(PROBLEM, one_f_one_b).why_not

@@ -11,6 +11,7 @@ import pytest
 from edgefleet.protocol.errors import DecodeError
 from edgefleet.protocol.jobs import (
     PIPELINE_TRAIN_SCHEMA_VERSION,
+    STAGE_GROUPS_TRAIN_SCHEMA_VERSION,
     STAGE_SYNC_TRAIN_SCHEMA_VERSION,
     TRAIN_SCHEMA_VERSION,
     TrainCommand,
@@ -46,7 +47,7 @@ def _peer(index: int, **change: Any) -> dict[str, Any]:
 
 def test_a_pipelined_command_round_trips_through_the_signed_bytes() -> None:
     command = TrainCommand(**{k: v for k, v in BASE.items() if k != "kind"})
-    assert command.schema_version == TRAIN_SCHEMA_VERSION == PIPELINE_TRAIN_SCHEMA_VERSION + 1 == 10
+    assert command.schema_version == TRAIN_SCHEMA_VERSION == STAGE_GROUPS_TRAIN_SCHEMA_VERSION == 11
     wire = msgpack.unpackb(msgpack.packb(command.to_dict(), use_bin_type=True))  # as the signed body travels
     back = command_from_dict(wire)
     assert back == command and isinstance(back, TrainCommand)
@@ -66,6 +67,25 @@ def test_stage_0_may_be_a_group_of_boards_each_with_its_slice_of_the_batch() -> 
     assert [spec.stage_of(i) for i in range(4)] == [0, 0, 1, 2]
     with pytest.raises(DecodeError, match=r"should be stage 0's 2 batch size\(s\)"):
         command_from_dict({**BASE, "pipeline": pipeline, "batch_sizes": [8, 0, 0, 0]})
+
+
+def test_a_later_stage_may_be_a_group_from_version_11() -> None:
+    stages = [*SPEC["stages"], {"board_id": "stage-3", "host": "10.0.0.4", "port": 7003, "public_key": KEYS[0]}]
+    pipeline = _spec(stages=stages, groups=[1, 2, 1])  # stage-1 and stage-2 train stage 1, each some micro-batches
+    command = command_from_dict({**BASE, "pipeline": pipeline, "batch_sizes": [16, 0, 0, 0], "board_index": 2,
+                                 "board_id": "stage-2"})
+    spec = command.pipeline_spec
+    assert spec is not None and spec.stage_count == 3 and spec.sizes == [1, 2, 1] and spec.later_groups
+    assert [spec.stage_of(i) for i in range(4)] == [0, 1, 1, 2] and [spec.member_of(i) for i in range(4)] == [0, 0, 1, 0]
+    assert PipelineSpec.from_dict(spec.to_dict()) == spec and spec.to_dict()["groups"] == [1, 2, 1]
+    assert "groups" not in PipelineSpec.from_dict(SPEC).to_dict()  # a plan without later groups travels as before
+    with pytest.raises(DecodeError, match=f"pipeline.groups needs schema_version {STAGE_GROUPS_TRAIN_SCHEMA_VERSION}, "
+                                          "the command says 10"):
+        command_from_dict({**BASE, "schema_version": 10, "pipeline": pipeline, "batch_sizes": [16, 0, 0, 0]})
+    for groups, fragment in (([1, 2], "should give each of at least 2 stages"), ([2, 1, 1], "should give each"),
+                             ([1, 0, 3], r"groups\[1\] = 0 should be a whole number"), ("12", "should be a list")):
+        with pytest.raises(DecodeError, match=fragment):
+            command_from_dict({**BASE, "pipeline": _spec(stages=stages, groups=groups), "batch_sizes": [16, 0, 0, 0]})
 
 
 def test_a_data_parallel_command_has_no_pipeline() -> None:

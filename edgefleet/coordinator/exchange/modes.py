@@ -204,6 +204,10 @@ class ExchangeMode(ABC):
         """What ``step``'s result carries."""
         return self._full
 
+    def answers(self, step: int) -> list[tuple[StepVector, tuple[int, ...]]] | None:
+        """Boards (by index) whose result carries another vector than :meth:`vector`'s, with it; None: none."""
+        return None
+
     def welcome(self, welcome: Welcome, board: BoardState | None = None) -> Welcome:
         """The welcome ``board`` gets as it joins, with what it must know about the mode."""
         return welcome
@@ -337,9 +341,9 @@ class PeriodicAveraging(ExchangeMode):
 
 
 class PipelineVector(StepVector):
-    """A pipeline step's result: on the wire, stage 0's averaged gradient (stage 0's boards step on it; every
-    later stage's board keeps its own stage's gradient and ignores it), and for the replica (which trains the whole
-    model) the reducer's full float32 sum."""
+    """A pipeline step's result: on the wire, one stage's averaged gradient (stage 0's, which its boards step on and
+    a later stage of one board ignores, keeping its own; or a later group's, which its boards step on), and for the
+    replica (which trains the whole model) the reducer's full float32 sum."""
 
     __slots__ = ("_runs", "_wire")
 
@@ -361,7 +365,8 @@ class PipelineVector(StepVector):
 
 class PipelineStages(ExchangeMode):
     """Pipeline stages (issue 35): stage 0's boards (the layout's ``group``) train stage 0 data-parallel, each on its
-    slice; every later board trains one stage over the whole batch.
+    slice; every later board trains one stage over the whole batch, or a later stage's group over the units each of its
+    boards runs (``protocol.stage_routes``), averaged by samples as stage 0's (and answered to its boards).
 
     Stage 0's vectors are averaged, sample-weighted, into stage 0's slots of the replica's vector (and
     go back to stage 0's boards as the step's result); every later stage's vector is scattered into its
@@ -391,16 +396,27 @@ class PipelineStages(ExchangeMode):
             raise ExchangeError(f"the pipeline layout has {layout.boards} boards, the job {len(boards)}")
         self.layout = layout
         self._sync = layout.sync if layout.sync is not None and layout.sync.sparse else None
-        if self._sync is not None:  # a state step's frame: the stage's gradient, parameters and optimizer state
-            self.param_count = max(self.param_count, *(layout.max_state_elements(b) for b in range(layout.group,
-                                                                                                 layout.boards)))
+        # the later stages of one board: with a sparse sync, their state at checkpoints (a later group's gradient
+        # goes every step, averaged as stage 0's)
+        self._own = [b for b in range(layout.group, layout.boards) if not layout.averaged(b)]
+        if self._sync is not None and self._own:  # a state step's frame: the stage's gradient, parameters and optimizer state
+            self.param_count = max(self.param_count, *(layout.max_state_elements(b) for b in self._own))
         self._states: dict[int, tuple[int, np.ndarray]] = {}  # board index -> (step, a state step's state), copied
         # The run's cut of a welcome to a board's own stage (its weights and optimizer state): a board holds no other
         # stage's (``coordinator.pipeline.piped_run.PipedRun.stage_welcome``); None: the whole state
         self.trim: Callable[[int, Welcome], Welcome] | None = None
         self._boards = list(boards)
         self._pipeline_vector = PipelineVector(reducer, layout.slots[0], layout.elements[0])
-        self._scratch = np.zeros(layout.elements[0], dtype=np.float32)  # a stage 0 vector widened, before its weight
+        # each later group's answer: its average, in its boards' vector order (the other boards get stage 0's)
+        self._group_vectors: list[tuple[StepVector, tuple[int, ...]]] = []
+        for k in range(1, len(layout.sizes)):
+            if layout.sizes[k] > 1:
+                first = layout.stage_boards(k)[0]
+                self._group_vectors.append((PipelineVector(reducer, layout.slots[first], layout.elements[first]),
+                                            tuple(layout.stage_boards(k))))
+        # an averaged vector widened, before its weight
+        self._scratch = np.zeros(max(layout.elements[b] for b in range(layout.boards) if layout.averaged(b)),
+                                 dtype=np.float32)
         self._counts = list(schedule.initial)  # stage 0's boards their slices, the later stages' boards 0
 
     def kind(self, step: int) -> StepKind:
@@ -409,7 +425,7 @@ class PipelineStages(ExchangeMode):
     def elements(self, board: BoardState, frame: dict[str, Any]) -> int:
         own = self.layout.elements[board.index]
         sync, step = self._sync, frame.get("step") if isinstance(frame, dict) else None
-        if sync is None or board.index < self.layout.group or type(step) is not int:
+        if sync is None or self.layout.averaged(board.index) or type(step) is not int:
             return own
         kind = sync.kind(step)
         if kind == NOTHING:
@@ -427,14 +443,16 @@ class PipelineStages(ExchangeMode):
     def expected_n(self, board: BoardState, step: int) -> int:
         if board.index < self.layout.group:
             return super().expected_n(board, step)  # stage 0's board: its slice
-        return self.layout.global_batch  # a later stage handles the whole batch
+        if self.layout.rows:  # a later stage's board: the samples of the units it runs (the whole batch, alone)
+            return self.layout.rows[board.index]
+        return self.layout.global_batch
 
     def refused(self, board: BoardState, frame: dict[str, Any], exc: GradientRefused) -> GradientRefused:
         """A vector of the wrong length says what the board's stage takes."""
         if _vector_length(frame) in (None, self.elements(board, frame)):
             return exc
         what = f"{self.elements(board, frame)} values"
-        if self._sync is not None and board.index >= self.layout.group and type(exc.step) is int:
+        if self._sync is not None and not self.layout.averaged(board.index) and type(exc.step) is int:
             what = {NOTHING: "no values at this step (its state goes at checkpoints)",
                     STATE: f"its gradient, parameters and optimizer state at this step (at least "
                            f"{2 * self.layout.elements[board.index]} values)"}.get(self._sync.kind(exc.step), what)
@@ -451,18 +469,24 @@ class PipelineStages(ExchangeMode):
                boards: Sequence[BoardState] = ()) -> Reduced:
         """Scatter each stage's vector into the reducer's zeroed sum; refuse a non-finite or implausible one, and
         every one when a stage's vector is missing or refused."""
-        total, slots, group = self.reducer.sum, self.layout.slots, self.layout.group
+        total, slots = self.reducer.sum, self.layout.slots
         total.fill(0.0)
         limit = min(self.reducer.max_grad_norm ** 2, sys.float_info.max)  # so that an Inf square is never within it
         refused: list[tuple[int, str]] = []
         present: set[int] = set()
         if len(boards) != len(grads):
             raise ExchangeError(f"step {step}: a pipelined step's reduce needs each vector's board")
-        stage0 = max(sum(n for (_, n), b in zip(grads, boards) if b.index < group), 1)
+        layout = self.layout
+        totals: dict[int, int] = {}  # an averaged stage's samples this step (stage 0's: the global batch)
+        for (_, n), b in zip(grads, boards):
+            if layout.averaged(b.index):
+                stage = layout.stage_of(b.index)
+                totals[stage] = totals.get(stage, 0) + n
         scratch = self._scratch
         for i, ((vector, n), board) in enumerate(zip(grads, boards)):
             square = 0.0
-            if board.index >= group and self._sync is not None:
+            averaged = layout.averaged(board.index)
+            if not averaged and self._sync is not None:
                 kind = self._sync.kind(step)
                 if kind == NOTHING:  # nothing from this stage's board this step: it trained, the replica waits for its state
                     present.add(board.index)
@@ -470,12 +494,13 @@ class PipelineStages(ExchangeMode):
                 if kind == STATE:
                     own = self.layout.elements[board.index]
                     self._states[board.index] = (step, np.array(vector[own:], dtype=np.float32))
+            weight = np.float32(n / max(totals.get(layout.stage_of(board.index), 0), 1)) if averaged else None
             for src, dst, count in slots[board.index]:
-                if board.index < group:  # stage 0's board: its share of the average (its slice of the batch)
+                if weight is not None:  # a board of a group: its share of the average (its samples of the step)
                     part = scratch[src:src + count]
                     cast_into(part, vector[src:src + count])
                     square += float(np.dot(part, part))
-                    total[dst:dst + count] += part * np.float32(n / stage0)
+                    total[dst:dst + count] += part * weight
                 else:
                     part = total[dst:dst + count]
                     cast_into(part, vector[src:src + count])
@@ -499,13 +524,17 @@ class PipelineStages(ExchangeMode):
     def vector(self, step: int) -> StepVector:
         return self._pipeline_vector
 
+    def answers(self, step: int) -> list[tuple[StepVector, tuple[int, ...]]] | None:
+        """Each later group's boards their group's average (the other boards :meth:`vector`'s, stage 0's)."""
+        return self._group_vectors or None
+
     def welcome(self, welcome: Welcome, board: BoardState | None = None) -> Welcome:
         return welcome if self.trim is None or board is None else self.trim(board.index, welcome)
 
     def take_states(self, step: int) -> dict[int, np.ndarray]:
         """The later stages' parameters and optimizer state their boards sent with ``step`` (a state step), by stage
         (1 to S-1); each is handed out once. Empty at other steps."""
-        stage_of = {b: b - self.layout.group + 1 for b in range(self.layout.group, self.layout.boards)}
+        stage_of = {b: self.layout.stage_of(b) for b in self._own}
         taken = {stage_of[b]: state for b, (at, state) in self._states.items() if at == step}
         self._states = {b: kept for b, kept in self._states.items() if kept[0] > step}
         return taken

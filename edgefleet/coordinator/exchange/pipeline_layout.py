@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from edgefleet.coordinator.exchange.board_state import ExchangeError
+from edgefleet.protocol.pipeline_command import stage_and_member
 from edgefleet.protocol.stage_sync import StageSync
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ class PipelineLayout:
     ``param_count``; values no board covers stay 0, an unused parameter); ``global_batch``: the samples
     of a step, which every stage handles (stage 0 holds the data); ``group``: stage 0's boards (the first
     ``group``), data-parallel among them: their vectors have the same length and slots, and their
-    sample-weighted average lands there. ``sync``: when the later stages' boards send their gradient, their state or
+    sample-weighted average lands there; a later stage may be a group too (``sizes``), its boards' average weighted by
+    the samples each ran (``rows``). ``sync``: when the later stages' boards send their gradient, their state or
     nothing (``protocol.stage_sync``; None: their gradient every step).
 
     Raises:
@@ -47,8 +49,15 @@ class PipelineLayout:
     global_batch: int
     group: int = 1
     sync: StageSync | None = None
+    sizes: tuple[int, ...] = ()  # each stage's boards, stage 0's first; (): ``group``, then one a later stage
+    rows: tuple[int, ...] = ()   # each board's samples a step (``protocol.stage_routes``); (): a later board's N
 
     def __post_init__(self) -> None:
+        if not self.sizes:
+            object.__setattr__(self, "sizes", (self.group,) + (1,) * (len(self.elements) - self.group))
+        self._check()
+
+    def _check(self) -> None:
         if not self.elements:
             raise ExchangeError("the pipeline layout has no board: give each stage's board its vector length")
         if len(self.slots) != len(self.elements):
@@ -60,14 +69,21 @@ class PipelineLayout:
         if not 1 <= self.group < len(self.elements):
             raise ExchangeError(f"the pipeline layout's stage 0 group of {self.group} boards leaves no board for a later "
                                 f"stage of its {len(self.elements)}")
-        for member in range(1, self.group):
-            if self.elements[member] != self.elements[0] or self.slots[member] != self.slots[0]:
-                raise ExchangeError(f"the pipeline layout gives stage 0's board {member} other slots than its board 0: "
-                                    "stage 0's boards train the same layers")
+        if self.sizes[0] != self.group or sum(self.sizes) != len(self.elements) or min(self.sizes) < 1:
+            raise ExchangeError(f"the pipeline layout's stages of {list(self.sizes)} boards do not fit its "
+                                f"{len(self.elements)} boards with stage 0's {self.group}")
+        if self.rows and (len(self.rows) != len(self.elements) or min(self.rows) < 1):
+            raise ExchangeError(f"the pipeline layout gives {len(self.rows)} boards' samples for {len(self.elements)} "
+                                "boards: one figure of at least 1 each")
+        for board in range(len(self.elements)):
+            first = self.first_of(board)
+            if self.elements[board] != self.elements[first] or self.slots[board] != self.slots[first]:
+                raise ExchangeError(f"the pipeline layout gives stage {self.stage_of(board)}'s board {board} other slots "
+                                    f"than its board {first}: a stage's boards train the same layers")
         placed: list[tuple[int, int, int]] = []  # (start in the replica's vector, end, board)
         for board, (length, runs) in enumerate(zip(self.elements, self.slots)):
             _check_board(board, length, runs, self.full_elements)
-            if board == 0 or board >= self.group:  # stage 0's boards share their slots: their average lands there
+            if board == self.first_of(board):  # a stage's boards share their slots: their average lands there
                 placed += [(dst, dst + count, board) for _, dst, count in runs]
         placed.sort()
         for (_, end, board), (next_start, _, other) in pairwise(placed):
@@ -78,6 +94,24 @@ class PipelineLayout:
     @property
     def boards(self) -> int:
         return len(self.elements)
+
+    def stage_of(self, board: int) -> int:
+        """The stage of ``board``."""
+        return stage_and_member(list(self.sizes), board)[0]
+
+    def first_of(self, board: int) -> int:
+        """The first board of ``board``'s stage."""
+        return board - stage_and_member(list(self.sizes), board)[1]
+
+    def averaged(self, board: int) -> bool:
+        """Whether ``board``'s vector is averaged with others (sample-weighted): stage 0's boards, and a later stage's
+        group's; a later stage of one board sends its own stage's gradient (or its state, with a sparse sync)."""
+        return board < self.group or self.sizes[self.stage_of(board)] > 1
+
+    def stage_boards(self, stage: int) -> range:
+        """The boards of ``stage``."""
+        start = sum(self.sizes[:stage])
+        return range(start, start + self.sizes[stage])
 
     def max_state_elements(self, board: int) -> int:
         """The longest vector a later stage's ``board`` may send at a state step: its gradient and parameters (twice

@@ -365,15 +365,29 @@ class StepRound:
             self._queue_for_joining(segments, frame_bytes)
         targets = [b for b in self._in_order if b.welcomed and b.sock is not None]
         unsent: list[tuple[BoardState, list[memoryview]]] = []
-        sent = 0
-        for board, rest in zip(targets, send_now_to_all([b.sock for b in targets if b.sock is not None], segments)):
-            if isinstance(rest, OSError):
-                self._roster.gone(board, f"could not receive the step's result ({rest})")
-            elif rest:
-                unsent.append((board, rest))
-            else:
-                sent += 1
-        self._roster.bytes_out += sent * frame_bytes
+        sends = [(targets, segments, frame_bytes)]
+        answers = self._mode.answers(step)
+        if answers:  # usually none: a pipeline's later groups each get their own stage's average
+            for other, indices in answers:
+                chosen = [b for b in targets if b.index in indices]
+                targets = [b for b in targets if b.index not in indices]
+                other.to_wire()  # fills the array its tensor describes
+                part = (Avg.encode_hot(self._hot_avg, step=step, n=result.n_total, boards=len(result.contributors),
+                                       tensor=other.tensor)
+                        or frame_segments(Avg(step=step, n=result.n_total, boards=len(result.contributors),
+                                              g=other.tensor).to_wire()))
+                sends.append((chosen, part, sum(memoryview(segment).nbytes for segment in part)))
+            sends[0] = (targets, segments, frame_bytes)
+        for boards, parts, nbytes in sends:
+            sent = 0
+            for board, rest in zip(boards, send_now_to_all([b.sock for b in boards if b.sock is not None], parts)):
+                if isinstance(rest, OSError):
+                    self._roster.gone(board, f"could not receive the step's result ({rest})")
+                elif rest:
+                    unsent.append((board, rest))
+                else:
+                    sent += 1
+            self._roster.bytes_out += sent * nbytes
         return _Finished(result=result, wire=wire, vector=vector, unsent=unsent, frame_bytes=frame_bytes)
 
 

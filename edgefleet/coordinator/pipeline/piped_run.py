@@ -29,6 +29,7 @@ from edgefleet.protocol.codec import decode_value, encode_value
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.exchange_frames import Welcome
 from edgefleet.protocol.pipeline_command import PipelinePeer, PipelineSpec
+from edgefleet.protocol.stage_routes import stage_routes
 from edgefleet.protocol.stage_sync import StageSync
 from edgefleet.workloads.cut_check import check_cut_forward
 from edgefleet.workloads.params import BufferSet
@@ -80,9 +81,14 @@ class PipedRun:
                 local += count
             elements.append(local)
             slots.append(runs)
-        group = plan.group  # stage 0's boards: the same layers, the same slots
-        self.layout = PipelineLayout(elements=[elements[0]] * group + elements[1:], slots=[slots[0]] * group + slots[1:],
-                                     full_elements=at, global_batch=global_batch, group=group)
+        # a stage's boards (stage 0's group, a later stage's group): the same layers, the same slots
+        sizes = plan.sizes
+        self.routes = stage_routes(sizes, self.batch_sizes, micro_batches)
+        self.layout = PipelineLayout(elements=[n for k, n in enumerate(elements) for _ in range(sizes[k])],
+                                     slots=[runs for k, runs in enumerate(slots) for _ in range(sizes[k])],
+                                     full_elements=at, global_batch=global_batch, group=plan.group, sizes=tuple(sizes),
+                                     rows=tuple(self.routes.rows_of(k, m) for k, size in enumerate(sizes)
+                                                for m in range(size)))
         self.sync: StageSync | None = None
 
     def sync_stages(self, sync: StageSync) -> None:
@@ -114,18 +120,21 @@ class PipedRun:
                  for b in self.plan.boards]
         return PipelineSpec(cuts=list(self.plan.cuts), micro_batches=self.micro_batches, stages=peers,
                             shapes=[list(s) for s in self.shapes], max_rows=max(self.batch_sizes), group=self.plan.group,
-                            state_every=self.sync.every if self.sync is not None else 0)
+                            state_every=self.sync.every if self.sync is not None else 0,
+                            groups=list(self.plan.sizes) if self.plan.later_groups else [])
 
     def describe(self) -> str:
         """What each stage trains and what crosses each link per step, for the run's note."""
         counts = [sum(p.numel() for p in ps) for ps in self.staged.params]
-        where = ["+".join(self.plan.boards[:self.plan.group]), *self.plan.hosts]
+        where = ["+".join(self.plan.stage_boards(k)) for k in range(len(self.plan.sizes))]
         stages = "; ".join(f"stage {k} on {b}: {n:,} parameters" for k, (b, n) in enumerate(zip(where, counts)))
         crossing = [self.global_batch * int(np.prod(s)) * 4 for s in self.shapes[:-1]]
         links = ", ".join(f"{_kb(n)}" for n in crossing)
         sent = ("each later stage's parameters and optimizer state go to the coordinator's replica at its checkpoints "
                 "and epoch ends only" if self.sync is not None and self.sync.sparse
                 else "each stage's gradient goes to the coordinator's replica every step")
+        if self.plan.later_groups and self.sync is not None and self.sync.sparse:
+            sent += " (a later stage of several boards: its gradient every step, averaged over its group)"
         return (f"pipeline of {len(counts)} stages, {self.micro_batches} micro-batch(es) a step (GPipe): {stages}; "
                 f"activations per step at each cut, each way: {links}; {sent}")
 

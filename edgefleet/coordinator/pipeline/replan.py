@@ -5,7 +5,8 @@ complete step with a checkpoint of the whole model (the coordinator's replica), 
 gives the pipeline it goes on with, from that very step: nothing is lost or trained twice.
 
 * A later stage's board: its layers go to the stage before it (the cut before them is dropped), so
-  every layer still has a board. When only stage 0 is left, the run goes on data-parallel on stage 0's
+  every layer still has a board; a board of a later stage's group: its micro-batches go to the group's
+  others. When only stage 0 is left, the run goes on data-parallel on stage 0's
   boards (the same mathematics).
 * One of stage 0's boards: its slice of the global batch is shared out among the others (the global
   batch, and so every step's samples, stay the run's).
@@ -80,20 +81,29 @@ def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str]) -
     if not group:
         return None
     sizes = _share_out(list(plan.boards[:plan.group]), list(batch_sizes[:plan.group]), set(lost))
-    cuts, hosts, moved = [], [], []
-    for cut, host in zip(plan.cuts, plan.hosts):
-        if host in lost:
-            moved.append(f"{host}'s layers (after {cut}) to the stage before")
+    cuts: list[str] = []
+    stages: list[list[str]] = []  # each kept later stage's boards
+    moved: list[str] = []
+    for k, cut in enumerate(plan.cuts, start=1):
+        boards = plan.stage_boards(k)
+        kept = [b for b in boards if b not in lost]
+        if not kept:
+            moved.append(f"{'+'.join(boards)}'s layers (after {cut}) to the stage before")
             continue
+        if len(kept) < len(boards):
+            moved.append(f"{', '.join(b for b in boards if b in lost)}'s micro-batches (after {cut}) to "
+                         f"{', '.join(kept)}")
         cuts.append(cut)
-        hosts.append(host)
+        stages.append(kept)
     dropped = [b for b in plan.boards[:plan.group] if b in lost]
     if dropped:
         moved.append(f"{', '.join(dropped)}'s samples to {', '.join(group)}")
     why = "; ".join(moved)
     if not cuts:
         return Replanned(pipeline="", boards=tuple(group), batch_sizes=tuple(sizes), why=why + "; data-parallel now")
-    text = StagePlan(boards=(*group, *hosts), cuts=tuple(cuts), group=len(group)).text()
+    hosts = [b for boards in stages for b in boards]
+    text = StagePlan(boards=(*group, *hosts), cuts=tuple(cuts), group=len(group),
+                     sizes=(len(group), *(len(boards) for boards in stages))).text()
     return Replanned(pipeline=text, boards=(*group, *hosts), batch_sizes=(*sizes, *(0,) * len(hosts)), why=why)
 
 

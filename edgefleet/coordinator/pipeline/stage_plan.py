@@ -6,7 +6,8 @@ layer ``CUT`` and puts the layers from there to the next cut on ``BOARD``. ``--p
 p1,net.2@p2,net.8@p3`` trains LeNet-5's first convolution on p1, the layers from there to the
 first dense layer on p2 and the rest on p3; ``--pipeline p1+p2+p3,net.6@p4`` trains its
 convolutions on p1, p2 and p3, each on its slice of the batch, and its dense layers on p4 (layer
-placement with the tail on a board).
+placement with the tail on a board). A later stage may be a group too: ``--pipeline p1,net.6@p2+p3``
+shares each step's micro-batches out between p2 and p3 (``protocol.stage_routes``), data-parallel.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from edgefleet.protocol.errors import ConfigError
+from edgefleet.protocol.pipeline_command import stage_and_member
 
 log = logging.getLogger(__name__)
 
@@ -23,23 +25,40 @@ MAX_STAGES = 64
 
 @dataclass(frozen=True)
 class StagePlan:
-    """The pipeline's boards (stage 0's group of ``group``, then one per later stage) and the S-1 cuts."""
+    """The pipeline's boards stage by stage (stage 0's group of ``group``, then each later stage's: one board, or
+    ``sizes`` says how many) and the S-1 cuts."""
 
     boards: tuple[str, ...]
     cuts: tuple[str, ...]
     group: int = 1
+    sizes: tuple[int, ...] = ()  # each stage's boards, stage 0's first; (): one a later stage
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            object.__setattr__(self, "sizes", (self.group,) + (1,) * (len(self.boards) - self.group))
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        """The later stages' boards, in stage order."""
-        return self.boards[self.group:]
+        """The later stages' first boards, in stage order (each later stage's one board, where none is a group)."""
+        return tuple(self.stage_boards(k)[0] for k in range(1, len(self.sizes)))
+
+    @property
+    def later_groups(self) -> bool:
+        """Whether a stage after the first has more than one board."""
+        return any(size > 1 for size in self.sizes[1:])
+
+    def stage_boards(self, stage: int) -> tuple[str, ...]:
+        """The boards of ``stage``."""
+        start = sum(self.sizes[:stage])
+        return self.boards[start:start + self.sizes[stage]]
 
     def stage_of(self, board_index: int) -> int:
         """The stage of the ``board_index``-th of :attr:`boards`."""
-        return 0 if board_index < self.group else board_index - self.group + 1
+        return stage_and_member(list(self.sizes), board_index)[0]
 
     def text(self) -> str:
-        return ",".join(["+".join(self.boards[:self.group]), *(f"{c}@{b}" for c, b in zip(self.cuts, self.hosts))])
+        return ",".join(["+".join(self.stage_boards(0)),
+                         *(f"{c}@{'+'.join(self.stage_boards(k))}" for k, c in enumerate(self.cuts, start=1))])
 
 
 def parse_stage_plan(text: str) -> StagePlan:
@@ -58,20 +77,23 @@ def parse_stage_plan(text: str) -> StagePlan:
     group = [b.strip() for b in items[0].split("+")]
     if any(not b for b in group):
         raise ConfigError(f"--pipeline {text!r}: stage 0's boards are joined by + with no empty name, e.g. p1+p2")
-    boards, cuts = list(group), []
+    boards, cuts, sizes = list(group), [], [len(group)]
     for item in items[1:]:
         cut, at, board = item.partition("@")
-        if not at or not cut.strip() or not board.strip():
-            raise ConfigError(f"--pipeline {text!r}: {item!r} is not CUT@BOARD, {example}")
+        members = [b.strip() for b in board.split("+")]
+        if not at or not cut.strip() or not all(members):
+            raise ConfigError(f"--pipeline {text!r}: {item!r} is not CUT@BOARD (or CUT@BOARD+BOARD for a group), "
+                              f"{example}")
         cuts.append(cut.strip())
-        boards.append(board.strip())
+        boards += members
+        sizes.append(len(members))
     twice = sorted({b for b in boards if boards.count(b) > 1})
     if twice:
         raise ConfigError(f"--pipeline {text!r}: board {twice[0]} holds two stages; each stage needs a board of its own")
-    if len(cuts) + 1 > MAX_STAGES or len(group) > MAX_STAGES:
-        raise ConfigError(f"--pipeline {text!r}: {len(cuts) + 1} stages and {len(group)} boards at stage 0; at most "
+    if len(cuts) + 1 > MAX_STAGES or max(sizes) > MAX_STAGES:
+        raise ConfigError(f"--pipeline {text!r}: {len(cuts) + 1} stages and {max(sizes)} boards in a stage; at most "
                           f"{MAX_STAGES} of each")
-    return StagePlan(boards=tuple(boards), cuts=tuple(cuts), group=len(group))
+    return StagePlan(boards=tuple(boards), cuts=tuple(cuts), group=len(group), sizes=tuple(sizes))
 
 
 __all__ = ["MAX_STAGES", "StagePlan", "parse_stage_plan"]

@@ -56,7 +56,8 @@ coordinator's replica at checkpoints only (what ``plan --pipeline``'s train flag
 if every step carried its share.
 
 A plan is ruled out, in this order, by ``group`` (a later stage has more boards than
-``max_later_group``: train runs one board at a later stage today), ``batch`` (a group has more boards
+``max_later_group``: train runs a later group by whole micro-batches, which this model does not price yet),
+``batch`` (a group has more boards
 than a micro-batch has samples), ``memory`` (some board's memory_k over its limit, the board named) and
 ``power`` (over ``max_power_w``).
 """

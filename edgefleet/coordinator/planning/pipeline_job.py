@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 # What train runs (``agent.stage_runtime``): GPipe. 1F1B stays the planner's own option (``PipelineProblem.schedules``)
 # until the runtime can keep the user's loss exact with it (docs/pipeline.md, "GPipe only").
 TRAINED_SCHEDULES = ("gpipe",)
-# train runs one board at each later stage (stage 0 may be a group): plans with a later group are planned again once
-# the runtime runs them (docs/pipeline.md, Next)
+# train runs a later stage's group by whole micro-batches (``protocol.stage_routes``) where the cost model shares each
+# micro-batch's rows out among the group: plans with a later group are planned again once the model prices the
+# runtime's routes (docs/pipeline.md, Next); train --pipeline ...,CUT@B1+B2 runs one as the user gives it
 TRAINED_LATER_GROUP = 1
 
 

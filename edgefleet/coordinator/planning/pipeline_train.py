@@ -4,8 +4,9 @@ A plan's stages are layer ranges on boards; ``train --pipeline`` names stage 0's
 later stage as ``CUT@BOARD``, the cut being the layer that ends the stage before (a planner layer is
 named by the cut that ends it: ``planning.pipeline_model``). ``--batch`` is stage 0's boards' batches
 (each its micro-batch size x M), ``--micro-batches`` M, and ``--stage-sync checkpoint`` because the
-cost model charges a later stage of one board no gradient exchange. The runtime trains GPipe and one
-board a later stage: a plan with a later group cannot be trained yet, and :func:`train_flags` says so.
+cost model charges a later stage of one board no gradient exchange. The runtime trains GPipe, and a
+later stage's group by whole micro-batches where the cost model shares each micro-batch's rows out: a
+plan with a later group is not run as planned yet, and :func:`train_flags` says so.
 A plan of one stage is data parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
 """
 
@@ -38,8 +39,8 @@ def train_flags(problem: PipelineProblem, plan: PipelinePlan) -> TrainFlags:
     grouped = [k for k, stage in enumerate(plan.stages) if k > 0 and len(stage.boards) > 1]
     if grouped:
         boards = "+".join(plan.stages[grouped[0]].boards)
-        return TrainFlags((), f"stage {grouped[0]} is a group of boards ({boards}), and only stage 0 may be a group "
-                              "(docs/pipeline.md, Next)")
+        return TrainFlags((), f"stage {grouped[0]} is a group of boards ({boards}) sharing each micro-batch's samples, "
+                              "and train's later groups take whole micro-batches (docs/pipeline.md, Next)")
     if plan.schedule != "gpipe":
         return TrainFlags((), f"the plan's schedule is {plan.schedule}, and train runs GPipe only")
     first = plan.stages[0]

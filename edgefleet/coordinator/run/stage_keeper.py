@@ -30,18 +30,20 @@ class StageKeeper:
 
     Args:
         sync: the run's schedule (sparse).
-        stages: the replica's parameters of stages 1 to S-1 (``workloads.stage_cut.StagedModel.params[1:]``).
+        stages: the replica's parameters of each later stage of one board, by stage (``workloads.stage_cut.StagedModel
+            .params``; a later stage of several boards sends its group's gradient every step, which the replica takes
+            as stage 0's).
     """
 
-    def __init__(self, sync: StageSync, stages: Sequence[Sequence[torch.nn.Parameter]]) -> None:
+    def __init__(self, sync: StageSync, stages: Mapping[int, Sequence[torch.nn.Parameter]]) -> None:
         self.sync = sync
-        self._ids = [{id(p) for p in params} for params in stages]
-        self._params: list[list[torch.nn.Parameter]] = []  # each stage's trainable parameters, in the optimizer's order
+        self._ids = {stage: {id(p) for p in params} for stage, params in stages.items()}
+        self._params: dict[int, list[torch.nn.Parameter]] = {}  # each stage's trainable parameters, in the optimizer's order
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """The replica's optimizer, once its Trainer made it: the stages' parameters in its order (the boards')."""
         trainable = trainable_params(optimizer)
-        self._params = [[p for p in trainable if id(p) in ids] for ids in self._ids]
+        self._params = {stage: [p for p in trainable if id(p) in ids] for stage, ids in self._ids.items()}
 
     def before_step(self, step: int, optimizer: torch.optim.Optimizer, states: Mapping[int, np.ndarray]) -> None:
         """Before the replica's optimizer step ``step`` (its gradients assigned): leave the later stages out of it, or
@@ -52,11 +54,11 @@ class StageKeeper:
         """
         kind = self.sync.kind(step)
         if kind == NOTHING:
-            for params in self._params:
+            for params in self._params.values():
                 for p in params:
                     p.grad = None
         elif kind == STATE:
-            for stage, params in enumerate(self._params, start=1):
+            for stage, params in self._params.items():
                 state = states.get(stage)
                 if state is None:
                     raise DecodeError(f"step {step}: stage {stage}'s board sent no state at a state step")

@@ -157,7 +157,7 @@ def _pipeline_boards(spec: JobSpec) -> JobSpec:
     if spec.boards and tuple(spec.boards) != plan.boards:
         raise ConfigError(f"--boards {','.join(spec.boards)} and --pipeline {spec.pipeline} name other boards: the "
                           "pipeline's are its stages'; leave --boards out")
-    later = (0,) * len(plan.hosts)
+    later = (0,) * (len(plan.boards) - plan.group)
     given = tuple(spec.batch_sizes)
     if given[plan.group:] == later and len(given) == len(plan.boards):  # resolved already (a resumed run's)
         group = given[:plan.group]
@@ -181,7 +181,7 @@ def repipeline(spec: JobSpec, pipeline: str, micro_batches: int | None) -> JobSp
     if new.group != old.group:
         raise ConfigError(f"--resume with --pipeline {pipeline}: stage 0 had {old.group} board(s) ({spec.pipeline}); "
                           f"keep {old.group} so that each keeps its slice of the batch")
-    sizes = tuple(spec.batch_sizes[:old.group]) + (0,) * len(new.hosts)
+    sizes = tuple(spec.batch_sizes[:old.group]) + (0,) * (len(new.boards) - new.group)
     return replace(spec, pipeline=new.text(), boards=new.boards, batch_sizes=sizes,
                    micro_batches=micro_batches if micro_batches is not None else spec.micro_batches)
 

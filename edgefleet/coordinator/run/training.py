@@ -352,7 +352,10 @@ class TrainingRun:
         self.reviser = (StageReviser(spec.pipeline, spec.batch_sizes, spec.micro_batches, model=self.replica.model,
                                      sample=input_sampler(self.data.train, self.data.collate_fn),
                                      total_steps=spec.total_steps, on_note=on_note)
-                        if self.piped is not None and spec.rebalance else None)
+                        if self.piped is not None and spec.rebalance and not self.piped.plan.later_groups else None)
+        if self.piped is not None and spec.rebalance and self.piped.plan.later_groups:
+            on_note("a pipeline with a later stage of several boards is not revised around a board that slows yet "
+                    "(docs/pipeline.md); a board it loses leaves its micro-batches to its group's others")
         self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
         self._user_stop = False
         self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
@@ -401,11 +404,14 @@ class TrainingRun:
             self.lines = PendingLines(self.metrics.write, self.replica.learning_rates_at)  # each line with its step's lr
         except RunDirError as exc:
             raise exc.with_advice(self._next_move()) from None
-        if self.piped is not None and spec.stage_sync == "checkpoint":  # from the step the run starts at
+        # a later stage of several boards sends its group's gradient every step: the sparse sync is the others'
+        single = {k: params for k, params in enumerate(self.piped.staged.params)
+                  if k > 0 and self.piped.plan.sizes[k] == 1} if self.piped is not None else {}
+        if self.piped is not None and spec.stage_sync == "checkpoint" and single:  # from the step the run starts at
             sync = StageSync(every=spec.checkpoint_every, steps_per_epoch=spec.steps_per_epoch,
                              total_steps=spec.total_steps, start=self.replica.step)
             self.piped.sync_stages(sync)
-            self.replica.stage_keeper = StageKeeper(sync, self.piped.staged.params[1:])
+            self.replica.stage_keeper = StageKeeper(sync, single)
         self.adapt = _Adaptation(spec, splits, self.replica.step)
         self._stop = asyncio.Event()
         self.flags: dict[str, list[str]] = {}
@@ -862,7 +868,8 @@ class TrainingRun:
         if keeper is None or keeper.sync.kind(step) != STATE or self.piped is None:
             return least
         layout = self.piped.layout
-        state_bytes = 4 * STATE_COPIES * sum(layout.elements[layout.group:])
+        state_bytes = 4 * STATE_COPIES * sum(layout.elements[b] for b in range(layout.group, layout.boards)
+                                             if not layout.averaged(b))
         return exchange.deadline_for_next_step(least) + min(state_bytes / STATE_BYTES_PER_S, MAX_STATE_WAIT_S)
 
     async def _with_boards_words(self, exc: ExchangeError, channel: BoardChannel) -> ExchangeError:
