@@ -82,6 +82,9 @@ def test_a_later_stage_may_be_a_group_whose_boards_share_its_slots_and_each_runs
     spec = run.spec({b: "10.0.0.1" for b in plan.boards}, {b: "ab" * 32 for b in plan.boards},
                     {"p1": 47310, "p2": 47311, "p3": 47312})
     assert spec.groups == [1, 2] and spec.stage_count == 2 and "stage 1 on p2+p3" in run.describe()
+    with pytest.raises(ConfigError, match=r"stage 1's 2 boards share 1 micro-batch\(es\) a step, so one would have none: "
+                                          "give --micro-batches 2 or more"):
+        prepare(_lenet(), plan, 1, list(model.parameters()), _sample(), [16, 0, 0])
 
 
 class _Twice(LeNet5):

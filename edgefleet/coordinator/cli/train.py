@@ -167,11 +167,12 @@ def add_train_parser(sub: Any) -> None:
         "activations to the next stage and their gradients back (GPipe: every forward, then every backward, one\n"
         "optimizer step: the same mathematics as data-parallel training). Each board needs a key of its own\n"
         "(security.board_key_file, its public key in --board-keys): the stages' links use it for TLS.")
-    pipeline.add_argument("--pipeline", metavar="BOARD[+BOARD...],CUT@BOARD,...",
+    pipeline.add_argument("--pipeline", metavar="BOARD[+BOARD...],CUT@BOARD[+BOARD...],...",
                           help="stage 0's board (it holds the data), or boards joined by + (data-parallel, each with "
                                "its --batch), then CUT@BOARD for each later stage, e.g. p1,net.2@p2,net.8@p3, or "
-                               "p1+p2+p3,net.6@p4 (the dense layers on p4); an unknown CUT is refused listing the cuts "
-                               "the model admits")
+                               "p1+p2+p3,net.6@p4 (the dense layers on p4); a later stage's boards joined by + share "
+                               "each step's micro-batches out (p1,net.6@p2+p3: give --micro-batches 2 or more); an "
+                               "unknown CUT is refused listing the cuts the model admits")
     pipeline.add_argument("--micro-batches", type=int, default=1, metavar="M",
                           help="micro-batches each stage-0 board's batch is split into (default 1): more keep more "
                                "stages busy at once")

@@ -84,6 +84,12 @@ class PipedRun:
         # a stage's boards (stage 0's group, a later stage's group): the same layers, the same slots
         sizes = plan.sizes
         self.routes = stage_routes(sizes, self.batch_sizes, micro_batches)
+        for k, size in enumerate(sizes):
+            if k and size > 1 and min(self.routes.rows_of(k, m) for m in range(size)) == 0:
+                units = len(self.routes.units())
+                raise ConfigError(f"--pipeline {plan.text()}: stage {k}'s {size} boards share {units} micro-batch(es) a "
+                                  f"step, so one would have none: give --micro-batches {-(-size // plan.group)} or "
+                                  f"more, or fewer boards at stage {k}")
         self.layout = PipelineLayout(elements=[n for k, n in enumerate(elements) for _ in range(sizes[k])],
                                      slots=[runs for k, runs in enumerate(slots) for _ in range(sizes[k])],
                                      full_elements=at, global_batch=global_batch, group=plan.group, sizes=tuple(sizes),
