@@ -303,12 +303,14 @@ def test_a_later_stage_group_is_averaged_by_its_boards_samples_and_each_of_its_b
     vectors = {0: _grad(0, 0), 1: _grad(1, 0), 2: _grad(0, 1), 3: _grad(1, 1), 4: _grad(0, 2)}
     answers = [ELEMENTS[0], ELEMENTS[0], ELEMENTS[1], ELEMENTS[1], ELEMENTS[0]]
     got: dict[int, np.ndarray] = {}
+    lrs: dict[int, Any] = {}
 
     def board(index: int, port: int) -> None:
         client = ExchangeClient("127.0.0.1", port)
         client.hello(job_id="job", board_id=boards[index][0], token="secret", param_count=layout.elements[index])
         got[index] = np.array(client.exchange(step=0, grad=vectors[index], n=layout.rows[index], loss=1.0,
                                               compute_s=0.01, result_elements=answers[index]))
+        lrs[index] = client.lrs
         client.close()
 
     async def main() -> list[np.ndarray]:
@@ -319,6 +321,7 @@ def test_a_later_stage_group_is_averaged_by_its_boards_samples_and_each_of_its_b
         for thread in threads:
             thread.start()
         await server.wait_for_boards(10, need={b for b, _ in boards})
+        server.announce_lrs([0.25])  # a ReduceLROnPlateau's on the coordinator: every board's result carries it
         applied: list[np.ndarray] = []
         result = await server.run_step(0, apply=lambda g, r: applied.append(g.copy()))
         await server.close()
@@ -335,6 +338,7 @@ def test_a_later_stage_group_is_averaged_by_its_boards_samples_and_each_of_its_b
     np.testing.assert_array_equal(full[[9, 10, 13]], vectors[4])
     for index, want in ((0, stage0), (1, stage0), (2, stage1), (3, stage1), (4, stage0)):
         np.testing.assert_allclose(got[index], want, rtol=1e-6)
+    assert all(lrs[index] == (0.25,) for index in range(len(boards))), lrs
 
 
 def test_a_later_group_s_board_that_claims_other_samples_than_its_units_is_refused() -> None:

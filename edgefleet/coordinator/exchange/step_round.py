@@ -342,6 +342,18 @@ class StepRound:
                 continue
             board.outbox.append(frame)
 
+    def _answer(self, step: int, vector: StepVector, result: StepResult, relay: ResultRelay) -> list[bytes | memoryview]:
+        """The step's result frame carrying ``vector`` (a later pipeline group's own average), with whatever the main
+        frame carries beside it (a re-split, the learning rates)."""
+        vector.to_wire()  # fills the array its tensor describes
+        if relay.split is None and relay.lrs is None:
+            hot = Avg.encode_hot(self._hot_avg, step=step, n=result.n_total, boards=len(result.contributors),
+                                 tensor=vector.tensor)
+            if hot is not None:
+                return hot
+        return frame_segments(Avg(step=step, n=result.n_total, boards=len(result.contributors), g=vector.tensor,
+                                  split=relay.split, lrs=relay.lrs).to_wire())
+
     def _finish_step(self, step: int, started: float) -> _Finished:
         """Reduce ``step``, encode the result once, and hand it to every board's socket."""
         result = self._sum.reduce(step, started)
@@ -358,6 +370,7 @@ class StepRound:
             frame = Avg(step=step, n=result.n_total, boards=len(result.contributors), g=vector.tensor, split=relay.split,
                         lrs=relay.lrs)
             segments = frame_segments(frame.to_wire())
+        groups = [(self._answer(step, other, result, relay), indices) for other, indices in self._mode.answers(step) or ()]
         relay.sent(step)  # from here on, an announced split waits for the next frame
         self.step = step + 1  # a fast board may send the next step's gradient while the others still receive
         frame_bytes = sum(memoryview(segment).nbytes for segment in segments)
@@ -366,18 +379,10 @@ class StepRound:
         targets = [b for b in self._in_order if b.welcomed and b.sock is not None]
         unsent: list[tuple[BoardState, list[memoryview]]] = []
         sends = [(targets, segments, frame_bytes)]
-        answers = self._mode.answers(step)
-        if answers:  # usually none: a pipeline's later groups each get their own stage's average
-            for other, indices in answers:
-                chosen = [b for b in targets if b.index in indices]
-                targets = [b for b in targets if b.index not in indices]
-                other.to_wire()  # fills the array its tensor describes
-                part = (Avg.encode_hot(self._hot_avg, step=step, n=result.n_total, boards=len(result.contributors),
-                                       tensor=other.tensor)
-                        or frame_segments(Avg(step=step, n=result.n_total, boards=len(result.contributors),
-                                              g=other.tensor).to_wire()))
-                sends.append((chosen, part, sum(memoryview(segment).nbytes for segment in part)))
-            sends[0] = (targets, segments, frame_bytes)
+        for parts, indices in groups:  # usually none: a pipeline's later groups each get their own stage's average
+            sends.append(([b for b in targets if b.index in indices], parts,
+                          sum(memoryview(segment).nbytes for segment in parts)))
+            sends[0] = ([b for b in sends[0][0] if b.index not in indices], segments, frame_bytes)
         for boards, parts, nbytes in sends:
             sent = 0
             for board, rest in zip(boards, send_now_to_all([b.sock for b in boards if b.sock is not None], parts)):
