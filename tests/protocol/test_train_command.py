@@ -16,7 +16,7 @@ def test_a_new_train_command_round_trips_with_the_lightning_flags() -> None:
     command = TrainCommand(**{k: v for k, v in BASE.items() if k != "kind"}, accumulate_grad_batches=2,
                            gradient_clip_val=0.5, gradient_clip_algorithm="value", precision="bf16-mixed",
                            deterministic=True, batches_per_epoch=7, max_epochs=3)
-    assert command.schema_version == TRAIN_SCHEMA_VERSION == 10
+    assert command.schema_version == TRAIN_SCHEMA_VERSION == 11
     assert command_from_dict(command.to_dict()) == command
 
 
