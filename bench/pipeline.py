@@ -23,6 +23,11 @@ cgroups, the boards' own keys for the stage links: ``Lab.board_keys_dir`` is ``-
      flags for every pipelined run: ``--train-flag=--FLAG`` (repeated; ``=`` because they start with
      dashes), e.g. ``--train-flag=--checkpoint-every --train-flag=20``.
 
+   * the planner's own plan (``--planned``, default on): ``edge-coordinator plan --pipeline --objective time
+     --verify K`` (``--verify``, default 3: the K best plans by the model pre-trained, the fastest chosen; as
+     ``bench/pipeline_picks.py`` asks it) over ``--plan-boards`` (default all eight) from the same run's profile of
+     them, trained with the train flags it gives (the ``planned`` row; a data-parallel plan is a data-parallel row).
+
    Figures per run (scaling's definitions, ``bench/scaling_figures.py``): samples/s (training rate
    after 3 warm-up steps, validations left out), the median step period, time to 94% (the
    coordinator's ``elapsed_s`` at the first epoch reaching it), and the bytes each taking-part
@@ -102,6 +107,8 @@ from _harness import (
 from _table import print_table
 from scaling_figures import fastest_boards, planned_split, split_batch
 
+from edgefleet.coordinator.planning.pipeline_verify import DEFAULT_VERIFY_ROUNDS
+
 if TYPE_CHECKING:
     from edgefleet.coordinator.planning import FleetProfile
     from edgefleet.lab.lab import Lab
@@ -117,6 +124,7 @@ DEFAULT_DP_BOARDS = (1, 2)
 DEFAULT_MICRO_BATCHES = (1, 2)
 PIPED_MODES: dict[str, tuple[str, ...]] = {  # mode -> its own train flags (before --train-flag's)
     "piped": (), "piped-sync-checkpoint": ("--stage-sync", "checkpoint")}
+VERIFY = 3                # plan --pipeline --verify K for the planner's own plan
 RECOVERY_PIPELINE = "pi5-1+pi5-2,net.2@pi4-3,net.6@x86-1"
 RECOVERY_VICTIM = "pi4-3"
 RECOVERY_BATCH = "64,64"
@@ -134,17 +142,24 @@ SLOWDOWN_FACTOR = 0.2
 
 @dataclass(frozen=True)
 class PipedConfig:
-    """One pipelined speed run: stage 0's group and batches, the tail, M and the mode."""
+    """One pipelined speed run: stage 0's group and batches, the later stages (the head on the tail board, or the
+    planner's ``shape``), M and the mode."""
 
     mode: str
     stage0: tuple[str, ...]
     batch_sizes: tuple[int, ...]  # stage 0's boards'
     micro_batches: int
     split: str
+    shape: str = ""               # the whole --pipeline (the planner's); "": stage 0, then the head on the tail board
+    flags: tuple[str, ...] = ()   # train flags of its own (the planner's), after its mode's
 
     @property
     def pipeline(self) -> str:
-        return f"{'+'.join(self.stage0)},{CUT}@{TAIL_BOARD}"
+        return self.shape or f"{'+'.join(self.stage0)},{CUT}@{TAIL_BOARD}"
+
+    @property
+    def boards(self) -> tuple[str, ...]:
+        return tuple(_recovery_boards(self.pipeline))
 
     @property
     def label(self) -> str:
@@ -280,14 +295,16 @@ def _dp_run(ctx: scaling.FleetContext, cfg: scaling.Config) -> SpeedRow:
 
 def _piped_run(ctx: scaling.FleetContext, cfg: PipedConfig, extra: Sequence[str], quotas: dict[str, float]) -> SpeedRow:
     workload = scaling.WORKLOADS[MODEL]
-    boards = (*cfg.stage0, TAIL_BOARD)
+    boards = cfg.boards
     run_dir = ctx.runs_dir / f"{cfg.mode}-{'+'.join(cfg.stage0)}-m{cfg.micro_batches}"
     cmd = in_coordinator_netns(ctx.lab, train_command(
         ctx.lab, ctx.key_file, boards, cfg.batch_sizes, "--model", MODEL, "--dataset", workload.dataset,
         "--epochs", str(workload.max_epochs), "--target-accuracy", str(workload.target), "--seed", "0",
         "--no-rebalance", "--run-dir", str(run_dir), "--pipeline", cfg.pipeline,
-        "--micro-batches", str(cfg.micro_batches), *PIPED_MODES[cfg.mode], *extra, board_keys=True))
-    scfg = scaling.Config(FLEET, MODEL, cfg.mode, boards, (*cfg.batch_sizes, 0), tuple(quotas[b] for b in boards),
+        "--micro-batches", str(cfg.micro_batches), *PIPED_MODES.get(cfg.mode, ()), *cfg.flags, *extra,
+        board_keys=True))
+    later = (0,) * (len(boards) - len(cfg.stage0))
+    scfg = scaling.Config(FLEET, MODEL, cfg.mode, boards, (*cfg.batch_sizes, *later), tuple(quotas[b] for b in boards),
                           cfg.split)
     figures, cpu = _run(ctx, scfg, cmd, run_dir)
     return _speed_row(cfg.mode, cfg.pipeline, cfg.batch_sizes, cfg.micro_batches, figures, cpu)
@@ -498,6 +515,7 @@ class Session:
     slowdown: list[SlowdownRow] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    planned: dict[str, object] = field(default_factory=dict)  # the planner's own plan: its label and --verify's record
 
 
 def _stage_sync_available() -> bool:
@@ -515,8 +533,9 @@ def _splits(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list
     batch = scaling.WORKLOADS[MODEL].global_batch
     stage0s = [tuple(g.split("+")) for g in args.stage0]
     profile: FleetProfile | None = None
-    if args.split == "planned":
-        boards = list(dict.fromkeys([b for bs in dp_boards if len(bs) > 1 for b in bs] + [b for g in stage0s for b in g]))
+    if args.split == "planned" or args.planned:
+        boards = list(dict.fromkeys([b for bs in dp_boards if len(bs) > 1 for b in bs] + [b for g in stage0s for b in g]
+                                    + (args.plan_boards if args.planned else [])))
         print(f"  profiling {MODEL} on {'+'.join(boards)} for the planned splits", file=sys.stderr, flush=True)
         try:
             profile, record = scaling._profile(ctx, MODEL, boards)
@@ -535,7 +554,9 @@ def _splits(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list
                 session.notes.append(f"{'+'.join(boards)}: the planner refused a split ({exc}); by quota instead")
         return tuple(split_batch([quotas[b] for b in boards], batch))
 
-    used = "planned" if profile is not None else "quota"
+    used = "planned" if profile is not None and args.split == "planned" else "quota"
+    if args.split == "quota":
+        profile = None  # profiled for the planner's own plan only
     return ({bs: split(bs, "") for bs in dp_boards}, {g: split(g, CUT) for g in stage0s}, used)
 
 
@@ -547,8 +568,11 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
         quotas = {b.id: b.cpu for b in scaling._fleet_quotas(lab.fleet)}
         ranked = fastest_boards(scaling._fleet_quotas(lab.fleet), len(lab.boards))
         dp_boards = [tuple(ranked[:k]) for k in args.dp_boards] if args.speed else []
+        args.planned = args.planned and args.speed
+        args.plan_boards = args.plan_boards or sorted(lab.boards)
         used = sorted({*ranked[:max(args.dp_boards)], TAIL_BOARD, *(b for g in args.stage0 for b in g.split("+"))}
-                      | (set(_recovery_boards(args.recovery_pipeline)) if args.recovery or args.slowdown else set()))
+                      | (set(_recovery_boards(args.recovery_pipeline)) if args.recovery or args.slowdown else set())
+                      | (set(args.plan_boards) if args.planned else set()))
         scaling._warm(ctx, used)
         if args.speed:
             _speed(ctx, args, dp_boards, quotas, session)
@@ -599,6 +623,14 @@ def _speed(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list[
                        scaling.ONE_BOARD if len(bs) == 1 else used) for bs in dp_boards]
     configs += [PipedConfig(mode, group, stage0_splits[group], m, used)
                 for mode in args.modes for group in stage0_splits for m in args.micro_batches]
+    if args.planned:
+        try:
+            configs.append(_planned(ctx, args, quotas, session))
+        except RuntimeError as exc:
+            if isinstance(exc, scaling.OutOfTime):
+                raise
+            session.failures.append(f"the planner's plan: {exc}")
+            print(f"    the planner's plan failed: {exc}", file=sys.stderr, flush=True)
     for n, cfg in enumerate(configs, 1):
         if time.monotonic() > args.deadline:
             raise scaling.OutOfTime(f"--max-minutes passed before {cfg.label}")
@@ -619,6 +651,31 @@ def _speed(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list[
               f"KiB/step/board on the wire", file=sys.stderr, flush=True)
 
 
+def _planned(ctx: scaling.FleetContext, args: argparse.Namespace, quotas: dict[str, float],
+             session: Session) -> scaling.Config | PipedConfig:
+    """The planner's own plan over ``--plan-boards`` (module doc, item 1), from the run's profile.
+
+    Raises:
+        RuntimeError: no profile, or plan failed.
+    """
+    from pipeline_picks import verified_pick
+
+    profile = ctx.runs_dir / f"profile-{MODEL}.json"
+    if not profile.exists():
+        raise RuntimeError("the planner's plan needs the run's profile, which failed")
+    print(f"  plan --pipeline --verify {args.verify} over {'+'.join(args.plan_boards)}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    pick, record = verified_pick(ctx, MODEL, args.plan_boards, str(profile), args.verify, args.verify_rounds,
+                                 what="planned")
+    session.planned = {"label": pick.label, "verify_s": round(time.monotonic() - started, 1), "verify": record}
+    print(f"    chose {pick.label} in {session.planned['verify_s']:.0f} s", file=sys.stderr, flush=True)
+    if not pick.later:
+        return scaling.Config(FLEET, MODEL, scaling.BASELINE_MODE, pick.stage0, pick.batch_sizes,
+                              tuple(quotas[b] for b in pick.stage0), "planner")
+    return PipedConfig("planned", pick.stage0, pick.batch_sizes, pick.micro_batches, "planner", shape=pick.shape,
+                       flags=("--stage-sync", "checkpoint"))
+
+
 # ----------------------------------------------------------------------------- the table
 
 def print_figures(session: Session, wall_s: float) -> None:
@@ -637,6 +694,9 @@ def print_figures(session: Session, wall_s: float) -> None:
              "board's link, both ways, per step after the warm-up (mean / busiest board); exchange KiB: the coordinator's "
              "gradient exchange alone per step and board (welcomes included). Host: steal / other processes' CPU.",
              f"{wall_s / 60:.1f} min in all."]
+    if session.planned:
+        notes.append(f"planned: plan --pipeline --objective time --verify over every board chose {session.planned['label']} "
+                     f"({session.planned['verify_s']} s of pre-training, counted in no run).")
     notes += session.notes + [f"FAILED: {f.splitlines()[0]}" for f in session.failures]
     if cells:
         print_table(f"Pipeline stages against data-parallel on {FLEET}", [
@@ -692,6 +752,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"{CUT}@{TAIL_BOARD}")
     parser.add_argument("--micro-batches", nargs="+", type=int, default=list(DEFAULT_MICRO_BATCHES), metavar="M",
                         help="micro-batch counts, each measured (default 1 2)")
+    parser.add_argument("--planned", action=argparse.BooleanOptionalAction, default=True,
+                        help="also train the planner's own plan, plan --pipeline --verify K's choice (default on)")
+    parser.add_argument("--plan-boards", nargs="+", default=None, metavar="BOARD",
+                        help=f"the boards plan --pipeline plans over (default all of {FLEET}'s)")
+    parser.add_argument("--verify", type=int, default=VERIFY, metavar="K",
+                        help=f"plan --pipeline --verify K: the K best plans by the model pre-trained (default {VERIFY})")
+    parser.add_argument("--verify-rounds", type=int, default=DEFAULT_VERIFY_ROUNDS, metavar="R",
+                        help=f"each pre-trained R times in turn (default {DEFAULT_VERIFY_ROUNDS})")
     parser.add_argument("--split", choices=("planned", "quota"), default="planned",
                         help="the batches of multi-board stage 0s and data-parallel runs: the planner's from a profile "
                              "taken in the run (default), or by CPU quota (no profile)")
@@ -770,12 +838,14 @@ def main(argv: list[str] | None = None) -> int:
                                          "wall_s": wall, "speed": [asdict(r) for r in session.speed],
                                          "recovery": [asdict(r) for r in session.recovery],
                                          "slowdown": [asdict(r) for r in session.slowdown],
+                                         "planned": session.planned,
                                          "failures": session.failures, "notes": session.notes,
                                          "interrupted": interrupted}, indent=1, default=str))
     print_figures(session, wall)
     if interrupted:
         return 130
-    expected = (len(args.dp_boards) + len(args.modes) * len(args.stage0) * len(args.micro_batches)) * args.speed
+    expected = (len(args.dp_boards) + len(args.modes) * len(args.stage0) * len(args.micro_batches)
+                + args.planned) * args.speed
     made = (len(session.speed) == expected and len(session.recovery) == len(args.modes) * args.recovery
             and len(session.slowdown) == int(args.slowdown))
     return 0 if made and not session.failures else 2

@@ -3,9 +3,9 @@
 No script but a script's part, free of the lab (tests load it by its file name): every plan ``train
 --pipeline`` can run today over a case's boards is costed by the pipeline cost model
 (``planning.pipeline_cost.evaluate_plan``): one stage (plain data-parallel, M = 1), or a stage-0
-group followed by one or two later stages of one board each (every stage with parameters), cut at any of the model's admissible
-cuts, GPipe, M in :data:`MICRO_BATCHES`. The cheapest by the model is the planner's pick among them
-(what ``plan --pipeline`` chooses: it keeps to what train runs). The runs to measure are the pick and
+group followed by one or two later stages, each of one board or a group (every stage with parameters), cut at any of
+the model's admissible cuts, GPipe, M in :data:`MICRO_BATCHES`. The cheapest by the model is the planner's pick among
+them (what ``plan --pipeline`` chooses: it keeps to what train runs). The runs to measure are the pick and
 the best plan of each other family (other boards, another M, another stage count), so
 that a miss of the model shows as a measured plan beating the pick.
 """
@@ -28,7 +28,7 @@ class Candidate:
     """One plan train can run, with the model's figures for it."""
 
     stage0: tuple[str, ...]
-    later: tuple[tuple[str, str], ...]   # (cut, board) per later stage
+    later: tuple[tuple[str, str], ...]   # (cut, boards) per later stage: "b1" or a group "b1+b2"
     micro_batches: int
     batch_sizes: tuple[int, ...]         # stage 0's boards' samples per step
     predicted_step_s: float
@@ -48,7 +48,7 @@ class Candidate:
 
     @property
     def boards(self) -> tuple[str, ...]:
-        return (*self.stage0, *(b for _, b in self.later))
+        return (*self.stage0, *(b for _, group in self.later for b in group.split("+")))
 
 
 def _subsets(boards: Sequence[str]) -> Iterator[tuple[str, ...]]:
@@ -56,10 +56,21 @@ def _subsets(boards: Sequence[str]) -> Iterator[tuple[str, ...]]:
         yield from itertools.combinations(boards, size)
 
 
-def _specs(problem: PipelineProblem, stage0: tuple[str, ...], later: tuple[str, ...],
+def _later_groups(boards: Sequence[str], count: int) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every ordered choice of ``count`` disjoint groups of ``boards`` (each group's boards in the fleet's order)."""
+    if count == 0:
+        yield ()
+        return
+    for group in _subsets(boards):
+        rest = [b for b in boards if b not in group]
+        for others in _later_groups(rest, count - 1):
+            yield (group, *others)
+
+
+def _specs(problem: PipelineProblem, stage0: tuple[str, ...], later: tuple[tuple[str, ...], ...],
            stops: tuple[int, ...]) -> list[StageSpec]:
     edges = [0, *stops, len(problem.layers)]
-    groups = [stage0, *((b,) for b in later)]
+    groups = [stage0, *later]
     return [StageSpec(edges[k], edges[k + 1], groups[k]) for k in range(len(groups))]
 
 
@@ -70,9 +81,9 @@ def trainable_plans(problem: PipelineProblem, *, max_stages: int = 3) -> list[Ca
     out: dict[tuple[object, ...], Candidate] = {}
     for stage0 in _subsets(boards):
         rest = [b for b in boards if b not in stage0]
-        shapes: list[tuple[tuple[str, ...], tuple[int, ...]]] = [((), ())]
+        shapes: list[tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]] = [((), ())]
         for count in range(1, max_stages):
-            for later in itertools.permutations(rest, count):
+            for later in _later_groups(rest, count):
                 shapes += [(later, stops) for stops in itertools.combinations(range(1, len(names)), count)]
         for later, stops in shapes:
             specs = _specs(problem, stage0, later, stops)
@@ -88,10 +99,10 @@ def trainable_plans(problem: PipelineProblem, *, max_stages: int = 3) -> list[Ca
     return sorted(out.values(), key=lambda c: c.predicted_step_s)
 
 
-def _candidate(problem: PipelineProblem, plan: PipelinePlan, stage0: tuple[str, ...], later: tuple[str, ...],
-               stops: tuple[int, ...], names: list[str]) -> Candidate:
+def _candidate(problem: PipelineProblem, plan: PipelinePlan, stage0: tuple[str, ...],
+               later: tuple[tuple[str, ...], ...], stops: tuple[int, ...], names: list[str]) -> Candidate:
     batches = tuple(m * plan.micro_batches for m in plan.stages[0].micro_batch_sizes)
-    return Candidate(stage0=stage0, later=tuple((names[s - 1], b) for s, b in zip(stops, later)),
+    return Candidate(stage0=stage0, later=tuple((names[s - 1], "+".join(g)) for s, g in zip(stops, later)),
                      micro_batches=plan.micro_batches, batch_sizes=batches, predicted_step_s=plan.step_time_s)
 
 

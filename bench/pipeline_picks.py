@@ -7,7 +7,7 @@ Issue 35's target: the planner's pick is the measured best, or within 5% of it, 
    figures included; the other boards spin meanwhile), and the profile is kept;
 2. for each case (a model and a few of fleet8's boards, :data:`CASES`), every plan train can run
    today over those boards is costed by the pipeline cost model (``bench/pipeline_candidates.py``:
-   data-parallel, or a stage-0 group and one or two later stages of one board, GPipe, M = 1, 2, 4);
+   data-parallel, or a stage-0 group and one or two later stages of one board or a group, GPipe, M = 1, 2, 4);
    the cheapest is the model's pick. With ``--verify K`` (default 3) the case's pick is
    ``edge-coordinator plan --pipeline --boards ... --verify K`` instead: the K best distinct plans by the
    model, each pre-trained for 3 + 20 real steps ``--verify-rounds`` times in turn (default 2: A B C C B A), the
@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,7 +180,8 @@ def _measure_plan(ctx: scaling.FleetContext, model: str, number: int, index: int
                         "--dataset", workload.dataset, "--epochs", str(epochs), "--seed", "0", "--no-rebalance",
                         "--run-dir", str(run_dir), *(piped if cand.later else []), board_keys=bool(cand.later))
     cmd = in_coordinator_netns(ctx.lab, cmd)
-    cfg = scaling.Config(FLEET, model, "picks", cand.boards, (*cand.batch_sizes, *(0,) * len(cand.later)),
+    later = (0,) * (len(cand.boards) - len(cand.stage0))  # every later stage's board, a group's each
+    cfg = scaling.Config(FLEET, model, "picks", cand.boards, (*cand.batch_sizes, *later),
                          tuple(quotas[b] for b in cand.boards), "planned")
     wait_ready(ctx.lab, cand.boards)
     idle = [b for b in ctx.ballast_info if b not in cand.boards] if ctx.ballast else []
@@ -216,10 +218,10 @@ def _problem(profile: FleetProfile, boards: tuple[str, ...], global_batch: int) 
     return dataclasses.replace(problem, boards=tuple(b for b in problem.boards if b.board_id in boards))
 
 
-def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: tuple[str, ...], profile: str,
-                   count: int, rounds: int) -> tuple[Candidate, dict[str, object]]:
-    """``plan --pipeline --verify count --verify-rounds rounds`` over the case's boards: the plan it chooses on
-    measurement, and its record.
+def verified_pick(ctx: scaling.FleetContext, model: str, boards: Sequence[str], profile: str, count: int, rounds: int,
+                  *, what: str) -> tuple[Candidate, dict[str, object]]:
+    """``plan --pipeline --verify count --verify-rounds rounds`` over ``boards``: the plan it chooses on measurement,
+    and its record (``what``: the run's name in messages and its log's, e.g. "case 3").
 
     Raises:
         RuntimeError: plan failed (its output's tail included).
@@ -227,7 +229,7 @@ def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: t
     from edgefleet.launch import module_command
 
     workload = scaling.WORKLOADS[model]
-    log_path = ctx.runs_dir / f"case{number}-verify.log"
+    log_path = ctx.runs_dir / f"{what.replace(' ', '')}-verify.log"
     cmd = in_coordinator_netns(ctx.lab, module_command(
         "edgefleet.coordinator.cli", "--broker", ctx.lab.broker_address, "plan", "--profile", profile, "--pipeline",
         "--objective", "time", "--batch", str(workload.global_batch), "--boards", ",".join(boards), "--verify", str(count),
@@ -239,9 +241,9 @@ def _verified_pick(ctx: scaling.FleetContext, model: str, number: int, boards: t
         try:
             done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise scaling.OutOfTime(f"case {number}: plan --verify not done in {timeout:.0f} s") from None
+            raise scaling.OutOfTime(f"{what}: plan --verify not done in {timeout:.0f} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"case {number}: plan --pipeline --verify exited with {done.returncode}:\n{log_tail(log_path)}")
+        raise RuntimeError(f"{what}: plan --pipeline --verify exited with {done.returncode}:\n{log_tail(log_path)}")
     verify = json.loads(done.stdout)["verify"]
     chosen = verify["trials"][verify["chosen"]]
     return candidate_of_flags(chosen["train_flags"], chosen["predicted"]["step_time_s"]), verify
@@ -272,8 +274,8 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, results: list[
             result = CaseResult(number, model, list(boards), len(plans), [], model_pick=chosen[0].label if chosen else "")
             if args.verify and chosen:
                 started = time.monotonic()
-                pick, result.verify = _verified_pick(ctx, model, number, boards, profiles[model], args.verify,
-                                                    args.verify_rounds)
+                pick, result.verify = verified_pick(ctx, model, boards, profiles[model], args.verify,
+                                                    args.verify_rounds, what=f"case {number}")
                 same = next((c for c in chosen if same_plan(c, pick)), None)
                 chosen = [same or pick, *(c for c in chosen if not same_plan(c, pick))]  # the model's pick stays measured
                 print(f"    plan --verify {args.verify} chose {pick.label} in {time.monotonic() - started:.0f} s",

@@ -213,7 +213,7 @@ class PipelineSpec:
         for name in ("cuts", "micro_batches", "stages", "shapes", "max_rows"):
             if name not in data:
                 raise ValueError(f"pipeline.{name} is missing")
-        stages = _list(data["stages"], "stages", low=MIN_STAGES, high=MAX_STAGES + MAX_GROUP)
+        stages = _list(data["stages"], "stages", low=MIN_STAGES, high=MAX_STAGES * MAX_GROUP)
         peers = [PipelinePeer.from_dict(peer, field=f"stages[{index}]") for index, peer in enumerate(stages)]
         cuts, shapes = data["cuts"], data["shapes"]  # copied: the spec shares no list with the map it came from
         if isinstance(shapes, list):

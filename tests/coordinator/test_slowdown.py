@@ -108,3 +108,46 @@ def test_the_training_channel_keeps_each_boards_latest_telemetry(mosquitto: Loca
 
     cause = asyncio.run(watch())
     assert cause.startswith(f"CPU shared: {socket.gethostname()}'s ") and "also run the coordinator" in cause, cause
+
+
+def test_the_channel_waits_for_each_boards_capabilities_as_well_as_its_status(mosquitto: LocalBroker,
+                                                                              fleet_key: Path) -> None:
+    """The broker sends each topic's retained message on its own: a board's status can reach a new channel before
+    its capabilities, whose address a pipeline's command needs (seen when a revised pipeline's run started)."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgefleet.protocol.messages import BoardStatus
+    from edgefleet.protocol.topics import DEFAULT_PREFIX, caps_topic, status_topic
+
+    board = "late-1"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"late-board-{time.monotonic_ns()}")
+    client.connect(mosquitto.host, mosquitto.port)
+    client.loop_start()
+
+    async def wait() -> bool:
+        channel = BoardChannel(BrokerSettings(host=mosquitto.host, port=mosquitto.port), fleet_key.read_bytes(), [board])
+        await channel.open()
+        try:
+            status = BoardStatus(state="online", ts=time.time()).to_json()
+            client.publish(status_topic(DEFAULT_PREFIX, board), status, qos=1, retain=True).wait_for_publish(5)
+            deadline = time.monotonic() + 10
+            while board not in channel.status and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert board in channel.status and board not in channel.caps
+            waiting = asyncio.create_task(channel.wait_for_status(timeout_s=10))
+            await asyncio.sleep(0)  # the wait has looked once: the status is there, the capabilities not yet
+            caps = _caps(board, "late-host").to_json()
+            client.publish(caps_topic(DEFAULT_PREFIX, board), caps, qos=1, retain=True).wait_for_publish(5)
+            await waiting
+            return board in channel.caps
+        finally:
+            channel.close()
+
+    try:
+        assert asyncio.run(wait())
+    finally:
+        for topic in (status_topic(DEFAULT_PREFIX, board), caps_topic(DEFAULT_PREFIX, board)):
+            client.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
+        client.disconnect()
+        client.loop_stop()

@@ -139,20 +139,22 @@ def _cpu_group(board: str) -> Any:
 @pytest.mark.slow
 def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    """q2 (stage 1) loses most of its CPU mid-run, as a Pi throttling under heat: the coordinator sees its busy time
-    grow (its own stage's work: its waits on the others left out), revises the pipeline at the measured speeds after
-    a whole step, and goes on from there: every step once, the model the single process trains, faster again."""
-    keys = make_keys(tmp_path, BOARDS)
+    """q2, one of stage 1's group of two, loses most of its CPU mid-run, as a Pi throttling under heat: the
+    coordinator sees its busy time grow (its own stage's work on the micro-batches the routes give it: its waits on
+    the others left out), revises the pipeline at the measured speeds after a whole step, and goes on from there:
+    every step once, the model the single process trains, faster again."""
+    boards = [*BOARDS, "q4"]
+    keys = make_keys(tmp_path, boards)
     group = _cpu_group("q2")
     kept = "[training]\nkeep_worker = true\n"  # the revised job runs on the workers of the old one
-    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b]) + kept) for b in BOARDS}
+    started = {b: agents.start(b, mosquitto.address, config=agent_config(b, keys, keys.own[b]) + kept) for b in boards}
     proc = None
     try:
         group.add(started["q2"].proc.pid)  # the worker it starts for the job is in its group too
-        wait_boards_online(mosquitto.address, BOARDS)
+        wait_boards_online(mosquitto.address, boards)
         run_dir = tmp_path / "slowed"
         steps = 64  # enough left after the slowdown for a revision to pay for its restart (run.stage_reviser)
-        proc = _train(mosquitto, keys, run_dir, "--pipeline", "q1,net.2@q2,net.8@q3", "--batch", "64",
+        proc = _train(mosquitto, keys, run_dir, "--pipeline", "q1,net.2@q2+q4,net.8@q3", "--batch", "64",
                       "--micro-batches", "4", "--steps", str(steps), "--checkpoint-every", "8", "--stage-sync",
                       "checkpoint", model_options="optimizer=adam,lr=0.002")
         # the watch's reference: the 10 steps after the plan's first 3
@@ -168,13 +170,14 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
     assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
     assert "pipeline of 3 stages, 4 micro-batch(es) a step" in output, output[-3000:]
     assert "parameters and optimizer state go to the coordinator's replica at its checkpoints" in output
+    assert "stage 1 on q2+q4" in output, output[-3000:]
     assert re.search(r"q2 takes [\d.]+x its time since the plan began", output), output[-4000:]
     assert "revising the pipeline after its next whole step" in output, output[-4000:]
     assert "revised: step" in output, output[-4000:]
     records = _steps(run_dir)
     assert [s["step"] for s in records] == list(range(steps))  # none lost, none trained twice
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["pipeline"] != "q1,net.2@q2,net.8@q3" and 0 < result["revision_s"] < 30, result
+    assert result["pipeline"] != "q1,net.2@q2+q4,net.8@q3" and 0 < result["revision_s"] < 30, result
     # stage 0's worker, whose exchange the coordinator closed under it at the stop, stays for the revised job
     assert "sending it to the running worker" in (tmp_path / "q1.log").read_text()
     since = re.search(r"revising from step (\d+)", output)
@@ -191,10 +194,10 @@ def test_a_stage_board_that_slows_for_good_is_planned_around_from_a_whole_step(
 @pytest.mark.slow
 def test_a_later_stage_group_shares_the_micro_batches_and_a_lost_board_leaves_them_to_the_others(
         tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
-    """Stage 0 a group of two boards and stage 1 a group of two (each runs some of the step's four micro-batches, the
-    group's gradient averaged by samples), stage 2 one board whose state goes at checkpoints: the model is a single
-    process's within the issue's 1e-5. Then one board of stage 1's group is killed mid-run: its micro-batches go to the
-    other, from the last checkpoint, and the model is still the single process's."""
+    """Stage 0 a group of two boards and stage 1 a group of two (each runs some of the step's micro-batches, the
+    group's gradient averaged by samples), stage 2 one board whose state goes at checkpoints; one board of stage 1's
+    group is killed mid-run: its micro-batches go to the other, from the last checkpoint, and the model is a single
+    process's within the issue's 1e-5, every step once."""
     boards = ["g1", "g2", "g3", "g4", "g5"]
     keys = make_keys(tmp_path, boards)
     kept = "[training]\nkeep_worker = true\n"
@@ -203,16 +206,6 @@ def test_a_later_stage_group_shares_the_micro_batches_and_a_lost_board_leaves_th
     wait_boards_online(mosquitto.address, boards)
     pipeline = ["--pipeline", "g1+g2,net.2@g3+g4,net.8@g5", "--batch", "30,34", "--micro-batches", "2",
                 "--stage-sync", "checkpoint", "--checkpoint-every", "4", "--no-rebalance"]
-    plain = tmp_path / "plain"
-    proc = _train(mosquitto, keys, plain, *pipeline, "--steps", "16")
-    code, out, err = finish(proc, 300)
-    output = out + err
-    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
-    assert "stage 1 on g3+g4" in output and "stage 2 on g5" in output, output[-4000:]
-    assert [s["step"] for s in _steps(plain)] == list(range(16))
-    model = torch.load(plain / "model.pt", weights_only=True)
-    assert max_relative_error(model, plain_lenet_training(16, 64, seed=SEED)) <= 1e-5
-
     killed = tmp_path / "killed"
     proc = _train(mosquitto, keys, killed, *pipeline, "--steps", "24")
     try:
@@ -224,6 +217,7 @@ def test_a_later_stage_group_shares_the_micro_batches_and_a_lost_board_leaves_th
             proc.kill()
     output = out + err
     assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
+    assert "stage 1 on g3+g4" in output and "stage 2 on g5" in output, output[-4000:]
     assert "g4's micro-batches (after net.2) to g3" in output and "recovered: step" in output, output[-4000:]
     result = json.loads((killed / "result.json").read_text())
     assert result["pipeline"] == "g1+g2,net.2@g3,net.8@g5"

@@ -51,6 +51,14 @@ def test_without_a_data_parallel_run_there_is_no_ratio() -> None:
     assert rows[0].ratio_rate is None
 
 
+def test_a_piped_run_is_the_head_on_the_tail_board_or_the_planners_whole_pipeline() -> None:
+    hand = pb.PipedConfig("piped", ("pi5-1", "pi5-2"), (64, 64), 2, "planned")
+    assert hand.pipeline == f"pi5-1+pi5-2,{pb.CUT}@{pb.TAIL_BOARD}" and hand.boards == ("pi5-1", "pi5-2", pb.TAIL_BOARD)
+    planned = pb.PipedConfig("planned", ("x86-1",), (128,), 2, "planner", shape="x86-1,net.6@pi5-1+pi5-2",
+                             flags=("--stage-sync", "checkpoint"))
+    assert planned.pipeline == "x86-1,net.6@pi5-1+pi5-2" and planned.boards == ("x86-1", "pi5-1", "pi5-2")
+
+
 def test_steps_once_names_the_missing_and_the_repeated_steps() -> None:
     assert pb.steps_once([0, 1, 2, 3], 4) == ([], [])
     assert pb.steps_once([0, 1, 2, 2, 3, 5], 6) == ([4], [2])

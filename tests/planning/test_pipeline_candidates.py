@@ -23,9 +23,12 @@ def _problem() -> PipelineProblem:
     return PipelineProblem(layers=layers, boards=boards, global_batch=8, dataset_len=80)
 
 
-def test_every_trainable_plan_is_costed_cheapest_first_and_none_has_a_later_group() -> None:
+def test_every_trainable_plan_is_costed_cheapest_first_later_groups_included() -> None:
     problem = _problem()
     plans = pc.trainable_plans(problem)
+    grouped = [c for c in plans if any("+" in boards for _, boards in c.later)]
+    assert grouped and all(c.micro_batches % 2 == 0 for c in grouped)  # a group of 2 takes whole micro-batches in turn
+    assert all(len(c.boards) == len(set(c.boards)) <= 3 for c in plans)
     assert [c.predicted_step_s for c in plans] == sorted(c.predicted_step_s for c in plans)
     assert {c.stages for c in plans} == {1, 2, 3}
     assert all(c.micro_batches == 1 for c in plans if c.stages == 1)  # data-parallel has no micro-batches
@@ -35,7 +38,7 @@ def test_every_trainable_plan_is_costed_cheapest_first_and_none_has_a_later_grou
     names = [layer.name for layer in problem.layers]
     stops = [names.index(cut) + 1 for cut, _ in pick.later]
     edges = [0, *stops, len(names)]
-    groups = [pick.stage0, *((b,) for _, b in pick.later)]
+    groups = [pick.stage0, *(tuple(b.split("+")) for _, b in pick.later)]
     plan = evaluate_plan(problem, [StageSpec(edges[k], edges[k + 1], g) for k, g in enumerate(groups)],
                          micro_batches=pick.micro_batches, schedule="gpipe")
     assert plan.step_time_s == pick.predicted_step_s
@@ -60,7 +63,7 @@ def test_the_planner_s_train_flags_read_back_as_the_plan_the_bench_measures() ->
     for cand in pc.trainable_plans(problem):
         stops = [names.index(cut) + 1 for cut, _ in cand.later]
         edges = [0, *stops, len(names)]
-        groups = [cand.stage0, *((b,) for _, b in cand.later)]
+        groups = [cand.stage0, *(tuple(b.split("+")) for _, b in cand.later)]
         plan = evaluate_plan(problem, [StageSpec(edges[k], edges[k + 1], g) for k, g in enumerate(groups)],
                              micro_batches=cand.micro_batches, schedule="gpipe")
         back = pc.candidate_of_flags(list(train_flags(problem, plan).flags), plan.step_time_s)

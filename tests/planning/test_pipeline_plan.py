@@ -123,6 +123,39 @@ def test_a_group_splits_each_micro_batch_by_speed_and_exchanges_its_gradient() -
     assert [(x.up_bytes, x.down_bytes) for x in plan.links] == [(MB, MB), (MB, MB)]
 
 
+def test_a_later_group_is_priced_as_train_routes_its_micro_batches() -> None:
+    """train deals a later group whole micro-batches (``protocol.stage_routes``); where the group's size divides M and
+    b, each of its boards runs B / n samples in G M / n micro-batches whatever stage 0's split, the model's figures."""
+    from edgefleet.protocol.stage_routes import stage_routes
+
+    layers = (_layer("head", params=1 * MB), _layer("tail", params=1 * MB))
+    boards = (_board("fast", speed=3.0, overhead=0.01), _board("slow", speed=1.0, overhead=0.01),
+              _board("g1", speed=2.0, overhead=0.01), _board("g2", speed=1.0, overhead=0.01))
+    problem = PipelineProblem(layers=layers, boards=boards, global_batch=16, dataset_len=160, micro_batches=(1, 2, 4))
+    specs = (StageSpec(0, 1, ("fast", "slow")), StageSpec(1, 2, ("g1", "g2")))
+    for m in (2, 4):
+        plan = evaluate_plan(problem, specs, micro_batches=m, schedule="gpipe")
+        assert plan.feasible and plan.stages[1].micro_batch_sizes == (16 // m // 2,) * 2   # the same samples, not by speed
+        first = plan.stages[0].micro_batch_sizes
+        assert first[0] > first[1]                                                      # stage 0 splits by speed
+        routes = stage_routes((2, 2), [x * m for x in first], m)
+        batches = plan.board_batches()
+        for member, board_id in enumerate(("g1", "g2")):
+            assert routes.rows_of(1, member) == batches[board_id] == 8
+            assert len(routes.units_of(1, member)) == 2 * m // 2
+        # the slow board of the group binds: its forward of b / 2 samples and 1 in 2 of a micro-batch's fixed cost
+        unit = pipeline_cost.MICRO_FIXED_SHARE * 0.01 / 2
+        assert plan.stages[1].micro_batch_s == pytest.approx((16 // m // 2) * 0.03 / 1.0 + 2 * unit)
+    odd = evaluate_plan(problem, specs, micro_batches=1, schedule="gpipe")
+    assert odd.constraint == "group" and odd.ruled_out == (
+        "stage 1's group of 2 boards (g1+g2) takes whole micro-batches in turn, the same samples each: 1 micro-batches "
+        "of 16 samples do not share out evenly (both must be multiples of 2)")
+    found, _ = search_pipeline(problem, "time")
+    optimum = exhaustive_search(problem, "time")
+    assert found is not None and optimum is not None
+    assert found.objective_value("time") == pytest.approx(optimum.objective_value("time"))
+
+
 def test_the_split_is_the_best_integer_split() -> None:
     rng = random.Random(7)
     for _ in range(200):
@@ -164,7 +197,7 @@ def _random_problem(rng: random.Random, *, tight: bool = False) -> PipelineProbl
 
 def test_the_programme_matches_exhaustive_search_and_beats_the_baselines() -> None:
     rng = random.Random(35)
-    gaps, pipelines, groups, none_fit = [], 0, 0, 0
+    gaps, pipelines, groups, later_groups, none_fit = [], 0, 0, 0, 0
     for case in range(66):
         problem, objective = _random_problem(rng, tight=case % 11 == 0), OBJECTIVES[case % 3]
         found, notes = search_pipeline(problem, objective)
@@ -185,8 +218,9 @@ def test_the_programme_matches_exhaustive_search_and_beats_the_baselines() -> No
                 assert found.objective_value(objective) <= baseline.objective_value(objective) * (1 + 1e-9)
         pipelines += len(found.stages) > 1
         groups += any(len(s.boards) > 1 for s in found.stages)
+        later_groups += any(len(s.boards) > 1 for s in found.stages[1:])
     assert len(gaps) >= 50 and max(gaps) <= 0.01
-    assert pipelines and groups and none_fit                                # the cases exercise every shape
+    assert pipelines and groups and later_groups and none_fit               # the cases exercise every shape
 
 
 def test_a_limit_on_later_groups_is_kept_by_the_programme_and_exhaustive_search_alike() -> None:

@@ -27,11 +27,16 @@ def test_a_plan_with_one_board_a_later_stage_becomes_trains_pipeline_flags() -> 
     assert flags.line().startswith("train it with: edge-coordinator train ... --pipeline p1+p2,net.2@p3,net.6@p4")
 
 
-def test_a_later_group_or_1f1b_cannot_be_trained_yet_and_says_why() -> None:
+def test_a_later_group_becomes_cut_at_its_boards() -> None:
     grouped = evaluate_plan(PROBLEM, (StageSpec(0, 2, ("p1",)), StageSpec(2, 3, ("p3", "p4"))), micro_batches=2,
                             schedule="gpipe")
-    assert train_flags(PROBLEM, grouped).flags == ()
-    assert "stage 1 is a group of boards (p3+p4) sharing each micro-batch's samples" in train_flags(PROBLEM, grouped).line()
+    assert grouped.feasible
+    assert train_flags(PROBLEM, grouped).flags == ("--pipeline", "p1,net.6@p3+p4", "--batch", "16", "--micro-batches",
+                                                   "2", "--stage-sync", "checkpoint")
+
+
+def test_1f1b_cannot_be_trained_yet_and_says_why() -> None:
     one_f_one_b = evaluate_plan(PROBLEM, (StageSpec(0, 2, ("p1",)), StageSpec(2, 3, ("p3",))), micro_batches=2,
                                 schedule="1f1b")
+    assert train_flags(PROBLEM, one_f_one_b).flags == ()
     assert "train runs GPipe only" in train_flags(PROBLEM, one_f_one_b).why_not

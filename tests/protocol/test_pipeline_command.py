@@ -88,6 +88,13 @@ def test_a_later_stage_may_be_a_group_from_version_11() -> None:
             command_from_dict({**BASE, "pipeline": _spec(stages=stages, groups=groups), "batch_sizes": [16, 0, 0, 0]})
 
 
+def test_a_spec_of_more_boards_than_the_stage_and_group_limits_added_reads_back() -> None:
+    # 64 boards at stage 0 and two later groups of 64: 192 peers, within 64 stages of 64 boards each
+    stages = [{"board_id": f"b{k}", "host": "10.0.0.1", "port": 7000 + k, "public_key": KEYS[0]} for k in range(192)]
+    spec = PipelineSpec.from_dict(_spec(stages=stages, group=64, groups=[64, 64, 64], micro_batches=64))
+    assert spec.sizes == [64, 64, 64] and PipelineSpec.from_dict(spec.to_dict()) == spec
+
+
 def test_a_data_parallel_command_has_no_pipeline() -> None:
     command = command_from_dict({**BASE, "pipeline": None, "board_id": "b", "batch_sizes": [8, 8]})
     assert isinstance(command, TrainCommand) and command.pipeline is None and command.pipeline_spec is None
@@ -154,7 +161,7 @@ def test_micro_batches_of_exactly_max_rows_are_taken() -> None:
     (_spec(micro_batches=True), r"pipeline\.micro_batches = True should be"),
     (_spec(micro_batches=2.0), r"pipeline\.micro_batches = 2\.0 should be"),
     (_spec(max_rows=0), r"pipeline\.max_rows = 0 should be a whole number from 1"),
-    (_spec(stages=SPEC["stages"][:1], cuts=[], shapes=[[10]]), r"pipeline\.stages has 1 entries; it should have 2 to 128"),
+    (_spec(stages=SPEC["stages"][:1], cuts=[], shapes=[[10]]), r"pipeline\.stages has 1 entries; it should have 2 to 4096"),
     (_spec(stages=[SPEC["stages"][0]] * 65), r"pipeline\.stages makes 65 stages \(after stage 0's group of 1\); at most 64"),
     (_spec(stages={"0": SPEC["stages"][0]}), r"pipeline\.stages should be a list, got dict"),
     (_spec(stages=[SPEC["stages"][0], "pi-2", SPEC["stages"][2]]), r"pipeline\.stages\[1\] should be a map, got str"),

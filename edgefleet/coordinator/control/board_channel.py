@@ -228,9 +228,11 @@ class BoardChannel:
         self._dropped[board] = (now, 0)
 
     async def wait_for_status(self, timeout_s: float = 3.0) -> None:
-        """Give the retained statuses time to arrive (returns early once every board has one)."""
+        """Give the retained statuses and capabilities time to arrive (returns early once every board has both: the
+        broker sends each topic's retained message on its own, and a pipeline's command needs every board's address
+        from its capabilities)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(b not in self.status for b in self.boards):
+        while time.monotonic() < deadline and any(b not in self.status or b not in self.caps for b in self.boards):
             await asyncio.sleep(0.05)
 
     def send(self, board_id: str, command: dict[str, Any], *, wait_s: float = 0.0) -> None:

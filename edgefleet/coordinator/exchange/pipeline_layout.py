@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 from edgefleet.coordinator.exchange.board_state import ExchangeError
@@ -51,13 +51,23 @@ class PipelineLayout:
     sync: StageSync | None = None
     sizes: tuple[int, ...] = ()  # each stage's boards, stage 0's first; (): ``group``, then one a later stage
     rows: tuple[int, ...] = ()   # each board's samples a step (``protocol.stage_routes``); (): a later board's N
+    # each board's stage and its stage's first board, and whether its vector is averaged: asked per board per step
+    _stages: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _firsts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _averaged: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sizes:
             object.__setattr__(self, "sizes", (self.group,) + (1,) * (len(self.elements) - self.group))
-        self._check()
+        self._check_shape()
+        places = [stage_and_member(list(self.sizes), board) for board in range(len(self.elements))]
+        object.__setattr__(self, "_stages", tuple(stage for stage, _ in places))
+        object.__setattr__(self, "_firsts", tuple(board - member for board, (_, member) in enumerate(places)))
+        object.__setattr__(self, "_averaged", tuple(board < self.group or self.sizes[stage] > 1
+                                                    for board, (stage, _) in enumerate(places)))
+        self._check_boards()
 
-    def _check(self) -> None:
+    def _check_shape(self) -> None:
         if not self.elements:
             raise ExchangeError("the pipeline layout has no board: give each stage's board its vector length")
         if len(self.slots) != len(self.elements):
@@ -75,6 +85,8 @@ class PipelineLayout:
         if self.rows and (len(self.rows) != len(self.elements) or min(self.rows) < 1):
             raise ExchangeError(f"the pipeline layout gives {len(self.rows)} boards' samples for {len(self.elements)} "
                                 "boards: one figure of at least 1 each")
+
+    def _check_boards(self) -> None:
         for board in range(len(self.elements)):
             first = self.first_of(board)
             if self.elements[board] != self.elements[first] or self.slots[board] != self.slots[first]:
@@ -97,16 +109,16 @@ class PipelineLayout:
 
     def stage_of(self, board: int) -> int:
         """The stage of ``board``."""
-        return stage_and_member(list(self.sizes), board)[0]
+        return self._stages[board]
 
     def first_of(self, board: int) -> int:
         """The first board of ``board``'s stage."""
-        return board - stage_and_member(list(self.sizes), board)[1]
+        return self._firsts[board]
 
     def averaged(self, board: int) -> bool:
         """Whether ``board``'s vector is averaged with others (sample-weighted): stage 0's boards, and a later stage's
         group's; a later stage of one board sends its own stage's gradient (or its state, with a sparse sync)."""
-        return board < self.group or self.sizes[self.stage_of(board)] > 1
+        return self._averaged[board]
 
     def stage_boards(self, stage: int) -> range:
         """The boards of ``stage``."""

@@ -14,7 +14,11 @@ profile taken before it:
   fixed work keeps a slowed board from looking free when it is left a single cheap layer.
 * **The candidates.** The same boards in the same order with new cuts, stage 0's slices shared out by
   its boards' speeds (the global batch, and so every step's samples, stay the run's); and, for each
-  slowed later stage, the pipeline without it (its layers to its neighbours). Dynamic programming over
+  slowed board of a later stage, the pipeline without it: a stage of one board leaves its layers to its
+  neighbours, a group's board its micro-batches to the group's others.
+* **Later groups.** A later stage's group runs the micro-batches ``protocol.stage_routes`` deals it (the
+  fewest samples so far, from stage 0's slices), as train does: each of its boards is timed, and costed,
+  on its own samples and micro-batches, and the stage takes as long as its slowest board. Dynamic programming over
   the units keeps, per stage and last unit, the Pareto front of (slowest stage, sum of stages): a GPipe
   step of M micro-batches takes about ``(sum + (M - 1) * slowest) / M``.
 * **Stage 0's exchange.** Stage 0's boards send their stage's gradient to the coordinator every step
@@ -46,6 +50,7 @@ import numpy as np
 from edgefleet.coordinator.pipeline.stage_plan import StagePlan
 from edgefleet.coordinator.planning.cost_model import min_max_split
 from edgefleet.protocol.profile_report import UnitReport
+from edgefleet.protocol.stage_routes import stage_routes
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,7 @@ OPTIMIZER_COPIES = 4    # parameters, gradients and two optimizer moments (Adam'
 
 @dataclass(frozen=True)
 class Revision:
-    """The revised plan: its ``--pipeline`` text, boards and batch sizes (stage 0's slices, then 0 per later stage),
+    """The revised plan: its ``--pipeline`` text, boards and batch sizes (stage 0's slices, then 0 per later board),
     the step times it predicts now and after (s), and why, in words."""
 
     pipeline: str
@@ -75,6 +80,9 @@ class _Option:
     slowest: float
     total: float
     ends: tuple[int, ...]  # the last unit of each stage so far
+
+
+Groups = list[tuple[str, ...]]  # each later stage's boards, in stage order
 
 
 def unit_ends(units: Sequence[UnitReport], cuts: Sequence[str]) -> list[int] | None:
@@ -116,10 +124,13 @@ def revise(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, unit
     model, speeds, limits, ends = measured
     group, sizes, m = list(plan.boards[:plan.group]), model.sizes, model.m
     starts = [0, *(e + 1 for e in ends[:-1])]
+    hosts = _later(plan)
+    shares = _shares(model, sizes, hosts)
+    assert shares is not None  # the plan in force: _measure checked its slices
     current = _gpipe([model.stage0(lo=0, hi=ends[0], group=group, speeds=speeds, sizes=sizes)[0],
-                      *(speeds[h] * model.work(lo, hi, model.total, host=True)
-                        for h, lo, hi in zip(plan.hosts, starts[1:], ends[1:]))], m)
-    candidates = [list(plan.hosts), *([h for h in plan.hosts if h != s] for s in slowed if s in plan.hosts)]
+                      *(_later_s(model, speeds, g, lo, hi, share)
+                        for g, lo, hi, share in zip(hosts, starts[1:], ends[1:], shares))], m)
+    candidates = [hosts, *(_without(hosts, {s}) for s in slowed if s in plan.boards[plan.group:])]
     best = _best_plan(model, plan, ends, group, candidates, speeds, limits, units)
     if best is None or (best.pipeline == plan.text() and best.batch_sizes[:plan.group] == tuple(sizes)):
         return None
@@ -144,8 +155,7 @@ def replan_measured(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: 
     if measured is None:
         return None
     model, speeds, limits, ends = measured
-    hosts = [h for h in plan.hosts if h not in lost]
-    best = _best_plan(model, plan, ends, group, [hosts], speeds, limits, units, lost)
+    best = _best_plan(model, plan, ends, group, [_without(_later(plan), set(lost))], speeds, limits, units, lost)
     if best is None:
         return None
     gone = ", ".join(sorted(set(lost) & set(plan.boards)))
@@ -160,29 +170,61 @@ def _measure(plan: StagePlan, batch_sizes: Sequence[int], micro_batches: int, un
     ends = unit_ends(units, plan.cuts)
     if ends is None or any(b not in lost and not busy_s.get(b, 0.0) > 0 for b in plan.boards):
         return None
-    group = list(plan.boards[:plan.group])
     sizes = [int(n) for n in batch_sizes[:plan.group]]
     model = _Costs(units, max(1, micro_batches), sum(sizes), sizes, fixed_s)
+    shares = _shares(model, sizes, _later(plan))
+    if shares is None:
+        return None
     ram = dict(ram_bytes or {})
     speeds: dict[str, float] = {}
     limits: dict[str, float] = {}
     starts = [0, *(e + 1 for e in ends[:-1])]
     for k, (lo, hi) in enumerate(zip(starts, ends)):
-        for i, b in enumerate(group if k == 0 else [plan.boards[plan.group + k - 1]]):
+        for i, b in enumerate(plan.stage_boards(k)):
             if b in lost:
                 continue
-            samples = sizes[i] if k == 0 else model.total
-            speeds[b] = busy_s[b] / model.work(lo, hi, samples, host=k > 0)
+            samples, micros = (sizes[i], None) if k == 0 else shares[k - 1][i]
+            speeds[b] = busy_s[b] / model.work(lo, hi, samples, host=k > 0, micros=micros)
             limits[b] = max(model.memory(lo, hi, samples), MEMORY_SHARE * ram.get(b, 0))
     if not all(math.isfinite(v) for v in speeds.values()):
         return None
     return model, speeds, limits, ends
 
 
-def _best_plan(model: _Costs, plan: StagePlan, ends: Sequence[int], group: list[str], candidates: Sequence[list[str]],
+def _later(plan: StagePlan) -> Groups:
+    """``plan``'s later stages' boards, in stage order."""
+    return [plan.stage_boards(k) for k in range(1, len(plan.sizes))]
+
+
+def _without(hosts: Groups, gone: set[str]) -> Groups:
+    """``hosts`` without the boards ``gone``: a stage left with none is dropped (its layers to its neighbours)."""
+    kept = [tuple(b for b in g if b not in gone) for g in hosts]
+    return [g for g in kept if g]
+
+
+def _shares(model: _Costs, split: Sequence[int], hosts: Groups) -> list[list[tuple[int, int | None]]] | None:
+    """Each later stage's boards' (samples, micro-batches) a step as train routes them from stage 0's ``split``
+    (``protocol.stage_routes``; a stage of one board: the global batch, every micro-batch, micro-batches None); None
+    when a slice is empty (no plan train runs)."""
+    if min(split, default=0) < 1:
+        return None
+    if all(len(g) == 1 for g in hosts):
+        return [[(model.total, None)] for _ in hosts]
+    routes = stage_routes((len(split), *(len(g) for g in hosts)), split, model.m)
+    return [[(routes.rows_of(k, i), len(routes.units_of(k, i))) for i in range(len(g))]
+            for k, g in enumerate(hosts, start=1)]
+
+
+def _later_s(model: _Costs, speeds: Mapping[str, float], boards: Sequence[str], lo: int, hi: int,
+             share: Sequence[tuple[int, int | None]]) -> float:
+    """A later stage's busy time a step over units lo..hi: its slowest board's, each on its own share."""
+    return max(speeds[b] * model.work(lo, hi, rows, host=True, micros=micros) for b, (rows, micros) in zip(boards, share))
+
+
+def _best_plan(model: _Costs, plan: StagePlan, ends: Sequence[int], group: list[str], candidates: Sequence[Groups],
                speeds: Mapping[str, float], limits: Mapping[str, float], units: Sequence[UnitReport],
                lost: Collection[str] = ()) -> Revision | None:
-    """The fastest of the candidates' best cuts (each a list of later stages' boards, in order), or None; ``ends``:
+    """The fastest of the candidates' best cuts (each the later stages' boards, in order), or None; ``ends``:
     each stage's last unit under ``plan``."""
     stage0_params = model.params[ends[0] + 1] + STAGE0_GROWTH * model.params[-1]
     best: Revision | None = None
@@ -194,13 +236,17 @@ def _best_plan(model: _Costs, plan: StagePlan, ends: Sequence[int], group: list[
         if best is not None and step_s >= best.predicted_s - 1e-12:
             continue
         cuts = tuple(units[e].name for e in ends_new[:-1])
-        text = StagePlan(boards=(*group, *hosts), cuts=cuts, group=len(group)).text() if hosts else ""
-        dropped = [h for h in plan.hosts if h not in hosts and h not in lost]
-        why = f"{', '.join(dropped)}'s layers to its neighbours; " if dropped else ""
+        later = tuple(b for g in hosts for b in g)
+        text = StagePlan(boards=(*group, *later), cuts=cuts, group=len(group),
+                         sizes=(len(group), *(len(g) for g in hosts))).text() if hosts else ""
+        kept = {b for g in hosts for b in g}
+        dropped = [b for b in plan.boards[plan.group:] if b not in kept and b not in lost]
+        why = "".join(f"{b}'s {'layers to its neighbours' if len(g) == 1 else 'micro-batches to its group'}; "
+                      for g in _later(plan) for b in g if b in dropped)
         why += f"cuts {','.join(cuts)}" if cuts else "data-parallel on stage 0's boards"
         if tuple(split) != tuple(model.sizes):
             why += f"; stage 0's slices {','.join(map(str, model.sizes))} -> {','.join(map(str, split))}"
-        best = Revision(pipeline=text, boards=(*group, *hosts), batch_sizes=(*split, *(0,) * len(hosts)),
+        best = Revision(pipeline=text, boards=(*group, *later), batch_sizes=(*split, *(0,) * len(later)),
                         current_s=math.nan, predicted_s=step_s, why=why)
     return best
 
@@ -219,9 +265,11 @@ class _Costs:
                                                      for u in units])])
         self.host_micros = sum(min(micro_batches, n) for n in sizes)
 
-    def work(self, lo: int, hi: int, samples: int, *, host: bool) -> float:
-        """A step's work (s at the units' pace) for units lo..hi over ``samples``: the fixed work, then the units'."""
-        micros = self.host_micros if host else min(self.m, max(samples, 1))
+    def work(self, lo: int, hi: int, samples: int, *, host: bool, micros: int | None = None) -> float:
+        """A step's work (s at the units' pace) for units lo..hi over ``samples`` in ``micros`` micro-batches (None: a
+        later stage's board takes every micro-batch, stage 0's board its M): the fixed work, then the units'."""
+        if micros is None:
+            micros = self.host_micros if host else min(self.m, max(samples, 1))
         return self.fixed_s + float(max(self.intercept[hi + 1] - self.intercept[lo], 0.0) * micros
                      + max(self.per_sample[hi + 1] - self.per_sample[lo], 0.0) * samples)
 
@@ -253,37 +301,43 @@ def _gpipe(stage_s: Sequence[float], micro_batches: int) -> float:
     return (sum(stage_s) + (micro_batches - 1) * max(stage_s)) / micro_batches
 
 
-def _best_cuts(model: _Costs, group: list[str], hosts: list[str], speeds: Mapping[str, float],
+def _best_cuts(model: _Costs, group: list[str], hosts: Groups, speeds: Mapping[str, float],
                limits: Mapping[str, float], m: int, n_units: int,
                stage0_params: float = math.inf) -> tuple[float, list[int], list[int]] | None:
     """The best ends of the stages on ``group`` then ``hosts`` (in order): the predicted step, the ends, stage 0's
-    slices; None when no cut fits every board's memory."""
+    slices; None when no cut fits every board's memory.
+
+    A later group's share of the samples follows stage 0's slices (``_shares``), so the fronts are kept per stage 0's
+    end as well as per stage's end."""
     stages = 1 + len(hosts)
     if n_units < stages:
         return None
-    fronts: dict[int, list[_Option]] = {}
+    fronts: dict[tuple[int, int], list[_Option]] = {}   # (this stage's last unit, stage 0's) -> options
     splits: dict[int, list[int]] = {}
+    shares: dict[int, list[list[tuple[int, int | None]]]] = {}
     for end in range(n_units - stages + 1):  # stage 0: units 0..end
         if not 0 < model.params[end + 1] <= stage0_params:  # a parameter (it sends the gradients back), few more
             continue
         t0, split = model.stage0(lo=0, hi=end, group=group, speeds=speeds)
-        if any(model.memory(0, end, n) > limits[b] for b, n in zip(group, split)):
+        routed = _shares(model, split, hosts)
+        if routed is None or any(model.memory(0, end, n) > limits[b] for b, n in zip(group, split)):
             continue
-        fronts[end] = [_Option(t0, t0, (end,))]
-        splits[end] = split
-    for k, host in enumerate(hosts, start=1):
+        fronts[(end, end)] = [_Option(t0, t0, (end,))]
+        splits[end], shares[end] = split, routed
+    for k, boards in enumerate(hosts, start=1):
         last = k == stages - 1
-        nxt: dict[int, list[_Option]] = {}
-        for end, options in fronts.items():
+        nxt: dict[tuple[int, int], list[_Option]] = {}
+        for (end, root), options in fronts.items():
+            share = shares[root][k - 1]
             for new_end in ([n_units - 1] if last else range(end + 1, n_units - (stages - k) + 1)):
-                if model.memory(end + 1, new_end, model.total) > limits[host]:
+                if any(model.memory(end + 1, new_end, rows) > limits[b] for b, (rows, _) in zip(boards, share)):
                     continue
-                t = speeds[host] * model.work(end + 1, new_end, model.total, host=True)
+                t = _later_s(model, speeds, boards, end + 1, new_end, share)
                 for o in options:
-                    nxt.setdefault(new_end, []).append(_Option(max(o.slowest, t), o.total + t, (*o.ends, new_end)))
-        fronts = {e: _pareto(opts) for e, opts in nxt.items()}
-    finals = fronts.get(n_units - 1, []) if stages > 1 else [o for e, opts in fronts.items() if e == n_units - 1
-                                                              for o in opts]
+                    nxt.setdefault((new_end, root), []).append(_Option(max(o.slowest, t), o.total + t,
+                                                                       (*o.ends, new_end)))
+        fronts = {key: _pareto(opts) for key, opts in nxt.items()}
+    finals = [o for (e, _), opts in fronts.items() if e == n_units - 1 for o in opts]
     if not finals:
         return None
     best = min(finals, key=lambda o: ((o.total + (m - 1) * o.slowest) / m, o.ends))

@@ -13,8 +13,15 @@ per sample at speed 1 (1.0 for a profile's layers). Per stage:
   overhead_k measures; none for a one-stage plan, which sends none);
 * f_s = max_k (m_k F_s / speed_k + u_k): a micro-batch's forward on the slowest board;
   k_s = max_k M (m_k K_s / speed_k + u_k): a step's backward (every micro-batch's at once);
-* the split minimises max_k o_k + m_k c_k over integers 1 <= m_k <= cap_k, with c_k = w_s / speed_k +
-  (x in + x out) (1 / up_k + 1 / down_k) and cap_k the most samples board k's memory holds;
+* stage 0's group splits each micro-batch: the split minimises max_k o_k + m_k c_k over integers 1 <= m_k <= cap_k,
+  with c_k = w_s / speed_k + (x in + x out) (1 / up_k + 1 / down_k) and cap_k the most samples board k's memory holds;
+* a later stage's group of n boards takes whole micro-batches in turn (``protocol.stage_routes``: each of stage 0's
+  boards' micro-batches goes to the board of the group that has run the fewest samples so far). Where n divides M,
+  that deals each source's M equal micro-batches out round-robin, so every board of the group runs B / n samples in
+  G M / n micro-batches whatever stage 0's split (G = |G_0|): the model prices it as m_k = b / n of every
+  micro-batch and u_k / n of its fixed cost (the flow's per-micro-batch figures then hold on average over n
+  micro-batches: each runs whole on one board while the others run theirs). A plan whose later group does not divide
+  M, or b, is ruled out (``group``): the routes would not share the samples evenly, or b / n would not be whole;
 * I = max_k overhead_k x share_0: stage 0's fixed cost per step, share_0 = :data:`INTERCEPT_FIXED` +
   (1 - INTERCEPT_FIXED) x P_0 / P (the fixed cost's part that goes with the parameters is the
   optimizer's step, on each stage's own; a later stage's runs while the stages before it work);
@@ -56,8 +63,7 @@ coordinator's replica at checkpoints only (what ``plan --pipeline``'s train flag
 if every step carried its share.
 
 A plan is ruled out, in this order, by ``group`` (a later stage has more boards than
-``max_later_group``: train runs a later group by whole micro-batches, which this model does not price yet),
-``batch`` (a group has more boards
+``max_later_group``, or a later group's size does not divide M and b), ``batch`` (a group has more boards
 than a micro-batch has samples), ``memory`` (some board's memory_k over its limit, the board named) and
 ``power`` (over ``max_power_w``).
 """
@@ -97,7 +103,8 @@ INTERCEPT_FIXED = 0.1     # stage 0's share of its boards' whole-step fixed cost
 class StageCost:
     """One stage's figures on a group of boards (module doc); the search sums and maxes these."""
 
-    micro_batch_sizes: tuple[int, ...]   # per board; () when the group has more boards than samples
+    micro_batch_sizes: tuple[int, ...]   # per board; () when the group has more boards than samples, or a later
+    #                                      group does not divide M and b (``group_divides``)
     forward_s: float                     # the slowest board's forward of one micro-batch, with its fixed cost
     backward_s: float                    # the slowest board's backward of a step's micro-batches
     whole_s: float                       # as a one-stage plan: the slowest board's fixed cost and step
@@ -147,7 +154,8 @@ class StageCoster:
         layers, problem = self.problem.layers, self.problem
         b = problem.global_batch // micro_batches
         n = len(boards)
-        if n > b:
+        later_group = first > 0 and n > 1  # whole micro-batches in turn, the same samples each (module doc)
+        if n > b or (later_group and not group_divides(n, micro_batches, b)):
             return _no_split(n)
         work, params, held = self.work[stop] - self.work[first], self.params[stop] - self.params[first], \
             self.held[stop] - self.held[first]
@@ -160,10 +168,13 @@ class StageCoster:
         static = [k.base_memory_bytes + params * self.state_factor for k in boards]
         caps = [b if held == 0 else max(0, min(b, math.floor((k.memory_limit_bytes - s) / (held * in_flight))))
                 for k, s in zip(boards, static)]
-        split = split_micro_batch(b, overheads, per_sample, caps)
+        if later_group:
+            split: list[int] | None = [b // n] * n if min(caps) >= b // n else None
+        else:
+            split = split_micro_batch(b, overheads, per_sample, caps)
         over = -1
         if split is None:  # memory cannot hold it: the split memory aside, to report how far over
-            split = split_micro_batch(b, overheads, per_sample, [b] * n)
+            split = [b // n] * n if later_group else split_micro_batch(b, overheads, per_sample, [b] * n)
             assert split is not None
         memory = tuple(math.ceil(s + held * m * in_flight) for s, m in zip(static, split))
         excess = [(used - k.memory_limit_bytes) / k.memory_limit_bytes for used, k in zip(memory, boards)]
@@ -172,7 +183,7 @@ class StageCoster:
         M = micro_batches
         # a micro-batch's own cost each way on each board, a share of its fixed cost (a one-stage plan sends no frames)
         share_u = 0.0 if first == 0 and stop == len(layers) else MICRO_FIXED_SHARE
-        units = [share_u * k.overhead_s for k in boards]
+        units = [share_u * k.overhead_s / (n if later_group else 1) for k in boards]  # a later group's: 1 in n each
         forward_s = max(m * forward / k.speed + u for k, m, u in zip(boards, split, units))
         backward_s = max(M * (m * (work - forward) / k.speed + u) for k, m, u in zip(boards, split, units))
         whole_s = max(o + M * m * work / k.speed for o, k, m in zip(overheads, boards, split))
@@ -194,6 +205,12 @@ class StageCoster:
         unit = max(units)
         return StageCost(tuple(split), forward_s, backward_s, whole_s, max(overheads), unit, up, down, allreduce, busy,
                          memory, up_bytes, down_bytes, over)
+
+
+def group_divides(boards: int, micro_batches: int, micro_batch: int) -> bool:
+    """Whether a later stage's group of ``boards`` runs as the model prices it: M and a micro-batch's samples b both
+    multiples of the group's size (module doc)."""
+    return micro_batches % boards == 0 and micro_batch % boards == 0
 
 
 def boundary_s(before: StageCost, after: StageCost, act_bytes: int, micro_batches: int) -> tuple[float, float]:
@@ -333,6 +350,11 @@ def _ruled_out(problem: PipelineProblem, costs: list[tuple[StageSpec, list[Pipel
         if position and limit is not None and len(boards) > limit:
             return "group", (f"stage {position} is a group of {len(boards)} boards ({'+'.join(spec.boards)}), over the "
                              f"{limit} a later stage may have")
+        b = problem.global_batch // micro_batches
+        if position and 1 < len(boards) <= b and not group_divides(len(boards), micro_batches, b):
+            return "group", (f"stage {position}'s group of {len(boards)} boards ({'+'.join(spec.boards)}) takes whole "
+                             f"micro-batches in turn, the same samples each: {micro_batches} micro-batches of {b} "
+                             f"samples do not share out evenly (both must be multiples of {len(boards)})")
     for spec, boards, cost in costs:
         if not cost.micro_batch_sizes:
             return "batch", (f"stage of layers {spec.first_layer}..{spec.stop_layer - 1} has {len(boards)} boards but a "
@@ -364,5 +386,5 @@ def _check_specs(problem: PipelineProblem, specs: Sequence[StageSpec], micro_bat
 
 
 __all__ = ["INTERCEPT_FIXED", "MICRO_FIXED_SHARE", "STATE_EVERY", "StageCost", "StageCoster",
-           "StepFigures", "boundary_s", "cut_bytes", "evaluate_plan", "in_flight", "sources_s",
+           "StepFigures", "boundary_s", "cut_bytes", "evaluate_plan", "group_divides", "in_flight", "sources_s",
            "split_micro_batch", "step_figures", "step_time_s"]

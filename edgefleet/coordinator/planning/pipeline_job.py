@@ -6,8 +6,8 @@ every selected variant and every global batch asked for, the best pipeline plan 
 planner's problem). The best over them is chosen; when none fits, the line of the variant and
 batch that came closest says what would (more boards, other micro-batches, a smaller variant).
 
-Plans GPipe with one board at each later stage (what ``train --pipeline`` runs); the chosen plan comes with the ``train`` flags that run it
-(``planning.pipeline_train``), or the reason train cannot yet.
+Plans GPipe (what ``train --pipeline`` runs), a later stage on one board or a group; the chosen plan comes with the
+``train`` flags that run it (``planning.pipeline_train``), or the reason train cannot yet.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ log = logging.getLogger(__name__)
 # What train runs (``agent.stage_runtime``): GPipe. 1F1B stays the planner's own option (``PipelineProblem.schedules``)
 # until the runtime can keep the user's loss exact with it (docs/pipeline.md, "GPipe only").
 TRAINED_SCHEDULES = ("gpipe",)
-# train runs a later stage's group by whole micro-batches (``protocol.stage_routes``) where the cost model shares each
-# micro-batch's rows out among the group: plans with a later group are planned again once the model prices the
-# runtime's routes (docs/pipeline.md, Next); train --pipeline ...,CUT@B1+B2 runs one as the user gives it
-TRAINED_LATER_GROUP = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +85,7 @@ def plan_pipeline_job(request: PlanRequest, *, profile_path: Path, model: str | 
                                                   max_memory_fraction=request.max_memory_fraction,
                                                   max_power_w=request.max_power_w, count_idle=request.count_idle)
             problem = replace(problem, boards=tuple(b for b in problem.boards if b.board_id in fleet.boards),
-                              schedules=TRAINED_SCHEDULES, max_later_group=TRAINED_LATER_GROUP)
+                              schedules=TRAINED_SCHEDULES)
             options.append(PipelineOption(variant_label=label, variant=dict(fleet.variant), global_batch=global_batch,
                                           problem=problem,
                                           result=plan_pipeline(problem, request.objective), notes=lacking))

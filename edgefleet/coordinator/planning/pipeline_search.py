@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 MAX_PAIRS = 400            # (boards used, group added) pairs the programme may step through before merging kinds
 MERGE_TOLERANCES = (0.05, 0.1, 0.25)   # relative: boards whose figures all agree this closely merge
 RECOST_BEST = 8            # plans costed again on the real boards after merging kinds
+RUNNER_SLACK = 0.5         # ranked_pipelines' runners-up: partial plans kept while they may end within 1.5x the best
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,8 @@ def _search(problem: PipelineProblem, objective: str, max_pairs: int, runners: l
     for micro_batches in problem.micro_batch_counts:
         for schedule in problem.schedules:
             for source, view in zip(("least capable", "typical"), views):
-                ranked = _programme(problem, view, coster, micro_batches, schedule, objective)
+                ranked = _programme(problem, view, coster, micro_batches, schedule, objective,
+                                    slack=0.0 if runners is None else RUNNER_SLACK)
                 costed = 1 if kinds.exact and runners is None else RECOST_BEST
                 for _, specs in ranked[:costed]:
                     plan = evaluate_plan(problem, specs, micro_batches=micro_batches, schedule=schedule)
@@ -258,10 +260,16 @@ def _least_capable(group: list[PipelineBoard]) -> PipelineBoard:
 
 
 def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster, micro_batches: int, schedule: str,
-               objective: str) -> list[tuple[float, tuple[StageSpec, ...]]]:
+               objective: str, *, slack: float = 0.0) -> list[tuple[float, tuple[StageSpec, ...]]]:
     """The dynamic programme for one M and schedule: its best complete plans, best first, with their objective.
 
     A vector of board counts is coded as one mixed-radix integer, so that adding a group is an addition.
+
+    **Bounding.** Every figure of a label only grows as stages are prepended (the serial sum, the flow's and the
+    exchanges' maxima, busy energy, the boards used and so their power), so a partial plan's objective, computed as if
+    it were complete, is a lower bound on every plan it can end in. A label whose bound exceeds the best complete plan
+    found so far (times ``1 + slack``, which keeps runners-up) is dropped: the best plan is never among them, and the
+    fronts stay small enough for later groups (their labels differ in more figures).
     """
     L, counts, reps = len(problem.layers), kinds.counts, kinds.representatives
     per_micro = problem.global_batch // micro_batches
@@ -277,6 +285,15 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
     fronts: list[dict[tuple[int, int], list[_Label]]] = [{} for _ in range(L + 1)]
     fronts[L][(0, 0)] = [_Label(0.0, 0.0, 0.0, 0.0, None, 0.0, (L, L, ()), None)]
     cache: dict[tuple[int, int, int, int], StageCost | None] = {}
+    powers = {code: (sum(u * w for u, w in zip(v, active)), sum(u * w for u, w in zip(v, idle)))
+              for code, v in vectors.items()}
+
+    def value_of(label: _Label, used: int) -> float:
+        step = label.serial_s + (micro_batches - 1) * label.flow_s + label.allreduce_s
+        f = step_figures(problem, step_s=step, busy_j=label.busy_j, active_w=powers[used][0], idle_w=powers[used][1])
+        return {"time": f.epoch_time_s, "energy": f.energy_per_epoch_j, "edp": f.edp_j_s, "power": f.power_w}[objective]
+
+    best = math.inf  # the best complete plan's objective so far
     for j in range(L, 0, -1):
         for (used, r), front in fronts[j].items():
             flight = in_flight(schedule, micro_batches, r + 1, 0)
@@ -302,19 +319,16 @@ def _programme(problem: PipelineProblem, kinds: BoardKinds, coster: StageCoster,
                     act = problem.layers[j - 1].activation_bytes_per_sample
                     for label in front:
                         new = _prepend(label, cost, (i, j, vectors[g]), act, micro_batches)
+                        value = value_of(new, used + g)
+                        if value > best * (1 + slack) * (1 + 1e-12):
+                            continue  # no plan it ends in can be the best (bounding, above)
+                        if i == 0:
+                            best = min(best, value)  # a complete plan
                         new.key = (*((new.flow_s, new.serial_s, new.allreduce_s, cost.up_s_per_byte,
                                       cost.down_s_per_byte, new.unit_s) if timed else ()),
                                    *((new.busy_j,) if energy else ()))
                         _insert(target, new)
-    ranked = []
-    for (used, _), front in fronts[0].items():
-        active_w = sum(u * w for u, w in zip(vectors[used], active))
-        idle_w = sum(u * w for u, w in zip(vectors[used], idle))
-        for label in front:
-            step = label.serial_s + (micro_batches - 1) * label.flow_s + label.allreduce_s
-            f = step_figures(problem, step_s=step, busy_j=label.busy_j, active_w=active_w, idle_w=idle_w)
-            value = {"time": f.epoch_time_s, "energy": f.energy_per_epoch_j, "edp": f.edp_j_s, "power": f.power_w}[objective]
-            ranked.append((value, label))
+    ranked = [(value_of(label, used), label) for (used, _), front in fronts[0].items() for label in front]
     ranked.sort(key=lambda item: item[0])
     return [(value, _specs(label, kinds)) for value, label in ranked[:RECOST_BEST]]
 

@@ -2,12 +2,11 @@
 
 A plan's stages are layer ranges on boards; ``train --pipeline`` names stage 0's boards, then each
 later stage as ``CUT@BOARD``, the cut being the layer that ends the stage before (a planner layer is
-named by the cut that ends it: ``planning.pipeline_model``). ``--batch`` is stage 0's boards' batches
-(each its micro-batch size x M), ``--micro-batches`` M, and ``--stage-sync checkpoint`` because the
-cost model charges a later stage of one board no gradient exchange. The runtime trains GPipe, and a
-later stage's group by whole micro-batches where the cost model shares each micro-batch's rows out: a
-plan with a later group is not run as planned yet, and :func:`train_flags` says so.
-A plan of one stage is data parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
+named by the cut that ends it: ``planning.pipeline_model``), a later group as ``CUT@B1+B2``. ``--batch`` is
+stage 0's boards' batches (each its micro-batch size x M), ``--micro-batches`` M, and ``--stage-sync checkpoint``
+because the cost model charges a later stage of one board no gradient exchange (a later group's gradient travels
+every step, as the model charges it). The runtime trains GPipe: a 1F1B plan is not run as planned yet, and
+:func:`train_flags` says so. A plan of one stage is data parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
 """
 
 from __future__ import annotations
@@ -36,11 +35,6 @@ class TrainFlags:
 
 def train_flags(problem: PipelineProblem, plan: PipelinePlan) -> TrainFlags:
     """The ``train`` flags that run ``plan`` as planned, or why none do yet."""
-    grouped = [k for k, stage in enumerate(plan.stages) if k > 0 and len(stage.boards) > 1]
-    if grouped:
-        boards = "+".join(plan.stages[grouped[0]].boards)
-        return TrainFlags((), f"stage {grouped[0]} is a group of boards ({boards}) sharing each micro-batch's samples, "
-                              "and train's later groups take whole micro-batches (docs/pipeline.md, Next)")
     if plan.schedule != "gpipe":
         return TrainFlags((), f"the plan's schedule is {plan.schedule}, and train runs GPipe only")
     first = plan.stages[0]
@@ -52,10 +46,11 @@ def train_flags(problem: PipelineProblem, plan: PipelinePlan) -> TrainFlags:
 
 
 def pipeline_text(problem: PipelineProblem, plan: PipelinePlan) -> str:
-    """``--pipeline`` for a plan of two or more stages: stage 0's boards, then ``CUT@BOARD`` for each later stage."""
+    """``--pipeline`` for a plan of two or more stages: stage 0's boards, then ``CUT@BOARD`` (or ``CUT@B1+B2``, a
+    group) for each later stage."""
     text = "+".join(plan.stages[0].boards)
     for before, stage in zip(plan.stages, plan.stages[1:]):
-        text += f",{problem.layers[before.stop_layer - 1].name}@{stage.boards[0]}"
+        text += f",{problem.layers[before.stop_layer - 1].name}@{'+'.join(stage.boards)}"
     return text
 
 

@@ -135,7 +135,7 @@ def pipeline_pretraining_job(job: JobSpec, candidate: PipelineCandidate, total_s
     stage0 = tuple(m * plan.micro_batches for m in first.micro_batch_sizes)
     fields: dict[str, Any] = {"boards": first.boards, "batch_sizes": stage0}
     if len(plan.stages) > 1:
-        fields = {"boards": candidate.boards, "batch_sizes": stage0 + (0,) * (len(plan.stages) - 1),
+        fields = {"boards": candidate.boards, "batch_sizes": stage0 + (0,) * (len(candidate.boards) - len(first.boards)),
                   "pipeline": pipeline_text(option.problem, plan), "micro_batches": plan.micro_batches,
                   "stage_sync": "checkpoint"}
     spec = replace(job, run_id=f"verify-{secrets.token_hex(3)}", **fields,

@@ -352,10 +352,7 @@ class TrainingRun:
         self.reviser = (StageReviser(spec.pipeline, spec.batch_sizes, spec.micro_batches, model=self.replica.model,
                                      sample=input_sampler(self.data.train, self.data.collate_fn),
                                      total_steps=spec.total_steps, on_note=on_note)
-                        if self.piped is not None and spec.rebalance and not self.piped.plan.later_groups else None)
-        if self.piped is not None and spec.rebalance and self.piped.plan.later_groups:
-            on_note("a pipeline with a later stage of several boards is not revised around a board that slows yet "
-                    "(docs/pipeline.md); a board it loses leaves its micro-batches to its group's others")
+                        if self.piped is not None and spec.rebalance else None)
         self._stage_lost = False  # a pipelined step came without a stage's gradient: the run stops
         self._user_stop = False
         self._lost: tuple[float, list[str]] = (0.0, [])  # when, and the boards that sent nothing
