@@ -64,7 +64,9 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 MAX_HELLO_BYTES = 4096
-CONNECT_TIMEOUT_S = 60.0  # the neighbours start at about the same time; a host still loading its data comes later
+# the neighbours start at about the same time; a host still starting a fresh worker (torch and Lightning on a slow
+# board: a minute or more) comes later, and the coordinator waits as long for every board to join (JOIN_TIMEOUT_S)
+CONNECT_TIMEOUT_S = 180.0
 STALL_TIMEOUT_S = 120.0  # a stream silent this long within a step: the neighbour is stalled or gone
 FRAME_MARGIN_BYTES = 4096  # a frame's fields beside its tensor
 CLOSE_JOIN_S = 2.0  # how long close() waits for each of this host's threads once their sockets are shut

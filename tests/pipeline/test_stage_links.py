@@ -308,3 +308,12 @@ def test_each_board_links_to_the_boards_the_plan_says_with_a_group_of_two_at_sta
     assert plan(0, 1).sends() == [(ACT, 2), (DOUT, 3)] and plan(0, 1).receives() == [(OUT, 3), (DACT, 2)]
     assert plan(1).sends() == [(ACT, 3), (DACT, 0), (DACT, 1)] and plan(1).receives() == [(ACT, 0), (ACT, 1), (DACT, 3)]
     assert plan(2).sends() == [(OUT, 0), (OUT, 1), (DACT, 2)] and plan(2).receives() == [(ACT, 2), (DOUT, 0), (DOUT, 1)]
+
+
+def test_a_stage_host_waits_for_its_neighbours_as_long_as_the_coordinator_waits_for_every_board() -> None:
+    # a neighbour starting a fresh worker on a slow board comes late (fleet8's pi4-3 after its agent's restart took
+    # over a minute): the host must not give up on it while the coordinator still waits for it to join
+    from edgefleet.agent import stage_links
+    from edgefleet.coordinator.run.training import JOIN_TIMEOUT_S
+
+    assert stage_links.CONNECT_TIMEOUT_S >= JOIN_TIMEOUT_S
