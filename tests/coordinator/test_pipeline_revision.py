@@ -30,16 +30,22 @@ def _units(*per_sample_ms: float, params: int = 1000, everywhere: bool = False) 
                        activation_bytes_per_sample=0, held_bytes_per_sample=0) for i, t in enumerate(per_sample_ms)]
 
 
-def _busy(units: list[UnitReport], plan_text: str, sizes: list[int], speed: dict[str, float]) -> dict[str, float]:
-    """Each board's busy time at ``speed`` (1: the units' own) under the plan."""
+def _busy(units: list[UnitReport], plan_text: str, sizes: list[int], speed: dict[str, float],
+          micro_batches: int = 1) -> dict[str, float]:
+    """Each board's busy time at ``speed`` (1: the units' own) under the plan: stage 0's on its slice, a later board's
+    on the samples train routes it (a stage of one board: the global batch; a group's: its micro-batches')."""
+    from edgefleet.protocol.stage_routes import stage_routes
+
     plan = parse_stage_plan(plan_text)
     ends = unit_ends(units, plan.cuts)
     assert ends is not None
     starts = [0, *(e + 1 for e in ends[:-1])]
     work = [sum(u.forward_s_per_sample + u.backward_s_per_sample for u in units[lo:hi + 1])
             for lo, hi in zip(starts, ends)]
+    routes = stage_routes(plan.sizes, sizes, micro_batches)
     busy = {b: speed.get(b, 1.0) * work[0] * n for b, n in zip(plan.boards[:plan.group], sizes)}
-    busy |= {h: speed.get(h, 1.0) * work[k + 1] * sum(sizes) for k, h in enumerate(plan.hosts)}
+    for k in range(1, len(plan.sizes)):
+        busy |= {b: speed.get(b, 1.0) * work[k] * routes.rows_of(k, i) for i, b in enumerate(plan.stage_boards(k))}
     return busy
 
 
@@ -119,28 +125,10 @@ def test_a_lost_stage_0_board_leaves_its_samples_to_the_others_and_nothing_is_le
     assert revision_module.replan_measured(plan, [16, 16, 0], 2, units, {"a1": 0.1}, lost=["a2"]) is None  # b unmeasured
 
 
-def _group_busy(units: list[UnitReport], plan_text: str, sizes: list[int], micro_batches: int,
-                speed: dict[str, float]) -> dict[str, float]:
-    """:func:`_busy` where a later stage may be a group: each of its boards on the samples train routes it."""
-    from edgefleet.protocol.stage_routes import stage_routes
-
-    plan = parse_stage_plan(plan_text)
-    ends = unit_ends(units, plan.cuts)
-    assert ends is not None
-    starts = [0, *(e + 1 for e in ends[:-1])]
-    work = [sum(u.forward_s_per_sample + u.backward_s_per_sample for u in units[lo:hi + 1])
-            for lo, hi in zip(starts, ends)]
-    routes = stage_routes(plan.sizes, sizes, micro_batches)
-    busy = {b: speed.get(b, 1.0) * work[0] * n for b, n in zip(plan.boards[:plan.group], sizes)}
-    for k in range(1, len(plan.sizes)):
-        busy |= {b: speed.get(b, 1.0) * work[k] * routes.rows_of(k, i) for i, b in enumerate(plan.stage_boards(k))}
-    return busy
-
-
 def test_a_later_groups_slowed_board_leaves_its_micro_batches_to_the_group() -> None:
     units = _units(1, 1, 1, 1)
     plan = parse_stage_plan("a,u1@b+c")  # a: 2 ms x 64 = 128 ms; b and c: 2 ms x 32 each, two micro-batches of 4
-    busy = _group_busy(units, plan.text(), [64], 4, {"c": 3.0})  # c now takes 3x as long: 192 ms
+    busy = _busy(units, plan.text(), [64], {"c": 3.0}, micro_batches=4)  # c now takes 3x as long: 192 ms
     revision = revise(plan, [64, 0, 0], 4, units, busy, slowed=["c"], ram_bytes=RAM)
     assert revision is not None
     assert revision.current_s == pytest.approx((0.128 + 0.192 + 3 * 0.192) / 4)  # the group as slow as c
@@ -152,10 +140,12 @@ def test_a_later_groups_slowed_board_leaves_its_micro_batches_to_the_group() -> 
 def test_a_later_group_is_cut_again_on_the_samples_each_board_runs() -> None:
     units = _units(1, 1, 1, 1, 1, 1)
     plan = parse_stage_plan("a,u1@b+c")  # a: 128 ms at 64; b and c: 4 units on 32 each, 128 ms
-    busy = _group_busy(units, plan.text(), [64], 2, {"a": 2.0})  # a slowed 2x: 256 ms
+    busy = _busy(units, plan.text(), [64], {"a": 2.0}, micro_batches=2)  # a slowed 2x: 256 ms
     revision = revise(plan, [64, 0, 0], 2, units, busy, slowed=["a"], ram_bytes=RAM)
     assert revision is not None and revision.pipeline == "a,u0@b+c"  # a keeps one unit (128 ms), b and c 5 (160 ms)
     assert revision.predicted_s == pytest.approx((0.128 + 0.160 + 0.160) / 2)
+    # one micro-batch a step leaves a board of the group none: a plan train refuses, so nothing to revise from
+    assert revise(plan, [64, 0, 0], 1, units, busy, slowed=["a"], ram_bytes=RAM) is None
     lost = revision_module.replan_measured(plan, [64, 0, 0], 2, units, busy, lost=["c"], ram_bytes=RAM, fixed_s=0.0)
     assert lost is not None and lost.boards == ("a", "b") and lost.why.startswith("without c, at the measured speeds")
 

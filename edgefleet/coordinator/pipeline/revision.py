@@ -205,14 +205,15 @@ def _without(hosts: Groups, gone: set[str]) -> Groups:
 def _shares(model: _Costs, split: Sequence[int], hosts: Groups) -> list[list[tuple[int, int | None]]] | None:
     """Each later stage's boards' (samples, micro-batches) a step as train routes them from stage 0's ``split``
     (``protocol.stage_routes``; a stage of one board: the global batch, every micro-batch, micro-batches None); None
-    when a slice is empty (no plan train runs)."""
+    when a slice is empty or a group's board would get no micro-batch (plans train refuses)."""
     if min(split, default=0) < 1:
         return None
     if all(len(g) == 1 for g in hosts):
         return [[(model.total, None)] for _ in hosts]
     routes = stage_routes((len(split), *(len(g) for g in hosts)), split, model.m)
-    return [[(routes.rows_of(k, i), len(routes.units_of(k, i))) for i in range(len(g))]
-            for k, g in enumerate(hosts, start=1)]
+    shares: list[list[tuple[int, int | None]]] = [[(routes.rows_of(k, i), len(routes.units_of(k, i)))
+                                                    for i in range(len(g))] for k, g in enumerate(hosts, start=1)]
+    return None if any(rows < 1 for share in shares for rows, _ in share) else shares
 
 
 def _later_s(model: _Costs, speeds: Mapping[str, float], boards: Sequence[str], lo: int, hi: int,
