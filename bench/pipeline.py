@@ -159,7 +159,7 @@ class PipedConfig:
 
     @property
     def boards(self) -> tuple[str, ...]:
-        return tuple(_recovery_boards(self.pipeline))
+        return tuple(_pipeline_boards(self.pipeline))
 
     @property
     def label(self) -> str:
@@ -398,7 +398,7 @@ def _drive_acting(ctx: scaling.FleetContext, cmd: list[str], boards: Sequence[st
 def _recovery_run(ctx: scaling.FleetContext, mode: str, pipeline: str, victim: str, extra: Sequence[str],
                   kill_after: int, steps: int) -> RecoveryRow:
     """A pipelined run whose ``victim`` agent is killed after ``kill_after`` steps; what result.json says after."""
-    boards = _recovery_boards(pipeline)
+    boards = _pipeline_boards(pipeline)
     run_dir = ctx.runs_dir / f"recovery-{mode}"
     cmd = in_coordinator_netns(ctx.lab, train_command(
         ctx.lab, ctx.key_file, boards, [int(b) for b in RECOVERY_BATCH.split(",")], "--model", MODEL,
@@ -463,7 +463,7 @@ def _periods_ms(metrics: Path, first: int, last: int) -> float | None:
 def _slowdown_run(ctx: scaling.FleetContext, pipeline: str, victim: str, factor: float, steps: int,
                   extra: Sequence[str]) -> SlowdownRow:
     """A pipelined run whose ``victim`` loses most of its CPU after :data:`SLOWDOWN_AFTER` steps (module doc, 3)."""
-    boards = _recovery_boards(pipeline)
+    boards = _pipeline_boards(pipeline)
     run_dir = ctx.runs_dir / "slowdown"
     cmd = in_coordinator_netns(ctx.lab, train_command(
         ctx.lab, ctx.key_file, boards, [int(b) for b in RECOVERY_BATCH.split(",")], "--model", MODEL,
@@ -571,7 +571,7 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
         args.planned = args.planned and args.speed
         args.plan_boards = args.plan_boards or sorted(lab.boards)
         used = sorted({*ranked[:max(args.dp_boards)], TAIL_BOARD, *(b for g in args.stage0 for b in g.split("+"))}
-                      | (set(_recovery_boards(args.recovery_pipeline)) if args.recovery or args.slowdown else set())
+                      | (set(_pipeline_boards(args.recovery_pipeline)) if args.recovery or args.slowdown else set())
                       | (set(args.plan_boards) if args.planned else set()))
         scaling._warm(ctx, used)
         if args.speed:
@@ -605,14 +605,14 @@ def _measure(args: argparse.Namespace, key_file: Path, tmp: Path, session: Sessi
                 session.failures.append(f"slowdown: {srow.note}")
 
 
-def _recovery_boards(pipeline: str) -> list[str]:
+def _pipeline_boards(pipeline: str) -> list[str]:
     """A ``--pipeline``'s boards in order: stage 0's group, then each later stage's."""
     return [b for stage in pipeline.split(",") for b in stage.split("@")[-1].split("+")]
 
 
 def _later_boards(pipeline: str) -> list[str]:
-    """The boards of a ``--pipeline``'s later stages (``CUT@BOARD``)."""
-    return [stage.split("@", 1)[1] for stage in pipeline.split(",")[1:] if "@" in stage]
+    """The boards of a ``--pipeline``'s later stages (``CUT@BOARD``, or ``CUT@B1+B2`` a group)."""
+    return [b for stage in pipeline.split(",")[1:] if "@" in stage for b in stage.split("@", 1)[1].split("+")]
 
 
 def _speed(ctx: scaling.FleetContext, args: argparse.Namespace, dp_boards: list[tuple[str, ...]],

@@ -69,6 +69,8 @@ def test_the_victim_must_be_a_later_stage_board(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         pb.parse_args(["--victim", "pi5-1"])  # stage 0's: the recovery run plans around later stages
     assert "not a later stage's board" in capsys.readouterr().err
+    grouped = ["--recovery-pipeline", "pi5-1,net.2@pi4-3+pi4-2,net.6@x86-1", "--victim", "pi4-2"]
+    assert pb.parse_args(grouped).victim == "pi4-2"  # a board of a later group is a later stage's board
 
 
 def test_the_head_board_is_refused_in_stage_0(capsys: pytest.CaptureFixture[str]) -> None:
