@@ -38,9 +38,11 @@ One step of the loop is one batch on every host. The step's result equals single
 bar): the layers are applied per sample (BatchNorm with more than one micro-batch is refused by the
 cut), and the loss sees the whole batch at once.
 
-Why not 1F1B: it would run a micro-batch's backward before the last micro-batch's forward, so the
-loss would have to be computed a micro-batch at a time, which is the whole batch's only for a mean
-of per-sample losses. ``training_step`` is the user's code; GPipe keeps it exact for any loss.
+Why not 1F1B: a micro-batch's backward starts from the loss's gradient at its outputs, which for a
+loss over the whole batch (``training_step`` is the user's) exists only after the last micro-batch's
+forward; until then every stage holds every graph whatever the order. 1F1B saves memory only by
+computing the loss a micro-batch at a time, exact only for sums of per-sample losses: GPipe keeps any
+loss exact (docs/pipeline.md, "GPipe only").
 
 Imported only by the training worker, for a pipelined job (``agent.stage_worker``): it needs torch.
 """

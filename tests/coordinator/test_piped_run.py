@@ -22,6 +22,7 @@ from edgefleet.coordinator.run.train_job import _replanned, repipeline
 from edgefleet.protocol.codec import decode_value, encode_value
 from edgefleet.protocol.errors import ConfigError, EdgeTrainError
 from edgefleet.protocol.exchange_frames import Welcome
+from edgefleet.protocol.stage_routes import stage_routes
 from edgefleet.workloads.models import LeNet5
 from edgefleet.workloads.params import to_numpy_tree, to_torch_tree
 from edgefleet.workloads.stage_cut import cut_stages
@@ -132,6 +133,20 @@ def test_a_lost_later_stage_hands_its_layers_to_the_stage_before_and_a_lost_stag
     alone = replan(parse_stage_plan("q1+q2,net.6@q3"), [6, 10, 0], {"q3"})
     assert alone is not None and alone.pipeline == "" and alone.boards == ("q1", "q2") and alone.batch_sizes == (6, 10)
     assert replan(plan, [6, 10, 0, 0], {"q1", "q2"}) is None  # no board holds the data any more
+
+
+def test_a_later_group_keeps_no_more_boards_than_the_step_has_micro_batches_after_a_stage_0_board_is_lost() -> None:
+    plan = parse_stage_plan("q1+q2,net.2@q3+q4+q5")
+    one_each = replan(plan, [6, 10, 0, 0, 0], {"q1"}, micro_batches=2)  # q2 alone: 2 micro-batches for 3 boards
+    assert one_each is not None and one_each.pipeline == "q2,net.2@q3+q4" and one_each.batch_sizes == (16, 0, 0)
+    assert "q5 left out (after net.2): a step has 2 micro-batch(es)" in one_each.why
+    routes = stage_routes([1, 2], [16], 2)
+    assert all(routes.rows_of(1, member) for member in range(2))  # every kept board has work: train runs it
+    kept = replan(plan, [6, 10, 0, 0, 0], {"q1"}, micro_batches=4)
+    assert kept is not None and kept.pipeline == "q2,net.2@q3+q4+q5" and "left out" not in kept.why
+    comeback = Comeback("q1+q2,net.2@q3+q4+q5", (6, 10, 0, 0, 0), frozenset({"q1", "q4"}), micro_batches=1)
+    back, still = comeback.back({"q4"})  # q4 is back, q1 still away: one micro-batch a step, one board of the group
+    assert back.pipeline == "q2,net.2@q3" and "q4, q5 left out" in back.why and still is not None
 
 
 def test_a_pipelined_run_resumes_on_other_boards_with_stage_0s_slices_kept() -> None:

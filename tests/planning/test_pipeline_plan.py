@@ -277,13 +277,19 @@ def test_no_fit_names_the_power_a_plan_needs() -> None:
     assert "raise --max-power to 8 W" in _no_fit(problem)                    # b alone draws 8 W
 
 
-def test_no_fit_names_more_micro_batches_under_1f1b() -> None:
+def test_no_fit_names_more_micro_batches_under_1f1b_only_where_the_problem_plans_1f1b() -> None:
     # 10 MB a sample held: GPipe holds the whole batch's activations; 1F1B with 8 micro-batches two at most
     layers = (_layer("l0", held=10 * MB), _layer("l1", held=10 * MB))
-    problem = PipelineProblem(layers=layers, boards=(_board("a", base=0), _board("b", base=0)), global_batch=16,
-                              dataset_len=160, micro_batches=(1,), schedules=("gpipe",))
-    line = _no_fit(problem)
-    assert "with 1 micro-batches and gpipe: more micro-batches would fit" in line and "--schedule 1f1b" in line
+    boards = (_board("a", base=0), _board("b", base=0))
+    both = PipelineProblem(layers=layers, boards=boards, global_batch=16, dataset_len=160, micro_batches=(1,),
+                           schedules=("gpipe", "1f1b"))
+    line = _no_fit(both)
+    assert "with 1 micro-batches and gpipe/1f1b: more micro-batches would fit" in line
+    assert "under 1f1b, which train does not run" in line and "--schedule" not in line
+    # What plan --pipeline plans (GPipe, what train runs): no 1F1B answer, and more micro-batches hold as much
+    gpipe = dataclasses.replace(both, schedules=("gpipe",))
+    line = _no_fit(gpipe)
+    assert "1f1b" not in line and "micro-batches would fit" not in line and "add boards" in line, line
 
 
 def test_no_fit_names_fewer_micro_batches_for_wider_groups() -> None:

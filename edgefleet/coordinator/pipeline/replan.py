@@ -27,6 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from edgefleet.coordinator.pipeline.stage_plan import StagePlan, parse_stage_plan
+from edgefleet.protocol.stage_routes import micro_rows
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +69,25 @@ class Comeback:
         if not still:
             return Replanned(pipeline=self.pipeline, boards=plan.boards, batch_sizes=self.batch_sizes,
                              why=f"{names} back: the pipeline as planned", micro_batches=m, stage_sync=sync), None
-        partial = replan(plan, self.batch_sizes, still)
+        partial = replan(plan, self.batch_sizes, still, m)
         if partial is None:  # stage 0 still lost whole: cannot be, a run without it stopped; kept as it is
             raise ValueError(f"the pipeline {self.pipeline} without {', '.join(sorted(still))} has no stage 0")
         return (dataclasses.replace(partial, why=f"{names} back; {partial.why}", micro_batches=m, stage_sync=sync),
                 dataclasses.replace(self, lost=frozenset(still)))
 
 
-def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str]) -> Replanned | None:
-    """The plan without the ``lost`` boards (None: none of stage 0's boards is left)."""
+def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str], micro_batches: int = 1
+           ) -> Replanned | None:
+    """The plan without the ``lost`` boards (None: none of stage 0's boards is left).
+
+    A later group keeps at most one board per unit of the step (stage 0's boards' micro-batches, ``micro_batches``
+    each): with fewer stage-0 boards a group's last boards may get none, and train runs no board without work; they
+    are left out, named in ``why``, and taken up again when the lost boards come back."""
     group = [b for b in plan.boards[:plan.group] if b not in lost]
     if not group:
         return None
     sizes = _share_out(list(plan.boards[:plan.group]), list(batch_sizes[:plan.group]), set(lost))
+    units = sum(len(micro_rows(n, micro_batches)) for n in sizes)
     cuts: list[str] = []
     stages: list[list[str]] = []  # each kept later stage's boards
     moved: list[str] = []
@@ -93,6 +100,10 @@ def replan(plan: StagePlan, batch_sizes: Sequence[int], lost: Collection[str]) -
         if len(kept) < len(boards):
             moved.append(f"{', '.join(b for b in boards if b in lost)}'s micro-batches (after {cut}) to "
                          f"{', '.join(kept)}")
+        if len(kept) > units:
+            moved.append(f"{', '.join(kept[units:])} left out (after {cut}): a step has {units} micro-batch(es) "
+                         "for the group")
+            kept = kept[:units]
         cuts.append(cut)
         stages.append(kept)
     dropped = [b for b in plan.boards[:plan.group] if b in lost]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.coordinator.planning.pipeline_model import PipelineProblem, problem_from_fleet
+from edgefleet.coordinator.planning.pipeline_model import TRAINED_SCHEDULES, PipelineProblem, problem_from_fleet
 from edgefleet.coordinator.planning.pipeline_planner import PipelineResult, plan_pipeline
 from edgefleet.coordinator.planning.pipeline_train import train_flags
 from edgefleet.coordinator.planning.plan_fleet import FleetCheck, restrict_to
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from edgefleet.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
-
-# What train runs (``agent.stage_runtime``): GPipe. 1F1B stays the planner's own option (``PipelineProblem.schedules``)
-# until the runtime can keep the user's loss exact with it (docs/pipeline.md, "GPipe only").
-TRAINED_SCHEDULES = ("gpipe",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

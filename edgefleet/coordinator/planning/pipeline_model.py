@@ -27,6 +27,9 @@ from edgefleet.protocol.errors import PlanError
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("gpipe", "1f1b")
+# What train runs (``agent.stage_runtime``): GPipe, which keeps any loss exact. 1F1B is costed for its memory only
+# (docs/pipeline.md, "GPipe only").
+TRAINED_SCHEDULES = ("gpipe",)
 MAX_MICRO_BATCHES = 16           # the largest M the planner tries unless told otherwise
 FORWARD_SHARE = 1 / 3            # a layer's forward against its forward + backward, where only the sum is known
 NOTABLE_SPREAD = 0.05            # boards' measured shares of a layer this far apart (of a sample) are worth a note

@@ -3,10 +3,11 @@
 ``plan`` (issue 35, "Memory is a constraint"): a plan never exceeds a board's memory limit; when no
 plan fits, the planner names the first change that works, in the order a user would rather make it:
 a layer that fits no board even alone leaves only a smaller variant; else a higher ``--max-power``
-(when the cap is what rules every plan out), another number of micro-batches or the other schedule
-(neither changes the model or the batch); else more boards or a smaller variant. Each suggestion but
-the last is checked by planning again, not guessed. A smaller global batch is never the answer: with
-M = B under 1F1B a stage holds at most S samples' activations, as few as any batch allows.
+(when the cap is what rules every plan out), another number of micro-batches under the problem's own
+schedules (it changes neither the model nor the batch; ``plan --pipeline`` plans GPipe only, what
+train runs); else more boards or a smaller variant. Each suggestion but the last is checked by
+planning again, not guessed. A smaller global batch is never the answer: it would change what is
+trained.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from edgefleet.coordinator.planning.objectives import OBJECTIVES
-from edgefleet.coordinator.planning.pipeline_model import SCHEDULES, PipelinePlan, PipelineProblem
+from edgefleet.coordinator.planning.pipeline_model import TRAINED_SCHEDULES, PipelinePlan, PipelineProblem
 from edgefleet.coordinator.planning.pipeline_search import search_pipeline
 from edgefleet.protocol.errors import PlanError
 
@@ -68,7 +69,9 @@ def explain_no_fit(problem: PipelineProblem) -> str:
     if reason:
         return f"{head}: {reason}; {SMALLER_VARIANT}"
     every_m = tuple(m for m in range(1, problem.global_batch + 1) if problem.global_batch % m == 0)
-    wider = dataclasses.replace(problem, micro_batches=every_m, schedules=SCHEDULES)
+    # The problem's own schedules only: plan --pipeline plans what train runs (GPipe), and a line that answered
+    # "1F1B would fit" would name a plan train refuses.
+    wider = dataclasses.replace(problem, micro_batches=every_m)
     if problem.max_power_w is not None:
         unpowered, _ = search_pipeline(dataclasses.replace(wider, max_power_w=None), "power")
         if unpowered is not None:
@@ -79,9 +82,9 @@ def explain_no_fit(problem: PipelineProblem) -> str:
     if other is not None:
         tried = problem.micro_batch_counts
         more = "more" if other.micro_batches > max(tried) else "fewer" if other.micro_batches < min(tried) else "other"
+        untrained = f" under {other.schedule}, which train does not run" if other.schedule not in TRAINED_SCHEDULES else ""
         return (f"{head} with {_span(tried)} micro-batches and {'/'.join(problem.schedules)}: {more} micro-batches "
-                f"would fit, {other.micro_batches} with {other.schedule} "
-                f"(--micro-batches {other.micro_batches} --schedule {other.schedule})")
+                f"would fit, {other.micro_batches} (--micro-batches {other.micro_batches}){untrained}")
     return f"{head}: {_shortfall(problem)}"
 
 

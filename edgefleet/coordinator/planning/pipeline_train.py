@@ -5,8 +5,9 @@ later stage as ``CUT@BOARD``, the cut being the layer that ends the stage before
 named by the cut that ends it: ``planning.pipeline_model``), a later group as ``CUT@B1+B2``. ``--batch`` is
 stage 0's boards' batches (each its micro-batch size x M), ``--micro-batches`` M, and ``--stage-sync checkpoint``
 because the cost model charges a later stage of one board no gradient exchange (a later group's gradient travels
-every step, as the model charges it). The runtime trains GPipe: a 1F1B plan is not run as planned yet, and
-:func:`train_flags` says so. A plan of one stage is data parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
+every step, as the model charges it). The runtime trains GPipe, which keeps any loss exact (1F1B would not:
+docs/pipeline.md, "GPipe only"), and :func:`train_flags` says so of a 1F1B plan. A plan of one stage is data
+parallelism: ``--boards`` and ``--batch``, no ``--pipeline``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from edgefleet.coordinator.planning.pipeline_model import PipelinePlan, PipelineProblem
+from edgefleet.coordinator.planning.pipeline_model import TRAINED_SCHEDULES, PipelinePlan, PipelineProblem
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ class TrainFlags:
 
 def train_flags(problem: PipelineProblem, plan: PipelinePlan) -> TrainFlags:
     """The ``train`` flags that run ``plan`` as planned, or why none do yet."""
-    if plan.schedule != "gpipe":
-        return TrainFlags((), f"the plan's schedule is {plan.schedule}, and train runs GPipe only")
+    if plan.schedule not in TRAINED_SCHEDULES:
+        return TrainFlags((), f"the plan's schedule is {plan.schedule}, and train runs GPipe only (it keeps any loss "
+                              "exact; docs/pipeline.md)")
     first = plan.stages[0]
     if len(plan.stages) == 1:
         return _data_parallel(plan)

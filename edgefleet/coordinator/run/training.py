@@ -1054,7 +1054,7 @@ class TrainingRun:
         plan = parse_stage_plan(self.spec.pipeline)
         # the stages cut again at the speeds measured so far (--rebalance), else the lost ones merged into a neighbour
         measured = await self.reviser.without(gone, _ram_bytes(channel)) if self.reviser is not None else None
-        replanned = measured or replan(plan, self.spec.batch_sizes, gone)
+        replanned = measured or replan(plan, self.spec.batch_sizes, gone, self.spec.micro_batches)
         if replanned is None:
             self.on_note(f"board(s) {', '.join(gone)} went offline and none of stage 0's boards is left: stopping "
                          "(--resume continues from the checkpoint)")
