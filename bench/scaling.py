@@ -90,7 +90,9 @@ Modes (``MODE_FLAGS``): a mode is a list of extra ``train`` flags: ``exact`` (no
 the coordinator audits the boards, ``--audit-share 0.25``), ``exact-noaudit`` (``--audit-share 0``:
 what the audits cost) and ``overlap`` (``--overlap``: the upload streamed during backward, the same mathematics) and
 ``local-sgd-H`` (``--sync-every H`` for H = 2, 4, 8, periodic averaging after one exact epoch: other
-mathematics, so its speed-up is against the exact best board) and ``placed`` (``--placement net.6``:
+mathematics, so its speed-up is against the exact best board), ``diloco-H`` (H = 4, 8, 16: ``--sync-every H
+--outer-optimizer diloco``) and ``diloco-H-w0`` (H = 8, 16: the same with ``--sync-warmup 0``, no exact epoch
+first) and ``placed`` (``--placement net.6``:
 layer placement, the boards train the layers up to the flatten and send activations, the
 coordinator the rest; the same mathematics as ``exact``). ``--modes`` refuses an unknown mode,
 naming the ones train lacks so far.
@@ -178,6 +180,7 @@ MODE_FLAGS: dict[str, tuple[str, ...]] = {  # mode -> extra train flags
     "exact": (), "exact-noaudit": ("--audit-share", "0"),
     "overlap": ("--overlap",), **{f"local-sgd-{h}": ("--sync-every", str(h)) for h in (2, 4, 8)},
     **{f"diloco-{h}": ("--sync-every", str(h), "--outer-optimizer", "diloco") for h in (4, 8, 16)},
+    **{f"diloco-{h}-w0": ("--sync-every", str(h), "--outer-optimizer", "diloco", "--sync-warmup", "0") for h in (8, 16)},
     "placed": ("--placement", "net.6")}  # every workload's flatten before its dense layers
 # Modes issue 22 plans, which train does not have yet: named in the refusal.
 PLANNED_MODES = {"powersgd": "part 3", "topk": "part 3 (built, not offered by train)"}

@@ -53,10 +53,11 @@ LOGGED: dict[str, dict[str, float]] = {
     "module_transfer_hooks": {"val_loss": 1e-5},
     "val_torchmetric": {"val_loss": 1e-5, "val_acc": 1e-6},
 }
-def _train_here(fleet: Fleet, case: Case, run_dir: Path, *, seed: int = SEED, **spec: Any) -> Path:
+def _train_here(fleet: Fleet, case: Case, run_dir: Path, *, seed: int = SEED, steps_done: int = STEPS, **spec: Any) -> Path:
     """Train ``case`` with the coordinator's ``train`` in this process, as ``_train`` does with the CLI; its run directory.
 
     ``spec``: more of the job's fields (``JobSpec``'s names: ``sync_buffers="average"``, ``overlap=True``, ...).
+    ``steps_done``: the steps the run ends after (fewer than ``STEPS`` where a target accuracy ends it).
 
     What a run sets process-wide (torch's threads, ``deterministic``'s global flag) is put back afterwards.
     """
@@ -77,7 +78,7 @@ def _train_here(fleet: Fleet, case: Case, run_dir: Path, *, seed: int = SEED, **
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
-    assert not outcome.interrupted and outcome.result["steps"] == STEPS
+    assert not outcome.interrupted and outcome.result["steps"] == steps_done
     return run_dir
 
 

@@ -133,6 +133,8 @@ def test_a_run_with_a_target_accuracy_stops_complete_at_the_first_epoch_that_rea
     result = json.loads((run_dir / "result.json").read_text())
     assert not result["interrupted"] and result["steps"] < result["total_steps"]  # it stopped early, complete
     assert result["target_reached"]["step"] == epochs[-1]["step"] and (run_dir / "model.pt").exists()
+    assert _steps(run_dir)[-1]["step"] == epochs[-1]["step"] == result["steps"] - 1  # none recorded past it
+    assert f"step {epochs[-1]['step']}: validation accuracy" in done.stdout
     again = _train(fleet, tmp_path / "unused", "--resume", str(run_dir), timeout_s=120)
     assert again.returncode == 1 and "reached its target accuracy" in again.stderr and "Traceback" not in again.stderr
 

@@ -87,6 +87,8 @@ def test_time_to_target_is_the_first_epoch_that_reaches_it() -> None:
     assert hit.elapsed_s == pytest.approx(2.92)
     assert sf.time_to_target(records, 0.96, 10).epoch == 2  # "at least" the target
     assert sf.time_to_target(records, 0.97, 10) is None
+    records[19]["validated_s"] = records[19]["elapsed_s"] + 0.4  # validated while the boards went on
+    assert sf.time_to_target(records, 0.95, 10).elapsed_s == pytest.approx(3.32)  # when the figures were in
 
 
 def test_time_to_target_ignores_records_without_validation() -> None:

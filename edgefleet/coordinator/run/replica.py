@@ -194,6 +194,9 @@ class _ReplicaDriver:
                 continue
         self.replica.val_metrics = metrics
         self.replica._validated_at = trainer.global_step
+        replica = self.replica
+        if replica.stops_at is not None and replica._taken and not trainer.sanity_checking and replica.stops_at(metrics):
+            replica.stopped_after = replica._first_step + replica._taken - 1  # the step just validated
 
 
 class Replica:
@@ -276,6 +279,11 @@ class Replica:
         self.logger = logger
         self.log_every_n_steps = log_every_n_steps
         self.step = 0  # the next global step
+        # A decision on the validation figures that ends the run (--target-accuracy), set by the run: after the
+        # validation that makes it true the Trainer takes no further step, and the steps queued behind that validation
+        # (the boards went on while it ran) are dropped, so the model is Trainer.fit's stopped there.
+        self.stops_at: Callable[[dict[str, float]], bool] | None = None
+        self.stopped_after: int | None = None  # the step after whose validation the Trainer stopped
         self.val_metrics: dict[str, float] = {}
         self.step_lrs: dict[int, list[float]] = {}  # each taken step's learning rates, until learning_rates_at reads them
         self._validated_at = -1
@@ -401,11 +409,21 @@ class Replica:
             self._done = self._taken
             self._progress.notify_all()
         self._waiting.set()
+        if self.stopped_after is not None:  # a validation decided the run ends: what was queued behind it is dropped
+            self._drop_queued()
+            raise _Stopped
         item = self._gradients.get()
         if item is _STOP:
             raise _Stopped
         self._taken += 1
         return typing.cast(tuple[int, np.ndarray, Any], item)
+
+    def _drop_queued(self) -> None:
+        while True:
+            try:
+                self._gradients.get_nowait()
+            except queue.Empty:
+                return
 
     def _wait(self) -> None:
         self._waiting.wait()
@@ -437,7 +455,11 @@ class Replica:
         if self._thread is None:
             self.start()
         self._raise_if_failed()
+        if self.stopped_after is not None:  # the run ends after that step: a step the boards ran beyond it is dropped
+            return
         if self._ended:
+            if self.stopped_after is not None:  # it stopped since the line above
+                return
             raise ReplicaError(f"the coordinator's replica ended before step {self.step}")
         if not wait:
             if not self.may_lag:
@@ -449,6 +471,13 @@ class Replica:
             self.drain()
         if self.sync is not None and self.sync.averaged_after(self.step - 1):
             self._note_average()
+
+    def end_at_stop(self) -> None:
+        """After the Trainer stopped on a validation's decision (:attr:`stopped_after`): the run continues from the step
+        after it (:attr:`step`, which counted the steps applied behind the validation, is put back)."""
+        if self.stopped_after is not None:
+            self.drain()
+            self.step = self.stopped_after + 1
 
     def done_through(self, step: int) -> bool:
         """Whether the Trainer has finished ``step`` (its validation and hooks included); never blocks."""

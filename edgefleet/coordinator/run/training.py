@@ -176,6 +176,13 @@ def _refuse_a_finished_run(run_dir: Path) -> None:
 STEADY_SKIP_STEPS = 3  # steps a run (or a resumed run) takes to warm up, left out of its steady samples/s
 
 
+def _stops_at_target(target: float, metrics: dict[str, float]) -> bool:
+    """The replica stops after a validation whose accuracy reaches ``target``, or that gives none (the run cannot judge
+    it and stops there: ``TrainingRun._check_target``)."""
+    accuracy = next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+    return accuracy is None or accuracy >= target
+
+
 class SteadyRate:
     """Samples/s once warm: from the end of the first ``skip_steps`` steps, validation time left out."""
 
@@ -308,6 +315,7 @@ class _HeldStep:
     samples: int                    # samples trained in this attempt up to this step
     epoch_end: bool
     waited: bool                    # the exchange waited for the replica's step (its validation on the critical path)
+    at: float = field(default_factory=time.monotonic)  # when the step's result was in (monotonic)
 
 
 class TrainingRun:
@@ -377,6 +385,9 @@ class TrainingRun:
         self.join_s: float | None = None  # from the commands sent until every board joined the exchange
         self.target_reached: dict[str, Any] | None = None  # the epoch end that reached spec.target_accuracy
         self._steady = SteadyRate(skip_steps=STEADY_SKIP_STEPS)
+        self.dropped_samples = 0  # samples of steps run past the validation that ended the run (never applied)
+        if spec.target_accuracy is not None:
+            self.replica.stops_at = functools.partial(_stops_at_target, spec.target_accuracy)
         self.checkpointed_step: int | None = None  # the step the newest checkpoint on disk continues from
         splits: list[BatchSplit] = []
         if resume:
@@ -533,7 +544,7 @@ class TrainingRun:
         while self._held:
             held = self._held[0]
             step = held.result.step
-            val_s = None
+            val_s, validated = None, None
             if held.epoch_end:
                 if not wait and not self.replica.done_through(step):
                     return
@@ -544,10 +555,11 @@ class TrainingRun:
                 val_s = time.monotonic() - evaluating + self.replica.take_validation_s()
                 if held.waited:  # it held up the steps: the steady rate leaves it out
                     self._steady.exclude(val_s)
-                self._check_target(step, self.elapsed_before_s + held.elapsed)
+                validated = held.elapsed + (time.monotonic() - held.at)  # when the figures were in: the steps went on
+                self._check_target(step, self.elapsed_before_s + validated)
             self._held.popleft()
             result, elapsed = held.result, held.elapsed
-            self._record(result, elapsed, held.rebalance, val_s)
+            self._record(result, elapsed, held.rebalance, val_s, validated)
             self.on_step(StepView(step=step, total_steps=self.spec.total_steps, loss=result.loss,
                                   val_accuracy=self.val_accuracy,
                                   samples_per_s=held.samples / elapsed if elapsed > 0 else 0.0,
@@ -555,6 +567,19 @@ class TrainingRun:
                                   batch_sizes=result.batch_sizes,
                                   shown={name: value for name, value in result.logs.items()
                                          if result.log_flags[name][2]}))
+            if self.replica.stopped_after == step:  # the run ends here (its target): drop the steps run beyond it
+                self._drop_held()
+                return
+
+    def _drop_held(self) -> None:
+        """The steps the boards ran while the replica validated the step the run ends at: never applied (the replica
+        stopped there), never recorded, not counted; the run continues, and ends, from the step after it."""
+        if self._held:
+            dropped = [h.result.step for h in self._held]
+            self.dropped_samples += sum(h.result.n_total for h in self._held)
+            self._held.clear()
+            log.info("dropped steps %d-%d, run by the boards while the replica validated", dropped[0], dropped[-1])
+        self.replica.end_at_stop()
 
     def _rolled_back(self, exchange: ExchangeServer) -> TrainOutcome | None:
         """A board failed an audit (its verdict may come a few steps late): the run ends to roll back; else None."""
@@ -928,11 +953,11 @@ class TrainingRun:
         first_step = self.replica.step
         lags = self.placed is None and self.replica.may_lag  # the tail host reads the replica's tail at every step
         # Validation off the critical path: the boards go on with the next epoch while the replica validates, unless
-        # a decision waits on the figures (--target-accuracy; a ReduceLROnPlateau never lags) or epochs are so short
-        # that two validations could overlap in the replica's lag.
+        # epochs are so short that two validations could overlap in the replica's lag (a ReduceLROnPlateau, whose
+        # learning rate the boards need, never lags). With --target-accuracy the replica stops after the validation
+        # that reaches it, and the steps the boards ran meanwhile are dropped (``_flush_steps``): Trainer.fit's result.
         # (A module without a validation_step is measured by the run itself on the replica's model: that waits too.)
-        validation_lags = (lags and self.replica.validates and spec.target_accuracy is None
-                           and spec.steps_per_epoch > LAG_STEPS + 1)
+        validation_lags = lags and self.replica.validates and spec.steps_per_epoch > LAG_STEPS + 1
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
@@ -986,8 +1011,8 @@ class TrainingRun:
             if (self._returned or self._revising) and (keeper is None or keeper.whole_after(step)):  # a lost board
                 self._stop.set()  # back, or a revision: the next plan from here
             if self.target_reached is not None:
-                self.on_note(f"step {step}: validation accuracy {self.val_accuracy:.4f} reached the target "
-                             f"{spec.target_accuracy:g}; the run is complete")
+                self.on_note(f"step {self.target_reached['step']}: validation accuracy {self.val_accuracy:.4f} reached "
+                             f"the target {spec.target_accuracy:g}; the run is complete")
                 break
         self.replica.drain()  # an interrupted run: the steps the replica trailed by, and their audits
         self._flush_steps(wait=True)
@@ -1013,7 +1038,7 @@ class TrainingRun:
         if not interrupted:
             self.replica.drain()
             atomic_torch_save(self.run_dir / "model.pt", self.replica.model.state_dict())
-        summary = self._result(elapsed, samples, exchange, interrupted)
+        summary = self._result(elapsed, samples - self.dropped_samples, exchange, interrupted)
         atomic_write_json(self.run_dir / "result.json", summary)
         comeback, lost_at = self.comeback, None
         replanned = await self._replan(channel) if self._stage_lost and interrupted else None
@@ -1064,7 +1089,8 @@ class TrainingRun:
                      f"{replanned.why} ({replanned.pipeline or 'data-parallel on ' + ','.join(replanned.boards)})")
         return replanned
 
-    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None) -> None:
+    def _record(self, r: StepResult, elapsed: float, rebalance: dict[str, Any] | None, val_s: float | None = None,
+                validated: float | None = None) -> None:
         # A re-balance rides in the record of the step that triggered it, so that metrics.jsonl stays
         # one line per applied step and a resume's truncation drops it with its step.
         record: dict[str, Any] = {
@@ -1085,6 +1111,8 @@ class TrainingRun:
             record["val_metrics"] = dict(self.val_metrics)
         if val_s is not None:
             record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
+        if validated is not None and validated - elapsed >= 0.001:  # the figures came after the step (the boards went on)
+            record["validated_s"] = round(self.elapsed_before_s + validated, 3)
         if self.spec.sync_every > 1:
             record["kind"] = r.kind  # exact, local or sync (periodic averaging)
         self.lines.add(record)
