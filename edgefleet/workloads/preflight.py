@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from edgefleet.protocol.errors import ConfigError
-from edgefleet.workloads.lightning_api import package_of
+from edgefleet.workloads.lightning_api import installed_packages, overrides, package_of
 from edgefleet.workloads.module_audit import audit_training_metrics
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,70 @@ def _several_optimizers(count: int | None) -> ConfigError:
                        "'lr': 1e-4}])")
 
 
+_CALLBACK_KINDS = ("EarlyStopping", "ModelCheckpoint")  # Lightning's callbacks the fleet has its own way for
+_CALLBACKS_ADVICE = ("instead of EarlyStopping on a validation accuracy, edge-coordinator train --target-accuracy "
+                     "FRACTION; instead of ModelCheckpoint, the run's own checkpoints (--checkpoint-every) and model.pt; "
+                     "remove any other callback")
+
+
+def _callback_kind(callback: Any) -> str | None:
+    """``EarlyStopping`` or ``ModelCheckpoint`` for those Lightning callbacks (or subclasses, either package), else None."""
+    for kind in _CALLBACK_KINDS:
+        if any(isinstance(callback, getattr(package.callbacks, kind)) for package in installed_packages()):
+            return kind
+    return None
+
+
+def _callback_advice(callbacks: list[Any]) -> str:
+    """What to do instead of each callback, in their order, each said once."""
+    advice: list[str] = []
+    others: list[str] = []
+    for callback in callbacks:
+        kind, name = _callback_kind(callback), type(callback).__name__
+        monitor = str(getattr(callback, "monitor", None) or "")
+        if kind == "EarlyStopping" and "acc" in monitor.lower():
+            advice.append(f"instead of {name} on {monitor}, edge-coordinator train --target-accuracy FRACTION (the run "
+                          "stops after the first epoch whose validation accuracy reaches it)")
+        elif kind == "EarlyStopping":
+            advice.append(f"instead of {name}{f' on {monitor}' if monitor else ''}, a fixed --epochs or --steps "
+                          "(edge-coordinator train --target-accuracy stops a run on a validation accuracy)")
+        elif kind == "ModelCheckpoint":
+            advice.append(f"instead of {name}, the run's own checkpoints (checkpoint.pt every --checkpoint-every "
+                          "steps) and model.pt")
+        else:
+            others.append(name)
+    if others:
+        advice.append(f"remove {', '.join(dict.fromkeys(others))}")
+    return "; ".join(dict.fromkeys(advice))
+
+
+def _check_no_module_callbacks(model: Any, trainer: Any = None) -> None:
+    """Refuse a module whose ``configure_callbacks`` returns callbacks (an override that returns none passes).
+
+    Lightning adds them to every Trainer that fits the module: every board's and the replica's. The
+    method is called as ``Trainer.fit`` calls it (after setup, ``self.trainer`` attached), only to name them.
+    """
+    if not overrides(model, "configure_callbacks"):
+        return
+    name = f"{type(model).__qualname__}.configure_callbacks()"
+    why = ("Lightning adds the callbacks it returns to every Trainer that fits the module, here every board's and "
+           "the coordinator's replica's, where they would see other figures than under Trainer.fit (an EarlyStopping "
+           "would end the replica's or a board's Trainer on its own, a ModelCheckpoint would write files on every board)")
+    try:
+        with _attached_trainer(model, trainer), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            returned = model.configure_callbacks()
+    except Exception as exc:  # the callbacks cannot be named: the method is
+        raise ConfigError(f"{name} is overridden (calling it here failed: {type(exc).__name__}: {exc}): {why}. "
+                          f"Leave configure_callbacks out for the fleet run: {_CALLBACKS_ADVICE}") from None
+    if not returned:
+        return
+    callbacks = list(returned) if isinstance(returned, Sequence) else [returned]  # one Callback: as Lightning takes it
+    names = ", ".join(dict.fromkeys(type(callback).__name__ for callback in callbacks))
+    raise ConfigError(f"{name} returns {names}: {why}. Leave configure_callbacks out for the fleet run: "
+                      f"{_callback_advice(callbacks)}")
+
+
 def check_trainable(model: Any, trainer: Any = None) -> OptimizerSetup:
     """Refuse what the fleet cannot train exactly; the module's optimizer setup otherwise (``trainer``: as :func:`optimizer_setup`).
 
@@ -125,6 +189,7 @@ def check_trainable(model: Any, trainer: Any = None) -> OptimizerSetup:
     if isinstance(setup.optimizer, torch.optim.LBFGS):
         raise ConfigError("the optimizer is LBFGS, which evaluates the loss several times per step; every board "
                           "would exchange a gradient at each evaluation. Use a first-order optimizer (SGD, Adam, ...)")
+    _check_no_module_callbacks(model, trainer)
     return setup
 
 

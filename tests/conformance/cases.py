@@ -68,6 +68,10 @@ REFUSED: list[tuple[Case, tuple[str, ...]]] = [
     (Case("manual_optimization", M + "ManualOptNet", {"lr": 0.1}, dataset=CLASSIFICATION), ("manual optimization",)),
     # A metric object's state accumulates on each board: the refusal names the library and the attribute.
     (Case("train_torchmetric", M + "TrainMetricNet", {"lr": 0.1}, dataset=CLASSIFICATION), ("torchmetrics", "train_acc")),
+    # configure_callbacks' callbacks would join the replica's Trainer and every board's: the refusal names them
+    # and what the run has instead.
+    (Case("module_callbacks", M + "ModuleCallbacksNet", {"lr": 0.1}, dataset=CLASSIFICATION),
+     ("configure_callbacks", "EarlyStopping", "--target-accuracy", "ModelCheckpoint", "--checkpoint-every", "model.pt")),
 ]
 
 SEEDED: list[Case] = [

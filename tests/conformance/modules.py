@@ -10,7 +10,9 @@ device from the model or the batch (``device=``, ``type_as``), never the CPU def
 from __future__ import annotations
 
 import math
+import tempfile
 import time
+from pathlib import Path
 
 import lightning.pytorch as L
 import pytorch_lightning as pl
@@ -465,6 +467,26 @@ class TrainMetricNet(_Classifier):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class ModuleCallbacksNet(_Classifier):
+    """Returns an ``EarlyStopping`` on the validation accuracy and a ``ModelCheckpoint`` from ``configure_callbacks``
+    (Lightning's docs): Lightning adds them to every Trainer that fits the module, the replica's and each board's,
+    so the fleet must refuse it. The checkpoints go to a temporary folder where plain Lightning fits it."""
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(dim=1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def configure_callbacks(self):
+        folder = Path(tempfile.gettempdir()) / "edgefleet-conformance" / type(self).__name__
+        return [pl.callbacks.EarlyStopping(monitor="val_acc", mode="max", patience=2),
+                pl.callbacks.ModelCheckpoint(dirpath=folder, monitor="val_acc", mode="max")]
 
 
 class ValMetricNet(_Classifier):

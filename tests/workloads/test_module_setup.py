@@ -9,7 +9,7 @@ import torch
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.workloads.fleet_trainer import TrainerOptions
 from edgefleet.workloads.module_setup import RunFigures, attached, prepare_module
-from edgefleet.workloads.preflight import optimizer_setup
+from edgefleet.workloads.preflight import check_trainable, optimizer_setup
 
 
 class LateLayers(pl.LightningModule):
@@ -80,3 +80,48 @@ def test_attached_leaves_a_module_with_a_trainer_alone() -> None:
     with attached(model, trainer):
         assert model.trainer is trainer
     assert model._trainer is None
+
+
+# configure_callbacks: preflight calls it as Trainer.fit does, to name what it returns, and refuses that.
+
+
+class WithCallbacks(LateLayers):
+    """Returns ``callbacks`` from ``configure_callbacks`` (``"fails"``: raises), noting the Trainer it saw."""
+
+    def __init__(self, callbacks) -> None:
+        super().__init__()
+        self.callbacks = callbacks
+        self.seen = None
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def configure_callbacks(self):
+        self.seen = self.trainer
+        if self.callbacks == "fails":
+            raise RuntimeError("no folder")
+        return self.callbacks
+
+
+@pytest.mark.parametrize(("callbacks", "words"), [
+    ([pl.callbacks.EarlyStopping(monitor="val_acc", mode="max"), pl.callbacks.ModelCheckpoint(dirpath="unused")],
+     ("returns EarlyStopping, ModelCheckpoint:", "--target-accuracy", "--checkpoint-every", "model.pt")),
+    (pl.callbacks.EarlyStopping(monitor="val_loss"), ("returns EarlyStopping:", "on val_loss", "--epochs or --steps")),
+    ([pl.callbacks.LearningRateMonitor()], ("returns LearningRateMonitor:", "remove LearningRateMonitor")),
+    ("fails", ("is overridden (calling it here failed: RuntimeError: no folder)", "--target-accuracy",
+               "--checkpoint-every", "remove any other callback")),
+])
+def test_callbacks_from_configure_callbacks_are_refused_naming_them(callbacks, words: tuple[str, ...]) -> None:
+    model = WithCallbacks(callbacks)
+    trainer = prepare_module(model, RunFigures(batches_per_epoch=5, total_steps=9))
+    with pytest.raises(ConfigError, match=r"WithCallbacks\.configure_callbacks\(\)") as refused:
+        check_trainable(model, trainer)
+    assert all(word in str(refused.value) for word in words), str(refused.value)
+    assert model.seen is trainer and model._trainer is None  # called as Trainer.fit calls it, then detached
+
+
+@pytest.mark.parametrize("callbacks", [[], None])
+def test_configure_callbacks_that_returns_none_passes(callbacks) -> None:
+    model = WithCallbacks(callbacks)
+    trainer = prepare_module(model, RunFigures(batches_per_epoch=5, total_steps=9))
+    assert check_trainable(model, trainer).optimizer is not None and model.seen is trainer
