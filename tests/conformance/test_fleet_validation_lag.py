@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import pytorch_lightning as pl
 import torch
 
 from tests.conformance.cases import CLASSIFICATION
-from tests.conformance.fleet_cli import GLOBAL_BATCH, SEED, TOLERANCE
-from tests.conformance.reference import Case, lightning_reference, relative_l2
+from tests.conformance.fleet_cli import GLOBAL_BATCH, SEED, STEPS, TOLERANCE
+from tests.conformance.reference import Case, fit_reference, lightning_reference, relative_l2, state_of
 from tests.conformance.test_fleet_conformance import _train_here
 
 CASE = Case("slow_validation", "tests.conformance.modules:SlowValidationNet", {"lr": 0.1, "val_s": 0.8},
             dataset=CLASSIFICATION)
 EPOCH_STEPS = 10  # 240 samples in global batches of 24
+# 120 samples: 5 steps an epoch (resnet_small on digits at 256 has 5 too), each validation longer than the 4 steps after it
+SHORT = Case("slow_validation_short", CASE.model, CASE.model_options, dataset=CLASSIFICATION,
+             dataset_options={"n": 120, "seed": 0})
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -51,3 +56,27 @@ def test_a_target_reached_while_the_boards_go_on_ends_the_run_at_that_epoch_with
     fleet_model = torch.load(run_dir / "model.pt", weights_only=True)
     reference = lightning_reference(CASE, steps=EPOCH_STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
     assert relative_l2(fleet_model, reference) <= TOLERANCE  # the steps run past it never reached the model
+
+
+class _ValidationFigures(pl.Callback):
+    """Each validation's accuracy, as plain Lightning reports it."""
+
+    def __init__(self) -> None:
+        self.accuracies: list[float] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.accuracies.append(float(trainer.callback_metrics["val_acc"]))
+
+
+def test_short_epochs_validate_one_at_a_time_off_the_steps_with_lightnings_figures(fleet, tmp_path: Path) -> None:
+    records = _records(_train_here(fleet, SHORT, tmp_path / "run"))
+    assert [r["step"] for r in records] == list(range(STEPS))
+    ends = [r for r in records if "val_metrics" in r]
+    assert [r["step"] for r in ends] == [4, 9, 14, 19]
+    assert ends[0]["validated_s"] - ends[0]["elapsed_s"] >= 0.7  # the boards went on while the replica validated
+    seen = _ValidationFigures()
+    model, _ = fit_reference(SHORT, steps=STEPS, global_batch=GLOBAL_BATCH, seed=SEED, callbacks=[seen])
+    # each epoch's own figures: the next epoch's end waited for the validation before it, never overtook it
+    assert [r["val_metrics"]["val_acc"] for r in ends] == pytest.approx(seen.accuracies, abs=1e-6)
+    fleet_model = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert relative_l2(fleet_model, state_of(model)) <= TOLERANCE

@@ -66,7 +66,7 @@ from edgefleet.coordinator.run.checkpoints import (
 )
 from edgefleet.coordinator.run.job_spec import JobSpec, batches_per_epoch
 from edgefleet.coordinator.run.rebalance import Rebalancer
-from edgefleet.coordinator.run.replica import LAG_STEPS, Replica
+from edgefleet.coordinator.run.replica import Replica
 from edgefleet.coordinator.run.replica_replay import ReplayData
 from edgefleet.coordinator.run.replica_threads import FreeCpuThreads
 from edgefleet.coordinator.run.run_logger import PendingLines, board_scalars, close_logger, lr_scalars, make_logger, step_scalars
@@ -952,16 +952,21 @@ class TrainingRun:
         samples, last_elapsed = 0, 0.0
         first_step = self.replica.step
         lags = self.placed is None and self.replica.may_lag  # the tail host reads the replica's tail at every step
-        # Validation off the critical path: the boards go on with the next epoch while the replica validates, unless
-        # epochs are so short that two validations could overlap in the replica's lag (a ReduceLROnPlateau, whose
-        # learning rate the boards need, never lags). With --target-accuracy the replica stops after the validation
-        # that reaches it, and the steps the boards ran meanwhile are dropped (``_flush_steps``): Trainer.fit's result.
+        # Validation off the critical path: the boards go on with the next epoch while the replica validates (a
+        # ReduceLROnPlateau, whose learning rate the boards need, never lags; nor do epochs of one step). With
+        # --target-accuracy the replica stops after the validation that reaches it, and the steps the boards ran
+        # meanwhile are dropped (``_flush_steps``): Trainer.fit's result.
         # (A module without a validation_step is measured by the run itself on the replica's model: that waits too.)
-        validation_lags = lags and self.replica.validates and spec.steps_per_epoch > LAG_STEPS + 1
+        validation_lags = lags and self.replica.validates and spec.steps_per_epoch > 1
         while self.replica.step < spec.total_steps and not self._stop.is_set():
             self._handle_events(channel, exchange)
             step = self.replica.step
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
+            if epoch_end and any(held.epoch_end for held in self._held):
+                # One validation in flight at most: the epoch before is validated and recorded before this epoch's end
+                # goes to the replica (its figures, and the epoch's means, are read from the replica as it is then).
+                # In a short epoch (resnet_small on digits: 5 steps) that validation ended steps ago.
+                self._flush_steps(wait=True)
             # The replica may trail the exchange by a few steps (an audit, a slow optimizer step on the coordinator,
             # validation, absorbed while the boards compute), except where the run reads it at once: a checkpoint,
             # the end, and a validation whose figures decide something.
