@@ -469,19 +469,10 @@ class TrainMetricNet(_Classifier):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-class ModuleCallbacksNet(_Classifier):
-    """Returns an ``EarlyStopping`` on the validation accuracy and a ``ModelCheckpoint`` from ``configure_callbacks``
-    (Lightning's docs): Lightning adds them to every Trainer that fits the module, the replica's and each board's,
-    so the fleet must refuse it. The checkpoints go to a temporary folder where plain Lightning fits it."""
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(dim=1) == y).float().mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+class ModuleCallbacksNet(LoggingNet):
+    """The docs' module returning an ``EarlyStopping`` on the validation accuracy and a ``ModelCheckpoint`` from
+    ``configure_callbacks`` (Lightning's docs): Lightning adds them to every Trainer that fits the module, the replica's
+    and each board's, so the fleet must refuse it. The checkpoints go to a temporary folder where plain Lightning fits it."""
 
     def configure_callbacks(self):
         folder = Path(tempfile.gettempdir()) / "edgefleet-conformance" / type(self).__name__

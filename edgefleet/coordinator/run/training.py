@@ -1115,7 +1115,7 @@ class TrainingRun:
             record["val_accuracy"], record["val_loss"] = self.val_accuracy, self.val_loss
             record["val_metrics"] = dict(self.val_metrics)
         if val_s is not None:
-            record["val_s"] = round(val_s, 3)  # the replica's validation, inside this step's interval
+            record["val_s"] = round(val_s, 3)  # the replica's validation (inside this step's interval where it waited)
         if validated is not None and validated - elapsed >= 0.001:  # the figures came after the step (the boards went on)
             record["validated_s"] = round(self.elapsed_before_s + validated, 3)
         if self.spec.sync_every > 1:
