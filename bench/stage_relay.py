@@ -65,11 +65,14 @@ class Figure:
         return self.relayed_s / self.direct_s
 
 
-def _listening_port(proc: BoardProcess, what: str) -> str:
-    line = proc.readline(timeout_s=START_TIMEOUT_S)
-    if not line.startswith("listening "):
-        raise BenchError(f"the {what} did not start listening: {line!r}\n{proc.log()[-1500:]}")
-    return line.split()[1]
+def _listening_port(proc: BoardProcess) -> str:
+    """The port a listening end printed (``listening PORT``)."""
+    from edgefleet.lab.measurements import expect_line
+
+    try:
+        return expect_line(proc, "listening", timeout_s=START_TIMEOUT_S).split()[1]
+    except RuntimeError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def _block(lab: Lab, src: str, dst: str, size: int, rounds: int, *, relayed: bool) -> list[float]:
@@ -83,12 +86,12 @@ def _block(lab: Lab, src: str, dst: str, size: int, rounds: int, *, relayed: boo
         sink = lab.start_in_board(dst, "relay-sink", [py, str(ENDS), "sink", "--bind", dst_address, "--bytes", str(size)],
                                   capture_stdout=True, expect_exit=True)
         started.append(sink)
-        to = f"{dst_address}:{_listening_port(sink, f'sink on {dst}')}"
+        to = f"{dst_address}:{_listening_port(sink)}"
         if relayed:
             relay = lab.start_in_server("relay", [py, str(ENDS), "relay", "--bind", str(SERVER_ADDRESS), "--to", to],
                                         capture_stdout=True, expect_exit=True)
             started.append(relay)
-            to = f"{SERVER_ADDRESS}:{_listening_port(relay, 'relay')}"
+            to = f"{SERVER_ADDRESS}:{_listening_port(relay)}"
         source = lab.start_in_board(src, "relay-source", [py, str(ENDS), "source", "--to", to, "--bytes", str(size),
                                                            "--rounds", str(rounds + 1)], capture_stdout=True, expect_exit=True)
         started.append(source)

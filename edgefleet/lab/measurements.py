@@ -145,7 +145,12 @@ def first_that_holds(measure: Callable[[], M], holds: Callable[[M], bool], *, at
     return result
 
 
-def _expect_line(bp: BoardProcess, prefix: str, *, timeout_s: float) -> str:
+def expect_line(bp: BoardProcess, prefix: str, *, timeout_s: float) -> str:
+    """The next line of ``bp`` (started with ``capture_stdout=True``), which must start with ``prefix``.
+
+    Raises:
+        RuntimeError: another line, or none within ``timeout_s``, naming the process, whether it lives, and its log.
+    """
     line = bp.readline(timeout_s=timeout_s)
     if not line.startswith(prefix):
         raise RuntimeError(f"board {bp.board_id}: {bp.name} said {line!r} instead of {prefix!r}... "
@@ -182,7 +187,7 @@ def measure_link(lab: Lab, board_id: str, direction: str, *, seconds: float = 1.
     server = start(f"bulk-{direction}", [sys.executable, str(BULK_TRANSFER), "listen", "--bind", str(address),
                                          "--role", board_role, *common], capture_stdout=True, expect_exit=True)
     try:
-        port = _expect_line(server, "listening", timeout_s=START_TIMEOUT_S).split()[1]
+        port = expect_line(server, "listening", timeout_s=START_TIMEOUT_S).split()[1]
         steal = HostSteal()
         client = subprocess.run([sys.executable, str(BULK_TRANSFER), "connect", "--to", f"{address}:{port}",
                                  "--role", host_role, *common], capture_output=True, text=True, timeout=seconds + 40, check=False)
@@ -213,7 +218,7 @@ def measure_cpu(lab: Lab, board_ids: list[str], *, seconds: float = 2.0) -> dict
                 board_id, "busy-loop", [sys.executable, str(BUSY_LOOP), "--seconds", str(seconds + START_TIMEOUT_S),
                                         "--workers", str(max(1, math.ceil(quota)))], capture_stdout=True, expect_exit=True)
         for bp in procs.values():
-            _expect_line(bp, "started", timeout_s=START_TIMEOUT_S)
+            expect_line(bp, "started", timeout_s=START_TIMEOUT_S)
         groups = {b: lab.board(b).cgroup for b in board_ids}
         before = {b: (g.cpu_usage_ns(), g.throttled()[0]) for b, g in groups.items()}
         t0, steal = time.monotonic(), HostSteal()
@@ -233,4 +238,4 @@ def measure_cpu(lab: Lab, board_ids: list[str], *, seconds: float = 2.0) -> dict
 
 
 __all__ = ["BULK_TRANSFER", "BUSY_LOOP", "MEMORY_HOG", "STOLEN_LIMIT", "CpuMeasurement", "HostSteal", "LinkMeasurement",
-           "measure_cpu", "measure_link", "skip_if_stolen"]
+           "expect_line", "measure_cpu", "measure_link", "skip_if_stolen"]

@@ -176,10 +176,15 @@ def _refuse_a_finished_run(run_dir: Path) -> None:
 STEADY_SKIP_STEPS = 3  # steps a run (or a resumed run) takes to warm up, left out of its steady samples/s
 
 
+def _val_accuracy(metrics: dict[str, float]) -> float | None:
+    """The accuracy a validation logged (the first of :data:`ACCURACY_KEYS`), or None."""
+    return next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+
+
 def _stops_at_target(target: float, metrics: dict[str, float]) -> bool:
     """The replica stops after a validation whose accuracy reaches ``target``, or that gives none (the run cannot judge
     it and stops there: ``TrainingRun._check_target``)."""
-    accuracy = next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+    accuracy = _val_accuracy(metrics)
     return accuracy is None or accuracy >= target
 
 
@@ -597,7 +602,7 @@ class TrainingRun:
             metrics = self.replica.val_metrics
             self.val_metrics = dict(metrics)
             self.val_loss = metrics.get("val_loss")
-            self.val_accuracy = next((metrics[k] for k in ACCURACY_KEYS if k in metrics), None)
+            self.val_accuracy = _val_accuracy(metrics)
         elif self.data.val_loader is not None and self._fallback_accuracy:
             figures = self.replica.evaluate(self.data.val_loader())
             if figures is None:
