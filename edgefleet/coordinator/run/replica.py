@@ -455,10 +455,10 @@ class Replica:
         if self._thread is None:
             self.start()
         self._raise_if_failed()
-        if self.stopped_after is not None:  # the run ends after that step: a step the boards ran beyond it is dropped
-            return
-        if self._ended:
-            if self.stopped_after is not None:  # it stopped since the line above
+        if self._ended or self.stopped_after is not None:
+            # stopped_after is set before the Trainer ends, so it is read after _ended: the run ends after that step,
+            # and a step the boards ran beyond it is dropped
+            if self.stopped_after is not None:
                 return
             raise ReplicaError(f"the coordinator's replica ended before step {self.step}")
         if not wait:
