@@ -52,7 +52,8 @@ class StepLogs:
             EdgeTrainError: ``value`` is not a number, so the fleet cannot average it over the boards.
         """
         try:
-            number = float(value)
+            detach = getattr(value, "detach", None)  # a tensor in the graph: as Lightning's own logging, its value only
+            number = float(detach() if callable(detach) else value)
         except (TypeError, ValueError, RuntimeError):  # a torchmetrics Metric, a tensor of many values
             raise _not_a_number(name, value) from None
         if not math.isfinite(number):

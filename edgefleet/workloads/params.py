@@ -104,7 +104,8 @@ class FlatGradients:
         self.params = params
         self.out = out
         self._out_views = _views_of(torch.from_numpy(out), params)
-        self._one_call = all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
+        # torch's foreach calls refuse an empty list: a stage of no parameters (a pipeline's pooling stage) loops
+        self._one_call = bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
         self._source: np.ndarray | None = None  # the received vector whose views are kept
         self._source_views: list[torch.Tensor] = []
 

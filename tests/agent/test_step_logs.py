@@ -89,3 +89,11 @@ def test_a_metric_fails_the_job_naming_it() -> None:
 def test_a_tensor_of_many_values_fails_the_job_naming_its_shape() -> None:
     with pytest.raises(EdgeTrainError, match=r"logs a Tensor of shape \(4,\), not a number"):
         _fit(LoggingModule(lambda self, logits, y: (logits.argmax(dim=1) == y).float()))
+
+
+def test_a_value_in_the_graph_is_taken_without_a_warning(recwarn: pytest.WarningsRecorder) -> None:
+    """A loss logged before its backward (a pipeline stage's training_step logs its own) is read detached, as
+    Lightning's own logging reads it: torch warns when a tensor that requires grad is made a Python number."""
+    taken = _fit(LoggingModule(lambda self, logits, y: F.cross_entropy(logits, y)))
+    assert all(step is not None and step["train_acc"][0] > 0 for step in taken), taken
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)], [str(w.message) for w in recwarn]

@@ -122,6 +122,30 @@ def test_a_stage_board_that_dies_is_planned_around_and_the_run_goes_on_from_its_
     assert max_relative_error(model, plain_lenet_training(steps, sum(batch), seed=SEED, lr=lr, optimizer=optimizer)) <= bound
 
 
+@pytest.mark.slow
+def test_a_middle_stage_of_no_parameters_trains_as_the_single_process(
+        tmp_path: Path, mosquitto: LocalBroker, agents: AgentFactory) -> None:
+    """A middle stage of LeNet-5's first ReLU and pooling only: no parameters, so an empty gradient vector each step
+    (a revision around a slowed board cut one, and its worker failed on torch's empty foreach copy, which the run
+    only showed as the board leaving). It trains as the others do, Adam's later state at checkpoints."""
+    keys = make_keys(tmp_path, BOARDS)
+    for board in BOARDS:
+        agents.start(board, mosquitto.address, config=agent_config(board, keys, keys.own[board]))
+    wait_boards_online(mosquitto.address, BOARDS)
+    run_dir = tmp_path / "empty-stage"
+    steps = 6
+    proc = _train(mosquitto, keys, run_dir, "--pipeline", "q1,net.0@q2,net.2@q3", "--batch", "64", "--micro-batches",
+                  "4", "--steps", str(steps), "--checkpoint-every", "4", "--stage-sync", "checkpoint", "--no-rebalance",
+                  model_options="optimizer=adam,lr=0.002")
+    code, out, err = finish(proc, 300)
+    output = out + err
+    assert code == 0 and "Traceback" not in output, f"{output[-4000:]}\n{agents.tails()}"
+    assert "stage 1 on q2: 0 parameters" in output, output[-3000:]
+    assert [s["step"] for s in _steps(run_dir)] == list(range(steps))
+    model = torch.load(run_dir / "model.pt", weights_only=True)
+    assert max_relative_error(model, plain_lenet_training(steps, 64, seed=SEED, lr=0.002, optimizer="adam")) <= 1e-5
+
+
 def _cpu_group(board: str) -> Any:
     """A cgroup v1 CPU group for ``board``'s agent (and the worker it starts), or skip: it needs root."""
     # the lab's cgroups: only this test slows a board on the loopback

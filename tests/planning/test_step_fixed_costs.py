@@ -87,3 +87,12 @@ def test_flat_gradients_fall_back_for_a_missing_gradient() -> None:
     assert np.all(out[:params[0].numel()] == 0.0)  # zeros for the missing one, as flatten_grads gives
     FlatGradients(params, out).scatter(np.ones(size, dtype=np.float32))
     assert params[0].grad is not None and torch.equal(params[0].grad, torch.ones_like(params[0]))
+
+
+def test_flat_gradients_of_no_parameters_copy_nothing() -> None:
+    """A pipeline stage of pooling and activations only (one a revision may cut) has no parameters: torch's foreach
+    copies refuse an empty list, so its vector of none is gathered and scattered without them."""
+    out = np.zeros(0, dtype=np.float32)
+    grads = FlatGradients([], out)
+    assert grads.gather() is out and out.size == 0
+    grads.scatter(np.zeros(0, dtype=np.float32), keep=True)

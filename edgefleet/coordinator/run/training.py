@@ -518,7 +518,8 @@ class TrainingRun:
         self._stop.set()
         named = ", ".join(missing) or "of the pipeline"
         self.on_note(f"step {step}: board(s) {named} sent no gradient{f' ({why})' if why and not missing else ''}, and a "
-                     f"pipeline cannot step without all of its boards: stopping after step {step - 1}. Bring the board "
+                     f"pipeline cannot step without all of its boards: stopping "
+                     f"{f'after step {step - 1}' if step else 'before its first step'}. Bring the board "
                      "back and --resume continues from the checkpoint, or --resume with --pipeline (other boards) "
                      "continues without it")
 
@@ -903,15 +904,31 @@ class TrainingRun:
         """``exc`` (a step that could not complete) with what the boards said of their failure: a board's (its worker
         killed for memory, say) reaches the broker a moment after its connection to the exchange closed, so it is
         waited for, up to :data:`BOARD_WORDS_WAIT_S`."""
+        words = await self._boards_words(channel)
+        if not words:
+            return exc
+        return ExchangeError(f"{exc}. " + "; ".join(f"board {b}: {m}" for b, m in sorted(words.items())))
+
+    async def _say_why_stages_failed(self, channel: BoardChannel) -> None:
+        """A stage's board that sent nothing but is still online: its worker failed, and its row in the run's table only
+        says that it left the exchange; note what the board said (waited for, up to :data:`BOARD_WORDS_WAIT_S`)."""
+        lost = set(self._lost[1]) - set(channel.went_offline)
+        if not lost:
+            return
+        noted = set(self._failures)
+        for board, words in sorted((await self._boards_words(channel)).items()):
+            if board in lost and board not in noted:
+                self.on_note(f"board {board} failed: {words}")
+
+    async def _boards_words(self, channel: BoardChannel) -> dict[str, str]:
+        """What the boards said of their part's failure, waiting up to :data:`BOARD_WORDS_WAIT_S` for a first word."""
         words = dict(self._failures)
         until = time.monotonic() + BOARD_WORDS_WAIT_S
         while not words and (left := until - time.monotonic()) > 0:
             event = await channel.next_event(min(0.5, left))
             if event is not None and event.job_id == self.spec.run_id and event.phase == "failed":
-                words[event.board_id] = event.message
-        if not words:
-            return exc
-        return ExchangeError(f"{exc}. " + "; ".join(f"board {b}: {m}" for b, m in sorted(words.items())))
+                words[event.board_id] = self._failures[event.board_id] = event.message
+        return words
 
     def _watch_comeback(self, channel: BoardChannel) -> None:
         """A board the pipeline lost is online again: the run stops at its next whole step and goes back to the plan."""
@@ -992,6 +1009,7 @@ class TrainingRun:
                     raise await self._with_boards_words(exc, channel) from None
                 self._lose_stage(step, [b for b in spec.boards if b not in exchange.connected], str(exc))
             if self._stage_lost:  # the step was not applied: the run ends at the last step every stage trained
+                await self._say_why_stages_failed(channel)
                 break
             rolled_back = self._rolled_back(exchange)
             if rolled_back is not None:
