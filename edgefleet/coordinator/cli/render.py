@@ -53,6 +53,35 @@ def limit_note(ignored: int, max_boards: int) -> str:
             f"(raise it with --max-boards, or clear the retained topics of boards that do not exist)")
 
 
+# The live table's lines besides its rows: the title and the blank line under it, the header and its rule, the blank
+# line above the caption, and two caption lines (the estimated-power mark, what did not fit; the view's limit is rare)
+_TABLE_OVERHEAD_LINES = 7
+
+
+def fit_rows(rows: list[BoardRow], height: int) -> tuple[list[BoardRow], str]:
+    """The rows a live view of ``height`` lines shows, and a line saying what it left out (empty: every row fits).
+
+    A terminal shorter than the fleet would cut the table off at its bottom, whatever is there: the boards that report
+    go first, and the offline ones fill what room is left (a broker keeps the retained status of every board that
+    ever reported, so the offline ones pile up). Among the shown rows the order stays the view's.
+    """
+    room = max(1, height - _TABLE_OVERHEAD_LINES)
+    if len(rows) <= room:
+        return rows, ""
+    offline = [r for r in rows if r.health == "offline"]
+    reporting = [r for r in rows if r.health != "offline"]
+    if len(reporting) >= room:
+        kept = set(map(id, reporting[:room]))
+        left = len(rows) - room
+        return [r for r in rows if id(r) in kept], (f"{left} more board(s) not shown: the terminal has room for {room}; "
+                                                   "make it taller, or run status without --watch to list them all")
+    kept = set(map(id, reporting)) | set(map(id, offline[:room - len(reporting)]))
+    hidden = [r.board_id for r in offline[room - len(reporting):]]
+    names = ", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+    return [r for r in rows if id(r) in kept], (f"{len(hidden)} offline board(s) not shown ({names}): "
+                                               "status without --watch lists them all")
+
+
 def fleet_table(rows: list[BoardRow], *, title: str = "edgefleet", note: str = "") -> Table:
     """One row per board: state, age of its sample, CPU, memory, network, temperature and power.
 

@@ -83,19 +83,23 @@ def watch(view: FleetView, *, title: str, seconds: float = 0.0) -> None:
     # rich: only for a live table, not with the parser
     from rich.live import Live
 
-    from edgefleet.coordinator.cli.render import fleet_power_text, fleet_table, limit_note, make_console
+    from edgefleet.coordinator.cli.render import fit_rows, fleet_power_text, fleet_table, limit_note, make_console
+
+    console = make_console()
 
     def table() -> Table:
         rows = view.rows()
         heading = f"{title}  {time.strftime('%Y-%m-%d %H:%M:%S')}  fleet power {fleet_power_text(rows)}"
-        return fleet_table(rows, title=heading, note=limit_note(view.ignored_boards(), view.max_boards))
+        shown, left_out = fit_rows(rows, console.size.height)  # rich would cut a taller table at its bottom
+        note = "\n".join(line for line in (limit_note(view.ignored_boards(), view.max_boards), left_out) if line)
+        return fleet_table(shown, title=heading, note=note)
 
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
     # Ctrl-C only sets a flag, so it ends the view cleanly wherever it lands (even mid-draw).
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     try:
-        with Live(table(), console=make_console(), refresh_per_second=4) as live:
+        with Live(table(), console=console, refresh_per_second=4) as live:
             while not stop.wait(0.5) and time.monotonic() < deadline:
                 live.update(table())
     finally:
