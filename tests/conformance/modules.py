@@ -546,11 +546,12 @@ class BatchNormDropoutNet(pl.LightningModule):
 
 
 class SlowValidationNet(pl.LightningModule):
-    """A validation that takes ``val_s`` seconds (a large validation set on a slow coordinator)."""
+    """A validation that takes ``val_s`` seconds (a large validation set on a slow coordinator), and ``end_s`` more in
+    its own ``on_validation_end`` (a report written after it), which Lightning calls after its callbacks' hook."""
 
-    def __init__(self, lr: float = 0.1, val_s: float = 0.8) -> None:
+    def __init__(self, lr: float = 0.1, val_s: float = 0.8, end_s: float = 0.0) -> None:
         super().__init__()
-        self.lr, self.val_s = lr, val_s
+        self.lr, self.val_s, self.end_s = lr, val_s, end_s
         self.net = _mlp(8, 16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -566,6 +567,9 @@ class SlowValidationNet(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch
         self.log("val_acc", (self(x).argmax(dim=1) == y).float().mean())
+
+    def on_validation_end(self) -> None:
+        time.sleep(self.end_s)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -58,6 +58,24 @@ def test_a_target_reached_while_the_boards_go_on_ends_the_run_at_that_epoch_with
     assert relative_l2(fleet_model, reference) <= TOLERANCE  # the steps run past it never reached the model
 
 
+# The module's own on_validation_end takes 1 s, after the replica's callback decided the stop: the run's steps go on
+# meanwhile, their queue far from full (the validation itself is instant)
+LATE_END = Case("slow_validation_end", CASE.model, {"lr": 0.1, "val_s": 0.0, "end_s": 1.0}, dataset=CLASSIFICATION)
+
+
+def test_steps_run_while_the_replica_ends_after_reaching_the_target_are_dropped_not_run_twice(fleet, tmp_path: Path) -> None:
+    """A step the run gave the replica after its Trainer stopped was not counted, and the run ran that step's number
+    again: the boards, a step ahead, were refused (a grad for step 12 while the exchange is at step 11), and the run
+    failed (one CI run). Now the run ends at the stop, with Lightning's model of that epoch."""
+    run_dir = _train_here(fleet, LATE_END, tmp_path / "run", target_accuracy=0.01, steps_done=EPOCH_STEPS)
+    assert [r["step"] for r in _records(run_dir)] == list(range(EPOCH_STEPS))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["target_reached"]["step"] == EPOCH_STEPS - 1 and not result["interrupted"]
+    fleet_model = torch.load(run_dir / "model.pt", weights_only=True)
+    reference = lightning_reference(LATE_END, steps=EPOCH_STEPS, global_batch=GLOBAL_BATCH, seed=SEED)
+    assert relative_l2(fleet_model, reference) <= TOLERANCE
+
+
 class _ValidationFigures(pl.Callback):
     """Each validation's accuracy, as plain Lightning reports it."""
 

@@ -122,6 +122,7 @@ STATE_BYTES_PER_S = 1.25e6
 MAX_STATE_WAIT_S = 600.0
 NEXT_PLAN_WAIT_S = 15.0  # a run followed by a re-planned one waits this long for its stops' acks and its boards' idle
 BOARD_WORDS_WAIT_S = 3.0  # a step no board completed: how long the run waits for a board's word on why
+STAGE_WORDS_WAIT_S = 1.0  # a pipeline's board left: its worker's failure comes as its link closes, if it comes at all
 OFFLINE_WAIT_S = 20.0  # how long a pipeline that lost a board waits to learn which agent went offline
 OFFLINE_POLL_S = 0.5
 
@@ -911,19 +912,20 @@ class TrainingRun:
 
     async def _say_why_stages_failed(self, channel: BoardChannel) -> None:
         """A stage's board that sent nothing but is still online: its worker failed, and its row in the run's table only
-        says that it left the exchange; note what the board said (waited for, up to :data:`BOARD_WORDS_WAIT_S`)."""
+        says that it left the exchange; note what the board said, waited for up to :data:`STAGE_WORDS_WAIT_S` (a board
+        whose agent died says nothing, and the re-plan around it is timed as the run's recovery)."""
         lost = set(self._lost[1]) - set(channel.went_offline)
         if not lost:
             return
         noted = set(self._failures)
-        for board, words in sorted((await self._boards_words(channel)).items()):
+        for board, words in sorted((await self._boards_words(channel, STAGE_WORDS_WAIT_S)).items()):
             if board in lost and board not in noted:
                 self.on_note(f"board {board} failed: {words}")
 
-    async def _boards_words(self, channel: BoardChannel) -> dict[str, str]:
-        """What the boards said of their part's failure, waiting up to :data:`BOARD_WORDS_WAIT_S` for a first word."""
+    async def _boards_words(self, channel: BoardChannel, wait_s: float = BOARD_WORDS_WAIT_S) -> dict[str, str]:
+        """What the boards said of their part's failure, waiting up to ``wait_s`` for a first word."""
         words = dict(self._failures)
-        until = time.monotonic() + BOARD_WORDS_WAIT_S
+        until = time.monotonic() + wait_s
         while not words and (left := until - time.monotonic()) > 0:
             event = await channel.next_event(min(0.5, left))
             if event is not None and event.job_id == self.spec.run_id and event.phase == "failed":
@@ -980,7 +982,9 @@ class TrainingRun:
         # meanwhile are dropped (``_flush_steps``): Trainer.fit's result.
         # (A module without a validation_step is measured by the run itself on the replica's model: that waits too.)
         validation_lags = lags and self.replica.validates and spec.steps_per_epoch > 1
-        while self.replica.step < spec.total_steps and not self._stop.is_set():
+        # A validation that ends the run (its target) may come in while the boards go on: the replica then takes no
+        # more steps (nor counts them), so the run runs none after it; the post-loop flush drops the ones beyond it.
+        while self.replica.step < spec.total_steps and not self._stop.is_set() and self.replica.stopped_after is None:
             self._handle_events(channel, exchange)
             step = self.replica.step
             epoch_end = (step + 1) % spec.steps_per_epoch == 0 or step + 1 == spec.total_steps
@@ -1039,14 +1043,15 @@ class TrainingRun:
             if (self._returned or self._revising) and (keeper is None or keeper.whole_after(step)):  # a lost board
                 self._stop.set()  # back, or a revision: the next plan from here
             if self.target_reached is not None:
-                self.on_note(f"step {self.target_reached['step']}: validation accuracy {self.val_accuracy:.4f} reached "
-                             f"the target {spec.target_accuracy:g}; the run is complete")
                 break
         self.replica.drain()  # an interrupted run: the steps the replica trailed by, and their audits
         self._flush_steps(wait=True)
         rolled_back = self._rolled_back(exchange)
         if rolled_back is not None:
             return rolled_back
+        if self.target_reached is not None:
+            self.on_note(f"step {self.target_reached['step']}: validation accuracy {self.val_accuracy:.4f} reached "
+                         f"the target {spec.target_accuracy:g}; the run is complete")
         elapsed = time.monotonic() - started
         exchange.finished = True
         self.flags = exchange.flags()
