@@ -10,8 +10,10 @@ synthetic one, 1x32x32 like digits, with ``--dataset-n`` (40,000) samples per ep
 Per fleet and model:
 
 1. ``profile``: the real profile path (``coordinator.planning.profiling.profile_fleet``: every board
-   times warm-up + timed steps at two batch sizes, its peak memory, its power model and its link
-   to the exchange endpoint). Its wall time is the profiling cost.
+   times warm-up + timed steps at each of ``--profile-batches``, its peak memory, its power model and
+   its link to the exchange endpoint). Its wall time is the profiling cost. A batch size's timing
+   ends once its timed steps have lasted ``--profile-timed-budget`` (3 s) and at least 5 ran: the
+   slowest boards' long steps at batch 64 were most of a profile's time, and they vary least.
 2. ``plan``: the planner estimates every configuration (the participants, each board's batch
    size from the cost model, the global batch fixed) and ranks them for each objective.
 3. Ground truth, by real training runs (real agents, signed commands, the TCP exchange,
@@ -232,7 +234,8 @@ async def _drive_case(broker: Any, key: bytes, info: dict[str, dict[str, Any]], 
         profiles = await profile_fleet(broker, key, boards, ProfileRequest(
             model=model, variants=[options], dataset="synthetic", dataset_options=_dataset_options(args),
             batch_sizes=args.profile_batches,
-            warmup_steps=args.profile_warmup, timed_steps=args.profile_steps, threads=1, probe_bytes=args.probe_bytes,
+            warmup_steps=args.profile_warmup, timed_steps=args.profile_steps, timed_budget_s=args.profile_timed_budget,
+            threads=1, probe_bytes=args.probe_bytes,
             probe_rounds=args.probe_rounds, parallel=args.profile_parallel),
             on_note=lambda note: log.debug("%s", note))
         return {"profiles": profiles, "profile_s": time.monotonic() - started}
@@ -451,7 +454,8 @@ def _run_fleet(name: str, args: argparse.Namespace, key_file: Path) -> dict[str,
                    "--models", *args.models, "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--global-batch", str(args.global_batch), "--seed", str(args.seed), "--dataset-n", str(args.dataset_n),
                    "--profile-batches", *map(str, args.profile_batches), "--profile-warmup", str(args.profile_warmup),
-                   "--profile-steps", str(args.profile_steps), "--probe-bytes", str(args.probe_bytes),
+                   "--profile-steps", str(args.profile_steps), "--profile-timed-budget", str(args.profile_timed_budget),
+                   "--probe-bytes", str(args.probe_bytes),
                    "--probe-rounds", str(args.probe_rounds),
                    "--profile-parallel", str(args.profile_parallel), "--verify", str(args.verify),
                    "--verify-warmup", str(args.verify_warmup), "--verify-steps", str(args.verify_steps),
@@ -476,10 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, default=64, help="global batch of every configuration (default 64)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per run (default 3)")
     parser.add_argument("--steps", type=int, default=15, help="timed steps per run (default 15)")
-    parser.add_argument("--profile-batches", type=int, nargs="+", default=[8, 32, 64],
-                        help="per-board batch sizes profiled (default 8 32 64: the range the plans use)")
+    parser.add_argument("--profile-batches", type=int, nargs="+", default=[2, 8, 32, 64],
+                        help="per-board batch sizes profiled (default 2 8 32 64: the range the plans use, down to "
+                             "the 1-4 samples the planner gives a small board beside fast ones)")
     parser.add_argument("--profile-warmup", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=20, help="timed profile steps per batch size (default 20)")
+    parser.add_argument("--profile-timed-budget", type=float, default=3.0, metavar="SECONDS",
+                        help="profile --timed-budget: a batch size's timing ends once its timed steps lasted this "
+                             "long, after at least 5 (default 3; 0: every --profile-steps step, as the runs up to 11-30 did)")
     parser.add_argument("--profile-parallel", type=int, default=0,
                         help="boards profiled at once (default 0: all, as edge-coordinator profile does; every board "
                              "is then timed in the same spell of this shared host, under the load of training)")

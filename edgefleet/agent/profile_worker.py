@@ -7,7 +7,8 @@ precision (16-mixed with the loss-scaling plugin a board trains with) and its gr
 accumulation. A callback notes the time of every ``on_train_batch_start`` that opens an
 accumulation window (every batch without accumulation); the period between two of them is the
 whole step (data, forward and backward of K batches, optimizer step, Lightning's overhead) and the
-median over the timed steps is the step time. Once per batch size it reads the process's peak resident memory (reset at the
+median over the timed steps is the step time (with ``timed_budget_s``, fewer of them where the
+steps are long). Once per batch size it reads the process's peak resident memory (reset at the
 start of the job, so a kept worker's earlier jobs do not count; ascending order makes each
 reading that batch size's peak) and the power drawn during the timed steps: the board's sensor
 sampled in a thread, or, with no sensor, ``idle_w + (max_w - idle_w) x`` the share of the CPU
@@ -47,7 +48,7 @@ from edgefleet.agent.board_resources import (
 )
 from edgefleet.agent.cpu_threads import board_threads
 from edgefleet.agent.link_probe import ProfileError, probe_link
-from edgefleet.protocol.jobs import MAX_EVENT_BYTES, ProfileCommand
+from edgefleet.protocol.jobs import BUDGET_MIN_TIMED_STEPS, MAX_EVENT_BYTES, ProfileCommand
 from edgefleet.protocol.profile_report import (
     MAX_UNITS,
     LinkReport,
@@ -85,12 +86,16 @@ class StepClock:
     """Notes every ``on_train_batch_start`` that opens an optimizer step; runs the power meter over the timed steps.
 
     With ``accumulate`` K a step is K batches (Lightning's accumulation window): only the batches
-    with ``batch_idx % K == 0`` open one. Its hooks are a Callback of the model's own Lightning
-    package (``workloads.lightning_api``).
+    with ``batch_idx % K == 0`` open one. With ``budget_s`` > 0 the timing ends early, at the first
+    step start by which the timed steps have lasted ``budget_s`` and at least ``min_timed`` of them
+    ran: a slow board's long steps vary less in proportion, and need fewer. Its hooks are a Callback
+    of the model's own Lightning package (``workloads.lightning_api``).
     """
 
-    def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter, accumulate: int = 1) -> None:
+    def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter, accumulate: int = 1, *,
+                 budget_s: float = 0.0, min_timed: int = BUDGET_MIN_TIMED_STEPS) -> None:
         self.warmup, self.timed, self.meter, self.accumulate = warmup_steps, timed_steps, meter, accumulate
+        self.budget_s, self.min_timed = budget_s, min(min_timed, timed_steps)
         self.starts: list[float] = []
         self.power_w: float | None = None
 
@@ -99,10 +104,13 @@ class StepClock:
             return
         if pl_module.device.type == "cuda":  # a GPU runs ahead of Python: a step ends when its kernels do
             torch.cuda.synchronize(pl_module.device)
-        self.starts.append(time.perf_counter())
-        if len(self.starts) == self.warmup + 1:
+        now = time.perf_counter()
+        self.starts.append(now)
+        timed = len(self.starts) - self.warmup - 1  # timed steps complete
+        if timed == 0:
             self.meter.start()
-        if len(self.starts) == self.warmup + self.timed + 1:
+        elif timed >= self.timed or (self.budget_s > 0 and timed >= self.min_timed
+                                     and now - self.starts[self.warmup] >= self.budget_s):
             self.power_w = self.meter.stop()
             raise _Measured
 
@@ -118,12 +126,14 @@ def _batches(n: int, batch_size: int, count: int, seed: int) -> list[list[int]]:
     return torch.randint(n, (count, batch_size), generator=generator).tolist()
 
 
-def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: PowerMeter) -> MeasuredPoint:
+def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: PowerMeter) -> tuple[MeasuredPoint, int]:
+    """The batch size's figures and how many steps were timed for them."""
     torch.manual_seed(job.seed)
     model = build_model(job.model, job.model_options, data=data.train)
     package = package_of(model)
     accumulate = job.accumulate_grad_batches
-    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter, accumulate)
+    clock = callback_class(package, StepClock, "StepClock")(job.warmup_steps, job.timed_steps, meter, accumulate,
+                                                             budget_s=job.timed_budget_s)
     callbacks = [clock]
     if data.datamodule is not None:  # its batch-transfer hooks run on every batch, as in training
         callbacks.append(callback_class(package, DataModuleHooks, "DataModuleHooks")(data.datamodule))
@@ -143,7 +153,7 @@ def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: Po
                                "profile smaller batch sizes (--batch)") from None
         raise
     periods = clock.periods_s
-    if clock.power_w is None or len(periods) < job.timed_steps:
+    if clock.power_w is None or len(periods) < clock.min_timed:
         raise ProfileError(f"the model trained only {len(clock.starts)} of {job.warmup_steps + job.timed_steps + 1} "
                            f"steps at batch size {batch_size}; does its training_step skip batches?")
     median = statistics.median(periods)
@@ -151,7 +161,7 @@ def _measure(job: ProfileCommand, data: TrainingData, batch_size: int, meter: Po
     return MeasuredPoint(batch_size=batch_size, step_time_s=median, step_time_min_s=min(periods),
                          step_time_max_s=max(periods), step_time_spread_s=spread,
                          samples_per_s=batch_size * job.accumulate_grad_batches / median,  # a step is K batches
-                         peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w)
+                         peak_memory_bytes=peak_rss_bytes(), power_w=clock.power_w), len(periods)
 
 
 def _time_layers(job: ProfileCommand, data: TrainingData) -> tuple[tuple[UnitReport, ...], str]:
@@ -214,12 +224,15 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
     meter = PowerMeter(context)
     try:
         idle_w = meter.idle_w()
-        points = []
+        points, windows = [], []
         for batch_size in sorted(set(job.batch_sizes)):
-            point = _measure(job, data, batch_size, meter)
+            point, timed = _measure(job, data, batch_size, meter)
             points.append(point)
+            windows.append(point.step_time_s * timed)  # the power's weight: how long it was read
             per_step = f"{batch_size} x {job.accumulate_grad_batches}" if job.accumulate_grad_batches > 1 else batch_size
-            events.emit("progress", f"batch {per_step}: {point.step_time_s * 1000:.1f} ms/step, "
+            budget = f" ({timed} of {job.timed_steps} steps timed: {job.timed_budget_s:g} s budget)" \
+                if timed < job.timed_steps else ""
+            events.emit("progress", f"batch {per_step}: {point.step_time_s * 1000:.1f} ms/step{budget}, "
                                     f"{point.samples_per_s:.0f} samples/s, peak {point.peak_memory_bytes / 1e6:.0f} MB, "
                                     f"{point.power_w:.2f} W ({meter.label})")
         units, note = _time_layers(job, data)
@@ -239,7 +252,6 @@ def run_profile(job: ProfileCommand, events: EventWriter, context: WorkerContext
                                         f"{rounds.power_w:.2f} W ({meter.label})")
     finally:
         meter.close()
-    windows = [p.step_time_s * job.timed_steps for p in points]
     active_w = sum(p.power_w * w for p, w in zip(points, windows)) / sum(windows)
     report = ProfileReport(
         agent_version=__version__, worker_pid=pid, torch_threads=torch.get_num_threads(), param_count=count,

@@ -76,6 +76,8 @@ DATA_MODES = ("global", "local")
 EVENT_PHASES = ("accepted", "rejected", "running", "progress", "finished", "failed")
 MAX_EVENT_BYTES = 64 * 1024
 MAX_PROFILE_BATCH_SIZES = 32        # each one is a full Trainer run on the board
+MAX_TIMED_BUDGET_S = 3600.0         # ProfileCommand.timed_budget_s
+BUDGET_MIN_TIMED_STEPS = 5          # with a timed budget, a batch size is still timed over at least this many steps
 MAX_PROBE_BYTES = 256 * 1024 * 1024  # per direction of the link probe
 MAX_PROBE_ROUNDS = 1000             # gradient-sized rounds of one link probe
 _DATA_MAX_DEPTH = 4                 # JobEvent.data: nesting of maps and lists
@@ -281,8 +283,10 @@ class ProfileCommand:
     """Measure this board for the planner. The body of a signed ``profile`` command.
 
     The board trains ``model`` for ``warmup_steps + timed_steps`` real steps at each batch size
-    (ascending), then reports one ``finished`` event whose ``data`` holds the step times, peak
-    memory, power and link throughput. It loads the data and builds the Trainer as the job will
+    (ascending; with ``timed_budget_s`` > 0 a batch size's timing ends sooner, once its timed steps
+    have lasted that long and at least ``BUDGET_MIN_TIMED_STEPS`` of them ran), then reports one
+    ``finished`` event whose ``data`` holds the step times, peak memory, power and link
+    throughput. It loads the data and builds the Trainer as the job will
     (the dataset or the DataModule with its collate and batch-transfer hooks, the precision); with
     ``accumulate_grad_batches`` K a step is K batches of the batch size and one optimizer step,
     timed whole. With ``probe_bytes`` > 0 it then uploads and downloads
@@ -300,6 +304,8 @@ class ProfileCommand:
     batch_sizes: list[int]          # at least two distinct sizes, each a batch (a micro-batch with accumulation); ascending
     warmup_steps: int = 3           # steps run before timing starts, at each batch size
     timed_steps: int = 8            # steps whose median period is the step time
+    timed_budget_s: float = 0.0     # > 0: a batch size's timing may end once its timed steps lasted this long; an
+                                    # agent that predates it ignores the key and times every step (slower, as good)
     seed: int = 0                   # initial weights and the sampled batches
     threads: int = 0                # torch threads on the board; 0 = what its CPU quota (else its CPUs) fits
     probe_host: str                 # the coordinator's link-probe endpoint
@@ -339,6 +345,8 @@ class ProfileCommand:
         if not 0 <= self.warmup_steps <= 10_000 or not 1 <= self.timed_steps <= 10_000:
             raise ValueError(f"warmup_steps = {self.warmup_steps} must be 0-10000 and timed_steps = "
                              f"{self.timed_steps} must be 1-10000")
+        if not 0.0 <= self.timed_budget_s <= MAX_TIMED_BUDGET_S:
+            raise ValueError(f"timed_budget_s = {self.timed_budget_s!r:.20} must be 0-{MAX_TIMED_BUDGET_S:.0f}")
         if self.threads < 0:
             raise ValueError(f"threads = {self.threads} must be >= 0")
         if not 0 < self.probe_port < 65536:

@@ -217,6 +217,24 @@ def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     assert len(json.dumps(data)) < 12_000
 
 
+@pytest.mark.parametrize("timed_steps, budget_s, timed", [
+    (20, 1e-6, 5),   # a budget spent at once: the fewest steps a budget allows
+    (3, 1e-6, 3),    # fewer steps asked than that fewest: all of them
+    (6, 3600.0, 6),  # a budget never reached: every step asked for
+])
+def test_a_timed_budget_ends_each_batch_size_after_the_fewest_steps_it_allows(timed_steps: int, budget_s: float,
+                                                                             timed: int) -> None:
+    events = Events()
+    job = _job(timed_steps=timed_steps, timed_budget_s=budget_s)
+    assert run_profile(job, events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0  # type: ignore[arg-type]
+    batches = [e["message"] for e in events.lines if e["message"].startswith("batch ")]
+    assert len(batches) == 2
+    for message in batches:
+        assert (f"({timed} of {timed_steps} steps timed: {budget_s:g} s budget)" in message) == (timed < timed_steps)
+    report = ProfileReport.from_wire(events.lines[-1]["data"])
+    assert all(0 < p.step_time_s and 2.7 <= p.power_w <= 6.4 for p in report.points)
+
+
 def test_an_unknown_model_is_a_config_error_naming_what_exists() -> None:
     with pytest.raises(ConfigError, match="no-such-model.*lenet5"):
         run_profile(_job(model="no-such-model"), Events(), WorkerContext())  # type: ignore[arg-type]

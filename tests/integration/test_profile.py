@@ -40,9 +40,12 @@ def test_two_boards_are_profiled_and_the_kept_worker_runs_the_next_job(fleet: Fl
     once, kept = fleet.agent(ONE_SHOT), fleet.agent(KEPT)
     path = tmp_path / "profile.json"
     done = _profile(fleet, "--boards", f"{ONE_SHOT},{KEPT}", "--model", "lenet5", "--dataset", "digits",
-                    "--batch", "8,16", "--warmup", "2", "--steps", "5", "--probe-bytes", "1000000", "--profile", str(path))
+                    "--batch", "8,16", "--warmup", "2", "--steps", "8", "--timed-budget", "0.001", "--probe-bytes",
+                    "1000000", "--profile", str(path))
     assert done.returncode == 0, done.stderr + done.stdout
     assert f"saved to {path}" in done.stdout and "batch 16" in done.stdout and "Traceback" not in done.stderr
+    # the budget reached both boards: each batch size timed over the fewest steps it allows
+    assert done.stdout.count("(5 of 8 steps timed: 0.001 s budget)") == 4, done.stdout
 
     fleet_profile = load_profiles(path)["default"]
     assert set(fleet_profile.boards) == {ONE_SHOT, KEPT}

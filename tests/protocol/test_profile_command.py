@@ -27,6 +27,16 @@ def test_a_signed_profile_command_round_trips_with_its_defaults() -> None:
     decoded = command_from_dict(body)
     assert decoded == command
     assert (decoded.warmup_steps, decoded.timed_steps, decoded.threads, decoded.probe_bytes) == (3, 8, 0, 4_000_000)
+    assert decoded.timed_budget_s == 0.0  # every timed step, as a coordinator that predates the budget asks
+
+
+def test_an_agent_that_predates_the_timed_budget_reads_the_command_without_it() -> None:
+    """The budget is sent as a plain profile's schema version: an older agent ignores the key and times
+    every step, which costs time and nothing else."""
+    body = ProfileCommand(**_fields(), timed_budget_s=3.0).to_dict()  # type: ignore[arg-type]
+    assert body["schema_version"] == 1 and body["timed_budget_s"] == 3.0
+    older = {key: value for key, value in body.items() if key != "timed_budget_s"}
+    assert ProfileCommand.from_dict(older) == ProfileCommand(**_fields())  # type: ignore[arg-type]
 
 
 def test_command_from_dict_dispatches_on_kind_and_names_the_known_kinds() -> None:
@@ -48,6 +58,9 @@ def test_command_from_dict_dispatches_on_kind_and_names_the_known_kinds() -> Non
     ({"probe_port": 0}, "probe_port 0"),
     ({"probe_bytes": 1 << 40}, "probe_bytes"),
     ({"threads": -2}, "threads = -2"),
+    ({"timed_budget_s": -1.0}, "timed_budget_s = -1.0"),
+    ({"timed_budget_s": 1e9}, "must be 0-3600"),
+    ({"timed_budget_s": math.nan}, "a finite number"),
     ({"probe_round_bytes": 1000}, "give both"),
     ({"probe_round_bytes": 1000, "probe_rounds": 1}, "at least 2 rounds"),
     ({"probe_rounds": 5}, "give both"),

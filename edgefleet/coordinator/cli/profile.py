@@ -15,6 +15,7 @@ from edgefleet.coordinator.cli.shared import FLEET_KEY_HELP, add_board_keys_arg,
 from edgefleet.coordinator.cli.variant_flags import add_variant_args, parse_int_list, variants_from_args
 from edgefleet.coordinator.planning.profile_job import DEFAULT_PROFILE, profile
 from edgefleet.coordinator.planning.profiling import ProfileRequest
+from edgefleet.protocol.jobs import BUDGET_MIN_TIMED_STEPS
 from edgefleet.protocol.wire_dtype import WIRE_DTYPES
 
 PROFILE_EPILOG = """\
@@ -48,6 +49,10 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--batch", default="16,32,64", metavar="B,B,…", help="batch sizes to measure, at least two (default 16,32,64)")
     p.add_argument("--warmup", type=int, default=3, metavar="STEPS", help="untimed steps per batch size (default 3)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per batch size; the median is kept (default 8)")
+    p.add_argument("--timed-budget", type=float, default=0.0, metavar="SECONDS",
+                   help="end a batch size's timing once its timed steps have lasted this long, after at least "
+                        f"{BUDGET_MIN_TIMED_STEPS} of them: a big model on a slow board gets a shorter profile, a fast "
+                        "board still times every --steps step (default 0: time them all)")
     p.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32",
                    help="gradient dtype the exchange will use, for the bytes per step (default float32)")
     p.add_argument("--threads", type=int, default=0,
@@ -79,7 +84,8 @@ def build_request(args: argparse.Namespace) -> ProfileRequest:
     return ProfileRequest(model=args.model, variants=variants_from_args(args, base), dataset=args.dataset,
                           dataset_options=parse_options(args.dataset_options),
                           batch_sizes=sorted(parse_int_list(args.batch, "--batch")), warmup_steps=args.warmup,
-                          timed_steps=args.steps, wire_dtype=args.wire_dtype, threads=args.threads, seed=args.seed,
+                          timed_steps=args.steps, timed_budget_s=args.timed_budget, wire_dtype=args.wire_dtype,
+                          threads=args.threads, seed=args.seed,
                           probe_bytes=args.probe_bytes, probe_rounds=args.probe_rounds, exchange_host=args.exchange_host,
                           parallel=args.parallel)
 

@@ -37,6 +37,7 @@ from edgefleet.protocol.errors import ConfigError, DecodeError, EdgeTrainError
 from edgefleet.protocol.jobs import (
     MAX_PROBE_BYTES,
     MAX_PROBE_ROUNDS,
+    MAX_TIMED_BUDGET_S,
     JobEvent,
     ProfileCommand,
     StopCommand,
@@ -67,6 +68,8 @@ class ProfileRequest:
     batch_sizes: list[int] = field(default_factory=lambda: [16, 32, 64])
     warmup_steps: int = 3
     timed_steps: int = 8
+    timed_budget_s: float = 0.0          # > 0: a batch size's timing may end once its timed steps lasted this long
+                                         # (at least protocol.jobs.BUDGET_MIN_TIMED_STEPS of them)
     wire_dtype: str = "float32"
     threads: int = 0
     seed: int = 0
@@ -90,6 +93,9 @@ class ProfileRequest:
         if not 0 <= self.warmup_steps <= 10_000 or not 1 <= self.timed_steps <= 10_000:
             raise ConfigError(f"--warmup {self.warmup_steps} / --steps {self.timed_steps}: use 0-10000 warm-up "
                               "and 1-10000 timed steps")
+        if not 0.0 <= self.timed_budget_s <= MAX_TIMED_BUDGET_S:
+            raise ConfigError(f"--timed-budget {self.timed_budget_s:g}: give 0 (time every --steps step) to "
+                              f"{MAX_TIMED_BUDGET_S:.0f} seconds")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"--wire-dtype {self.wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)}")
         if self.threads < 0:
@@ -287,7 +293,8 @@ async def profile_fleet(broker: BrokerSettings, fleet_key: bytes, boards: list[s
                 command = ProfileCommand(
                     job_id=f"{run_id}-{i}", board_id=board, model=request.model, model_options=variant.options,
                     dataset=request.dataset, dataset_options=request.dataset_options, batch_sizes=request.batch_sizes,
-                    warmup_steps=request.warmup_steps, timed_steps=request.timed_steps, seed=request.seed,
+                    warmup_steps=request.warmup_steps, timed_steps=request.timed_steps,
+                    timed_budget_s=request.timed_budget_s, seed=request.seed,
                     threads=request.threads, probe_host=advertised, probe_port=port, probe_token=token,
                     probe_bytes=request.probe_bytes if i == 0 else 0,
                     probe_round_bytes=grad_bytes[variant.label] if request.probe_rounds else 0,
