@@ -4,6 +4,7 @@ it ends with that run's parameters, also when stopped mid-epoch and resumed from
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,40 @@ def test_a_failing_hook_of_the_module_is_reported_not_hung() -> None:
     with pytest.raises(ReplicaError, match="the module.s own hook failed"):
         replica.apply(np.zeros(3, dtype=np.float32))
     replica.close()
+
+
+def test_the_fallback_validation_builds_no_graph() -> None:
+    """A module without a validation_step is scored by ``Replica.evaluate``, under no_grad as Lightning validates:
+    no autograd graph per batch, and no "requires_grad ... to a scalar" warning in the coordinator's output."""
+    seen: list[bool] = []
+
+    class NoValidation(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.is_grad_enabled())
+            return self.layer(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self(batch[0]).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    replica = Replica(NoValidation(), batches_per_epoch=4, total_steps=10)
+    try:
+        batches = [(torch.randn(4, 2), torch.tensor([0, 1, 2, 1]))] * 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's warning for float() of a tensor in the graph fails the test
+            figures = replica.evaluate(batches)
+        assert figures is not None and seen == [False, False]
+        loss, accuracy = figures
+        assert loss > 0.0 and 0.0 <= accuracy <= 1.0
+        assert torch.is_grad_enabled() and replica.model.training  # both as they were
+    finally:
+        replica.close()
 
 
 def test_a_replica_that_may_lag_returns_before_its_step_is_done_and_drain_waits_for_it() -> None:

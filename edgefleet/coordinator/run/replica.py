@@ -620,12 +620,12 @@ class Replica:
                        "schedulers": [to_numpy_tree(s) for s in state.get("schedulers", [])]}
         restore_optimizer_state(self.optimizer, to_numpy_tree(state["optimizer"]))  # wire_state before start
 
-    @torch.no_grad()
     def take_validation_s(self) -> float:
         """Seconds the replica spent in ``validation_step`` since the last call (it validates inside ``apply``)."""
         taken, self.validation_s = self.validation_s, 0.0
         return taken
 
+    @torch.no_grad()  # as Lightning validates: no graph is built, no gradient kept
     def evaluate(self, loader: Any) -> tuple[float, float] | None:
         """(mean cross-entropy, accuracy) of a classifier on ``loader``; None if its batches are not (input, class label).
 
