@@ -4,6 +4,7 @@ real profile of LeNet-5, and a worker process that runs several jobs in a row.""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from edgefleet.agent.board_resources import PowerMeter, cgroup_memory_limit
 from edgefleet.agent.job_runner import JobRunner, WorkerContext, job_line
 from edgefleet.agent.link_probe import ProfileError, probe_link
 from edgefleet.agent.profile_worker import run_profile
+from edgefleet.agent.worker_events import EventWriter
 from edgefleet.coordinator.planning.link_probe import LinkProbeServer
 from edgefleet.protocol.errors import ConfigError
 from edgefleet.protocol.jobs import JobEvent, ProfileCommand
@@ -29,14 +31,16 @@ from tests.helpers import wait_until
 TOKEN = "s" * 32
 
 
-class Events:
-    """Collects what the worker would write to the agent."""
+class Events(EventWriter):
+    """The worker's own event writer, over a buffer instead of the pipe to the agent: the JSON lines it wrote."""
 
     def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
+        self.buffer = io.StringIO()
+        super().__init__(self.buffer)
 
-    def emit(self, phase: str, message: str = "", **fields: Any) -> None:
-        self.lines.append({"phase": phase, "message": message, **fields})
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.buffer.getvalue().splitlines()]
 
 
 def _job(**over: Any) -> ProfileCommand:
@@ -195,7 +199,7 @@ def test_a_wrong_token_or_an_unreachable_endpoint_is_a_clear_error(probe_server)
 
 def test_a_real_profile_reports_every_figure_in_one_finished_event() -> None:
     events = Events()
-    assert run_profile(_job(), events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0  # type: ignore[arg-type]
+    assert run_profile(_job(), events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0
     phases = [e["phase"] for e in events.lines]
     assert phases[0] == "running" and phases[-1] == "finished" and phases.count("progress") == 3
     assert events.lines[3]["message"].startswith("per-layer timing: 12 pipeline units at batch sizes 4 and 8 in ")
@@ -226,7 +230,7 @@ def test_a_timed_budget_ends_each_batch_size_after_the_fewest_steps_it_allows(ti
                                                                              timed: int) -> None:
     events = Events()
     job = _job(timed_steps=timed_steps, timed_budget_s=budget_s)
-    assert run_profile(job, events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0  # type: ignore[arg-type]
+    assert run_profile(job, events, WorkerContext(power_source="estimated", idle_w=2.7, max_w=6.4)) == 0
     batches = [e["message"] for e in events.lines if e["message"].startswith("batch ")]
     assert len(batches) == 2
     for message in batches:
@@ -237,7 +241,7 @@ def test_a_timed_budget_ends_each_batch_size_after_the_fewest_steps_it_allows(ti
 
 def test_an_unknown_model_is_a_config_error_naming_what_exists() -> None:
     with pytest.raises(ConfigError, match="no-such-model.*lenet5"):
-        run_profile(_job(model="no-such-model"), Events(), WorkerContext())  # type: ignore[arg-type]
+        run_profile(_job(model="no-such-model"), Events(), WorkerContext())
 
 
 def test_one_worker_process_runs_jobs_until_its_input_ends() -> None:

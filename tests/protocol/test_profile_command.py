@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgpack
 import pytest
@@ -14,7 +15,7 @@ from edgefleet.protocol.signing import CommandVerifier, sign_command
 KEY = b"k" * 32
 
 
-def _fields(**over: object) -> dict:
+def _fields(**over: Any) -> dict[str, Any]:
     fields = {"job_id": "profile-1-0", "board_id": "pi-1", "model": "lenet5", "dataset": "digits",
               "batch_sizes": [8, 16], "probe_host": "10.0.0.2", "probe_port": 40000, "probe_token": "t" * 32}
     fields.update(over)
@@ -22,7 +23,7 @@ def _fields(**over: object) -> dict:
 
 
 def test_a_signed_profile_command_round_trips_with_its_defaults() -> None:
-    command = ProfileCommand(**_fields(model_options={"layers": 3}), seed=4)  # type: ignore[arg-type]
+    command = ProfileCommand(**_fields(model_options={"layers": 3}), seed=4)
     body = CommandVerifier(KEY).verify(sign_command(command.to_dict(), key=KEY))
     decoded = command_from_dict(body)
     assert decoded == command
@@ -33,10 +34,10 @@ def test_a_signed_profile_command_round_trips_with_its_defaults() -> None:
 def test_an_agent_that_predates_the_timed_budget_reads_the_command_without_it() -> None:
     """The budget is sent as a plain profile's schema version: an older agent ignores the key and times
     every step, which costs time and nothing else."""
-    body = ProfileCommand(**_fields(), timed_budget_s=3.0).to_dict()  # type: ignore[arg-type]
+    body = ProfileCommand(**_fields(), timed_budget_s=3.0).to_dict()
     assert body["schema_version"] == 1 and body["timed_budget_s"] == 3.0
     older = {key: value for key, value in body.items() if key != "timed_budget_s"}
-    assert ProfileCommand.from_dict(older) == ProfileCommand(**_fields())  # type: ignore[arg-type]
+    assert ProfileCommand.from_dict(older) == ProfileCommand(**_fields())
 
 
 def test_command_from_dict_dispatches_on_kind_and_names_the_known_kinds() -> None:
