@@ -88,14 +88,15 @@ class StepClock:
     With ``accumulate`` K a step is K batches (Lightning's accumulation window): only the batches
     with ``batch_idx % K == 0`` open one. With ``budget_s`` > 0 the timing ends early, at the first
     step start by which the timed steps have lasted ``budget_s`` and at least ``min_timed`` of them
-    ran: a slow board's long steps vary less in proportion, and need fewer. Its hooks are a Callback
-    of the model's own Lightning package (``workloads.lightning_api``).
+    ran (``BUDGET_MIN_TIMED_STEPS``, or every step asked if fewer): a slow board's long steps vary
+    less in proportion, and need fewer. Its hooks are a Callback of the model's own Lightning
+    package (``workloads.lightning_api``).
     """
 
     def __init__(self, warmup_steps: int, timed_steps: int, meter: PowerMeter, accumulate: int = 1, *,
-                 budget_s: float = 0.0, min_timed: int = BUDGET_MIN_TIMED_STEPS) -> None:
+                 budget_s: float = 0.0) -> None:
         self.warmup, self.timed, self.meter, self.accumulate = warmup_steps, timed_steps, meter, accumulate
-        self.budget_s, self.min_timed = budget_s, min(min_timed, timed_steps)
+        self.budget_s, self.min_timed = budget_s, min(BUDGET_MIN_TIMED_STEPS, timed_steps)
         self.starts: list[float] = []
         self.power_w: float | None = None
 
